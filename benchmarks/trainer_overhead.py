@@ -1,0 +1,266 @@
+"""Overhead of `python -m trainer` against a plain Transformers `Trainer` script, and tokenize+pack throughput.
+
+    .venv/bin/python benchmarks/trainer_overhead.py [--steps 40] [--batch 8] [--seq 128] [--repeats 2]
+
+Part 1 trains the same tiny Llama (the `tiny` preset's config, byte-level tokenizer) on the same JSONL data with
+the same steps, batch, sequence length, optimizer and precision, twice:
+  A. a minimal plain script: datasets.map tokenize + group_texts, `Trainer`, save the model;
+  B. `python -m trainer` (checkpoints, metrics.jsonl, signal handling, run_config.json...).
+Both run as subprocesses, alternating A/B `--repeats` times. Reported:
+  - wall: the whole process, start to exit (imports, data, training, saves), best of the repeats;
+  - steady step: the median optimizer-step time after the first 3 steps, timed the same way in both
+    (between consecutive step ends), best of the repeats.
+The ratio B/A is the overhead (goal <= 1.03).
+
+Part 2 times tokenize+pack of the same JSONL (in this process): `trainer.data.tokenize_and_pack` against the
+classic `datasets.load_dataset` + `.map(tokenize, batched=True)` + `.map(group_texts, batched=True)` (in memory,
+no cache files), with the byte-level tokenizer and with a BPE tokenizer trained here on the data. The ratio is
+ours/baseline in tokens per second (goal >= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BASELINE = textwrap.dedent(
+    """
+    import json, sys, time
+    from itertools import chain
+    from datasets import load_dataset
+    from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Trainer, TrainerCallback,
+                              TrainingArguments, default_data_collator, set_seed)
+
+    cfg = json.loads(sys.argv[1])
+    tok = AutoTokenizer.from_pretrained(cfg["tokenizer"])
+    seq = cfg["seq"]
+    raw = load_dataset("json", data_files=cfg["data"], split="train")
+    tokenized = raw.map(lambda b: tok(b["text"]), batched=True, remove_columns=raw.column_names)
+
+    def group_texts(batch):
+        joined = {k: list(chain(*batch[k])) for k in batch}
+        total = len(joined["input_ids"]) // seq * seq
+        out = {k: [v[i : i + seq] for i in range(0, total, seq)] for k, v in joined.items()}
+        out["labels"] = out["input_ids"].copy()
+        return out
+
+    # No attention_mask column: all ones anyway, and trainkit's packed blocks have none (same compute path).
+    train = tokenized.map(group_texts, batched=True).remove_columns(["attention_mask"])
+    set_seed(cfg["args"]["seed"])
+    model = AutoModelForCausalLM.from_config(
+        LlamaConfig.from_pretrained(cfg["model_config"]), attn_implementation=cfg["attn"])
+
+    class StepTimes(TrainerCallback):
+        times, last = [], None
+        def on_train_begin(self, *a, **k): StepTimes.last = time.perf_counter()
+        def on_step_end(self, *a, **k):
+            now = time.perf_counter(); StepTimes.times.append(now - StepTimes.last); StepTimes.last = now
+        def on_save(self, *a, **k): StepTimes.last = time.perf_counter()
+
+    args = TrainingArguments(output_dir=cfg["out"], save_strategy="steps", save_steps=10**9, **cfg["args"])
+    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=default_data_collator,
+                      processing_class=tok, callbacks=[StepTimes()])
+    trainer.train()
+    trainer.save_model(cfg["out"] + "/final")
+    print("STEP_TIMES " + json.dumps(StepTimes.times))
+    """
+)
+
+# TrainingArguments the plain script copies from `python -m trainer config --json`, so both do the same work.
+SHARED_ARGS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "max_steps", "seed", "optim",
+    "bf16", "fp16", "tf32", "use_cpu", "dataloader_num_workers", "dataloader_pin_memory", "logging_steps",
+    "logging_first_step", "report_to", "lr_scheduler_type", "weight_decay", "warmup_steps",
+)  # fmt: skip
+
+
+def write_jsonl(path: Path, megabytes: float) -> None:
+    """Paragraphs of the embedded corpus, repeated and numbered, as JSONL records."""
+    from trainer.data import EMBEDDED_CORPUS
+
+    paragraphs = [p for p in EMBEDDED_CORPUS.read_text().split("\n\n") if p.strip()]
+    size, i = 0, 0
+    with open(path, "w", encoding="utf-8") as fh:
+        while size < megabytes * 1e6:
+            line = json.dumps({"text": f"{i}. {paragraphs[i % len(paragraphs)]}"}) + "\n"
+            fh.write(line)
+            size += len(line)
+            i += 1
+
+
+def trainer_env(data: Path, out: Path, a: argparse.Namespace) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
+    env.update(
+        TRAIN_MODEL="tiny", TRAIN_DATA=str(data), TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN=str(a.seq),
+        TRAIN_BATCH_SIZE=str(a.batch), TRAIN_MAX_STEPS=str(a.steps), TRAIN_SAVE_STEPS=str(10**9),
+        TRAIN_LOG_STEPS="1", TRAIN_NUM_WORKERS="0", PYTHONPATH=str(REPO),
+    )  # fmt: skip
+    return env
+
+
+def resolved_config(env: dict[str, str]) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "config", "--json"], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        sys.exit(f"python -m trainer config failed:\n{proc.stderr}")
+    return json.loads(proc.stdout)
+
+
+def prepare_baseline_inputs(tmp: Path, a: argparse.Namespace, config: dict) -> dict:
+    from trainer.models import preset_config
+    from trainer.tokenizer import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    tok.save_pretrained(tmp / "tokenizer")
+    preset_config("tiny", len(tok), a.seq, tok).save_pretrained(tmp / "model_config")
+    targs = config["training_arguments"]
+    args = {k: targs[k] for k in SHARED_ARGS if k in targs and targs[k] is not None}
+    return {
+        "tokenizer": str(tmp / "tokenizer"), "model_config": str(tmp / "model_config"), "seq": a.seq,
+        "attn": config["decisions"]["attn"]["value"], "args": args,
+    }  # fmt: skip
+
+
+def steady(times: list[float]) -> float:
+    return statistics.median(times[3:] if len(times) > 6 else times)
+
+
+def run_plain(script: Path, inputs: dict, data: Path, out: Path) -> tuple[float, float]:
+    cfg = {**inputs, "data": str(data), "out": str(out)}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(script), json.dumps(cfg)], capture_output=True, text=True, cwd=REPO)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"plain Trainer script failed:\n{proc.stderr[-4000:]}")
+    times = json.loads(proc.stdout.split("STEP_TIMES ", 1)[1].splitlines()[0])
+    return wall, steady(times)
+
+
+def run_trainkit(env: dict[str, str]) -> tuple[float, float]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "trainer"], env=env, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"python -m trainer failed:\n{proc.stderr[-4000:]}")
+    rows = [json.loads(x) for x in (Path(env["TRAIN_OUTPUT_DIR"]) / "metrics.jsonl").read_text().splitlines()]
+    return wall, steady([r["step_time_s"] for r in rows if r["step_time_s"] is not None])
+
+
+def overhead(a: argparse.Namespace, tmp: Path, data: Path) -> None:
+    config = resolved_config(trainer_env(data, tmp / "probe", a))
+    inputs = prepare_baseline_inputs(tmp, a, config)
+    script = tmp / "plain_trainer.py"
+    script.write_text(BASELINE)
+    plain, ours = [], []
+    for r in range(a.repeats):
+        plain.append(run_plain(script, inputs, data, tmp / f"plain-{r}"))
+        ours.append(run_trainkit(trainer_env(data, tmp / f"trainkit-{r}", a)))
+        print(f"  repeat {r + 1}: plain wall {plain[-1][0]:.2f}s step {plain[-1][1] * 1e3:.1f}ms | "
+              f"trainkit wall {ours[-1][0]:.2f}s step {ours[-1][1] * 1e3:.1f}ms", flush=True)  # fmt: skip
+    pw, ps = min(p[0] for p in plain), min(p[1] for p in plain)
+    tw, ts = min(t[0] for t in ours), min(t[1] for t in ours)
+    precision = config["decisions"]["precision"]["value"]
+    print(f"\nTraining overhead ({a.steps} steps, batch {a.batch}, seq {a.seq}, {precision}, "
+          f"optim {inputs['args'].get('optim')}; best of {a.repeats}):")  # fmt: skip
+    print(f"  wall time (whole process)      plain {pw:8.2f}s   trainkit {tw:8.2f}s   ratio {tw / pw:.3f}")
+    print(f"  steady-state step (median)     plain {ps * 1e3:7.1f}ms   trainkit {ts * 1e3:7.1f}ms   ratio {ts / ps:.3f}"
+          "   (goal <= 1.03)")  # fmt: skip
+
+
+def train_bpe(data: Path, folder: Path, vocab: int = 8192):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = [json.loads(line)["text"] for line in data.read_text().splitlines()[:20000]]
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|eos|>"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|eos|>", pad_token="<|eos|>")
+    tok.save_pretrained(folder)
+    return tok
+
+
+def baseline_tokenize_pack(data: Path, tok, seq: int) -> int:
+    from itertools import chain
+
+    from datasets import load_dataset
+
+    raw = load_dataset("json", data_files=str(data), split="train", keep_in_memory=True)
+    tokenized = raw.map(lambda b: tok(b["text"]), batched=True, remove_columns=raw.column_names, keep_in_memory=True)
+
+    def group_texts(batch):
+        joined = {k: list(chain(*batch[k])) for k in batch}
+        total = len(joined["input_ids"]) // seq * seq
+        out = {k: [v[i : i + seq] for i in range(0, total, seq)] for k, v in joined.items()}
+        out["labels"] = out["input_ids"].copy()
+        return out
+
+    packed = tokenized.map(group_texts, batched=True, keep_in_memory=True)
+    return len(packed) * seq
+
+
+def trainkit_tokenize_pack(data: Path, tok, seq: int) -> int:
+    from trainer.data import find_data, tokenize_and_pack
+
+    return tokenize_and_pack(find_data(str(data)), tok, seq, "text")["input_ids"].size
+
+
+def timed(fn, *args) -> tuple[float, int]:
+    start = time.perf_counter()
+    tokens = fn(*args)
+    return time.perf_counter() - start, tokens
+
+
+def tokenize_throughput(a: argparse.Namespace, tmp: Path, data: Path) -> None:
+    import datasets
+
+    from trainer.tokenizer import byte_level_tokenizer
+
+    datasets.disable_progress_bars()
+    mb = data.stat().st_size / 1e6
+    print(f"\nTokenize + pack ({mb:.1f} MB JSONL, seq {a.seq}; best of {a.repeats}):")
+    for name, tok in (("byte-level", byte_level_tokenizer()), ("BPE 8k", train_bpe(data, tmp / "bpe"))):
+        base = min((timed(baseline_tokenize_pack, data, tok, a.seq) for _ in range(a.repeats)), key=lambda x: x[0])
+        ours = min((timed(trainkit_tokenize_pack, data, tok, a.seq) for _ in range(a.repeats)), key=lambda x: x[0])
+        base_rate, our_rate = base[1] / base[0], ours[1] / ours[0]
+        print(f"  {name:10s} datasets.map {base_rate / 1e6:7.2f} M tok/s ({base[0]:.2f}s)   "
+              f"trainer.data {our_rate / 1e6:7.2f} M tok/s ({ours[0]:.2f}s)   ratio {our_rate / base_rate:.2f}"
+              "   (goal >= 1.0)")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--data-mb", type=float, default=20.0, help="size of the JSONL for the tokenize benchmark")
+    p.add_argument("--skip-training", action="store_true")
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="trainkit-overhead-") as name:
+        tmp = Path(name)
+        train_data = tmp / "train.jsonl"
+        write_jsonl(train_data, 2.0)
+        print(f"machine: {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
+        if not a.skip_training:
+            overhead(a, tmp, train_data)
+        tok_data = tmp / "tokenize.jsonl"
+        write_jsonl(tok_data, a.data_mb)
+        tokenize_throughput(a, tmp, tok_data)
+
+
+if __name__ == "__main__":
+    main()

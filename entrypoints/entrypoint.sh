@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Container entrypoint, run under dumb-init (PID 1: reaps zombies, forwards signals).
+# It only prepares the environment and then `exec`s the command, so the trainer itself is
+# the process that receives SIGTERM from `docker stop` and can write its checkpoint.
+#
+#   train [ARGS...]   (default) python -m trainer.launch train: one process, or torchrun per GPU
+#   doctor [--json]   python -m trainer doctor: what this machine can do
+#   bench [ARGS...]   python -m trainer bench
+#   shell [ARGS...]   bash
+#   -ANYTHING ...     arguments for train
+#   CMD [ARGS...]     any other command, run as given (e.g. `python my_script.py`)
+set -euo pipefail
+
+log() { printf '[trainkit] %s\n' "$*" >&2; }
+
+# The container runs as the host user (any UID, usually without a passwd entry): give it a
+# writable HOME, and a USER so that getpass.getuser() (torch, triton) does not fail.
+prepare_user_env() {
+    if [ -z "${HOME:-}" ] || [ "$HOME" = / ] || [ ! -w "$HOME" ]; then
+        HOME="/tmp/home-$(id -u)"
+        mkdir -p "$HOME"
+        export HOME
+    fi
+    if [ -z "${USER:-}" ]; then
+        USER="$(id -un 2>/dev/null || echo "uid$(id -u)")"
+        export USER
+    fi
+    export LOGNAME="${LOGNAME:-$USER}"
+}
+
+prepare_user_env
+
+cmd="${1:-train}"
+if [ "$#" -gt 0 ]; then shift; fi
+# Arguments of user commands may hold secrets: the log names the program only.
+case "$cmd" in
+    -*) set -- python -m trainer.launch train "$cmd" "$@"; what="python -m trainer.launch train" ;;
+    train) set -- python -m trainer.launch train "$@"; what="python -m trainer.launch train" ;;
+    doctor) set -- python -m trainer doctor "$@"; what="python -m trainer doctor" ;;
+    bench) set -- python -m trainer bench "$@"; what="python -m trainer bench" ;;
+    shell) set -- bash "$@"; what="bash" ;;
+    *) set -- "$cmd" "$@"; what="$cmd" ;;
+esac
+
+log "uid $(id -u) gid $(id -g): running $what"
+exec "$@"

@@ -1,0 +1,237 @@
+"""Build trainkit images: one CUDA version from images/versions.toml -> a labelled, verified image.
+
+    python scripts/build.py --cuda 12.8            NGC 25.03 base, tags trainkit:0.1.0-cu128-ngc25.03 + latest-cu128
+    python scripts/build.py --cpu                  the CPU flavor on a locally made Debian base (no registry)
+    python scripts/build.py --all --dry-run        the plan for every CUDA in the matrix, without an engine
+
+Builds run on the engine's BuildKit through `docker compose build` (the docker SDK's build API is the classic
+builder: no cache mounts, no secrets); everything else (inspect, verify, tag, push) goes through the SDK.
+Each build writes build/records/<tag>.json: inputs, base digest, image id, versions read inside the image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine import UserError, exit_on_user_error
+from matrix import NGC_REPOSITORY, PIN_ARGS, ROOT, Entry, Matrix, cpu_tags, cuda_tags, dockerfile_defaults, load
+
+RECORDS_DIR = ROOT / "build" / "records"
+CA_ENV = "TRAINKIT_CA_CERT"
+SOURCE_URL = "https://github.com/trainkit/trainkit"
+NGC_TAG = re.compile(r"^\d{2}\.\d{2}$")
+
+
+@dataclass
+class Plan:
+    """Everything one image build needs, resolved from versions.toml and the command line."""
+
+    flavor: str  # cuda | cpu
+    cuda: str | None
+    ngc: str | None
+    base_image: str
+    torch: str
+    python: str
+    arch_list: str
+    pins: dict[str, str]
+    tags: list[str]
+    build_args: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--cuda", metavar="X.Y", help="CUDA minor from images/versions.toml (default: its default_cuda)")
+    what.add_argument("--cpu", action="store_true", help="the CPU flavor on a base made locally from Debian")
+    what.add_argument("--all", action="store_true", help="every CUDA entry of the matrix")
+    p.add_argument("--ngc", metavar="YY.MM", help="another NGC PyTorch release as the base")
+    p.add_argument("--base", metavar="IMAGE", help="any base image (overrides --ngc)")
+    p.add_argument("--arch", metavar="LIST", help='TORCH_CUDA_ARCH_LIST, e.g. "8.0 9.0+PTX"')
+    p.add_argument("--max-jobs", type=int, metavar="N", help="parallel compile jobs (default: sized to the builder)")
+    p.add_argument("--no-cache", action="store_true", help="ignore the layer cache (compiler caches are kept)")
+    p.add_argument("--registry", metavar="R", help="prefix tags with R/ (e.g. ghcr.io/me)")
+    p.add_argument("--push", action="store_true", help="push the tags after a verified build")
+    p.add_argument("--tag", action="append", metavar="TAG", help="use these tags instead of the generated ones")
+    p.add_argument("--build-arg", action="append", default=[], metavar="K=V", help="extra Dockerfile build arg")
+    p.add_argument("--ca-cert", type=Path, metavar="FILE",
+                   help=f"extra CA certificates (PEM) trusted during the build only; also ${CA_ENV}")
+    p.add_argument("--rebuild-base", action="store_true", help="with --cpu: remake the CPU base image")
+    p.add_argument("--dry-run", action="store_true", help="print the plan; needs no Docker engine")
+    args = p.parse_args(argv)
+    if args.push and not args.registry and not args.tag:
+        p.error("--push needs --registry (where to push)")
+    if args.max_jobs is not None and args.max_jobs < 1:
+        p.error("--max-jobs must be at least 1")
+    return args
+
+
+def user_build_args(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--build-arg {pair!r} is not KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def sanitize(ref: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", ref.rsplit("/", 1)[-1]).strip("-.")[:80]
+
+
+def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
+    ngc, torch, python = entry.ngc, entry.torch, entry.python
+    base = entry.base_image
+    notes = [] if entry.verified else [f"CUDA {entry.cuda} facts are unverified: {entry.note}"]
+    if args.ngc:
+        if not NGC_TAG.match(args.ngc):
+            raise UserError(f"--ngc {args.ngc!r} is not an NGC release like 25.03 (YY.MM)")
+        known = matrix.entry_for_ngc(args.ngc)
+        ngc, base = args.ngc, f"{NGC_REPOSITORY}:{args.ngc}-py3"
+        torch = known.torch if known else "whatever NGC ships (read during the build)"
+        python = known.python if known else "the base's"
+        if not known:
+            notes.append(f"NGC {args.ngc} is not in the matrix: pins are CUDA {entry.cuda}'s, check they fit")
+    tags = cuda_tags(matrix, entry, ngc=ngc, registry=args.registry)
+    if args.base:
+        base, ngc = args.base, None
+        torch, python = "the base's (read during the build)", "the base's"
+        tags = [tags[0].rsplit("-ngc", 1)[0] + f"-{sanitize(args.base)}", tags[1]]
+    return Plan("cuda", entry.cuda, ngc, base, torch, python, args.arch or entry.arch_list,
+                dict(entry.packages), args.tag or tags, notes=notes)  # fmt: skip
+
+
+def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
+    cpu = matrix.cpu
+    notes = ["CUDA-only pieces (flash-attn, apex, DeepSpeed fused_adam) are detected as unavailable and skipped"]
+    base = args.base or cpu.base_image
+    return Plan("cpu", None, None, base, f"{cpu.torch}+cpu", cpu.python, "", dict(cpu.packages),
+                args.tag or cpu_tags(matrix, args.registry), notes=notes)  # fmt: skip
+
+
+def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
+    if args.cpu:
+        return [cpu_plan(matrix, args)]
+    entries = list(matrix.entries.values()) if args.all else [matrix.entry(args.cuda or matrix.default_cuda)]
+    return [cuda_plan(matrix, e, args) for e in entries]
+
+
+def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
+    """The Dockerfile build args for `plan`."""
+    build_args = dockerfile_defaults(matrix)
+    build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items()})
+    build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
+    if args.max_jobs:
+        build_args["MAX_JOBS"] = str(args.max_jobs)
+    build_args.update(user_build_args(args.build_arg))
+    plan.build_args = build_args
+
+
+def print_plan(plan: Plan, matrix: Matrix) -> None:
+    title = f"CUDA {plan.cuda}" if plan.cuda else "CPU flavor"
+    print(f"plan: trainkit {matrix.version}, {title}")
+    ngc = f" (NGC {plan.ngc})" if plan.ngc else ""
+    print(f"  base:    {plan.base_image}{ngc}")
+    print(f"  torch:   {plan.torch} (kept from the base)")
+    print(f"  python:  {plan.python}")
+    print(f"  arch:    {plan.arch_list or '- (no CUDA)'}")
+    print("  pins:    " + ", ".join(f"{k}=={v}" for k, v in plan.pins.items()))
+    print(f"  apex:    {matrix.apex['repo']}@{matrix.apex['ref']} (only if the base lacks working fused kernels)")
+    print("  tags:    " + ", ".join(plan.tags))
+    for note in plan.notes:
+        print(f"  note:    {note}")
+
+
+def ca_cert_path(args: argparse.Namespace) -> Path | None:
+    raw = args.ca_cert or (Path(os.environ[CA_ENV]) if os.environ.get(CA_ENV) else None)
+    if raw is None:
+        return None
+    path = raw.expanduser().resolve()
+    if not path.is_file() or "CERTIFICATE" not in path.read_text(errors="replace"):
+        source = "--ca-cert" if args.ca_cert else CA_ENV
+        raise UserError(f"{source} {raw}: not a readable PEM certificate file (expected '-----BEGIN CERTIFICATE-----')")
+    return path
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
+    out = {
+        "org.opencontainers.image.title": "trainkit",
+        "org.opencontainers.image.description": f"trainkit training image ({plan.flavor})",
+        "org.opencontainers.image.version": matrix.version,
+        "org.opencontainers.image.revision": git_revision(),
+        "org.opencontainers.image.created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "org.opencontainers.image.source": SOURCE_URL,
+        "org.opencontainers.image.licenses": "Apache-2.0",
+        "org.opencontainers.image.base.name": plan.base_image,
+        "org.opencontainers.image.base.digest": base_ref,
+        "org.trainkit.flavor": plan.flavor,
+        "org.trainkit.torch": plan.torch,
+        "org.trainkit.python": plan.python,
+        "org.trainkit.cuda": plan.cuda or "none",
+        "org.trainkit.ngc": plan.ngc or "none",
+        "org.trainkit.arch-list": plan.arch_list or "none",
+        "org.trainkit.apex-ref": matrix.apex["ref"],
+    }
+    out.update({f"org.trainkit.pin.{pkg}": version for pkg, version in plan.pins.items()})
+    return out
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    matrix = load()
+    selected = plans(matrix, args)
+    for plan in selected:
+        finish_plan(plan, matrix, args)
+    if args.dry_run:
+        for plan in selected:
+            print_plan(plan, matrix)
+        return 0
+    from builder import BuildError, build_image  # needs the docker SDK and an engine; a dry run needs neither
+
+    ca = ca_cert_path(args)
+    for plan in selected:
+        print_plan(plan, matrix)
+        try:
+            record = build_image(plan, matrix, args, ca, labels)
+        except BuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"built {', '.join(plan.tags)} ({record['image']['id'][:19]}) in {record['durations']['total_s']:.0f} s;"
+              f" record: {record['record_path']}")
+    return 0
+
+
+def write_record(plan: Plan, record: dict) -> Path:
+    RECORDS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RECORDS_DIR / (sanitize(plan.tags[0].replace(":", "_")) + ".json")
+    record["record_path"] = str(path.relative_to(ROOT))
+    record["plan"] = asdict(plan)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

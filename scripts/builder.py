@@ -1,0 +1,161 @@
+"""The engine side of build.py: base, BuildKit build, versions read inside the image, record, push."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+from buildkit import BuildFailed, BuildSpec, run_build
+from cpu_base import ensure_cpu_base, image_exists
+from engine import UserError, connect
+from matrix import ROOT, Matrix
+from rich.console import Console
+
+STEP = re.compile(r"^#\d+ \[(?P<name>[^\]]+)\] (?P<what>.*)$")
+console = Console(stderr=True)
+
+
+class Progress:
+    """Shows the current build step (a spinner on a terminal, one line per step otherwise)."""
+
+    def __init__(self, title: str):
+        self.title = title
+        self.seen: set[str] = set()
+        self.status = console.status(title) if console.is_terminal else None
+
+    def __enter__(self) -> Progress:
+        if self.status:
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status:
+            self.status.__exit__(*exc)
+
+    def line(self, text: str) -> None:
+        match = STEP.match(text)
+        if not match or text in self.seen:
+            return
+        self.seen.add(text)
+        step = f"[{match['name']}] {' '.join(match['what'].split())[:110]}"
+        if self.status:
+            self.status.update(f"{self.title}: {step}")
+        else:
+            print(f"  {step}", file=sys.stderr, flush=True)
+
+
+def base_reference(client: docker.DockerClient, image: str) -> dict:
+    """The base's id and registry digest, pulling it when it is not local."""
+    if not image_exists(client, image):
+        console.print(f"pulling {image} ...")
+        try:
+            client.images.pull(image)
+        except docker.errors.APIError as exc:
+            raise UserError(
+                f"cannot pull the base image {image}: {exc.explanation or exc}.\n"
+                "  NGC images need access to nvcr.io (behind a proxy: configure the engine's proxy and trust its CA;"
+                " `docker login nvcr.io` for private tags), or load it with `docker load`."
+            ) from None
+    attrs = client.images.get(image).attrs
+    digests = attrs.get("RepoDigests") or []
+    return {"image": image, "id": attrs["Id"], "digest": digests[0] if digests else None}
+
+
+def read_inside(client: docker.DockerClient, tag: str) -> dict:
+    """Run the image's own verifier: manifest, versions and checks as it sees them."""
+    out = client.containers.run(tag, ["/opt/trainkit/images/verify.py", "--json"], entrypoint="python",
+                                remove=True, stdout=True, stderr=False)  # fmt: skip
+    return json.loads(out.decode())
+
+
+def skipped_pieces(manifest: dict) -> list[dict]:
+    skipped = []
+    for piece, claim in manifest.get("extensions", {}).items():
+        if claim.get("status") == "skipped":
+            skipped.append({"piece": piece, "reason": claim.get("reason", "")})
+        for op, state in claim.get("ops", {}).items():
+            if state.get("status") == "skipped":
+                skipped.append({"piece": f"{piece}:{op}", "reason": state.get("reason", "")})
+    return skipped
+
+
+def push(client: docker.DockerClient, tags: list[str]) -> dict[str, str]:
+    digests = {}
+    for tag in tags:
+        repository, _, name = tag.rpartition(":")
+        with console.status(f"pushing {tag}"):
+            for event in client.images.push(repository, name, stream=True, decode=True):
+                if "error" in event:
+                    raise UserError(f"pushing {tag} failed: {event['error']} (logged in to the registry?)")
+                aux = event.get("aux") or {}
+                if "Digest" in aux:
+                    digests[tag] = aux["Digest"]
+    return digests
+
+
+def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None, make_labels: Callable) -> dict:
+    """Build, verify and record one plan; return the record."""
+    from build import write_record
+
+    client = connect()
+    started = time.time()
+    t0 = time.monotonic()
+    if plan.flavor == "cpu" and not args.base:
+        with Progress("making the CPU base") as progress:
+            ensure_cpu_base(client, matrix.cpu, ca, progress.line, rebuild=args.rebuild_base)
+    base = base_reference(client, plan.base_image)
+    t_base = time.monotonic() - t0
+    spec = BuildSpec(
+        context=ROOT, dockerfile=ROOT / "Dockerfile", tags=plan.tags, args=plan.build_args,
+        labels=make_labels(plan, matrix, base["digest"] or base["id"]), ca_cert=ca, no_cache=args.no_cache,
+    )  # fmt: skip
+    try:
+        with Progress(f"building {plan.tags[0]}") as progress:
+            build_s = run_build(spec, progress.line)
+    except BuildFailed as exc:
+        tail = "\n".join(exc.tail[-40:])
+        hint = ""
+        if "CERTIFICATE_VERIFY_FAILED" in "\n".join(exc.tail):
+            hint = ("\n  TLS verification failed inside the build: behind a TLS-inspecting proxy, pass its CA with "
+                    "--ca-cert FILE (or TRAINKIT_CA_CERT).")
+        raise BuildError(f"building {plan.tags[0]} failed; the end of the build output:\n{tail}{hint}") from None
+    t1 = time.monotonic()
+    inside = read_inside(client, plan.tags[0])
+    verify_s = time.monotonic() - t1
+    image = client.images.get(plan.tags[0]).attrs
+    record = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "inputs": {"build_args": plan.build_args, "no_cache": args.no_cache, "ca_cert_given": ca is not None},
+        "base": base,
+        "image": {
+            "id": image["Id"],
+            "tags": plan.tags,
+            "size_bytes": image["Size"],
+            "base_size_bytes": client.images.get(base["id"]).attrs["Size"],
+        },
+        "labels": image["Config"].get("Labels") or {},
+        "versions_inside": inside["versions"],
+        "manifest": inside["manifest"],
+        "checks": inside["checks"],
+        "skipped": skipped_pieces(inside["manifest"]),
+        "durations": {
+            "base_s": round(t_base, 1),
+            "build_s": round(build_s, 1),
+            "verify_s": round(verify_s, 1),
+            "total_s": round(time.monotonic() - t0, 1),
+        },
+    }
+    if args.push:
+        record["pushed"] = push(client, plan.tags)
+    write_record(plan, record)
+    return record
+
+
+class BuildError(UserError):
+    """A build that failed: reported like a user error (message, no traceback) but exits 1."""

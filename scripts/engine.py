@@ -1,0 +1,42 @@
+"""Connecting to the Docker Engine from host scripts, with messages a user can act on."""
+
+from __future__ import annotations
+
+import sys
+
+import docker
+from docker.errors import DockerException
+
+
+class UserError(Exception):
+    """A mistake the user can fix; scripts print it without a traceback and exit 2."""
+
+
+def connect() -> docker.DockerClient:
+    """A client for the local engine (DOCKER_HOST honoured), or a UserError saying how to start one."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except DockerException as exc:
+        raise UserError(
+            "cannot reach the Docker Engine "
+            f"({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}).\n"
+            "  Start it (e.g. `sudo systemctl start docker`, or `dockerd &`), check DOCKER_HOST, "
+            "and make sure your user may use it (`docker info` must work)."
+        ) from None
+    return client
+
+
+def exit_on_user_error(main):
+    """Decorator for script entry points: UserError -> message on stderr, exit 2."""
+
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+    wrapper.__name__ = main.__name__
+    wrapper.__doc__ = main.__doc__
+    return wrapper

@@ -1,0 +1,407 @@
+"""Run trainkit in a container, the way `docker compose up train` does, from any folder.
+
+    python scripts/run.py [options] train|doctor|bench [ARGS...]
+    python scripts/run.py [options] -- CMD [ARGS...]        (any command inside the image)
+
+run.py's options may also follow the trainer command; other arguments go to the command.
+
+Mounts ./data (read-only) at /data, ./models (read-only) at /models, ./output at /output and the
+`trainkit-cache` volume at /cache; runs as your user so ./output belongs to you; host IPC, memlock
+unlimited, 64 MB stack (as the compose file). TRAIN_* settings come from ./.env (or --env-file) and
+-e KEY=VALUE; HF_TOKEN is passed from your environment at run time, never written anywhere.
+
+Image rule (without --image): the GPU image (`trainkit:latest-cu<XY>`, the matrix default) when the
+engine has the NVIDIA runtime and --gpus is not `none`, else the CPU image `trainkit:latest-cpu`.
+
+Ctrl-C stops the container gracefully (SIGTERM: the trainer writes a checkpoint, then exits 143);
+a second Ctrl-C kills it. The exit code is the container's; 2 for a mistake on this side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, ImageNotFound
+from docker.types import DeviceRequest, Ulimit
+from engine import UserError, connect, exit_on_user_error
+from matrix import ROOT, default_image
+
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+HOST_PASSTHROUGH = ("HF_TOKEN",)  # taken from this environment when set
+CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml
+STOP_GRACE_S = 600  # as compose's stop_grace_period: the interruption checkpoint must fit
+TRAINER_COMMANDS = ("train", "doctor", "bench")
+STACK_BYTES = 67108864
+
+
+@dataclass
+class RunSpec:
+    """Everything the container is created with."""
+
+    image: str
+    command: list[str]
+    gpus: str
+    user: str
+    environment: dict[str, str]
+    volumes: dict[str, dict[str, str]] = field(default_factory=dict)
+    detach: bool = False
+    stop_grace_s: int = STOP_GRACE_S
+    memlock: int = -1
+
+
+def log(message: str) -> None:
+    print(f"[run.py] {message}", file=sys.stderr, flush=True)
+
+
+def is_secret(name: str) -> bool:
+    return any(word in name.upper() for word in SECRET_WORDS)
+
+
+# --- arguments -----------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="run.py",
+        allow_abbrev=False,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--image", help="image to run (default: see the image rule above)")
+    parser.add_argument("--data", help="host folder or file mounted read-only at /data (default ./data if present)")
+    parser.add_argument("--models", help="host folder mounted read-only at /models (default ./models if present)")
+    parser.add_argument("--output", help="host folder mounted at /output (default ./output, created if missing)")
+    parser.add_argument("--env-file", help="KEY=VALUE lines passed as environment (default ./.env if present)")
+    parser.add_argument(
+        "-e", "--env", action="append", default=[], metavar="KEY[=VALUE]",
+        help="an environment variable for the container (KEY alone: take it from this environment)",
+    )  # fmt: skip
+    parser.add_argument("--gpus", default="auto", help="all, a count N, or none (default: all if the engine has GPUs)")
+    parser.add_argument("--user", default=f"{os.getuid()}:{os.getgid()}", help="UID:GID to run as (default: you)")
+    parser.add_argument("--cache-volume", default=CACHE_VOLUME, help="named volume for /cache")
+    parser.add_argument("--stop-timeout", type=int, default=STOP_GRACE_S, help="seconds for the checkpoint on stop")
+    parser.add_argument(
+        "--memlock", type=int, default=int(os.environ.get("TRAINKIT_MEMLOCK", "-1")),
+        help="memlock limit in bytes (default -1: unlimited; env TRAINKIT_MEMLOCK)",
+    )  # fmt: skip
+    parser.add_argument("--detach", "-d", action="store_true", help="start the container and return")
+    parser.add_argument(
+        "--build-if-missing", action="store_true",
+        help="build the chosen image with scripts/build.py when it is not there (first build takes a while)",
+    )  # fmt: skip
+    parser.add_argument("command", nargs="?", default="train", help="train (default), doctor, bench, or -- CMD ...")
+    head, tail = split_at_double_dash(argv)
+    args, passed_on = parser.parse_known_args(head)
+    args.command = container_command(args.command, passed_on, tail)
+    if args.gpus not in ("auto", "all", "none") and not args.gpus.isdigit():
+        raise UserError(f"--gpus {args.gpus!r}: use all, a number of GPUs, or none")
+    if not re.fullmatch(r"\d+(:\d+)?", args.user):
+        raise UserError(f"--user {args.user!r}: use UID or UID:GID (numbers), e.g. --user $(id -u):$(id -g)")
+    return args
+
+
+def split_at_double_dash(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(run.py's part, the command after `--` or None)."""
+    if "--" not in argv:
+        return argv, None
+    index = argv.index("--")
+    return argv[:index], argv[index + 1 :]
+
+
+def container_command(command: str, passed_on: list[str], tail: list[str] | None) -> list[str]:
+    """The container's command: a trainer command with the arguments run.py does not know, or `-- CMD ...`.
+
+    run.py's own options may come before or after the trainer command; `-- CMD ...` is passed as given.
+    """
+    if tail is not None:
+        if not tail:
+            raise UserError("nothing after `--`: give the command to run, e.g. `run.py -- python my_script.py`")
+        if command != "train" or passed_on:
+            raise UserError(f"`-- {tail[0]} ...` runs a command of its own: drop {command!r} {' '.join(passed_on)}")
+        return tail
+    if command not in TRAINER_COMMANDS:
+        raise UserError(
+            f"unknown command {command!r}: use train, doctor, bench, or `-- CMD ...` to run any command in the image"
+        )
+    return [command, *passed_on]
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as compose reads .env: comments, blank lines, `export `, quotes, KEY alone (from here)."""
+    env: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").strip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UserError(f"{path}:{number}: expected KEY=VALUE, found {raw.strip()[:40]!r}")
+        if not sep:
+            if key in os.environ:
+                env[key] = os.environ[key]
+            continue
+        env[key] = unquote(value.strip())
+    return env
+
+
+def unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return re.split(r"\s+#", value, maxsplit=1)[0]
+
+
+def environment(args: argparse.Namespace) -> dict[str, str]:
+    """The container's environment: host passthrough (HF_TOKEN), then the env file, then -e options."""
+    env = {name: os.environ[name] for name in HOST_PASSTHROUGH if os.environ.get(name)}
+    env_file = Path(args.env_file) if args.env_file else Path(".env")
+    if args.env_file and not env_file.is_file():
+        raise UserError(f"--env-file {args.env_file}: no such file")
+    if env_file.is_file():
+        env.update(parse_env_file(env_file))
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UserError(f"-e {item.split('=')[0]!r}: expected KEY=VALUE")
+        if sep:
+            env[key] = value
+        elif key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def describe_env(env: dict[str, str]) -> str:
+    shown = [f"{k}=<hidden>" if is_secret(k) else f"{k}={v}" for k, v in sorted(env.items())]
+    return " ".join(shown) or "(none)"
+
+
+# --- mounts --------------------------------------------------------------------------------------
+
+
+def bind(path: str | None, default: str, option: str) -> Path | None:
+    """The absolute host path for a mount; None when the default is absent; UserError for a missing explicit one."""
+    if path is None:
+        candidate = Path(default).resolve()
+        return candidate if candidate.exists() else None
+    candidate = Path(path).expanduser().resolve()
+    if not candidate.exists():
+        raise UserError(f"{option} {path}: no such file or folder ({candidate}); create it or fix the path")
+    return candidate
+
+
+def output_folder(path: str | None) -> Path:
+    """The output folder, created (as you, so it is yours) when its parent exists."""
+    candidate = Path(path or "output").expanduser().resolve()
+    if not candidate.exists():
+        if not candidate.parent.is_dir():
+            raise UserError(f"--output {path}: its parent folder {candidate.parent} does not exist")
+        candidate.mkdir()
+    if not candidate.is_dir():
+        raise UserError(f"--output {path}: {candidate} is not a folder")
+    return candidate
+
+
+def volumes(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    found = {
+        "/data": bind(args.data, "data", "--data"),
+        "/models": bind(args.models, "models", "--models"),
+    }
+    mounts = {str(host): {"bind": target, "mode": "ro"} for target, host in found.items() if host}
+    mounts[str(output_folder(args.output))] = {"bind": "/output", "mode": "rw"}
+    mounts[args.cache_volume] = {"bind": "/cache", "mode": "rw"}
+    return mounts
+
+
+# --- image and GPUs ------------------------------------------------------------------------------
+
+
+def engine_has_gpus(client: docker.DockerClient) -> bool:
+    """The engine can hand GPUs to containers: the NVIDIA runtime (Container Toolkit) is registered."""
+    return "nvidia" in (client.info().get("Runtimes") or {})
+
+
+def choose_image_and_gpus(args: argparse.Namespace, client: docker.DockerClient) -> tuple[str, str]:
+    gpus = args.gpus
+    if gpus == "auto":
+        gpus = "all" if engine_has_gpus(client) and not (args.image or "").endswith("-cpu") else "none"
+    image = args.image or default_image(gpu=gpus != "none")
+    return image, gpus
+
+
+def build_command(image: str) -> list[str] | None:
+    """The scripts/build.py command that makes `image`, when it is one of ours."""
+    repository, _, tag = image.rpartition(":")
+    if repository.rsplit("/", 1)[-1] != "trainkit":
+        return None
+    if tag.endswith("cpu"):
+        return ["python", "scripts/build.py", "--cpu"]
+    match = re.search(r"cu(\d+)(\d)", tag)
+    return ["python", "scripts/build.py", "--cuda", f"{match[1]}.{match[2]}"] if match else None
+
+
+def ensure_image(client: docker.DockerClient, image: str, build_if_missing: bool) -> None:
+    try:
+        client.images.get(image)
+        return
+    except ImageNotFound:
+        pass
+    command = build_command(image)
+    if command is None:
+        raise UserError(f"image {image} is not on this engine: `docker pull {image}` or build it")
+    if not build_if_missing:
+        cpu_hint = "" if "--cpu" in command else " Without GPUs: `python scripts/build.py --cpu` and `--gpus none`."
+        raise UserError(
+            f"image {image} is not on this engine. Build it with `{' '.join(command)}` "
+            f"(or add --build-if-missing).{cpu_hint}"
+        )
+    log(f"image {image} is missing: running `{' '.join(command)}` (the first build takes a while)")
+    result = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=False)
+    if result.returncode != 0:
+        raise UserError(f"building {image} failed (exit {result.returncode}); see the build output above")
+
+
+def device_requests(gpus: str) -> list[DeviceRequest]:
+    if gpus == "none":
+        return []
+    return [DeviceRequest(count=-1 if gpus == "all" else int(gpus), capabilities=[["gpu"]])]
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+def create(client: docker.DockerClient, spec: RunSpec):
+    """The container, created as docker-compose.yml would create it (labels never hold values)."""
+    api = client.api
+    try:
+        host_config = api.create_host_config(
+            binds=spec.volumes,
+            ipc_mode="host",
+            ulimits=[
+                Ulimit(name="memlock", soft=spec.memlock, hard=spec.memlock),
+                Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES),
+            ],
+            device_requests=device_requests(spec.gpus),
+        )
+        created = api.create_container(
+            spec.image,
+            command=spec.command,
+            user=spec.user,
+            environment=spec.environment,
+            labels={"org.trainkit.launcher": "run.py", "org.trainkit.command": spec.command[0]},
+            stop_signal="SIGTERM",
+            stop_timeout=spec.stop_grace_s,  # also what a plain `docker stop` waits
+            host_config=host_config,
+        )
+    except APIError as exc:
+        raise UserError(f"cannot create the container: {exc.explanation or exc}") from None
+    return client.containers.get(created["Id"])
+
+
+class Interrupts:
+    """First Ctrl-C (or SIGTERM): graceful `docker stop`; second Ctrl-C: kill."""
+
+    def __init__(self, container, grace_s: int) -> None:
+        self.container = container
+        self.grace_s = grace_s
+        self.count = 0
+
+    def __call__(self, signum: int, _frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            log(f"stopping the container: the trainer writes a checkpoint (up to {self.grace_s} s); Ctrl-C again kills")
+            action = lambda: self.container.stop(timeout=self.grace_s)  # noqa: E731
+        else:
+            log("killing the container")
+            action = self.container.kill
+        threading.Thread(target=self._quietly, args=(action,), daemon=True).start()
+
+    @staticmethod
+    def _quietly(action) -> None:
+        with contextlib.suppress(APIError):  # it already exited
+            action()
+
+
+def stream_output(stream) -> None:
+    """Copy the container's stdout/stderr (an attach stream with demux) here until it exits."""
+    for out, err in stream:
+        if out:
+            sys.stdout.buffer.write(out)
+            sys.stdout.buffer.flush()
+        if err:
+            sys.stderr.buffer.write(err)
+            sys.stderr.buffer.flush()
+
+
+def run(client: docker.DockerClient, spec: RunSpec) -> int:
+    container = create(client, spec)
+    # Attached before the start, so that even a command that exits at once shows all its output.
+    stream = None
+    if not spec.detach:
+        stream = client.api.attach(container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+    try:
+        container.start()
+    except APIError as exc:
+        container.remove(force=True)
+        hint = ""
+        if "rlimit type 8" in str(exc):
+            hint = " (this engine may not raise the memlock limit, e.g. rootless Docker: use --memlock BYTES)"
+        elif spec.gpus != "none":
+            hint = " (this engine has no NVIDIA runtime: use --gpus none)"
+        raise UserError(f"cannot start the container: {exc.explanation or exc}{hint}") from None
+    if stream is None:
+        log(f"started {container.name}: `docker logs -f {container.name}`, stop with `docker stop {container.name}`")
+        return 0
+    interrupts = Interrupts(container, spec.stop_grace_s)
+    previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stream_output(stream)
+        code = int(container.wait()["StatusCode"])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    container.remove(force=True)
+    if interrupts.count:
+        log(f"container stopped (exit {code}); run the same command again to resume from the checkpoint")
+    return code
+
+
+def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
+    image, gpus = choose_image_and_gpus(args, client)
+    ensure_image(client, image, args.build_if_missing)
+    return RunSpec(
+        image=image,
+        command=args.command,
+        gpus=gpus,
+        user=args.user,
+        environment=environment(args),
+        volumes=volumes(args),
+        detach=args.detach,
+        stop_grace_s=args.stop_timeout,
+        memlock=args.memlock,
+    )
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    client = connect()
+    spec = spec_from(args, client)
+    mounts = ", ".join(f"{host} -> {m['bind']} ({m['mode']})" for host, m in spec.volumes.items())
+    log(f"{spec.image}: {spec.command[0]} | gpus {spec.gpus} | user {spec.user} | {mounts}")
+    log(f"environment: {describe_env(spec.environment)}")
+    return run(client, spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

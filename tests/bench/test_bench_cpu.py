@@ -1,0 +1,259 @@
+"""`python -m trainer bench` end to end on CPU: real trainer subprocesses on the tiny preset."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.schema import TrainSettings, field_names
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = "fp32,bf16,fp16,adamw_torch_fused,grad_ckpt,flash_attention_2,combined"
+WARMUP, STEPS = 1, 3
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def bench_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
+    corpus = tmp / "data" / "corpus.txt"
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    corpus.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    env.update({
+        "TRAIN_MODEL": "tiny",
+        "TRAIN_DATA": str(corpus),
+        "TRAIN_SEQ_LEN": "64",
+        "TRAIN_BATCH_SIZE": "4",
+        "TRAIN_NUM_WORKERS": "0",
+        "TRAIN_OUTPUT_DIR": str(tmp / "output"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    env.update(extra)
+    return env
+
+
+def run_bench(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", "bench", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("bench")
+    proc = run_bench(["--rows", ROWS, "--steps", str(STEPS), "--warmup", str(WARMUP), "--json"], bench_env(tmp))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {"stdout": json.loads(proc.stdout), "stderr": proc.stderr, "dir": tmp / "output" / "bench"}
+
+
+def test_json_on_stdout_is_the_written_results(bench: dict) -> None:
+    written = json.loads((bench["dir"] / "results.json").read_text())
+    assert written == bench["stdout"]
+    # The catalogue's order, whatever the order given: precision rows first.
+    assert [r["name"] for r in written["rows"]] == ["fp32", "fp16", "bf16", "adamw_torch_fused", "grad_ckpt",
+                                                      "flash_attention_2", "combined"]
+    assert written["meta"]["model"] == "tiny" and written["meta"]["seq_len"] == 64
+
+
+def test_measured_rows_have_numbers_and_their_metrics(bench: dict) -> None:
+    rows = {r["name"]: r for r in bench["stdout"]["rows"]}
+    for name in ("fp32", "adamw_torch_fused", "grad_ckpt"):
+        row = rows[name]
+        assert row["status"] == "ok", row
+        assert row["tokens_per_s"] > 0 and row["samples_per_s"] > 0
+        assert row["measured_steps"] == STEPS
+        assert row["mfu"] is None  # no MFU on CPU
+        lines = (bench["dir"] / "rows" / name / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) >= WARMUP + STEPS
+
+
+def test_relative_columns_divide_by_the_baseline(bench: dict) -> None:
+    rows = bench["stdout"]["rows"]
+    base = next(r for r in rows if r["name"] == "fp32")
+    assert base["speed_rel"] == 1.0
+    for row in rows:
+        if row["status"] != "ok":
+            assert row["speed_rel"] is None and row["mem_rel"] is None
+            continue
+        assert row["speed_rel"] == pytest.approx(row["tokens_per_s"] / base["tokens_per_s"])
+        if base["peak_mem_bytes"]:
+            assert row["mem_rel"] == pytest.approx(row["peak_mem_bytes"] / base["peak_mem_bytes"])
+
+
+def test_rows_impossible_on_cpu_are_skipped_with_the_trainers_reason(bench: dict) -> None:
+    rows = {r["name"]: r for r in bench["stdout"]["rows"]}
+    for name in ("fp16", "flash_attention_2"):
+        assert rows[name]["status"] == "skipped", rows[name]
+        assert rows[name]["reason"].strip()
+        assert "Traceback" not in rows[name]["reason"]
+    for row in rows.values():
+        if row["status"] != "ok":
+            assert row["reason"].strip(), row
+
+
+def test_recommendation_is_the_fastest_row_that_ran(bench: dict) -> None:
+    result = bench["stdout"]
+    ran = [r for r in result["rows"] if r["status"] == "ok" and r["same_training"]]
+    fastest = max(ran, key=lambda r: r["tokens_per_s"])
+    assert result["recommended"]["row"] == fastest["name"]
+    assert result["recommended"]["env"] == fastest["env"]
+
+
+def test_recommended_env_file_is_accepted_by_the_schema(bench: dict) -> None:
+    path = bench["dir"] / "recommended.env"
+    known = {f"TRAIN_{name.upper()}" for name in field_names()}
+    values = {}
+    for line in path.read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = re.fullmatch(r"(TRAIN_[A-Z0-9_]+)=(.*)", line)
+        assert match, line
+        assert match[1] in known, line
+        values[match[1]] = match[2]
+    assert values == bench["stdout"]["recommended"]["env"]
+    settings = TrainSettings(_env_file=path)
+    assert settings.precision == values["TRAIN_PRECISION"]
+    assert settings.optim == values["TRAIN_OPTIM"]
+    assert settings.batch_size == int(values["TRAIN_BATCH_SIZE"])
+
+
+def test_csv_and_markdown_hold_every_row(bench: dict) -> None:
+    rows = bench["stdout"]["rows"]
+    with open(bench["dir"] / "results.csv", newline="") as handle:
+        records = list(csv.DictReader(handle))
+    assert [r["name"] for r in records] == [r["name"] for r in rows]
+    for record, row in zip(records, rows, strict=True):
+        assert record["status"] == row["status"]
+        if row["speed_rel"] is not None:
+            assert float(record["speed_rel"]) == pytest.approx(row["speed_rel"])
+    markdown = (bench["dir"] / "results.md").read_text()
+    assert "| row | on top of | status | tokens/s |" in markdown
+    for row in rows:
+        assert f"| {row['name']} |" in markdown
+    assert "## Recommended configuration" in markdown
+
+
+def test_chart_is_a_png(bench: dict) -> None:
+    data = (bench["dir"] / "chart.png").read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 100 and height > 100
+
+
+def test_progress_is_shown_on_stderr(bench: dict) -> None:
+    assert "fp32:" in bench["stderr"] and "tokens/s" in bench["stderr"]
+
+
+# ---- user mistakes: one message, exit 2, before any training --------------------------------------
+
+def test_unknown_row_is_a_user_error(tmp_path: Path) -> None:
+    proc = run_bench(["--rows", "fp32,bf17"], bench_env(tmp_path), timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: unknown bench row(s): bf17")
+    assert "Traceback" not in proc.stderr
+
+
+def test_invalid_setting_is_a_user_error(tmp_path: Path) -> None:
+    proc = run_bench(["--rows", "fp32"], bench_env(tmp_path, TRAIN_BATCH_SIZE="zero"), timeout=120)
+    assert proc.returncode == 2
+    assert "TRAIN_BATCH_SIZE" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unwritable_output_is_a_user_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_bench(["--rows", "fp32"], bench_env(tmp_path, TRAIN_OUTPUT_DIR=str(blocker / "out")), timeout=120)
+    assert proc.returncode == 2
+    assert "TRAIN_OUTPUT_DIR" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_step_count_is_a_user_error(tmp_path: Path) -> None:
+    proc = run_bench(["--steps", "0"], bench_env(tmp_path), timeout=120)
+    assert proc.returncode == 2
+    assert "--steps" in proc.stderr and "at least 1" in proc.stderr
+
+
+# ---- interruption: the running row is stopped, the rows so far are written --------------------------
+
+def _trainers_writing_under(folder: Path) -> list[int]:
+    """PIDs of processes whose TRAIN_OUTPUT_DIR lies under `folder` (the bench's row subprocesses)."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(v.startswith(b"TRAIN_OUTPUT_DIR=" + str(folder).encode()) for v in variables):
+            pids.append(int(environ.parent.name))
+    return pids
+
+
+def _wait_for(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s} s"
+        time.sleep(0.2)
+
+
+def test_sigterm_stops_the_running_row_and_writes_the_rows_so_far(tmp_path: Path) -> None:
+    env = bench_env(tmp_path)
+    bench_dir = tmp_path / "output" / "bench"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "bench", "--rows", "fp32,bf16", "--steps", "8",
+                             "--warmup", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _wait_for(bench_dir / "rows" / "bf16" / "stderr.log", 300)  # fp32 is done, bf16 has started
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "interrupted" in stderr
+    assert _trainers_writing_under(tmp_path) == []
+    result = json.loads((bench_dir / "results.json").read_text())
+    assert "stopped by signal 15" in result["meta"]["interrupted"]
+    assert [r["name"] for r in result["rows"]] == ["fp32"]
+    assert result["recommended"]["row"] == "fp32"
+    assert not (bench_dir / ".tmp").exists()
+
+
+def test_a_baseline_the_trainer_refuses_stops_the_bench_with_its_message(tmp_path: Path) -> None:
+    proc = run_bench(["--rows", "fp32,bf16"], bench_env(tmp_path, TRAIN_DATA=str(tmp_path / "missing.jsonl")),
+                     timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the baseline row cannot run with this configuration:")
+    assert "TRAIN_DATA" in last
+    assert "Traceback" not in proc.stderr
+
+
+def test_batch_probe_doubles_up_to_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe is GPU-only in the CLI (on a CPU nothing runs out of memory); its doubling runs real rows here."""
+    from trainer.bench import Bench, Context
+    from trainer.bench_exec import RunPlan
+    from trainer.bench_rows import select_rows
+
+    for name, value in bench_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    spec = next(s for s in select_rows("max_batch") if s.name == "max_batch")
+    ctx = Context("tiny", False, 64, batch_size=4, on_gpu=True, max_batch=8)
+    plan = RunPlan(warmup=1, steps=2, timeout_s=300, work_dir=tmp_path / "bench")
+    [row] = Bench([spec], ctx, plan, ui=None).run()
+    assert row.status == "ok", row.reason
+    assert row.env["TRAIN_BATCH_SIZE"] == "8"
+    assert "stopped at --max-batch 8" in row.note
+    assert (plan.work_dir / "rows" / "max_batch-b8" / "metrics.jsonl").exists()

@@ -1,0 +1,194 @@
+"""The bench's pieces on real inputs: row selection, failure reasons, metric medians, relative columns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.bench import Bench, Context, changes, grad_accum_env
+from trainer.bench_exec import (
+    ERROR,
+    OOM,
+    SKIPPED,
+    RunPlan,
+    config_error_message,
+    failure_reason,
+    summarize_metrics,
+)
+from trainer.bench_report import BenchResult, RowResult, env_lines, fastest_row, fill_relative
+from trainer.bench_rows import BASELINE, BASELINE_ENV, UnknownRowError, catalogue, row_names, select_rows
+from trainer.schema import field_names
+
+
+def test_every_row_sets_only_schema_variables() -> None:
+    known = {f"TRAIN_{name.upper()}" for name in field_names()}
+    for row in catalogue():
+        assert set(row.env) <= known, row.name
+    assert set(BASELINE_ENV) <= known
+
+
+def test_row_names_are_unique_and_cover_the_issue() -> None:
+    names = row_names()
+    assert len(names) == len(set(names))
+    for wanted in ("fp32", "tf32", "fp16", "bf16", "adamw_torch", "adamw_torch_fused", "adamw_apex_fused",
+                   "adamw_bnb_8bit", "adafactor", "grad_ckpt", "grad_accum", "max_batch", "compile", "eager",
+                   "sdpa", "flash_attention_2", "zero1", "zero2", "zero3", "zero1_offload", "zero2_offload",
+                   "zero3_offload", "lora", "qlora", "combined"):
+        assert wanted in names
+
+
+def test_selection_keeps_catalogue_order_and_always_adds_the_baseline() -> None:
+    rows = select_rows("grad_ckpt, bf16")
+    assert [r.name for r in rows] == [BASELINE, "bf16", "grad_ckpt"]
+
+
+def test_selection_by_group() -> None:
+    assert [r.name for r in select_rows("zero")] == [BASELINE, "zero1", "zero1_offload", "zero2", "zero2_offload",
+                                                       "zero3", "zero3_offload"]
+
+
+def test_unknown_row_names_the_culprit_and_the_valid_names() -> None:
+    with pytest.raises(UnknownRowError, match=r"unknown bench row\(s\): bf17.*Valid rows: fp32"):
+        select_rows("bf16,bf17")
+
+
+def test_config_error_becomes_a_skip_with_the_trainers_message() -> None:
+    stderr = "some log line\nerror: TRAIN_PRECISION=fp16 needs a CUDA GPU; use fp32 or bf16 on CPU\n"
+    assert failure_reason(2, stderr) == (SKIPPED, "TRAIN_PRECISION=fp16 needs a CUDA GPU; use fp32 or bf16 on CPU")
+
+
+def test_multi_problem_config_error_is_joined_on_one_line() -> None:
+    lines = ["error: 2 problems with the configuration:", "  - flash-attn is not installed", "  - needs a GPU"]
+    assert config_error_message(lines) == "2 problems with the configuration: flash-attn is not installed; needs a GPU"
+
+
+def test_cuda_oom_is_reported_as_out_of_memory() -> None:
+    stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+              "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    status, reason = failure_reason(1, stderr)
+    assert status == OOM
+    assert reason.startswith("torch.OutOfMemoryError: CUDA out of memory.")
+
+
+def test_crash_reason_is_the_exceptions_first_line() -> None:
+    stderr = ("Traceback (most recent call last):\n  File \"x.py\", line 3, in f\n    raise RuntimeError('boom')\n"
+              "RuntimeError: boom\nsecond line of the message\n")
+    assert failure_reason(1, stderr) == (ERROR, "exit 1: RuntimeError: boom")
+
+
+def test_sigkill_suggests_host_memory() -> None:
+    status, reason = failure_reason(-9, "")
+    assert status == ERROR
+    assert "SIGKILL" in reason and "host memory" in reason
+
+
+def _write_metrics(path: Path, tokens: list[float], peaks: list[int]) -> None:
+    lines = []
+    for step, (tok, peak) in enumerate(zip(tokens, peaks, strict=True), start=1):
+        lines.append(json.dumps({"step": step, "epoch": 0.1, "loss": 5.0, "lr": 1e-4, "grad_norm": 1.0,
+                                 "tokens_per_s": tok, "samples_per_s": tok / 64, "step_time_s": 64 / tok,
+                                 "peak_mem_bytes": peak, "mfu": None, "time": 0.0}))
+    path.write_text("\n".join(lines) + "\n{\"step\": 9, \"tok")  # a torn last line, as from a killed writer
+
+
+def test_medians_exclude_warmup_and_peak_is_the_maximum(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    _write_metrics(metrics, [10.0, 500.0, 100.0, 300.0, 200.0], [5, 1, 2, 4, 3])
+    measured = summarize_metrics(metrics, warmup=2)
+    assert measured.measured_steps == 3
+    assert measured.tokens_per_s == 200.0
+    assert measured.samples_per_s == pytest.approx(200.0 / 64)
+    assert measured.peak_mem_bytes == 4
+    assert measured.mfu is None
+
+
+def test_no_measured_step_is_an_error(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    _write_metrics(metrics, [10.0], [1])
+    with pytest.raises(ValueError, match="no logged step after the 3 warm-up steps"):
+        summarize_metrics(metrics, warmup=3)
+
+
+def test_grad_accum_keeps_the_effective_batch() -> None:
+    assert grad_accum_env(8) == {"TRAIN_BATCH_SIZE": "4", "TRAIN_GRAD_ACCUM": "2"}
+    assert grad_accum_env(9) == {"TRAIN_BATCH_SIZE": "3", "TRAIN_GRAD_ACCUM": "3"}
+
+
+def test_changes_list_what_differs_from_the_baseline() -> None:
+    env = {**BASELINE_ENV, "TRAIN_BATCH_SIZE": "8", "TRAIN_PRECISION": "bf16"}
+    assert changes(env) == {"TRAIN_BATCH_SIZE": "8", "TRAIN_PRECISION": "bf16"}
+
+
+def _row(name: str, status: str, tokens: float | None, peak: int | None, same_training: bool = True) -> RowResult:
+    return RowResult(name, "g", "d", status, env={"TRAIN_PRECISION": "fp32"}, tokens_per_s=tokens,
+                     peak_mem_bytes=peak, same_training=same_training)
+
+
+def test_relative_columns_and_recommendation() -> None:
+    rows = [_row("fp32", "ok", 100.0, 1000), _row("bf16", "ok", 250.0, 600), _row("fp16", SKIPPED, None, None),
+            _row("lora", "ok", 900.0, 100, same_training=False)]
+    result = BenchResult({"model": "tiny", "seq_len": 64}, BASELINE, rows)
+    fill_relative(result)
+    assert rows[0].speed_rel == 1.0 and rows[0].mem_rel == 1.0
+    assert rows[1].speed_rel == 2.5 and rows[1].mem_rel == 0.6
+    assert rows[2].speed_rel is None
+    # LoRA trains something else: measured, never recommended.
+    assert fastest_row(rows) is rows[1]
+
+
+def test_env_lines_without_a_recommendation_say_so() -> None:
+    result = BenchResult({}, BASELINE, [_row("fp32", ERROR, None, None)])
+    assert env_lines(result) == ["# no bench row ran successfully: nothing to recommend"]
+
+
+def _measured(name: str, group: str, env: dict[str, str], tokens: float, on_top_of: str | None) -> RowResult:
+    return RowResult(name, group, "d", "ok", env=env, tokens_per_s=tokens, on_top_of=on_top_of)
+
+
+def _bench_with(rows: list[RowResult]) -> Bench:
+    ctx = Context("tiny", False, 64, batch_size=8, on_gpu=True, max_batch=64)
+    bench = Bench([], ctx, RunPlan(1, 1, 60, Path("/nonexistent")), ui=None)
+    bench.results = {row.name: row for row in rows}
+    return bench
+
+
+def test_combined_stacks_the_winners_over_the_fastest_precision() -> None:
+    base = {**BASELINE_ENV, "TRAIN_BATCH_SIZE": "8"}
+    bf16 = {**base, "TRAIN_PRECISION": "bf16"}
+    bench = _bench_with([
+        _measured("fp32", "precision", base, 100.0, None),
+        _measured("tf32", "precision", {**base, "TRAIN_TF32": "1"}, 150.0, "fp32"),
+        _measured("bf16", "precision", bf16, 300.0, "fp32"),
+        _measured("adamw_torch_fused", "optim", {**bf16, "TRAIN_OPTIM": "adamw_torch_fused"}, 320.0, "bf16"),
+        _measured("adafactor", "optim", {**bf16, "TRAIN_OPTIM": "adafactor"}, 310.0, "bf16"),
+        _measured("eager", "attn", {**bf16, "TRAIN_ATTN": "eager"}, 200.0, "bf16"),
+        _measured("grad_ckpt", "memory", {**bf16, "TRAIN_GRAD_CKPT": "1"}, 999.0, "bf16"),
+        _measured("max_batch", "batch", {**bf16, "TRAIN_BATCH_SIZE": "32"}, 400.0, "bf16"),
+    ])
+    env, names = bench.combined_plan()
+    assert names == ["bf16", "tf32", "adamw_torch_fused", "max_batch"]
+    # tf32 adds TRAIN_TF32 only (not its fp32 precision); grad_ckpt is never stacked, eager was slower.
+    assert env == {**bf16, "TRAIN_TF32": "1", "TRAIN_OPTIM": "adamw_torch_fused", "TRAIN_BATCH_SIZE": "32"}
+
+
+def test_combined_needs_two_winners() -> None:
+    base = {**BASELINE_ENV, "TRAIN_BATCH_SIZE": "8"}
+    bench = _bench_with([
+        _measured("fp32", "precision", base, 100.0, None),
+        _measured("adamw_torch_fused", "optim", {**base, "TRAIN_OPTIM": "adamw_torch_fused"}, 120.0, "fp32"),
+    ])
+    assert bench.combined_plan() == "only `adamw_torch_fused` beat `fp32`: nothing to combine"
+
+
+def test_a_torchrun_workers_config_error_is_a_skip_too() -> None:
+    stderr = ("[rank0]:error: TRAIN_OPTIM=adamw_bnb_8bit needs bitsandbytes\n"
+              "[rank1]:error: TRAIN_OPTIM=adamw_bnb_8bit needs bitsandbytes\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: trainer FAILED\n")
+    assert failure_reason(1, stderr) == (SKIPPED, "TRAIN_OPTIM=adamw_bnb_8bit needs bitsandbytes")
+
+
+def test_a_torchrun_workers_oom_is_out_of_memory() -> None:
+    stderr = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB\n"
+    assert failure_reason(1, stderr)[0] == OOM

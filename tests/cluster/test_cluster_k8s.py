@@ -1,0 +1,123 @@
+"""The Kubernetes PyTorchJob manifest: valid against the Kubeflow CRD's schema, and what each pod needs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = Path(__file__).parent / "data" / "pytorchjobs.crd.v1.9.0.yaml"
+SECRET = "hf_never_in_manifest"
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    crd = yaml.safe_load(CRD.read_text())
+    assert crd["spec"]["names"]["kind"] == "PyTorchJob"
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return version["schema"]["openAPIV3Schema"]
+
+
+def manifest(tmp_path: Path, *extra: str) -> dict:
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"TRAIN_MODEL=tiny\nTRAIN_BATCH_SIZE=4\nHF_TOKEN={SECRET}\nWANDB_API_KEY=wandb_secret_xyz\n")
+    out = tmp_path / "job.yaml"
+    cmd = [sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--env-file", str(env_file),
+           "--image", "registry.example.com/trainkit:0.1.0-cu128-ngc25.03", "--output-pvc", "runs", "-o", str(out),
+           *extra]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    text = out.read_text()
+    assert SECRET not in text and "wandb_secret_xyz" not in text
+    return yaml.safe_load(text)
+
+
+def validate(schema: dict, job: dict) -> None:
+    jsonschema.validate(job, schema, cls=jsonschema.Draft7Validator)
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+
+
+def pods(job: dict) -> dict[str, dict]:
+    return {role: spec["template"]["spec"] for role, spec in job["spec"]["pytorchReplicaSpecs"].items()}
+
+
+def test_multi_node_manifest_is_valid_and_complete(tmp_path: Path, schema: dict) -> None:
+    job = manifest(tmp_path, "--nodes", "4", "--gpus-per-node", "8", "--data-pvc", "corpus", "--shm-size", "32Gi",
+                   "--grace-period", "1200", "--namespace", "ml")  # fmt: skip
+    validate(schema, job)
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert {role: r["replicas"] for role, r in replicas.items()} == {"Master": 1, "Worker": 3}
+    assert all(r["restartPolicy"] == "OnFailure" for r in replicas.values())
+    assert job["spec"]["nprocPerNode"] == "8" and job["metadata"]["namespace"] == "ml"
+    for pod in pods(job).values():
+        assert pod["terminationGracePeriodSeconds"] == 1200
+        (container,) = pod["containers"]
+        # the operator takes MASTER_PORT from this container and port name
+        assert container["name"] == "pytorch" and container["ports"][0]["name"] == "pytorchjob-port"
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+        assert volumes[mounts["/data"]["name"]]["persistentVolumeClaim"] == {"claimName": "corpus", "readOnly": True}
+        assert mounts["/data"]["readOnly"] is True
+        assert volumes[mounts["/output"]["name"]]["persistentVolumeClaim"]["claimName"] == "runs"
+        env = {e["name"]: e for e in container["env"]}
+        assert env["TRAIN_MODEL"] == {"name": "TRAIN_MODEL", "value": "tiny"}
+        for secret in ("HF_TOKEN", "WANDB_API_KEY"):
+            assert env[secret]["valueFrom"]["secretKeyRef"] == {"name": "trainkit-secrets", "key": secret}
+        assert container["args"] == ["train"] and "command" not in container  # keeps the image's ENTRYPOINT
+
+
+def test_grace_period_outlasts_the_launchers_shutdown_wait(tmp_path: Path, schema: dict) -> None:
+    """SIGTERM -> torchrun gives workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT to checkpoint -> kubelet's SIGKILL after."""
+    from trainer.launch import WORKER_ENV_DEFAULTS
+
+    job = manifest(tmp_path)
+    validate(schema, job)
+    for pod in pods(job).values():
+        assert pod["terminationGracePeriodSeconds"] > int(WORKER_ENV_DEFAULTS["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
+
+
+def test_single_gpu_and_cpu_pods(tmp_path: Path, schema: dict) -> None:
+    one = manifest(tmp_path, "--nodes", "1", "--gpus-per-node", "1")
+    validate(schema, one)
+    assert list(one["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    cpu = manifest(tmp_path, "--gpus-per-node", "0", "--cpus-per-task", "4", "--mem", "16Gi")
+    validate(schema, cpu)
+    (container,) = pods(cpu)["Master"]["containers"]
+    assert "limits" not in container["resources"]
+    assert container["resources"]["requests"] == {"cpu": "4", "memory": "16Gi"}
+
+
+def test_schema_rejects_a_broken_manifest(tmp_path: Path, schema: dict) -> None:
+    """The validation above can fail: a wrong type or a missing required field is caught."""
+    job = manifest(tmp_path, "--nodes", "2")
+    broken = json.loads(json.dumps(job))
+    broken["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "one"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(schema, broken)
+    del job["spec"]["pytorchReplicaSpecs"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(schema, job)
+
+
+def test_job_name_must_be_a_dns_label(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--image", "x",
+                           "--output-pvc", "o", "--job-name", "My_Job"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "--job-name" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_default_image_comes_from_the_version_matrix(tmp_path: Path) -> None:
+    code = "import matrix; print(matrix.default_image(gpu=True))"
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "scripts", capture_output=True, text=True)
+    expected = found.stdout.strip()
+    out = tmp_path / "job.yaml"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--output-pvc", "o", "-o", str(out)],
+                   check=True, capture_output=True, cwd=tmp_path)  # fmt: skip
+    (container,) = pods(yaml.safe_load(out.read_text()))["Master"]["containers"]
+    assert container["image"] == expected and expected.startswith("trainkit:")

@@ -1,0 +1,235 @@
+"""The launcher's decision for each family of scheduler variables, through its dry run as a subprocess.
+
+The Kubeflow environments below are what training-operator v1.9 (pkg/controller.v1/pytorch/envvar.go,
+master.go, elastic.go) sets on a PyTorchJob's pods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEDULER_PREFIXES = ("SLURM_", "PET_", "TRAIN_", "TORCHELASTIC_", "CUDA_")
+SCHEDULER_NAMES = {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ENDPOINT", "RDZV_ID",
+                   "RDZV_BACKEND", "WORLD_SIZE", "RANK", "LOCAL_RANK"}  # fmt: skip
+
+
+OUTPUT = Path(tempfile.mkdtemp(prefix="trainkit-launch-test-"))  # the launcher checks the output folder is writable
+
+
+def clean_env(**env: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULER_PREFIXES) and k not in SCHEDULER_NAMES}
+    # No GPU on this machine; an explicit empty list also keeps nvidia-smi out of the decision.
+    return {**base, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT), "TRAIN_OUTPUT_DIR": str(OUTPUT), **env}
+
+
+def launch(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer.launch", *args], env=clean_env(**env), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def decide(*args: str, **env: str) -> dict:
+    done = launch("--dry-run", "--json", *args, **env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def torchrun_options(decision: dict) -> dict[str, str | None]:
+    """torchrun's options (flags map to None) from a decided command."""
+    cmd = decision["command"]
+    assert cmd[1:3] == ["-m", "torch.distributed.run"], cmd
+    opts: dict[str, str | None] = {}
+    words = cmd[3 : cmd.index("-m", 3)]
+    while words:
+        word = words.pop(0)
+        opts[word] = words.pop(0) if words and not words[0].startswith("--") else None
+    return opts
+
+
+def test_single_process_runs_the_trainer_directly() -> None:
+    decision = decide("train", "--some-flag")
+    assert not decision["distributed"]
+    assert decision["command"][1:] == ["-m", "trainer", "train", "--some-flag"]
+    assert "CPU" in decision["nproc_reason"]
+
+
+def test_cpu_processes_from_train_nproc_per_node() -> None:
+    decision = decide(TRAIN_NPROC_PER_NODE="2")
+    opts = torchrun_options(decision)
+    assert "--standalone" in opts and opts["--nnodes"] == "1" and opts["--nproc-per-node"] == "2"
+    assert opts["--max-restarts"] == "3" and opts["--tee"] == "3"
+    assert decision["command"][-3:] == ["-m", "trainer", "train"]
+    assert decision["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert decision["env"]["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
+
+
+def test_one_process_per_visible_gpu() -> None:
+    decision = decide(CUDA_VISIBLE_DEVICES="0,1,2,3")
+    assert torchrun_options(decision)["--nproc-per-node"] == "4"
+    assert "CUDA_VISIBLE_DEVICES" in decision["nproc_reason"]
+    done = launch("--dry-run", CUDA_VISIBLE_DEVICES="0,1", TRAIN_NPROC_PER_NODE="8")
+    assert done.returncode == 2 and "only 2 GPU(s)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_torchrun_variables_c10d() -> None:
+    decision = decide(NNODES="2", NODE_RANK="1", RDZV_ENDPOINT="node0", RDZV_ID="exp7", TRAIN_MAX_RESTARTS="0")
+    opts = torchrun_options(decision)
+    assert opts["--nnodes"] == "2" and opts["--nproc-per-node"] == "1"
+    assert opts["--rdzv-backend"] == "c10d" and opts["--rdzv-endpoint"] == "node0:29400" and opts["--rdzv-id"] == "exp7"
+    assert opts["--max-restarts"] == "0"
+    assert opts["--rdzv-conf"] == "join_timeout=600,read_timeout=60"
+    assert decision["placement"]["node_rank"] == 1
+
+
+def test_torchrun_master_addr_and_static_rendezvous() -> None:
+    opts = torchrun_options(decide(NNODES="4", MASTER_ADDR="10.0.0.1", MASTER_PORT="1234", TRAIN_RDZV_TIMEOUT="90"))
+    assert opts["--rdzv-endpoint"] == "10.0.0.1:1234" and opts["--rdzv-conf"] == "join_timeout=90,read_timeout=60"
+    opts = torchrun_options(decide(NNODES="2", NODE_RANK="1", MASTER_ADDR="h0", RDZV_BACKEND="static"))
+    assert opts["--node-rank"] == "1" and opts["--master-addr"] == "h0" and opts["--master-port"] == "29500"
+    assert "--rdzv-endpoint" not in opts
+
+
+def test_slurm_multi_node() -> None:
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_NODEID": "1",
+             "SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}  # fmt: skip
+    decision = decide(**slurm, CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
+    opts = torchrun_options(decision)
+    assert opts["--nnodes"] == "2" and opts["--nproc-per-node"] == "8"
+    assert opts["--rdzv-endpoint"] == "gpu003:29400" and opts["--rdzv-id"] == "77"
+    assert decision["placement"] == {**decision["placement"], "source": "Slurm", "node_rank": 1}
+    # a step on part of the allocation: the step's nodes count, not the job's
+    step = {**slurm, "SLURM_NNODES": "8", "SLURM_STEP_NUM_NODES": "3", "SLURM_STEP_NUM_TASKS": "3",
+            "SLURM_STEP_NODELIST": "gpu-b[10-11],gpu-a1", "MASTER_PORT": "31000"}  # fmt: skip
+    opts = torchrun_options(decide(**step))
+    assert opts["--nnodes"] == "3" and opts["--rdzv-endpoint"] == "gpu-b10:31000"
+
+
+def test_slurm_single_node_and_mistakes() -> None:
+    opts = torchrun_options(
+        decide(SLURM_JOB_ID="5", SLURM_NNODES="1", SLURM_JOB_NODELIST="n1", CUDA_VISIBLE_DEVICES="0,1")
+    )
+    assert "--standalone" in opts and opts["--nproc-per-node"] == "2"
+    base = {"SLURM_JOB_ID": "5", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
+    per_gpu = launch("--dry-run", **base, SLURM_STEP_ID="0", SLURM_PROCID="3", SLURM_STEP_NUM_TASKS="16")
+    assert per_gpu.returncode == 2 and "one task per node" in per_gpu.stderr
+    no_srun = launch("--dry-run", **base)
+    assert no_srun.returncode == 2 and "srun" in no_srun.stderr
+    bad_list = launch("--dry-run", **{**base, "SLURM_JOB_NODELIST": "n[2-1]"}, SLURM_STEP_ID="0", SLURM_PROCID="0")
+    assert bad_list.returncode == 2 and "SLURM_JOB_NODELIST" in bad_list.stderr
+
+
+def kubeflow_pod_env(rank: int, job: str = "llm", pods: int = 2, nproc: str = "8") -> dict[str, str]:
+    """What training-operator v1.9 sets on pod `rank` of a Master + Worker PyTorchJob with nprocPerNode."""
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "MASTER_PORT": "29400",
+        "PET_MASTER_PORT": "29400",
+        "MASTER_ADDR": f"{job}-master-0",
+        "PET_MASTER_ADDR": f"{job}-master-0",
+        "WORLD_SIZE": str(pods * int(nproc)),
+        "RANK": str(rank),
+        "PET_NODE_RANK": str(rank),
+        "PET_NPROC_PER_NODE": nproc,
+        "PET_NNODES": str(pods),
+    }
+
+
+def test_kubeflow_pytorchjob() -> None:
+    for rank in (0, 1):
+        decision = decide(**kubeflow_pod_env(rank))
+        opts = torchrun_options(decision)
+        assert opts["--nnodes"] == "2" and opts["--nproc-per-node"] == "8"
+        assert opts["--rdzv-endpoint"] == "llm-master-0:29400" and opts["--rdzv-id"] == "llm-master-0"
+        assert decision["placement"]["node_rank"] == rank
+    # TRAIN_NPROC_PER_NODE (the user's .env) wins over the job's nprocPerNode
+    assert torchrun_options(decide(**kubeflow_pod_env(0), TRAIN_NPROC_PER_NODE="2"))["--nproc-per-node"] == "2"
+
+
+def test_kubeflow_elastic_policy() -> None:
+    env = {**kubeflow_pod_env(1), "PET_NNODES": "1:4", "PET_RDZV_ENDPOINT": "llm-worker-0:29400",
+           "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ID": "llm", "PET_MAX_RESTARTS": "5",
+           "PET_RDZV_CONF": "join_timeout=900,last_call_timeout=10"}  # fmt: skip
+    opts = torchrun_options(decide(**env))
+    assert opts["--nnodes"] == "1:4" and opts["--rdzv-endpoint"] == "llm-worker-0:29400"
+    assert opts["--rdzv-id"] == "llm" and opts["--max-restarts"] == "5"
+    assert opts["--rdzv-conf"] == "join_timeout=900,read_timeout=60,last_call_timeout=10"
+    assert torchrun_options(decide(**env, TRAIN_MAX_RESTARTS="1"))["--max-restarts"] == "1"
+
+
+def test_older_kubeflow_world_size_and_rank() -> None:
+    decision = decide(WORLD_SIZE="3", RANK="2", MASTER_ADDR="job-master-0", MASTER_PORT="23456")
+    opts = torchrun_options(decision)
+    assert opts["--nnodes"] == "3" and opts["--rdzv-endpoint"] == "job-master-0:23456"
+    assert decision["placement"]["node_rank"] == 2
+
+
+def test_no_nested_torchrun_and_other_commands_run_once() -> None:
+    inside = decide(NNODES="2", RDZV_ENDPOINT="h:1", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="x")
+    assert not inside["distributed"] and inside["command"][1:] == ["-m", "trainer", "train"]
+    doctor = decide("doctor", "--json", NNODES="2", RDZV_ENDPOINT="h:1")
+    assert not doctor["distributed"] and doctor["command"][1:] == ["-m", "trainer", "doctor", "--json"]
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"NNODES": "2"}, "RDZV_ENDPOINT"),
+        ({"NNODES": "two", "RDZV_ENDPOINT": "h"}, "NNODES='two'"),
+        ({"TRAIN_NPROC_PER_NODE": "lots"}, "TRAIN_NPROC_PER_NODE"),
+        ({"TRAIN_LR": "-1"}, "TRAIN_LR"),  # one process: the trainer's own check
+        ({"TRAIN_LR": "-1", "TRAIN_NPROC_PER_NODE": "2"}, "TRAIN_LR"),  # before torchrun: checked once per node
+        ({"TRAIN_MAX_RESTARTS": "-1", "TRAIN_NPROC_PER_NODE": "2"}, "TRAIN_MAX_RESTARTS"),
+        ({"TRAIN_BATCHSIZE": "4", "NNODES": "2", "RDZV_ENDPOINT": "h"}, "TRAIN_BATCHSIZE"),
+        ({"TRAIN_DATA": "/no/such/corpus.jsonl", "NNODES": "2", "RDZV_ENDPOINT": "h"}, "/no/such/corpus.jsonl"),
+        ({"NNODES": "2", "RDZV_BACKEND": "static", "MASTER_ADDR": "h"}, "NODE_RANK"),
+    ],
+)
+def test_mistakes_exit_2_with_one_message(env: dict[str, str], needle: str) -> None:
+    done = launch("train", **env)  # not a dry run: nothing may start
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "torch.distributed.run" not in done.stderr  # stopped before any worker
+
+
+def test_launch_line_is_printed_without_secrets() -> None:
+    done = launch("--dry-run", "train", "--hub_token=hf_secret1", "--api-key", "sk-secret2", TRAIN_NPROC_PER_NODE="2")
+    assert done.returncode == 0
+    assert "trainkit launch: " in done.stderr and "torch.distributed.run" in done.stderr
+    assert "hf_secret1" not in done.stderr + done.stdout and "sk-secret2" not in done.stderr
+    assert "--hub_token=***" in done.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_reaches_torchrun_workers_and_the_launcher_exits_143(tmp_path: Path) -> None:
+    """A real torchrun with two CPU workers: SIGTERM to the launcher -> every rank stops at the same step,
+    rank 0 writes a checkpoint, the launcher exits 143 (not torchrun's 1) within a bounded time."""
+    env = clean_env(TRAIN_NPROC_PER_NODE="2", TRAIN_MODEL="tiny", TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
+                    TRAIN_NUM_WORKERS="0", TRAIN_MAX_STEPS="500", TRAIN_SAVE_STEPS="1000", TRAIN_LOG_STEPS="1",
+                    TRAIN_OUTPUT_DIR=str(tmp_path))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch", "train"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        metrics = tmp_path / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    assert "[rank0]:" in out and "[rank1]:" in out
+    checkpoints = [p for p in tmp_path.glob("checkpoint-*") if (p / "trainkit_complete").exists()]
+    assert checkpoints, out[-3000:]

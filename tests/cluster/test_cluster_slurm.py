@@ -1,0 +1,236 @@
+"""Generated Slurm batch scripts (pyxis/enroot and Apptainer).
+
+srun, pyxis and apptainer cannot run here: stand-ins on PATH record their arguments and then do what the
+container would do first, the launcher's decision (`python -m trainer.launch --dry-run --json train`),
+once per node with the variables Slurm gives each task. Where a local slurmctld/slurmd can start, the
+scripts also go through the real `sbatch --test-only`, and the Apptainer one through a real `sbatch` + `srun`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from slurm_local import PARTITION, LocalSlurm, why_unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "hf_do_not_leak_1234"
+IMAGE = "registry.example.com/team/trainkit:0.1.0-cu128-ngc25.03"
+
+# Stand-in for `srun` (and, in the real-Slurm test, `apptainer`): record argv and the job's environment,
+# then take the decision the container's launcher would take on every node.
+FAKE_TOOL = textwrap.dedent(
+    """\
+    #!{python}
+    import json, os, subprocess, sys
+    from pathlib import Path
+
+    args = sys.argv[1:]
+    record = {{"argv": args, "env": {{k: v for k, v in os.environ.items()
+                                     if k.startswith(("TRAIN_", "MASTER_", "HF_", "SLURM_", "CUDA_"))}}}}
+    fake_nodes = "SLURM_NODEID" not in os.environ  # plain `bash job.sh`: no Slurm to start the tasks
+    nodes = range(int(os.environ["SLURM_NNODES"])) if fake_nodes else [int(os.environ["SLURM_NODEID"])]
+    record["decisions"] = []
+    for node in nodes:
+        env = dict(os.environ, TRAIN_OUTPUT_DIR=os.environ["FAKE_RECORD_DIR"])  # the container's /output mount
+        if fake_nodes:
+            env.update(SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_STEP_ID="0",
+                       SLURM_STEP_NUM_NODES=env["SLURM_NNODES"], SLURM_STEP_NUM_TASKS=env["SLURM_NNODES"],
+                       SLURM_STEP_NODELIST=env["SLURM_JOB_NODELIST"], CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
+        out = subprocess.run([sys.executable, "-m", "trainer.launch", "--dry-run", "--json", args[-1]],
+                             env=env, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(out.stderr)
+        record["decisions"].append(json.loads(out.stdout))
+    name = Path(sys.argv[0]).name + "-" + os.environ.get("SLURM_NODEID", "all") + ".json"
+    Path(os.environ["FAKE_RECORD_DIR"], name).write_text(json.dumps(record))
+    """
+)
+
+
+def generate(tmp_path: Path, target: str, *extra: str) -> Path:
+    env_file = tmp_path / ".env"
+    env_file.write_text(
+        "# user settings\nTRAIN_MODEL=tiny\nTRAIN_ARGS='--warmup_steps 5 --weight_decay 0.1'\n"
+        f'export HF_TOKEN="{SECRET}"\nTRAIN_SAVE_STEPS=50  # often\n'
+    )
+    out = tmp_path / f"{target}.sbatch"
+    cmd = [sys.executable, str(ROOT / "scripts" / "cluster.py"), target, "--env-file", str(env_file),
+           "--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "-o", str(out), *extra]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out
+
+
+def fake_bin(tmp_path: Path, *tools: str) -> Path:
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in tools:
+        path = bin_dir / tool
+        path.write_text(FAKE_TOOL.format(python=sys.executable))
+        path.chmod(0o755)
+    return bin_dir
+
+
+def job_env(tmp_path: Path, bin_dir: Path, **slurm: str) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TRAIN_", "HF_", "MASTER_"))}
+    return {**keep, **slurm, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+            "FAKE_RECORD_DIR": str(tmp_path)}  # fmt: skip
+
+
+@pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer"])
+def test_scripts_pass_bash_n_and_keep_secrets_out(tmp_path: Path, target: str) -> None:
+    script = generate(tmp_path, target, "--nodes", "4", "--image", IMAGE, "--partition", "gpu", "--time", "2:00:00")
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    assert SECRET not in text
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=2:00:00", "#SBATCH --signal=TERM@300"):  # fmt: skip
+        assert line in text.splitlines()
+
+
+def run_with_fake_srun(tmp_path: Path, script: Path, *tools: str) -> dict:
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu-a[07-08],gpu-b3"}
+    env = job_env(tmp_path, fake_bin(tmp_path, *tools), **slurm)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads((tmp_path / "srun-all.json").read_text())
+
+
+def assert_rendezvous(decisions: list[dict], nnodes: int, endpoint: str, rdzv_id: str, nproc: int) -> None:
+    """Every node found the same rendezvous: the first host of the nodelist, the job id, all nodes."""
+    assert len(decisions) == nnodes
+    for node, decision in enumerate(decisions):
+        cmd = decision["command"]
+        torchrun = cmd[cmd.index("torch.distributed.run") + 1 : cmd.index("-m", cmd.index("torch.distributed.run"))]
+        opts = dict(zip(torchrun[::2], torchrun[1::2], strict=False))
+        assert opts["--nnodes"] == str(nnodes)
+        assert opts["--nproc-per-node"] == str(nproc)
+        assert opts["--rdzv-backend"] == "c10d"
+        assert opts["--rdzv-endpoint"] == endpoint
+        assert opts["--rdzv-id"] == rdzv_id
+        assert opts["--max-restarts"] == "3"
+        assert decision["placement"]["node_rank"] == node
+        assert cmd[cmd.index("-m", cmd.index("torch.distributed.run")) :] == ["-m", "trainer", "train"]
+
+
+def test_pyxis_script_runs_srun_with_container_and_rendezvous(tmp_path: Path) -> None:
+    record = run_with_fake_srun(tmp_path, generate(tmp_path, "slurm-pyxis", "--nodes", "3", "--image", IMAGE), "srun")
+    argv = record["argv"]
+    assert argv[:2] == ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert "--container-image=registry.example.com#team/trainkit:0.1.0-cu128-ngc25.03" in argv
+    mounts = next(a for a in argv if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+    assert f"{tmp_path}/data:/data:ro" in mounts
+    assert f"{tmp_path}/out:/output" in mounts
+    assert argv[-2:] == ["/opt/trainkit/entrypoints/entrypoint.sh", "train"]
+    env = record["env"]
+    assert env["TRAIN_ARGS"] == "--warmup_steps 5 --weight_decay 0.1"
+    assert env["TRAIN_SAVE_STEPS"] == "50"
+    assert env["HF_TOKEN"] == SECRET  # read from the .env at run time
+    assert env["MASTER_PORT"] == "29400"
+    assert_rendezvous(record["decisions"], 3, "gpu-a07:29400", "4242", 8)
+
+
+def test_apptainer_script_runs_apptainer_exec_with_binds(tmp_path: Path) -> None:
+    sif = tmp_path / "trainkit.sif"
+    script = generate(tmp_path, "slurm-apptainer", "--nodes", "3", "--sif", str(sif))
+    record = run_with_fake_srun(tmp_path, script, "srun")
+    argv = record["argv"]
+    start = argv.index("apptainer")
+    assert argv[start : start + 4] == ["apptainer", "exec", "--nv", "--writable-tmpfs"]
+    assert argv[argv.index("--bind") + 1] == f"{tmp_path}/data:/data:ro,{tmp_path}/out:/output"
+    assert argv[-3:] == [str(sif), "/opt/trainkit/entrypoints/entrypoint.sh", "train"]
+    assert_rendezvous(record["decisions"], 3, "gpu-a07:29400", "4242", 8)
+
+
+def test_docker_image_for_apptainer_and_missing_env_file(tmp_path: Path) -> None:
+    script = generate(tmp_path, "slurm-apptainer", "--nodes", "2", "--image", IMAGE)
+    assert f"docker://{IMAGE}" in script.read_text()
+    (tmp_path / ".env").unlink()  # the secrets' source is gone: the job stops with a message
+    env = job_env(tmp_path, fake_bin(tmp_path, "srun"), SLURM_JOB_ID="1", SLURM_NNODES="2")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "cannot read" in done.stderr and ".env" in done.stderr
+
+
+def test_user_mistakes_exit_2_with_one_message(tmp_path: Path) -> None:
+    cases = [
+        (["slurm-pyxis", "--image", IMAGE], "--output"),
+        (["slurm-pyxis", "--image", IMAGE, "--output", "/o", "--env-file", str(tmp_path / "nope")], "no such file"),
+        (["k8s", "--image", IMAGE], "--output-pvc"),
+        (["slurm-apptainer", "--output", "/o", "--sif", "x.img"], ".sif"),
+    ]
+    bad_env = tmp_path / "bad.env"
+    bad_env.write_text("TRAIN_BATCHSIZE=4\n")
+    cases.append((["slurm-pyxis", "--image", IMAGE, "--output", "/o", "--env-file", str(bad_env)], "TRAIN_BATCH_SIZE"))
+    bad_value = tmp_path / "bad-value.env"
+    bad_value.write_text("TRAIN_LR=-1\n")
+    cases.append((["k8s", "--image", IMAGE, "--output-pvc", "o", "--env-file", str(bad_value)], "TRAIN_LR"))
+    for args, needle in cases:
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), *args],
+                              capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 2, (args, done.stderr)
+        assert needle in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------- a real local Slurm
+
+
+@pytest.fixture(scope="module")
+def local_slurm(tmp_path_factory: pytest.TempPathFactory):
+    reason = why_unavailable()
+    if reason:
+        pytest.skip(f"no local Slurm: {reason}")
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        cluster.stop()
+        pytest.skip(f"local slurmctld/slurmd did not start: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer"])
+def test_sbatch_test_only_accepts_scripts(tmp_path: Path, local_slurm: LocalSlurm, target: str) -> None:
+    script = generate(tmp_path, target, "--nodes", "3", "--image", IMAGE, "--partition", PARTITION,
+                      "--time", "0:30:00", "--cpus-per-task", "2")  # fmt: skip
+    done = subprocess.run(["sbatch", "--test-only", str(script)], env=local_slurm.env, capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "to start at" in done.stderr and "tk-n[1-3]" in done.stderr
+
+
+def test_sbatch_test_only_rejects_impossible_request(tmp_path: Path, local_slurm: LocalSlurm) -> None:
+    """The check above can fail: four nodes do not exist here."""
+    script = generate(tmp_path, "slurm-pyxis", "--nodes", "4", "--image", IMAGE, "--partition", PARTITION)
+    done = subprocess.run(["sbatch", "--test-only", str(script)], env=local_slurm.env, capture_output=True,
+                          text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert done.returncode != 0
+
+
+def test_real_sbatch_and_srun_give_each_node_its_rendezvous(tmp_path: Path, local_slurm: LocalSlurm) -> None:
+    """Real Slurm sets SLURM_* for each task; a stand-in `apptainer` runs the launcher's dry run there."""
+    script = generate(tmp_path, "slurm-apptainer", "--nodes", "2", "--gpus-per-node", "2", "--image", IMAGE,
+                      "--partition", PARTITION, "--time", "0:10:00")  # fmt: skip
+    env = {**job_env(tmp_path, fake_bin(tmp_path, "apptainer")), "SLURM_CONF": str(local_slurm.conf)}
+    done = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], env=env, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=180)  # fmt: skip
+    job_id = done.stdout.strip().split(";")[0]
+    logs = "".join(p.read_text() for p in tmp_path.glob("trainkit-*.out"))
+    assert done.returncode == 0, done.stderr + logs
+    records = [json.loads((tmp_path / f"apptainer-{n}.json").read_text()) for n in range(2)]
+    decisions = [r["decisions"][0] for r in records]
+    nodes = records[0]["env"]["SLURM_JOB_NODELIST"]
+    # Slurm's own expansion of the allocation's nodelist names the host every node must meet at.
+    hostnames = subprocess.run(["scontrol", "show", "hostnames", nodes], env=env, capture_output=True, text=True)
+    first = hostnames.stdout.split()[0]
+    # This Slurm's GPUs have no devices behind them: the launcher sees none (it does not take SLURM_GPUS_ON_NODE
+    # on trust) and runs one process per node.
+    assert records[0]["env"]["SLURM_GPUS_ON_NODE"] == "2"
+    assert_rendezvous(decisions, 2, f"{first}:29400", job_id, 1)
+    assert records[0]["env"]["HF_TOKEN"] == SECRET

@@ -1,0 +1,94 @@
+"""docker-compose.yml / docker-compose.cpu.yml as compose resolves them (no engine needed, only compose v2)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import matrix  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("docker") is None
+    or subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode != 0,
+    reason="needs docker compose v2",
+)
+
+
+def resolved(folder: Path, *files: str, env: dict[str, str] | None = None) -> dict:
+    args = ["--profile", "*", "--project-directory", str(folder)]
+    args += [arg for name in files for arg in ("-f", str(ROOT / name))]
+    result = subprocess.run(
+        ["docker", "compose", *args, "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", **(env or {})},
+        check=True,
+    )
+    return json.loads(result.stdout)
+
+
+def default_of(text: str, variable: str) -> str:
+    match = re.search(r"\$\{" + variable + r":-([^}]*)\}", text)
+    assert match, f"no ${{{variable}:-...}} default"
+    return match[1]
+
+
+def test_defaults_follow_the_matrix():
+    gpu = (ROOT / "docker-compose.yml").read_text()
+    cpu = (ROOT / "docker-compose.cpu.yml").read_text()
+    m = matrix.load()
+    assert default_of(gpu, "TRAINKIT_IMAGE") == matrix.compose_defaults(m)["image"]
+    assert default_of(gpu, "TRAINKIT_BASE_IMAGE") == matrix.compose_defaults(m)["BASE_IMAGE"]
+    assert default_of(cpu, "TRAINKIT_CPU_IMAGE") == matrix.default_image(gpu=False)
+    assert default_of(cpu, "TRAINKIT_CPU_BASE_IMAGE") == m.cpu.base_image
+
+
+def test_gpu_services_run_safely_as_the_user(tmp_path):
+    config = resolved(tmp_path, "docker-compose.yml", env={"TRAINKIT_UID": "1234", "TRAINKIT_GID": "99"})
+    train = config["services"]["train"]
+    assert train["command"] == ["train"]
+    assert train["user"] == "1234:99"
+    assert train["restart"] == "on-failure:3"
+    assert train["ipc"] == "host"
+    assert train["ulimits"] == {"memlock": -1, "stack": 67108864}
+    devices = train["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["count"] == -1
+    mounts = {v["target"]: v for v in train["volumes"]}
+    assert mounts["/data"]["read_only"] and mounts["/models"]["read_only"]
+    assert mounts["/data"]["source"] == str(tmp_path / "data")
+    assert not mounts["/output"].get("read_only")
+    assert mounts["/cache"]["type"] == "volume"
+    assert config["volumes"]["cache"]["name"] == "trainkit-cache"
+    assert "HF_TOKEN" in train["environment"] and train["environment"]["HF_TOKEN"] is None  # taken at run time
+    assert "HF_TOKEN" not in json.dumps(train.get("build", {}))
+    grace = train["stop_grace_period"]
+    assert grace.endswith("m0s") and int(grace.split("m")[0]) >= 5
+    assert config["services"]["doctor"]["profiles"] == ["doctor"]
+    assert config["services"]["bench"]["command"] == ["bench"]
+
+
+def test_unexported_uid_falls_back_and_env_file_is_optional(tmp_path):
+    train = resolved(tmp_path, "docker-compose.yml")["services"]["train"]
+    assert train["user"] == "1000:1000"
+    (tmp_path / ".env").write_text("TRAINKIT_UID=4321\nTRAIN_MAX_STEPS=7\n")
+    train = resolved(tmp_path, "docker-compose.yml")["services"]["train"]
+    assert train["user"] == "4321:1000"
+    assert train["environment"]["TRAIN_MAX_STEPS"] == "7"
+
+
+def test_cpu_layer_drops_gpus_and_uses_the_cpu_image(tmp_path):
+    config = resolved(tmp_path, "docker-compose.yml", "docker-compose.cpu.yml")
+    for name in ("train", "doctor", "bench"):
+        service = config["services"][name]
+        assert "deploy" not in service or not service["deploy"].get("resources"), name
+        assert service["image"] == "trainkit:latest-cpu"
+        assert service["build"]["args"]["FLAVOR"] == "cpu"
+    assert config["services"]["train"]["ulimits"]["memlock"] == -1

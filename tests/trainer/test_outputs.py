@@ -1,0 +1,111 @@
+"""What a finished `python -m trainer` run leaves in TRAIN_OUTPUT_DIR (docs/architecture.md, "Outputs")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.checkpoint import COMPLETE_MARKER
+from trainer.metrics import METRIC_KEYS
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    tmp = tmp_path_factory.mktemp("outputs")
+    data = tmp / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"text": f"Record {i}: outputs should be complete."}) + "\n" for i in range(200))
+    )
+    out = tmp / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
+    env.update(
+        TRAIN_DATA=str(data), TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
+        TRAIN_NUM_WORKERS="0", TRAIN_MAX_STEPS=str(STEPS), TRAIN_SAVE_STEPS="1", TRAIN_SAVE_TOTAL_LIMIT="2",
+        TRAIN_LOG_STEPS="2", TRAIN_PROFILE="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_TOKEN="hf_secretsecretsecret",
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_checkpoints_are_complete_and_rotated(finished_run) -> None:
+    out, _ = finished_run
+    names = sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", ".tmp-")))
+    assert names == ["checkpoint-3", "checkpoint-4"]  # save_total_limit=2, no leftovers
+    for name in names:
+        folder = out / name
+        assert (folder / COMPLETE_MARKER).is_file()
+        for needed in ("model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"):
+            assert (folder / needed).is_file(), f"{name}/{needed}"
+
+
+def test_final_model_and_tokenizer_load_with_from_pretrained(finished_run) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _ = finished_run
+    model = AutoModelForCausalLM.from_pretrained(out / "final", local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(out / "final", local_files_only=True)
+    ids = tok("Record 1:", return_tensors="pt")["input_ids"]
+    assert ids.tolist()[0] == list(b"Record 1:")  # the byte-level tokenizer came back
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape[:2] == ids.shape and torch.isfinite(logits).all()
+
+
+def test_metrics_jsonl_has_exactly_the_contract_keys(finished_run) -> None:
+    out, _ = finished_run
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 4]  # logging_first_step, then every 2 steps
+    for row in rows:
+        assert tuple(row) == METRIC_KEYS
+        assert row["mfu"] is None  # CPU
+        assert row["loss"] > 0 and row["lr"] >= 0 and row["grad_norm"] > 0
+        assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 32)
+        assert row["samples_per_s"] == pytest.approx(2 / row["step_time_s"])
+        assert row["peak_mem_bytes"] > 10**7 and row["time"] > 1.7e9
+
+
+def test_run_config_tensorboard_logs_and_profiler_trace(finished_run) -> None:
+    out, _ = finished_run
+    assert list((out / "profile").glob("*.pt.trace.json"))
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["training_arguments"]["max_steps"] == STEPS
+    assert "hf_secretsecretsecret" not in (out / "run_config.json").read_text()
+    assert list((out / "runs").rglob("events.out.tfevents.*"))
+
+
+def test_console_shows_progress_and_parameter_count(finished_run) -> None:
+    _, proc = finished_run
+    assert "parameters: 3,246,336 total" in proc.stderr
+    assert f"{STEPS}/{STEPS}" in proc.stderr  # tqdm progress bar
+
+
+def test_lora_run_leaves_a_merged_model_and_the_adapter(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
+    env.update(
+        TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2", TRAIN_NUM_WORKERS="0",
+        TRAIN_MAX_STEPS="2", TRAIN_LORA="1", TRAIN_LORA_R="4", TRAIN_GRAD_CKPT="1", PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LoRA: r=4" in proc.stderr and "trainable (" in proc.stderr
+    assert (out / "final" / "adapter" / "adapter_model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out / "final", local_files_only=True)
+    assert not any("lora" in name for name, _ in model.named_parameters())

@@ -1,0 +1,216 @@
+"""Atomic checkpoints.
+
+Transformers' `Trainer._save_checkpoint` writes `<run_dir>/checkpoint-N/` file by file, so a crash
+mid-save leaves a folder that `get_last_checkpoint` and `rotate_checkpoints` take for a checkpoint
+(the newest one is even protected from rotation). `AtomicCheckpointTrainer` points that save at a
+staging folder instead: `OUTPUT_DIR/.tmp-checkpoint-N/checkpoint-N/`. Rotation inside the staging
+folder sees one checkpoint and deletes nothing. When every rank is done, the main process writes the
+`trainkit_complete` marker, fsyncs the files, renames the folder to `OUTPUT_DIR/checkpoint-N` (one
+atomic rename on the same filesystem) and only then rotates the real checkpoints. So a
+`checkpoint-N` folder exists only when complete; `.tmp-*` leftovers of a killed save are deleted on
+the next start. Resume additionally requires the marker, which guards against folders copied in by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import ConfigError
+
+log = logging.getLogger("trainer")
+
+COMPLETE_MARKER = "trainkit_complete"
+TMP_PREFIX = ".tmp-"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# Test hook: "SECONDS@STEP" sleeps inside the save of that step, before its marker, so a test can kill -9 mid-save.
+SAVE_DELAY_ENV = "TRAINKIT_TEST_SAVE_DELAY"
+
+
+def _test_save_delay(step: int) -> float:
+    seconds, _, at = os.environ.get(SAVE_DELAY_ENV, "").partition("@")
+    return float(seconds) if seconds and at and int(at) == step else 0.0
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and folder under root (and root) to disk."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on folders
+    finally:
+        os.close(fd)
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / COMPLETE_MARKER).is_file() and (folder / "trainer_state.json").is_file()
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    m = _CHECKPOINT_RE.match(folder.name)
+    return int(m.group(1)) if m else None
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoint folders, oldest step first."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(checkpoint_step(p), p) for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return [p for step, p in sorted(found, key=lambda x: x[0] or 0) if is_complete(p)]
+
+
+def newest_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    done = complete_checkpoints(output_dir)
+    return done[-1] if done else None
+
+
+def remove_stale_temps(output_dir: str | Path) -> list[Path]:
+    """Delete `.tmp-*` folders left by a save that was killed; returns what was removed."""
+    root = Path(output_dir)
+    removed = []
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(TMP_PREFIX) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    for p in removed:
+        log.info("checkpoint: removed %s, left by an interrupted save", p)
+    return removed
+
+
+def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
+    """Mark `staged` complete, flush it, and move it to `final` with one rename."""
+    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "time": time.time()}) + "\n")
+    fsync_tree(staged)
+    if final.exists():  # e.g. a run restarted with TRAIN_RESUME=never reaches the same step
+        old = final.with_name(f"{TMP_PREFIX}old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(staged, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staged, final)
+    fsync_dir(final.parent)
+
+
+def validate_resume_path(path: str) -> Path:
+    folder = Path(path)
+    try:
+        json.loads((folder / "trainer_state.json").read_text())["global_step"]
+    except (OSError, ValueError, KeyError):
+        raise ConfigError(
+            f"TRAIN_RESUME={path}: not a checkpoint folder (no readable trainer_state.json); "
+            "use auto, never or a checkpoint-N folder"
+        ) from None
+    if not (folder / COMPLETE_MARKER).is_file():
+        raise ConfigError(
+            f"TRAIN_RESUME={path}: no {COMPLETE_MARKER} marker, so it may be a partial save; "
+            f"if you know it is complete, create the file {folder / COMPLETE_MARKER}"
+        )
+    return folder
+
+
+def __getattr__(name: str) -> Any:
+    # The Trainer subclass is built on first use, so the path helpers above stay importable without transformers.
+    if name == "AtomicCheckpointTrainer":
+        cls = _atomic_trainer_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
+
+
+def _atomic_trainer_class() -> type:
+    from transformers import Trainer
+    from transformers.trainer_utils import rotate_checkpoints
+
+    class AtomicCheckpointTrainer(Trainer):
+        """Trainer whose checkpoints appear only complete (see the module docstring)."""
+
+        _staging_dir: str | None = None
+
+        def _get_output_dir(self, trial: Any) -> str:
+            if self._staging_dir is not None:
+                return self._staging_dir
+            return super()._get_output_dir(trial)
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            run_dir = Path(super()._get_output_dir(trial))
+            step = self.state.global_step
+            staging = run_dir / f"{TMP_PREFIX}checkpoint-{step}"
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+            self.accelerator.wait_for_everyone()
+            started = time.perf_counter()
+            self._staging_dir = str(staging)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._staging_dir = None
+            time.sleep(_test_save_delay(step))
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                final = run_dir / f"checkpoint-{step}"
+                publish(staging / final.name, final, {"step": step})
+                shutil.rmtree(staging, ignore_errors=True)
+                rotate_checkpoints(
+                    output_dir=str(run_dir),
+                    save_total_limit=self.args.save_total_limit,
+                    best_model_checkpoint=self.state.best_model_checkpoint,
+                    use_mtime=False,
+                )
+                log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
+            self.accelerator.wait_for_everyone()
+
+        def save_final(self, output_dir: Path, tokenizer: Any) -> None:
+            """Model + tokenizer to `output_dir`, published atomically like a checkpoint.
+
+            LoRA on a full-precision base (one process, no DeepSpeed/FSDP): `final/` holds the merged model,
+            loadable with from_pretrained, and `final/adapter/` the adapter. On a quantized base the adapter is it.
+            """
+            staging = output_dir.with_name(f"{TMP_PREFIX}{output_dir.name}")
+            if self.args.should_save:
+                shutil.rmtree(staging, ignore_errors=True)
+            if self._can_merge_lora():
+                self.save_model(str(staging / "adapter"))
+                merged = self.model.merge_and_unload()
+                if self.args.should_save:
+                    merged.save_pretrained(str(staging))
+                log.info("LoRA: final/ holds the merged model, final/adapter/ the adapter")
+            else:
+                self.save_model(str(staging))
+            if self.args.should_save:
+                tokenizer.save_pretrained(str(staging))
+                publish(staging, output_dir, {"step": self.state.global_step, "final": True})
+            self.accelerator.wait_for_everyone()
+
+        def _can_merge_lora(self) -> bool:
+            model = self.model
+            if not hasattr(model, "merge_and_unload") or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+                return False
+            base = model.get_base_model()
+            return not (getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False))
+
+    return AtomicCheckpointTrainer

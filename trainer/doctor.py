@@ -1,0 +1,463 @@
+"""`python -m trainer doctor [--json]`: what this machine can do, and whether the configured run can work.
+
+Every check is a `Row`; a row with status "fail" makes the exit code 2 and its `fix` says what to do.
+Probes avoid importing heavy packages (deepspeed, bitsandbytes, flash-attn stay unimported except
+flash-attn's tiny version check), so the whole report takes about as long as importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import resource
+import runpy
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer import hardware
+from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
+
+OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+GIB = 1024**3
+MIN_SHM_BYTES = 1 * GIB
+PYTHON_STACK = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "peft",
+    "tokenizers",
+    "safetensors",
+    "deepspeed",
+    "flash_attn",
+    "bitsandbytes",
+    "apex",
+    "triton",
+    "numpy",
+    "pydantic",
+)
+APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda", "fused_dense_cuda", "scaled_masked_softmax_cuda")
+
+
+@dataclass
+class Row:
+    key: str  # JSON key
+    label: str  # table label
+    shown: str  # human-readable value
+    status: str = INFO
+    fix: str = ""  # what to do when status is warn or fail
+    value: Any = None  # machine-readable value (JSON)
+
+
+# --- probes -------------------------------------------------------------------------------------
+
+
+def driver_version() -> str | None:
+    """The NVIDIA kernel driver version, from procfs (visible in containers) or nvidia-smi."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        text = ""
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
+    if match:
+        return match[1]
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.splitlines()[0].strip() if out.strip() else None
+    return None
+
+
+def gpu_rows(hw: hardware.Hardware) -> list[Row]:
+    import torch
+
+    cuda_build = torch.version.cuda is not None
+    if not hw.is_gpu:
+        status, fix = INFO, ""
+        if cuda_build:
+            status = FAIL
+            fix = (
+                "this is a CUDA image but no GPU is visible: run with `--gpus all` (docker run / run.py) or the "
+                "compose GPU reservation, and check that the NVIDIA Container Toolkit is installed "
+                "(nvidia-smi on the host)"
+            )
+        return [Row("gpus", "GPUs", "none visible", status, fix, [])]
+    gpus = []
+    for index in range(hw.gpu_count):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append(
+            {
+                "index": index,
+                "name": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "memory_bytes": props.total_memory,
+            }
+        )
+    names = ", ".join(f"{g['index']}: {g['name']} ({g['memory_bytes'] / GIB:.0f} GiB)" for g in gpus)
+    return [Row("gpus", "GPUs", names, OK, value=gpus)]
+
+
+def capability_rows(hw: hardware.Hardware) -> list[Row]:
+    import torch
+
+    if not hw.is_gpu:
+        return [Row("capability", "Compute capability", "n/a (CPU)", value=None)]
+    major, minor = hw.capability or (0, 0)
+    flash_sdpa = hw.ampere_or_newer and torch.backends.cuda.is_flash_attention_available()
+    allows = {"bf16": hw.bf16, "tf32": hw.tf32, "flash_attention": bool(hw.ampere_or_newer), "sdpa_flash": flash_sdpa}
+    shown = f"{major}.{minor}: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in allows.items())
+    return [Row("capability", "Compute capability", shown, OK, value={"capability": f"{major}.{minor}", **allows})]
+
+
+def torch_rows(hw: hardware.Hardware) -> list[Row]:
+    import torch
+
+    build = f"cuda {torch.version.cuda}" if torch.version.cuda else "cpu"
+    abi = bool(torch.compiled_with_cxx11_abi())
+    driver = driver_version()
+    rows = [
+        Row(
+            "torch",
+            "torch build",
+            f"{torch.__version__} ({build}, cxx11 abi {'yes' if abi else 'no'})",
+            value={"version": torch.__version__, "build": build, "cxx11_abi": abi},
+        ),
+        Row("driver", "NVIDIA driver", driver or "none", value=driver),
+        Row("cuda_runtime", "CUDA runtime", torch.version.cuda or "none (CPU build)", value=torch.version.cuda),
+    ]
+    nccl = None
+    if torch.version.cuda and torch.distributed.is_available() and torch.distributed.is_nccl_available():
+        nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+    rows.append(Row("nccl", "NCCL", nccl or "none", value=nccl))
+    return rows
+
+
+def flash_attn_row(hw: hardware.Hardware) -> Row:
+    version = hardware.package_version("flash_attn") or hardware.package_version("flash-attn")
+    if not version:
+        return Row("flash_attn", "flash-attn", "not installed (sdpa is used)", value={"version": None, "usable": False})
+    usable = hw.is_gpu and hw.ampere_or_newer
+    why = "usable" if usable else "installed, needs an Ampere or newer GPU"
+    return Row("flash_attn", "flash-attn", f"{version}: {why}", value={"version": version, "usable": usable})
+
+
+def apex_row() -> Row:
+    if not hardware.module_available("apex"):
+        return Row("apex", "apex fused kernels", "not installed", value={"installed": False, "extensions": {}})
+    extensions = {name: hardware.module_available(name) for name in APEX_EXTENSIONS}
+    built = [name for name, ok in extensions.items() if ok]
+    shown = ", ".join(built) if built else "apex without CUDA extensions"
+    return Row("apex", "apex fused kernels", shown, value={"installed": True, "extensions": extensions})
+
+
+def deepspeed_ops() -> tuple[str | None, dict[str, str]]:
+    """DeepSpeed's version and, per op, "installed" (prebuilt), "jit" (compiled on first use) or "unavailable".
+
+    Installed ops come from deepspeed/git_version_info_installed.py (written at install time); the rest
+    are asked of DeepSpeed's op builders (`is_compatible()`, what `ds_report` shows), with a compiler check.
+    """
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        return None, {}
+    info_file = Path(next(iter(spec.submodule_search_locations))) / "git_version_info_installed.py"
+    try:
+        info = runpy.run_path(str(info_file))
+    except (OSError, SyntaxError):
+        info = {}
+    installed: dict[str, bool] = info.get("installed_ops", {})
+    compatible = builders_compatibility() or info.get("compatible_ops", {})
+    compiler = bool(shutil.which("g++") or shutil.which("c++")) and bool(
+        shutil.which("ninja") or hardware.module_available("ninja")
+    )
+    ops = {}
+    for op in sorted(set(installed) | set(compatible)):
+        if installed.get(op):
+            ops[op] = "installed"
+        elif compiler and compatible.get(op):
+            ops[op] = "jit"
+        else:
+            ops[op] = "unavailable"
+    return info.get("version") or hardware.package_version("deepspeed"), ops
+
+
+def builders_compatibility() -> dict[str, bool]:
+    """{op: builder.is_compatible()} for this machine's accelerator; {} when DeepSpeed cannot say."""
+    import contextlib
+    import io
+    import logging
+
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            from deepspeed.ops.op_builder.all_ops import ALL_OPS
+
+            return {name: bool(builder and builder.is_compatible(False)) for name, builder in ALL_OPS.items()}
+    except Exception:  # a broken DeepSpeed install must not break the report
+        return {}
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def deepspeed_row() -> Row:
+    version, ops = deepspeed_ops()
+    if version is None:
+        return Row("deepspeed", "DeepSpeed ops", "not installed", value={"version": None, "ops": {}})
+    prebuilt = [op for op, state in ops.items() if state == "installed"]
+    jit = [op for op, state in ops.items() if state == "jit"]
+    shown = f"{version}: prebuilt {', '.join(prebuilt) or 'none'}; JIT {', '.join(jit) or 'none'}"
+    return Row("deepspeed", "DeepSpeed ops", shown, value={"version": version, "ops": ops})
+
+
+def bitsandbytes_row(hw: hardware.Hardware) -> Row:
+    """The backend bitsandbytes would load (CUDA library for this runtime, or CPU), without importing it."""
+    spec = importlib.util.find_spec("bitsandbytes")
+    if spec is None or not spec.submodule_search_locations:
+        return Row("bitsandbytes", "bitsandbytes", "not installed", value={"version": None, "backend": None})
+    import torch
+
+    version = hardware.package_version("bitsandbytes")
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    backend, library = "CPU", None
+    if hw.is_gpu and torch.version.cuda:
+        major = torch.version.cuda.split(".")[0]
+        candidates = sorted(package_dir.glob(f"libbitsandbytes_cuda{major}*.so"))
+        if candidates:
+            backend, library = "CUDA", candidates[-1].name
+    shown = f"{version}: {backend} backend" + (f" ({library})" if library else "")
+    value = {"version": version, "backend": backend, "library": library}
+    return Row("bitsandbytes", "bitsandbytes", shown, value=value)
+
+
+def versions_row() -> Row:
+    found = {"python": sys.version.split()[0]}
+    for name in PYTHON_STACK:
+        version = hardware.package_version(name) or hardware.package_version(name.replace("_", "-"))
+        if version:
+            found[name] = version
+    return Row("versions", "Python stack", ", ".join(f"{k} {v}" for k, v in found.items()), value=found)
+
+
+def limits_rows(hw: hardware.Hardware, num_workers: int) -> list[Row]:
+    try:
+        stat = os.statvfs("/dev/shm")
+        shm = stat.f_blocks * stat.f_frsize
+    except OSError:
+        shm = 0
+    shm_status, shm_fix = OK, ""
+    if shm < MIN_SHM_BYTES:
+        shm_status = FAIL if (hw.gpu_count > 1 or (hw.is_gpu and num_workers > 0)) else WARN
+        shm_fix = "run with `ipc: host` (compose) / `--ipc=host`, or `--shm-size=16g` (NCCL, DataLoader workers)"
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    unlimited = memlock == resource.RLIM_INFINITY
+    memlock_status = OK if unlimited else (WARN if hw.is_gpu else INFO)
+    return [
+        Row("shm_bytes", "/dev/shm", f"{shm / GIB:.1f} GiB", shm_status, shm_fix, shm),
+        Row(
+            "memlock",
+            "memlock limit",
+            "unlimited" if unlimited else f"{memlock} bytes",
+            memlock_status,
+            "" if unlimited else "add `--ulimit memlock=-1` (compose: ulimits memlock -1) for pinned memory and RDMA",
+            "unlimited" if unlimited else memlock,
+        ),
+    ]
+
+
+def user_row() -> Row:
+    uid, gid = os.getuid(), os.getgid()
+    home = os.environ.get("HOME", "")
+    home_ok = bool(home) and os.access(home, os.W_OK)
+    status = OK if home_ok else WARN
+    fix = "" if home_ok else "HOME is not writable: start the container through the trainkit entrypoint"
+    return Row("user", "User", f"uid {uid} gid {gid}, HOME {home}", status, fix, {"uid": uid, "gid": gid, "home": home})
+
+
+def cache_row() -> Row:
+    dirs = {
+        name: os.environ[name]
+        for name in ("HF_HOME", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+        if os.environ.get(name)
+    }
+    unwritable = [f"{name}={path}" for name, path in dirs.items() if not writable(path)]
+    if unwritable:
+        return Row(
+            "cache",
+            "Caches",
+            "not writable: " + ", ".join(unwritable),
+            WARN,
+            "mount a volume at /cache that this user may write (compose does: volume `cache`)",
+            {"dirs": dirs, "writable": False},
+        )
+    return Row("cache", "Caches", ", ".join(dirs.values()) or "defaults", OK, value={"dirs": dirs, "writable": True})
+
+
+# --- data, output, configuration -----------------------------------------------------------------
+
+
+def writable(path: str) -> bool:
+    """True when a file can be created in `path` (created if missing, then left as it was)."""
+    target = Path(path)
+    created = not target.exists()
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".trainkit-doctor-"):
+            pass
+    except OSError:
+        return False
+    finally:
+        if created and target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+    return True
+
+
+def data_row(path: str) -> Row:
+    """Whether TRAIN_DATA resolves (as the trainer resolves it) to data this user can read."""
+    from trainer.data import find_data
+
+    try:
+        source = find_data(path)
+    except ConfigError as exc:
+        return Row("data", "Data", f"{path}: no data", FAIL, exc.message, {"path": path, "readable": False})
+    if source.embedded:
+        shown = f"{path}: empty, the embedded sample corpus will be used"
+        return Row("data", "Data", shown, INFO, value={"path": path, "readable": True, "embedded": True})
+    unreadable = next((f for f in source.identity_files() if not os.access(f, os.R_OK)), None)
+    if unreadable:
+        fix = f"uid {os.getuid()} cannot read {unreadable}: make the data readable (`chmod -R a+rX data`)"
+        return Row("data", "Data", f"{path}: not readable", FAIL, fix, {"path": path, "readable": False})
+    return Row("data", "Data", f"{path}: {source.describe()}", OK, value={"path": path, "readable": True})
+
+
+def output_row(path: str) -> Row:
+    if writable(path):
+        return Row("output", "Output", f"{path}: writable", OK, value={"path": path, "writable": True})
+    return Row(
+        "output",
+        "Output",
+        f"{path}: not writable by uid {os.getuid()}",
+        FAIL,
+        "make the output folder writable by the container user (compose: set TRAINKIT_UID/TRAINKIT_GID to "
+        "`id -u`/`id -g`; `mkdir -p output` before the first run) or fix TRAIN_OUTPUT_DIR",
+        {"path": path, "writable": False},
+    )
+
+
+def settings_and_config_row(hw: hardware.Hardware) -> tuple[Any, Row]:
+    """The TRAIN_* settings (None when a value is invalid) and whether they can run on this machine.
+
+    Static checks (load_settings) and the machine-dependent ones (resolve) both run, so that every
+    problem is listed at once, not just the first stage's.
+    """
+    from trainer import config
+
+    try:
+        settings = config.parse_settings()
+    except ConfigError as exc:
+        return None, config_failure(exc.problems)
+    problems: list[str] = []
+    for check in (config.load_settings, lambda: config.resolve(settings, hw)):
+        try:
+            check()
+        except ConfigError as exc:
+            problems += [problem for problem in exc.problems if problem not in problems]
+    if problems:
+        return settings, config_failure(problems)
+    return settings, Row("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
+
+
+def config_failure(problems: list[str]) -> Row:
+    message = ConfigError(*problems).message
+    return Row("config", "TRAIN_* settings", "not possible here", FAIL, message, {"ok": False, "error": message})
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def collect() -> list[Row]:
+    hw = hardware.probe()
+    settings, config_row = settings_and_config_row(hw)
+    data_path = settings.data if settings else os.environ.get("TRAIN_DATA", "/data")
+    output_path = settings.output_dir if settings else os.environ.get("TRAIN_OUTPUT_DIR", "/output")
+    num_workers = settings.num_workers if settings else 2
+    return [
+        *gpu_rows(hw),
+        *torch_rows(hw),
+        *capability_rows(hw),
+        flash_attn_row(hw),
+        apex_row(),
+        deepspeed_row(),
+        bitsandbytes_row(hw),
+        versions_row(),
+        *limits_rows(hw, num_workers),
+        user_row(),
+        cache_row(),
+        data_row(data_path),
+        output_row(output_path),
+        config_row,
+    ]
+
+
+def to_json(rows: list[Row]) -> dict:
+    problems = [f"{row.label}: {row.fix}" for row in rows if row.status == FAIL]
+    report: dict[str, Any] = {"ok": not problems, "problems": problems}
+    report.update({row.key: row.value for row in rows})
+    report["checks"] = [asdict(row) for row in rows]
+    return report
+
+
+def print_table(rows: list[Row]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    marks = {OK: "[green]ok[/]", INFO: "", WARN: "[yellow]warn[/]", FAIL: "[red]FAIL[/]"}
+    table = Table(title="trainkit doctor", show_lines=False)
+    table.add_column("check", style="bold")
+    table.add_column("found")
+    table.add_column("")
+    for row in rows:
+        found = row.shown + (f"\n[dim]{row.fix}[/]" if row.fix and row.status in (WARN, FAIL) else "")
+        table.add_row(row.label, found, marks[row.status])
+    console = Console()
+    console.print(table)
+    failed = [row for row in rows if row.status == FAIL]
+    if failed:
+        console.print(f"[red]The configured run cannot work here ({len(failed)} problem(s)):[/]")
+        for row in failed:
+            console.print(f"  - {row.label}: {row.fix}")
+    else:
+        console.print("[green]The configured run can work here.[/]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    unknown = [a for a in args if a != "--json"]
+    if unknown:
+        print(f"error: unknown doctor option(s): {' '.join(unknown)} (usage: doctor [--json])", file=sys.stderr)
+        return EXIT_USER
+    rows = collect()
+    if "--json" in args:
+        print(json.dumps(to_json(rows), indent=2, default=str))
+    else:
+        print_table(rows)
+    return EXIT_OK if all(row.status != FAIL for row in rows) else EXIT_USER
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Errors and exit codes shared by every `python -m trainer` command (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+import signal
+
+EXIT_OK = 0
+EXIT_CRASH = 1
+EXIT_USER = 2
+EXIT_SIGNAL_BASE = 128
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """128+N: the code a run interrupted by signal N exits with (143 for SIGTERM, 130 for SIGINT)."""
+    return EXIT_SIGNAL_BASE + int(signum)
+
+
+EXIT_SIGTERM = exit_code_for_signal(signal.SIGTERM)
+EXIT_SIGINT = exit_code_for_signal(signal.SIGINT)
+
+
+class ConfigError(Exception):
+    """A user mistake (bad TRAIN_* value, missing data, impossible combination...): exit 2, no traceback.
+
+    `problems` holds one line per problem; str() joins them into the message printed after `error: `.
+    """
+
+    def __init__(self, *problems: str) -> None:
+        self.problems = [p for p in problems if p] or ["invalid configuration"]
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        if len(self.problems) == 1:
+            return self.problems[0]
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        return f"{len(self.problems)} problems with the configuration:\n{lines}"

@@ -1,0 +1,174 @@
+"""metrics.jsonl: one JSON object per logging step, written by the main process only.
+
+Keys (a contract; benchmarks read them): step, epoch, loss, lr, grad_norm, tokens_per_s,
+samples_per_s, step_time_s, peak_mem_bytes, mfu, time.
+
+- step_time_s: mean wall time of the optimizer steps since the previous log line, measured between
+  consecutive step ends (data loading included, checkpoint saves excluded).
+- samples_per_s / tokens_per_s: global (all ranks) = per-device batch x grad accum x world size / step time.
+- peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU.
+- mfu: model FLOPs utilization on known GPUs, null on CPU and unknown GPUs. FLOPs per token are
+  6 x N (N = parameters taking part in matmuls: all but the input embedding) + 12 x layers x hidden x
+  seq_len (attention scores, PaLM appendix B), divided by the dense bf16/fp16 peak of the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+log = logging.getLogger("trainer")
+
+METRIC_KEYS = (
+    "step",
+    "epoch",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "samples_per_s",
+    "step_time_s",
+    "peak_mem_bytes",
+    "mfu",
+    "time",
+)
+
+# Dense (no sparsity) bf16/fp16 tensor-core peak TFLOPS from NVIDIA's datasheets. Order matters:
+# the first pattern matching torch.cuda.get_device_name() wins. Unknown GPUs get mfu = null.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    (r"GH200", 989.0),
+    (r"H200", 989.0),
+    (r"H100.*PCIe", 756.0),
+    (r"H100.*NVL", 835.0),
+    (r"H100", 989.0),  # SXM (e.g. "NVIDIA H100 80GB HBM3")
+    (r"A100", 312.0),
+    (r"A10G", -1.0),  # not the A10; no confirmed figure here
+    (r"\bA10\b", 125.0),
+    (r"L40S", 362.0),
+    (r"\bL4\b", 121.0),
+    (r"V100", 125.0),  # fp16
+    (r"\bT4\b", 65.0),  # fp16
+)
+
+
+def peak_flops(device_name: str | None) -> float | None:
+    """Peak dense bf16/fp16 FLOP/s of a GPU by its name, None when unknown."""
+    if not device_name:
+        return None
+    for pattern, tflops in PEAK_TFLOPS:
+        if re.search(pattern, device_name):
+            return tflops * 1e12 if tflops > 0 else None
+    return None
+
+
+def matmul_params(model: Any) -> int:
+    """Parameters that take part in matmuls: all unique ones except the input embedding (a lookup)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    total = sum(p.numel() * (2 if p.__class__.__name__ == "Params4bit" else 1) for p in base.parameters())
+    emb = base.get_input_embeddings().weight
+    head = base.get_output_embeddings()
+    tied = head is not None and head.weight is emb
+    return total - emb.numel() + (emb.numel() if tied else 0)
+
+
+def flops_per_token(model: Any, seq_len: int) -> float:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = base.config
+    layers = getattr(cfg, "num_hidden_layers", 0)
+    hidden = getattr(cfg, "hidden_size", 0)
+    return 6.0 * matmul_params(model) + 12.0 * layers * hidden * seq_len
+
+
+def peak_memory_bytes() -> int:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def _number(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+class MetricsCallback(TrainerCallback):
+    """Appends one line to metrics.jsonl per logging step (rank 0 only)."""
+
+    def __init__(self, path: Path, seq_len: int, flops_per_token: float, peak_flops: float | None) -> None:
+        self.path = path
+        self.seq_len = seq_len
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self._last: float | None = None
+        self._step_times: list[float] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self._step_times.append(now - self._last)
+        self._last = now
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._last = time.perf_counter()  # the next step's time excludes the save
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        record = self.record(args, state, logs)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        self._step_times.clear()
+
+    def record(self, args: Any, state: Any, logs: dict[str, Any]) -> dict[str, Any]:
+        step_time = sum(self._step_times) / len(self._step_times) if self._step_times else None
+        batch = state.train_batch_size or args.per_device_train_batch_size
+        samples = batch * args.gradient_accumulation_steps * max(args.world_size, 1)
+        samples_per_s = samples / step_time if step_time else None
+        tokens_per_s = samples_per_s * self.seq_len if samples_per_s else None
+        mfu = None
+        if tokens_per_s and self.peak_flops:
+            mfu = tokens_per_s / max(args.world_size, 1) * self.flops_per_token / self.peak_flops
+        return {
+            "step": state.global_step,
+            "epoch": _number(logs.get("epoch", state.epoch)),
+            "loss": _number(logs.get("loss")),
+            "lr": _number(logs.get("learning_rate")),
+            "grad_norm": _number(logs.get("grad_norm")),
+            "tokens_per_s": tokens_per_s,
+            "samples_per_s": samples_per_s,
+            "step_time_s": step_time,
+            "peak_mem_bytes": peak_memory_bytes(),
+            "mfu": mfu,
+            "time": time.time(),
+        }
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """On resume from step K, drop lines for steps after K (written before the interruption)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by kill -9
+    path.write_text("".join(k + "\n" for k in kept), encoding="utf-8")

@@ -1,0 +1,169 @@
+"""Models: built-in Llama presets trained from scratch, or a local Hugging Face folder loaded offline.
+
+LoRA adapters (peft) and bitsandbytes quantization (QLoRA) are applied here; gradient
+checkpointing is switched on by Trainer from `TrainingArguments.gradient_checkpointing`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger("trainer")
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+
+# Llama shapes. Parameter counts in the names assume a ~32k vocabulary; the byte-level tokenizer
+# makes the embeddings tiny, so the logged count is the real one.
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=688),
+    "125m": Preset(hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048),
+    "350m": Preset(hidden=1024, layers=24, heads=16, kv_heads=16, intermediate=2816),
+    "1b": Preset(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
+}
+
+
+def is_preset(name: str) -> bool:
+    return name in PRESETS
+
+
+def preset_config(name: str, vocab_size: int, seq_len: int, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+    """A LlamaConfig for preset `name`; the vocabulary is rounded up to a multiple of 64 for fast matmuls."""
+    p = PRESETS[name]
+    return LlamaConfig(
+        vocab_size=(vocab_size + 63) // 64 * 64,
+        hidden_size=p.hidden,
+        intermediate_size=p.intermediate,
+        num_hidden_layers=p.layers,
+        num_attention_heads=p.heads,
+        num_key_value_heads=p.kv_heads,
+        max_position_embeddings=max(seq_len, 2048),
+        rope_theta=10000.0,
+        tie_word_embeddings=p.hidden <= 1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _decision(cfg: Any, name: str, default: str) -> str:
+    entry = getattr(cfg, "decisions", {}).get(name)
+    if isinstance(entry, dict):
+        return str(entry.get("value", default))
+    return str(entry) if entry is not None else default
+
+
+def _compute_dtype(precision: str) -> torch.dtype:
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
+def _quantization_config(quant: str, precision: str) -> Any:
+    from transformers import BitsAndBytesConfig
+
+    if quant == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=_compute_dtype(precision),
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def _load_pretrained(path: str, attn: str, quant: str, precision: str) -> PreTrainedModel:
+    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
+    if quant != "none":
+        kwargs["quantization_config"] = _quantization_config(quant, precision)
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+        kwargs["dtype"] = _compute_dtype(precision)
+    else:
+        kwargs["dtype"] = torch.float32
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """The model to train: a preset from scratch or a local folder, with LoRA/quantization applied."""
+    s = cfg.settings
+    attn = _decision(cfg, "attn", "sdpa")
+    precision = _decision(cfg, "precision", "fp32")
+    if is_preset(s.model):
+        config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
+        if s.quant != "none":
+            model = _quantized_preset(config, attn, s.quant, precision)
+        else:
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+        log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
+    else:
+        model = _load_pretrained(s.model, attn, s.quant, precision)
+        log.info("model: loaded %s offline (attention=%s)", s.model, attn)
+        _fit_embeddings(model, tokenizer)
+    if s.lora:
+        model = apply_lora(model, s)
+    log_parameter_counts(model)
+    return model
+
+
+def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str) -> PreTrainedModel:
+    """bitsandbytes quantizes at load time, so a from-scratch preset is saved once and loaded back quantized."""
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with tempfile.TemporaryDirectory(prefix="trainkit-preset-") as tmp:
+        fresh.save_pretrained(tmp)
+        del fresh
+        return _load_pretrained(tmp, attn, quant, precision)
+
+
+def _fit_embeddings(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A model folder without its tokenizer gets the byte-level one; make sure every id has an embedding."""
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+        log.info("model: embeddings resized to %d for the tokenizer", model.get_input_embeddings().weight.shape[0])
+
+
+def apply_lora(model: PreTrainedModel, s: Any) -> PreTrainedModel:
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if s.quant != "none":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.grad_ckpt)
+    elif s.grad_ckpt:
+        # Frozen embeddings produce no grad; checkpointed blocks need an input that requires one.
+        model.enable_input_require_grads()
+    targets: Any = s.lora_targets
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    lora = LoraConfig(
+        r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
+    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s", s.lora_r, s.lora_alpha, s.lora_dropout, s.lora_targets)
+    return get_peft_model(model, lora)
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts."""
+    total = trainable = 0
+    for p in model.parameters():
+        n = p.numel() * (2 if p.__class__.__name__ == "Params4bit" else 1)
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return total, trainable
+
+
+def log_parameter_counts(model: torch.nn.Module) -> None:
+    total, trainable = count_parameters(model)
+    log.info(
+        "parameters: %s total, %s trainable (%.2f%%)", f"{total:,}", f"{trainable:,}", 100 * trainable / max(total, 1)
+    )

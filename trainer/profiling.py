@@ -1,0 +1,97 @@
+"""TRAIN_PROFILE (torch.profiler traces for TensorBoard) and TRAIN_MEMORY_SNAPSHOT (CUDA memory visualizer)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+log = logging.getLogger("trainer")
+
+# Profiler schedule: skip 1 step, warm up 1, record 3, once.
+PROFILE_WAIT, PROFILE_WARMUP, PROFILE_ACTIVE = 1, 1, 3
+SNAPSHOT_STEPS = 5  # record the allocator history of the first steps (enough to show the steady state)
+SNAPSHOT_MAX_ENTRIES = 100_000
+
+
+class ProfilerCallback(TrainerCallback):
+    """Runs torch.profiler around the first steps; traces go to OUTPUT_DIR/profile (TensorBoard plugin format)."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.trace_dir = output_dir / "profile"
+        self.profiler: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        worker = f"rank{args.process_index}"
+        self.profiler = profile(
+            activities=activities,
+            schedule=schedule(wait=PROFILE_WAIT, warmup=PROFILE_WARMUP, active=PROFILE_ACTIVE, repeat=1),
+            on_trace_ready=tensorboard_trace_handler(str(self.trace_dir), worker_name=worker),
+            record_shapes=True,
+            profile_memory=True,
+            with_stack=False,
+        )
+        self.profiler.start()
+        log.info(
+            "profile: recording steps %d-%d to %s (tensorboard --logdir %s)",
+            PROFILE_WAIT + PROFILE_WARMUP + 1,
+            PROFILE_WAIT + PROFILE_WARMUP + PROFILE_ACTIVE,
+            self.trace_dir,
+            self.trace_dir,
+        )
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.profiler is not None:
+            self.profiler.step()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.profiler is not None:
+            self.profiler.stop()
+            self.profiler = None
+
+
+class MemorySnapshotCallback(TrainerCallback):
+    """Records CUDA allocator history for the first steps and dumps OUTPUT_DIR/memory_snapshot.pickle."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.path = output_dir / "memory_snapshot.pickle"
+        self.recording = False
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            log.warning("memory snapshot: TRAIN_MEMORY_SNAPSHOT is CUDA-only; no GPU here, so it is skipped")
+            return
+        torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
+        self.recording = True
+        self._start_step = state.global_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.recording and state.global_step - self._start_step >= SNAPSHOT_STEPS:
+            self._dump(args)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.recording:
+            self._dump(args)
+
+    def _dump(self, args: Any) -> None:
+        import torch
+
+        path = (
+            self.path
+            if args.process_index == 0
+            else self.path.with_name(f"memory_snapshot.rank{args.process_index}.pickle")
+        )
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        self.recording = False
+        log.info("memory snapshot: wrote %s (open it at https://pytorch.org/memory_viz)", path)

@@ -1,0 +1,217 @@
+"""The TRAIN_* schema: the one place every environment variable of the trainer is declared.
+
+Parsing, validation, `python -m trainer config`, the README table and `.env.example`
+are all derived from `TrainSettings`. This module must stay importable without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args, get_origin
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "TRAIN_"
+
+Toggle = Literal["auto", "0", "1"]
+
+# Built-in model presets (Llama architecture, trained from scratch); anything else in TRAIN_MODEL is a folder.
+MODEL_PRESETS = ("tiny", "125m", "350m", "1b")
+
+# Field groups, in the order docs present them.
+GROUPS = {
+    "paths": "Paths and data",
+    "precision": "Precision",
+    "optim": "Optimizer and batch",
+    "memory": "Memory: checkpointing, ZeRO, FSDP",
+    "speed": "Speed: compile and attention",
+    "adapters": "LoRA / QLoRA",
+    "schedule": "Schedule, checkpoints and resume",
+    "debug": "Profiling and reproducibility",
+    "launch": "Launch",
+}
+
+
+def _f(default, group: str, doc: str, **kw):
+    """A field with its documentation group; `doc` feeds the README and .env.example."""
+    return Field(default, description=doc, json_schema_extra={"group": group}, **kw)
+
+
+class TrainSettings(BaseSettings):
+    """Every TRAIN_* variable. Field name `foo_bar` is environment variable `TRAIN_FOO_BAR`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", case_sensitive=False, validate_default=True
+    )
+
+    # paths and data
+    model: str = _f(
+        "tiny",
+        "paths",
+        "A local Hugging Face model folder (loaded offline), or a preset for training from "
+        "scratch: tiny, 125m, 350m, 1b (Llama architecture).",
+    )
+    data: str = _f(
+        "/data",
+        "paths",
+        "Training data: a file, folder or glob of .txt, .jsonl/.json, .parquet, .csv, or a "
+        "datasets.save_to_disk folder. Missing or empty default: a small embedded corpus.",
+    )
+    output_dir: str = _f("/output", "paths", "Where checkpoints, the final model, metrics and logs go.")
+    text_field: str = _f("text", "paths", "Field holding the text in .jsonl/.json/.parquet/.csv data.")
+    seq_len: int = _f(512, "paths", "Tokens per packed training sequence.", ge=8)
+
+    # precision
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(
+        "auto", "precision", "Mixed precision. auto: bf16 where the GPU supports it, else fp16 on GPUs, fp32 on CPU."
+    )
+    tf32: Toggle = _f("auto", "precision", "TensorFloat-32 matmuls. auto: on for Ampere and newer GPUs.")
+
+    # optimizer and batch
+    optim: str = _f(
+        "auto",
+        "optim",
+        "Any optimizer name Transformers accepts (adamw_torch, adamw_torch_fused, adamw_apex_fused, "
+        "adamw_bnb_8bit, adafactor, ...). auto: adamw_torch_fused on GPUs, adamw_torch on CPU.",
+    )
+    lr: float = _f(3e-4, "optim", "Peak learning rate.", gt=0)
+    batch_size: int = _f(8, "optim", "Per-device micro-batch size (sequences).", ge=1)
+    grad_accum: int = _f(1, "optim", "Gradient accumulation steps.", ge=1)
+    auto_batch: bool = _f(
+        False, "optim", "Find the largest per-device batch that fits, starting from TRAIN_BATCH_SIZE."
+    )
+    num_workers: int = _f(2, "optim", "DataLoader worker processes.", ge=0)
+    pin_memory: Toggle = _f("auto", "optim", "Pin DataLoader memory. auto: on when a GPU is used.")
+
+    # memory
+    grad_ckpt: bool = _f(False, "memory", "Gradient (activation) checkpointing.")
+    zero_stage: int = _f(0, "memory", "DeepSpeed ZeRO stage, 0 (off) to 3.", ge=0, le=3)
+    zero_offload: Literal["none", "cpu", "nvme"] = _f(
+        "none", "memory", "Offload ZeRO optimizer state (and parameters at stage 3) to CPU or NVMe."
+    )
+    nvme_path: str = _f("/nvme", "memory", "Folder on a fast local disk for TRAIN_ZERO_OFFLOAD=nvme.")
+    deepspeed_config: str = _f(
+        "", "memory", "Path to a DeepSpeed JSON config; wins over the generated one."
+    )
+    fsdp: Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = _f(
+        "none", "memory", "PyTorch FSDP sharding strategy (with auto-wrap of decoder layers)."
+    )
+
+    # speed
+    compile: bool = _f(False, "speed", "torch.compile the model.")
+    compile_backend: str = _f("inductor", "speed", "torch.compile backend.")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _f(
+        "default", "speed", "torch.compile mode."
+    )
+    attn: Literal["auto", "sdpa", "flash_attention_2", "eager"] = _f(
+        "auto", "speed", "Attention implementation. auto: flash_attention_2 when installed and supported, else sdpa."
+    )
+
+    # adapters
+    lora: bool = _f(
+        False, "adapters", "Train LoRA adapters instead of all weights (on a model folder or a preset)."
+    )
+    lora_r: int = _f(16, "adapters", "LoRA rank.", ge=1)
+    lora_alpha: int = _f(32, "adapters", "LoRA alpha.", ge=1)
+    lora_dropout: float = _f(0.05, "adapters", "LoRA dropout.", ge=0, lt=1)
+    lora_targets: str = _f("all-linear", "adapters", "Comma-separated module names for LoRA, or all-linear.")
+    quant: Literal["none", "4bit", "8bit"] = _f(
+        "none", "adapters", "Load the base model quantized with bitsandbytes (QLoRA); needs TRAIN_LORA=1."
+    )
+    neftune_alpha: float = _f(0.0, "adapters", "NEFTune noise alpha; 0 turns it off.", ge=0)
+
+    # schedule
+    max_steps: int = _f(-1, "schedule", "Stop after this many optimizer steps; -1 uses TRAIN_EPOCHS.")
+    epochs: float = _f(1.0, "schedule", "Epochs over the data when TRAIN_MAX_STEPS is -1.", gt=0)
+    save_steps: int = _f(200, "schedule", "Write a checkpoint every N steps (and always on interruption).", ge=1)
+    save_total_limit: int = _f(3, "schedule", "Keep at most this many checkpoints.", ge=1)
+    log_steps: int = _f(10, "schedule", "Log metrics every N steps.", ge=1)
+    seed: int = _f(42, "schedule", "Random seed.")
+    resume: str = _f(
+        "auto",
+        "schedule",
+        "auto: resume from the newest complete checkpoint in the output folder; never; or a checkpoint PATH.",
+    )
+    args: str = _f(
+        "",
+        "schedule",
+        "Further TrainingArguments flags, e.g. '--lr_scheduler_type cosine --warmup_steps 0.05 --weight_decay 0.1'; "
+        "they win over values trainkit derives.",
+    )
+
+    # debug
+    deterministic: bool = _f(False, "debug", "Deterministic algorithms (slower; for bisecting).")
+    profile: bool = _f(False, "debug", "torch.profiler traces under OUTPUT_DIR/profile, viewable in TensorBoard.")
+    memory_snapshot: bool = _f(
+        False, "debug", "Write a CUDA memory snapshot (OUTPUT_DIR/memory_snapshot.pickle) for pytorch.org/memory_viz."
+    )
+
+    # launch
+    nproc_per_node: str = _f("auto", "launch", "Processes per node. auto: one per visible GPU (one on CPU).")
+    max_restarts: int = _f(
+        3, "launch", "Elastic restarts of the worker group (torchrun --max-restarts) before the job fails; "
+        "each restart resumes from the newest checkpoint.", ge=0
+    )
+    rdzv_timeout: int = _f(
+        600, "launch", "Seconds the nodes of a multi-node job wait for each other at start and after a restart.", ge=1
+    )
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _auto_or_positive_int(cls, value: str) -> str:
+        if value != "auto" and not (value.isdigit() and int(value) >= 1):
+            raise ValueError("expected auto or a whole number >= 1")
+        return value
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def field_of_env(name: str) -> str | None:
+    """`TRAIN_LORA_R` -> `lora_r`; None for a name that is no field."""
+    if not name.upper().startswith(ENV_PREFIX):
+        return None
+    field = name[len(ENV_PREFIX) :].lower()
+    return field if field in TrainSettings.model_fields else None
+
+
+# What each free-text field accepts, for error messages and the docs (Literal, bool and number fields say it
+# through their type).
+TEXT_ALLOWED = {
+    "model": "a preset (" + ", ".join(MODEL_PRESETS) + ") or a model folder with config.json",
+    "data": "a file, folder or glob",
+    "output_dir": "a writable folder",
+    "text_field": "a column name",
+    "optim": "auto or a Transformers optimizer name",
+    "nvme_path": "a writable folder",
+    "deepspeed_config": "empty or a JSON file",
+    "compile_backend": "a torch.compile backend (inductor, cudagraphs, ...)",
+    "lora_targets": "all-linear or comma-separated module names",
+    "resume": "auto, never or a checkpoint folder",
+    "args": "TrainingArguments flags",
+    "nproc_per_node": "auto or a whole number >= 1",
+}
+
+
+def allowed_values(field: str) -> str:
+    """A short human description of what `field` accepts ("auto, fp32, fp16, bf16", "integer 0-3", "0 or 1")."""
+    info = TrainSettings.model_fields[field]
+    if field in TEXT_ALLOWED:
+        return TEXT_ALLOWED[field]
+    choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else ()
+    if choices:
+        return ", ".join(choices)
+    if info.annotation is bool:
+        return "0 or 1"
+    kind = {int: "integer", float: "number"}.get(info.annotation, "text")
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in info.metadata if hasattr(m, "__slots__")}
+    if "Ge" in bounds and "Le" in bounds:
+        return f"{kind} {bounds['Ge']}-{bounds['Le']}"
+    operators = (("Ge", ">="), ("Gt", ">"), ("Le", "<="), ("Lt", "<"))
+    parts = [f"{op} {bounds[name]}" for name, op in operators if name in bounds]
+    return f"{kind} " + " and ".join(parts) if parts else kind
+
+
+def field_names() -> list[str]:
+    return list(TrainSettings.model_fields)

@@ -1,0 +1,74 @@
+"""Tokenizers: the model folder's own one, or a byte-level tokenizer that needs no download.
+
+The byte-level tokenizer maps each UTF-8 byte to the id of that byte (0-255) and adds three
+special tokens (bos, eos, pad). It is what the presets train with, and what a local model folder
+without tokenizer files gets; it is saved with the outputs so `final/` loads with `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+log = logging.getLogger("trainer")
+
+BYTE_TOKENIZER_MARKER = "trainkit-byte-level"
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _byte_to_printable() -> dict[int, str]:
+    """A reversible map from the 256 byte values to printable characters (the ByteLevel alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """A tokenizer with one token per byte (ids 0-255) plus bos/eos/pad (256-258). No download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in _byte_to_printable().items()}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD, model_max_length=1 << 30
+    )
+    tok.init_kwargs["trainkit_tokenizer"] = BYTE_TOKENIZER_MARKER
+    return tok
+
+
+def is_byte_level(tok: PreTrainedTokenizerBase) -> bool:
+    """True for the tokenizer made by `byte_level_tokenizer` (fresh or reloaded from disk)."""
+    if tok.init_kwargs.get("trainkit_tokenizer") == BYTE_TOKENIZER_MARKER:
+        return True
+    return tok.eos_token == EOS and tok.bos_token == BOS and len(tok) == 259
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    path = Path(folder)
+    return path.is_dir() and any((path / name).exists() for name in TOKENIZER_FILES)
+
+
+def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
+    """The model folder's tokenizer (offline), else the byte-level one. Ensures eos and pad exist."""
+    if has_tokenizer(model):
+        tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        log.info("tokenizer: loaded from %s (%d tokens)", model, len(tok))
+    else:
+        tok = byte_level_tokenizer()
+        where = "preset" if not Path(model).is_dir() else f"{model} has no tokenizer files"
+        log.info("tokenizer: byte-level, 259 tokens, no download needed (%s); saved with the outputs", where)
+    if tok.eos_token is None:
+        tok.add_special_tokens({"eos_token": EOS})
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok

@@ -1,0 +1,232 @@
+"""The training run: `run(cfg) -> exit code`.
+
+Builds the tokenizer, the packed dataset and the model, resumes per TRAIN_RESUME, trains with an
+`AtomicCheckpointTrainer` (checkpoints appear only complete), writes metrics.jsonl, stops cleanly on
+SIGTERM/SIGINT (exit 128+N, "interrupted" in the log) and saves `final/` (model + tokenizer).
+Nothing heavy is imported at module level: the offline environment must be set before transformers loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import EXIT_OK
+
+log = logging.getLogger("trainer")
+
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def set_offline_env() -> None:
+    """Everything is local: no hub lookups (unless the user set these variables themselves)."""
+    for name in OFFLINE_ENV:
+        os.environ.setdefault(name, "1")
+    hub_constants = sys.modules.get("huggingface_hub.constants")
+    if hub_constants is not None and os.environ["HF_HUB_OFFLINE"] not in ("0", "false", "False"):
+        hub_constants.HF_HUB_OFFLINE = True  # already imported (e.g. by config resolution): it read the env early
+
+
+def _rank_info() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def setup_logging() -> None:
+    """The `trainer` logger on stderr; with several ranks, each line says which rank speaks and only rank 0 informs."""
+    rank, world = _rank_info()
+    prefix = f"[rank {rank}/{world}] " if world > 1 else ""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if world > 1 and rank == 0:
+        log.info(
+            "%d processes; rank 0 writes metrics, checkpoints and these logs (other ranks log warnings only)", world
+        )
+
+
+def run(cfg: Any) -> int:
+    """Train per the resolved config; the exit code follows docs/architecture.md."""
+    set_offline_env()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
+    setup_logging()
+    if cfg.settings.resume not in ("auto", "never"):
+        from trainer.checkpoint import validate_resume_path
+
+        validate_resume_path(cfg.settings.resume)  # before the heavy work: a user mistake exits 2 at once
+    from trainer.signals import GracefulStop
+
+    stop = GracefulStop().install()
+    try:
+        return _run(cfg, stop)
+    finally:
+        stop.restore()
+
+
+def _write_run_config(cfg: Any, output_dir: Path) -> None:
+    writer = getattr(cfg, "write_run_config", None)
+    if callable(writer):
+        writer(output_dir)
+        return
+    from trainer import config as config_module
+
+    config_module.write_run_config(cfg, output_dir)
+
+
+def _decision(cfg: Any, name: str) -> str | None:
+    entry = getattr(cfg, "decisions", {}).get(name)
+    return str(entry.get("value")) if isinstance(entry, dict) else None
+
+
+def _training_arguments(cfg: Any) -> Any:
+    from trainer import config
+
+    return config.build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
+
+
+def _resume_from(settings: Any, args: Any) -> str | None:
+    """The checkpoint to resume from per TRAIN_RESUME; also clears leftovers of a killed save."""
+    from trainer.checkpoint import newest_complete_checkpoint, remove_stale_temps, validate_resume_path
+
+    mode = settings.resume
+    if args.should_save:
+        remove_stale_temps(settings.output_dir)
+    if mode == "never":
+        log.info("resume: TRAIN_RESUME=never, starting from scratch")
+        return None
+    if mode == "auto":
+        found = newest_complete_checkpoint(settings.output_dir)
+        if found is None:
+            log.info("resume: no complete checkpoint in %s, starting from scratch", settings.output_dir)
+            return None
+        log.info("resume: continuing from %s (newest complete checkpoint)", found)
+        return str(found)
+    folder = validate_resume_path(mode)
+    log.info("resume: continuing from %s (TRAIN_RESUME)", folder)
+    return str(folder)
+
+
+def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
+    from trainer.metrics import MetricsCallback, flops_per_token, peak_flops
+    from trainer.signals import StopOnSignal
+
+    s = cfg.settings
+    out = Path(s.output_dir)
+    callbacks: list[Any] = [
+        StopOnSignal(stop),
+        MetricsCallback(
+            out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), _gpu_peak_flops(peak_flops)
+        ),
+    ]
+    if s.profile:
+        from trainer.profiling import ProfilerCallback
+
+        callbacks.append(ProfilerCallback(out))
+    if s.memory_snapshot:
+        from trainer.profiling import MemorySnapshotCallback
+
+        callbacks.append(MemorySnapshotCallback(out))
+    return callbacks
+
+
+def _gpu_peak_flops(lookup: Any) -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    peak = lookup(name)
+    if peak is None:
+        log.info("metrics: no peak FLOPs known for %s, so mfu is null", name)
+    return peak
+
+
+def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
+    if _decision(cfg, "optim") != "adamw_apex_fused" and cfg.settings.optim != "adamw_apex_fused":
+        return {}
+    from trainer.training_args import apex_fused_adam
+
+    log.info("optimizer: NVIDIA apex FusedAdam (AdamW mode)")
+    return {"optimizer_cls_and_kwargs": apex_fused_adam(args.learning_rate, args.weight_decay)}
+
+
+def _log_auto_batch(args: Any) -> None:
+    """TRAIN_AUTO_BATCH is Transformers' auto_find_batch_size (accelerate's find_executable_batch_size).
+
+    It searches from above: the first step runs at TRAIN_BATCH_SIZE; each out-of-memory error restarts the loop
+    with 90% of the batch, until a step fits. So TRAIN_BATCH_SIZE is the upper bound of the search, and the result
+    is the largest batch (within 10%) that fits with the real optimizer state, ZeRO/FSDP sharding, LoRA and
+    activation checkpointing; a separate doubling probe could not see those and would leave fragmented memory.
+    """
+    if args.auto_find_batch_size:
+        log.info(
+            "auto batch: trying %d per device first; each out-of-memory error retries with 90%% of the batch until "
+            "a step fits (TRAIN_BATCH_SIZE is the upper bound; the batch used is logged in metrics.jsonl throughputs "
+            "and trainer_state.json)",
+            args.per_device_train_batch_size,
+        )
+
+
+def _run(cfg: Any, stop: Any) -> int:
+    from transformers import default_data_collator, set_seed
+
+    from trainer.checkpoint import AtomicCheckpointTrainer
+    from trainer.data import build_dataset
+    from trainer.metrics import truncate_after
+    from trainer.models import build_model
+    from trainer.tokenizer import load_tokenizer
+
+    s = cfg.settings
+    out = Path(s.output_dir)
+    args = _training_arguments(cfg)
+    if args.should_save:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_run_config(cfg, out)
+    tokenizer = load_tokenizer(s.model)
+    with args.main_process_first(desc="tokenizing the data"):
+        dataset = build_dataset(s, tokenizer)
+    set_seed(s.seed)  # the same initial weights for the same seed
+    model = build_model(cfg, tokenizer)
+    resume = _resume_from(s, args)
+    if resume and args.should_save:
+        truncate_after(out / "metrics.jsonl", _checkpoint_step(resume))
+    _log_auto_batch(args)
+    trainer = AtomicCheckpointTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=default_data_collator,
+        processing_class=tokenizer,
+        callbacks=_callbacks(cfg, model, stop),
+        **_optimizer_override(cfg, args),
+    )
+    if stop.requested:
+        return _interrupted(stop, None)
+    trainer.train(resume_from_checkpoint=resume)
+    if stop.requested and trainer.state.global_step < trainer.state.max_steps:
+        return _interrupted(stop, trainer.state.global_step)
+    trainer.save_final(out / "final", tokenizer)
+    log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
+    return EXIT_OK
+
+
+def _checkpoint_step(path: str) -> int:
+    import json
+
+    return int(json.loads((Path(path) / "trainer_state.json").read_text())["global_step"])
+
+
+def _interrupted(stop: Any, step: int | None) -> int:
+    import signal
+
+    name = signal.Signals(stop.signum).name
+    if step is None:
+        log.warning("interrupted by %s before training started; nothing to save; exit %d", name, stop.exit_code)
+    else:
+        log.warning("interrupted by %s: checkpoint-%d written; restart to resume; exit %d", name, step, stop.exit_code)
+    return stop.exit_code
