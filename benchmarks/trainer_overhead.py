@@ -9,8 +9,11 @@ the same steps, batch, sequence length, optimizer and precision, twice:
 Both run as subprocesses, alternating A/B `--repeats` times. Reported:
   - wall: the whole process, start to exit (imports, data, training, saves), best of the repeats;
   - steady step: the median optimizer-step time after the first 3 steps, timed the same way in both
-    (between consecutive step ends), best of the repeats.
-The ratio B/A is the overhead (goal <= 1.03).
+    (between consecutive step ends), best of the repeats;
+  - CPU time: user+sys seconds of the whole process, best of the repeats. On a machine shared with other work,
+    wall times swing with the load; CPU time barely does, so it is the steadier overhead measure there.
+The ratio B/A is the overhead (goal <= 1.03). Both get OMP_NUM_THREADS=--threads (default 1: less sensitive
+to other load).
 
 Part 2 times tokenize+pack of the same JSONL (in this process): `trainer.data.tokenize_and_pack` against the
 classic `datasets.load_dataset` + `.map(tokenize, batched=True)` + `.map(group_texts, batched=True)` (in memory,
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -104,7 +108,7 @@ def trainer_env(data: Path, out: Path, a: argparse.Namespace) -> dict[str, str]:
     env.update(
         TRAIN_MODEL="tiny", TRAIN_DATA=str(data), TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN=str(a.seq),
         TRAIN_BATCH_SIZE=str(a.batch), TRAIN_MAX_STEPS=str(a.steps), TRAIN_SAVE_STEPS=str(10**9),
-        TRAIN_LOG_STEPS="1", TRAIN_NUM_WORKERS="0", PYTHONPATH=str(REPO),
+        TRAIN_LOG_STEPS="1", TRAIN_NUM_WORKERS="0", PYTHONPATH=str(REPO), OMP_NUM_THREADS=str(a.threads),
     )  # fmt: skip
     return env
 
@@ -133,29 +137,38 @@ def prepare_baseline_inputs(tmp: Path, a: argparse.Namespace, config: dict) -> d
     }  # fmt: skip
 
 
+def run_measured(
+    argv: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """(result, wall seconds, CPU seconds of the child and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return proc, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def steady(times: list[float]) -> float:
     return statistics.median(times[3:] if len(times) > 6 else times)
 
 
-def run_plain(script: Path, inputs: dict, data: Path, out: Path) -> tuple[float, float]:
+def run_plain(script: Path, inputs: dict, data: Path, out: Path, threads: int) -> tuple[float, float, float]:
     cfg = {**inputs, "data": str(data), "out": str(out)}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(script), json.dumps(cfg)], capture_output=True, text=True, cwd=REPO)
-    wall = time.perf_counter() - start
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc, wall, cpu = run_measured([sys.executable, str(script), json.dumps(cfg)], env)
     if proc.returncode != 0:
         sys.exit(f"plain Trainer script failed:\n{proc.stderr[-4000:]}")
     times = json.loads(proc.stdout.split("STEP_TIMES ", 1)[1].splitlines()[0])
-    return wall, steady(times)
+    return wall, steady(times), cpu
 
 
-def run_trainkit(env: dict[str, str]) -> tuple[float, float]:
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "trainer"], env=env, cwd=REPO, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+def run_trainkit(env: dict[str, str]) -> tuple[float, float, float]:
+    proc, wall, cpu = run_measured([sys.executable, "-m", "trainer"], env)
     if proc.returncode != 0:
         sys.exit(f"python -m trainer failed:\n{proc.stderr[-4000:]}")
     rows = [json.loads(x) for x in (Path(env["TRAIN_OUTPUT_DIR"]) / "metrics.jsonl").read_text().splitlines()]
-    return wall, steady([r["step_time_s"] for r in rows if r["step_time_s"] is not None])
+    return wall, steady([r["step_time_s"] for r in rows if r["step_time_s"] is not None]), cpu
 
 
 def overhead(a: argparse.Namespace, tmp: Path, data: Path) -> None:
@@ -165,18 +178,19 @@ def overhead(a: argparse.Namespace, tmp: Path, data: Path) -> None:
     script.write_text(BASELINE)
     plain, ours = [], []
     for r in range(a.repeats):
-        plain.append(run_plain(script, inputs, data, tmp / f"plain-{r}"))
+        plain.append(run_plain(script, inputs, data, tmp / f"plain-{r}", a.threads))
         ours.append(run_trainkit(trainer_env(data, tmp / f"trainkit-{r}", a)))
-        print(f"  repeat {r + 1}: plain wall {plain[-1][0]:.2f}s step {plain[-1][1] * 1e3:.1f}ms | "
-              f"trainkit wall {ours[-1][0]:.2f}s step {ours[-1][1] * 1e3:.1f}ms", flush=True)  # fmt: skip
-    pw, ps = min(p[0] for p in plain), min(p[1] for p in plain)
-    tw, ts = min(t[0] for t in ours), min(t[1] for t in ours)
+        for label, (wall, step, cpu) in (("plain   ", plain[-1]), ("trainkit", ours[-1])):
+            print(f"  repeat {r + 1} {label}: wall {wall:.2f}s  step {step * 1e3:.1f}ms  cpu {cpu:.2f}s", flush=True)
+    pw, ps, pc = (min(p[i] for p in plain) for i in range(3))
+    tw, ts, tc = (min(t[i] for t in ours) for i in range(3))
     precision = config["decisions"]["precision"]["value"]
     print(f"\nTraining overhead ({a.steps} steps, batch {a.batch}, seq {a.seq}, {precision}, "
           f"optim {inputs['args'].get('optim')}; best of {a.repeats}):")  # fmt: skip
     print(f"  wall time (whole process)      plain {pw:8.2f}s   trainkit {tw:8.2f}s   ratio {tw / pw:.3f}")
     print(f"  steady-state step (median)     plain {ps * 1e3:7.1f}ms   trainkit {ts * 1e3:7.1f}ms   ratio {ts / ps:.3f}"
           "   (goal <= 1.03)")  # fmt: skip
+    print(f"  CPU time (whole process)       plain {pc:8.2f}s   trainkit {tc:8.2f}s   ratio {tc / pc:.3f}")
 
 
 def train_bpe(data: Path, folder: Path, vocab: int = 8192):
@@ -243,7 +257,8 @@ def tokenize_throughput(a: argparse.Namespace, tmp: Path, data: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both training processes")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)

@@ -79,11 +79,20 @@ def compile_env(per_job_gb: float) -> dict[str, str]:
     if os.path.isdir("/usr/lib/ccache"):
         env["PATH"] = "/usr/lib/ccache:" + env["PATH"]
         env.setdefault("CCACHE_DIR", "/root/.ccache")
-        env.update(CCACHE_BASEDIR=str(SRC), CCACHE_NOHASHDIR="1", CCACHE_COMPILERCHECK="content")
+        env.update(CCACHE_BASEDIR=str(SRC), CCACHE_NOHASHDIR="1", CCACHE_COMPILERCHECK="content",
+                   CCACHE_SLOPPINESS="include_file_ctime,include_file_mtime,time_macros")  # sources are unpacked anew
         if shutil.which("ccache") and nvcc():
             env["PYTORCH_NVCC"] = f"ccache {nvcc()}"
+    stubs = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "lib64", "stubs")
+    if stubs.is_dir():  # link-time libcuda (DeepSpeed's async_io links -lcuda); the driver provides it at run time
+        env["LIBRARY_PATH"] = ":".join(filter(None, [env.get("LIBRARY_PATH"), str(stubs)]))
     env["MAX_JOBS"] = str(max_jobs(per_job_gb))
     return env
+
+
+def ccache_stats(env: dict[str, str]) -> None:
+    if shutil.which("ccache"):
+        subprocess.run(["ccache", "--show-stats"], env=env, check=False)
 
 
 def run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
@@ -104,7 +113,8 @@ def claim(piece: str, data: dict) -> None:
 def sdist_tree(name: str, version: str) -> Path:
     """Download an sdist and unpack it at a fixed path under SRC."""
     dl = SRC / "dl"
-    pip("download", "--no-deps", "--no-binary", ":all:", "-d", str(dl), f"{name}=={version}")
+    # No build isolation: an isolated metadata build would lack the base's torch (flash-attn's setup.py imports it).
+    pip("download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "-d", str(dl), f"{name}=={version}")
     archive = next(p for p in dl.iterdir() if p.name.endswith(".tar.gz"))
     with tarfile.open(archive) as tar:
         try:
@@ -136,11 +146,16 @@ def step_deepspeed() -> None:
     env.update(DS_BUILD_OPS="0", DS_BUILD_STRING=f"+{env.get('TRAINKIT_FLAVOR', 'img')}")
     if no_cuda:
         env["DS_ACCELERATOR"] = "cpu"
+        if ops["async_io"]["status"] == "built":
+            # DeepSpeed's CPU async_io build omits -laio (its .so then fails to load: undefined io_submit).
+            env["LDFLAGS"] = (env.get("LDFLAGS", "") + " -Wl,--no-as-needed -laio").strip()
     names = {"cpu_adam": "DS_BUILD_CPU_ADAM", "async_io": "DS_BUILD_AIO", "fused_adam": "DS_BUILD_FUSED_ADAM"}
     for op, flag in names.items():
         env[flag] = "1" if ops[op]["status"] == "built" else "0"
     tree = sdist_tree("deepspeed", version)
+    ccache_stats(env)
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(WHEELS), str(tree), env=env, cwd=tree)
+    ccache_stats(env)
     claim("deepspeed", {"status": "built", "version": version, "ops": ops})
 
 
@@ -217,7 +232,8 @@ def step_apex() -> None:
     run(["git", "clone", "--filter=blob:none", os.environ["APEX_REPO"], str(tree)])
     run(["git", "checkout", "--quiet", ref], cwd=tree)
     env = compile_env(per_job_gb=4.0)
-    env.update(APEX_CPP_EXT="1", APEX_CUDA_EXT="1", NVCC_APPEND_FLAGS=f"--threads {env['MAX_JOBS']}")
+    env.update(APEX_CPP_EXT="1", APEX_CUDA_EXT="1", APEX_PARALLEL_BUILD=env["MAX_JOBS"],
+               NVCC_APPEND_FLAGS=f"--threads {env['MAX_JOBS']}")
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(WHEELS), str(tree), env=env, cwd=tree)
     claim("apex", {"status": "built", "ref": ref, "source": os.environ["APEX_REPO"]})
 

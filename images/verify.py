@@ -140,6 +140,9 @@ def main() -> int:
         print(f"verification failed: no build manifest at {MANIFEST}", file=sys.stderr)
         return 1
     manifest = json.loads(MANIFEST.read_text())
+    real_stdout = sys.stdout
+    if as_json:  # libraries log to stdout (DeepSpeed does): keep it for the JSON document alone
+        sys.stdout = sys.stderr
     add_extra_claims(manifest, os.environ.get("VERIFY_EXTRA_CLAIMS", ""))
     results, failures = [], []
     for name, check, reason in planned_checks(manifest):
@@ -155,7 +158,8 @@ def main() -> int:
     for r in results:
         print(f"  {r['status']:8} {r['name']:22} {r['detail']}", file=out)
     if as_json:
-        print(json.dumps({"manifest": manifest, "versions": versions(), "checks": results}, indent=2))
+        document = {"manifest": manifest, "versions": versions(), "checks": results}
+        print(json.dumps(document, indent=2), file=real_stdout)
     if failures:
         print("verification failed: the image claims pieces that are not there:\n  " + "\n  ".join(failures),
               file=sys.stderr)

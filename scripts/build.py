@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ca-cert", type=Path, metavar="FILE",
                    help=f"extra CA certificates (PEM) trusted during the build only; also ${CA_ENV}")
     p.add_argument("--rebuild-base", action="store_true", help="with --cpu: remake the CPU base image")
+    p.add_argument("--verbose", action="store_true", help="stream the whole build output, not just the steps")
     p.add_argument("--dry-run", action="store_true", help="print the plan; needs no Docker engine")
     args = p.parse_args(argv)
     if args.push and not args.registry and not args.tag:

@@ -24,10 +24,11 @@ console = Console(stderr=True)
 class Progress:
     """Shows the current build step (a spinner on a terminal, one line per step otherwise)."""
 
-    def __init__(self, title: str):
+    def __init__(self, title: str, verbose: bool = False):
         self.title = title
+        self.verbose = verbose
         self.seen: set[str] = set()
-        self.status = console.status(title) if console.is_terminal else None
+        self.status = console.status(title) if console.is_terminal and not verbose else None
 
     def __enter__(self) -> Progress:
         if self.status:
@@ -39,6 +40,9 @@ class Progress:
             self.status.__exit__(*exc)
 
     def line(self, text: str) -> None:
+        if self.verbose:
+            print(text, file=sys.stderr, flush=True)
+            return
         match = STEP.match(text)
         if not match or text in self.seen:
             return
@@ -69,9 +73,12 @@ def base_reference(client: docker.DockerClient, image: str) -> dict:
 
 def read_inside(client: docker.DockerClient, tag: str) -> dict:
     """Run the image's own verifier: manifest, versions and checks as it sees them."""
-    out = client.containers.run(tag, ["/opt/trainkit/images/verify.py", "--json"], entrypoint="python",
-                                remove=True, stdout=True, stderr=False)  # fmt: skip
-    return json.loads(out.decode())
+    try:
+        out = client.containers.run(tag, ["/opt/trainkit/images/verify.py", "--json"], entrypoint="python",
+                                    remove=True, stdout=True, stderr=False)  # fmt: skip
+        return json.loads(out.decode())
+    except (docker.errors.ContainerError, json.JSONDecodeError) as exc:
+        raise BuildError(f"{tag} was built but its verifier could not report from inside: {exc}") from None
 
 
 def skipped_pieces(manifest: dict) -> list[dict]:
@@ -107,7 +114,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
     started = time.time()
     t0 = time.monotonic()
     if plan.flavor == "cpu" and not args.base:
-        with Progress("making the CPU base") as progress:
+        with Progress("making the CPU base", args.verbose) as progress:
             ensure_cpu_base(client, matrix.cpu, ca, progress.line, rebuild=args.rebuild_base)
     base = base_reference(client, plan.base_image)
     t_base = time.monotonic() - t0
@@ -116,7 +123,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         labels=make_labels(plan, matrix, base["digest"] or base["id"]), ca_cert=ca, no_cache=args.no_cache,
     )  # fmt: skip
     try:
-        with Progress(f"building {plan.tags[0]}") as progress:
+        with Progress(f"building {plan.tags[0]}", args.verbose) as progress:
             build_s = run_build(spec, progress.line)
     except BuildFailed as exc:
         tail = "\n".join(exc.tail[-40:])

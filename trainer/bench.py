@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import shutil
 import signal
@@ -356,8 +357,18 @@ def recommended_env(row: RowResult) -> dict[str, str]:
 
 # ---- entry point -----------------------------------------------------------------------------------
 
-def build_meta(settings: TrainSettings, info: dict, plan: RunPlan, argv: list[str]) -> dict:
+def busy_note(load_before: float | None) -> str:
+    """The 1-minute load average before the bench, flagged when other processes already kept the cores busy."""
+    if load_before is None:
+        return "unknown"
+    cores = os.cpu_count() or 1
+    note = f"{load_before:.2f} on {cores} cores"
+    return note + (" (other processes were busy: expect noisy numbers)" if load_before >= cores / 2 else "")
+
+
+def build_meta(settings: TrainSettings, info: dict, plan: RunPlan, argv: list[str], load_before: float | None) -> dict:
     return {
+        "load_before": busy_note(load_before),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": info["device"],
         "on_gpu": info["on_gpu"],
@@ -425,13 +436,14 @@ def run(argv: list[str]) -> int:
     ctx = Context(settings.model, Path(settings.model).is_dir(), settings.seq_len, settings.batch_size,
                   info["on_gpu"], args.max_batch)
     plan = RunPlan(args.warmup, args.steps, float(args.row_timeout), work_dir)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     shutil.rmtree(work_dir / "rows", ignore_errors=True)  # logs of an earlier bench would not match its results
     bench = Bench(specs, ctx, plan, ui=None)
     try:
         code = measure_rows(bench, len(specs))
     finally:
         remove_scratch(work_dir)
-    meta = build_meta(settings, info, plan, argv)
+    meta = build_meta(settings, info, plan, argv, load_before)
     if code:
         meta["interrupted"] = f"stopped by signal {code - 128} after {len(bench.results)} of {len(specs)} rows"
         print(f"interrupted: {meta['interrupted']}; writing the results so far", file=sys.stderr)

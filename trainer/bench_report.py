@@ -184,6 +184,7 @@ def markdown(result: BenchResult) -> str:
         f"{meta.get('warmup')} warm-up + {meta.get('steps')} measured steps per row (medians)",
         f"- baseline: `{result.baseline}`; speed and memory columns are relative to it",
         f"- peak memory: {meta.get('memory', 'peak memory')}",
+        f"- load average before the bench: {meta.get('load_before', 'unknown')}",
         *([f"- **interrupted**: {meta['interrupted']}"] if meta.get("interrupted") else []),
         *baseline_warning(result),
         "",

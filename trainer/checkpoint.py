@@ -29,13 +29,14 @@ log = logging.getLogger("trainer")
 COMPLETE_MARKER = "trainkit_complete"
 TMP_PREFIX = ".tmp-"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-# Test hook: "SECONDS@STEP" sleeps inside the save of that step, before its marker, so a test can kill -9 mid-save.
+# Test hook: "SECONDS@STEP" (or "SECONDS@*" for every save) sleeps inside a save, before its marker, so a test
+# can signal or kill -9 the trainer mid-save.
 SAVE_DELAY_ENV = "TRAINKIT_TEST_SAVE_DELAY"
 
 
 def _test_save_delay(step: int) -> float:
     seconds, _, at = os.environ.get(SAVE_DELAY_ENV, "").partition("@")
-    return float(seconds) if seconds and at and int(at) == step else 0.0
+    return float(seconds) if seconds and at and (at == "*" or int(at) == step) else 0.0
 
 
 def fsync_tree(root: Path) -> None:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from trainer.errors import ConfigError
 
@@ -449,10 +448,17 @@ def load_packed(source: DataSource, tokenizer: Any, seq_len: int, text_field: st
     return arrays
 
 
-class PackedDataset(torch.utils.data.Dataset):
-    """Blocks of token ids; labels are the ids themselves unless a labels array (masked prompts) exists."""
+class PackedDataset:
+    """Blocks of token ids; labels are the ids themselves unless a labels array (masked prompts) exists.
+
+    A map-style dataset (len + getitem) for the DataLoader; torch is imported only when one is made, so this
+    module stays light for `python -m trainer doctor`.
+    """
 
     def __init__(self, arrays: dict[str, Any]) -> None:
+        import torch
+
+        self._from_numpy = torch.from_numpy
         self.input_ids = arrays["input_ids"]
         self.labels = arrays.get("labels")
         self.attention_mask = arrays.get("attention_mask")
@@ -460,12 +466,12 @@ class PackedDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = torch.from_numpy(np.asarray(self.input_ids[i], dtype=np.int64))
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids = self._from_numpy(np.asarray(self.input_ids[i], dtype=np.int64))
         item = {"input_ids": ids}
-        item["labels"] = ids.clone() if self.labels is None else torch.from_numpy(np.asarray(self.labels[i], np.int64))
+        item["labels"] = ids.clone() if self.labels is None else self._from_numpy(np.asarray(self.labels[i], np.int64))
         if self.attention_mask is not None:
-            item["attention_mask"] = torch.from_numpy(np.asarray(self.attention_mask[i], dtype=np.int64))
+            item["attention_mask"] = self._from_numpy(np.asarray(self.attention_mask[i], dtype=np.int64))
         return item
 
 

@@ -34,6 +34,29 @@ def _rank_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def set_single_process_dist_env(cfg: Any) -> None:
+    """DeepSpeed always initialises torch.distributed; without a launcher it would go looking for MPI.
+
+    A lone `python -m trainer` with ZeRO is a world of one: give it the env:// variables torchrun would.
+    """
+    if not getattr(cfg, "deepspeed", None) or "WORLD_SIZE" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }.items():
+        os.environ.setdefault(name, value)
+
+
 def setup_logging() -> None:
     """The `trainer` logger on stderr; with several ranks, each line says which rank speaks and only rank 0 informs."""
     rank, world = _rank_info()
@@ -54,6 +77,7 @@ def run(cfg: Any) -> int:
     """Train per the resolved config; the exit code follows docs/architecture.md."""
     set_offline_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
+    set_single_process_dist_env(cfg)
     setup_logging()
     if cfg.settings.resume not in ("auto", "never"):
         from trainer.checkpoint import validate_resume_path

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +22,13 @@ SCHEDULER_NAMES = {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_EN
                    "RDZV_BACKEND", "WORLD_SIZE", "RANK", "LOCAL_RANK"}  # fmt: skip
 
 
-OUTPUT = Path(tempfile.mkdtemp(prefix="trainkit-launch-test-"))  # the launcher checks the output folder is writable
+OUTPUT = Path("/nonexistent")  # set per module below: the launcher checks that the output folder is writable
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _writable_output(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global OUTPUT
+    OUTPUT = tmp_path_factory.mktemp("output")
 
 
 def clean_env(**env: str) -> dict[str, str]:

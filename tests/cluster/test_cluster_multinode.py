@@ -130,6 +130,8 @@ def test_two_nodes_train_like_one_process_with_the_same_global_batch(
     assert sorted(reference) == [1, 2, 3, 4, 5, 6]
     for step, loss in losses(two_nodes).items():
         assert loss == pytest.approx(reference[step], rel=LOSS_RTOL), (step, loss, reference[step])
+    worst = max(abs(loss - reference[step]) / reference[step] for step, loss in losses(two_nodes).items())
+    print(f"2 nodes x batch 4 vs 1 process x batch 8: largest relative loss difference {worst:.1e} over 6 steps")
 
 
 def test_stopping_one_node_ends_the_other_and_both_resume(cluster: Cluster) -> None:

@@ -234,3 +234,18 @@ def test_real_sbatch_and_srun_give_each_node_its_rendezvous(tmp_path: Path, loca
     assert records[0]["env"]["SLURM_GPUS_ON_NODE"] == "2"
     assert_rendezvous(decisions, 2, f"{first}:29400", job_id, 1)
     assert records[0]["env"]["HF_TOKEN"] == SECRET
+
+
+@pytest.mark.parametrize(
+    ("image", "pyxis"),
+    [
+        ("registry.example.com/team/trainkit:0.1.0", "registry.example.com#team/trainkit:0.1.0"),
+        ("localhost:5000/trainkit:latest-cu128", "localhost:5000#trainkit:latest-cu128"),
+        ("nvcr.io/org/trainkit:1", "nvcr.io#org/trainkit:1"),
+        ("team/trainkit:1", "team/trainkit:1"),  # Docker Hub: no registry part
+        ("/lustre/images/trainkit.sqsh", "/lustre/images/trainkit.sqsh"),  # an enroot squashfs file
+    ],
+)
+def test_pyxis_image_names(tmp_path: Path, image: str, pyxis: str) -> None:
+    script = generate(tmp_path, "slurm-pyxis", "--image", image)
+    assert f"--container-image={pyxis}" in script.read_text()

@@ -116,9 +116,21 @@ class Compose:
             env={**os.environ, **(env or {})},
             check=False,
         )
-        if check and result.returncode != 0:
+        # Some compose/engine pairs exit 0 although the daemon refused to start the container.
+        if check and (result.returncode != 0 or "Error response from daemon" in result.stderr):
             raise AssertionError(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
+
+    def run_once(self, service: str, *command: str, options: tuple[str, ...] = (), timeout: float = 300):
+        """`docker compose run` -> (exit code, stdout, stderr). The code is read from the container: some
+        compose/engine pairs (compose 2.40 on engine 20.10) make `compose run` itself exit 0 regardless."""
+        name = f"{self.name}-once-{time.monotonic_ns()}"
+        result = self.run("run", "-T", "--name", name, *options, service, *command, timeout=timeout, check=False)
+        container = docker.from_env().containers.get(name)
+        try:
+            return int(container.attrs["State"]["ExitCode"]), result.stdout, result.stderr
+        finally:
+            container.remove(force=True)
 
     def logs(self, service: str = "train") -> str:
         result = self.run("logs", "--no-color", "--no-log-prefix", service, check=False)

@@ -22,14 +22,18 @@ def engine_memlock(docker_client, cpu_image) -> int:
     """
     from docker.types import Ulimit
 
+    container = docker_client.containers.create(
+        cpu_image, ["shell", "-c", "true"], ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)]
+    )
     try:
-        docker_client.containers.run(
-            cpu_image, ["shell", "-c", "true"], remove=True, ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)]
-        )
+        container.start()
+        container.wait()
     except APIError as exc:
         if "rlimit type 8" not in str(exc):
             raise
         return FALLBACK_MEMLOCK
+    finally:
+        container.remove(force=True)
     return -1
 
 

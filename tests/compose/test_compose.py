@@ -144,9 +144,9 @@ def test_config_errors_exit_2_within_seconds_without_restart_loop(project):
 
     # A missing data mount (an explicit TRAIN_DATA that is not there): exit 2 too.
     set_env(folder, TRAIN_SEQ_LEN=TINY_SETTINGS["TRAIN_SEQ_LEN"])
-    result = compose.run("run", "--rm", "-T", "-e", "TRAIN_DATA=/data/missing.jsonl", "train", check=False, timeout=300)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "TRAIN_DATA=/data/missing.jsonl" in result.stdout + result.stderr
+    code, out, err = compose.run_once("train", options=("-e", "TRAIN_DATA=/data/missing.jsonl"))
+    assert code == 2, out + err
+    assert "TRAIN_DATA=/data/missing.jsonl" in out + err
 
 
 def seconds_running(state: dict) -> float:
@@ -160,9 +160,9 @@ def seconds_running(state: dict) -> float:
 
 def test_doctor_reports_json_and_fails_with_reasons(project, engine_memlock):
     compose, folder = project
-    result = compose.run("run", "--rm", "-T", "doctor", "doctor", "--json", check=False, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout)
+    code, out, err = compose.run_once("doctor", "doctor", "--json")
+    assert code == 0, out + err
+    report = json.loads(out)
     for key in (
         "gpus", "driver", "cuda_runtime", "capability", "nccl", "torch", "apex", "deepspeed", "flash_attn",
         "bitsandbytes", "versions", "shm_bytes", "memlock", "user", "cache", "data", "output", "config",
@@ -179,10 +179,9 @@ def test_doctor_reports_json_and_fails_with_reasons(project, engine_memlock):
 
     # Unwritable output and an impossible setting: non-zero, with one reason each.
     shutil.chown(folder / "output", 0, 0)
-    impossible = ("-e", "TRAIN_ATTN=flash_attention_2")
-    result = compose.run("run", "--rm", "-T", *impossible, "doctor", "doctor", "--json", check=False)
-    report = json.loads(result.stdout)
-    assert result.returncode == 2
+    code, out, _ = compose.run_once("doctor", "doctor", "--json", options=("-e", "TRAIN_ATTN=flash_attention_2"))
+    report = json.loads(out)
+    assert code == 2
     assert report["ok"] is False
     assert report["output"]["writable"] is False and report["config"]["ok"] is False
     assert any("Output" in problem for problem in report["problems"])

@@ -223,6 +223,11 @@ def test_training_on_prompt_completion(format_runs) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
+    (labels_file,) = (out / ".cache" / "data").glob("*/labels.npy")  # what the run trained on
+    ids, labels = np.load(labels_file.with_name("input_ids.npy")), np.load(labels_file)
+    prompt_len = len(b"Q0: what next?")
+    assert (labels[0, :prompt_len] == -100).all()
+    assert labels[0, prompt_len : prompt_len + 8].tolist() == ids[0, prompt_len : prompt_len + 8].tolist()
 
 
 @pytest.mark.skipif(

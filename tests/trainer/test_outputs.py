@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainer.checkpoint import COMPLETE_MARKER
-from trainer.metrics import METRIC_KEYS
+from trainer.metrics import METRIC_KEYS, flops_per_token, matmul_params, peak_flops
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -29,7 +29,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
     env.update(
         TRAIN_DATA=str(data), TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
         TRAIN_NUM_WORKERS="0", TRAIN_MAX_STEPS=str(STEPS), TRAIN_SAVE_STEPS="1", TRAIN_SAVE_TOTAL_LIMIT="2",
-        TRAIN_LOG_STEPS="2", TRAIN_PROFILE="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_TOKEN="hf_secretsecretsecret",
+        TRAIN_LOG_STEPS="2", TRAIN_PROFILE="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
+        HF_HUB_TOKEN="hf_secretsecretsecret",
     )  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "trainer"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400
@@ -109,3 +110,27 @@ def test_lora_run_leaves_a_merged_model_and_the_adapter(tmp_path: Path) -> None:
     assert (out / "final" / "adapter" / "adapter_model.safetensors").is_file()
     model = AutoModelForCausalLM.from_pretrained(out / "final", local_files_only=True)
     assert not any("lora" in name for name, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989),
+        ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A10G", None), ("NVIDIA GeForce RTX 3090", None), (None, None),
+    ],
+)  # fmt: skip
+def test_peak_flops_table(name: str | None, tflops: int | None) -> None:
+    assert peak_flops(name) == (tflops * 1e12 if tflops else None)
+
+
+def test_flops_per_token_counts_matmul_parameters_and_attention() -> None:
+    from transformers import AutoModelForCausalLM
+
+    from trainer.models import preset_config
+    from trainer.tokenizer import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    model = AutoModelForCausalLM.from_config(preset_config("tiny", len(tok), 64, tok))
+    n = sum(p.numel() for p in model.parameters())  # tied: the embedding is counted once, as the LM head
+    assert matmul_params(model) == n
+    assert flops_per_token(model, 64) == 6 * n + 12 * 4 * 256 * 64

@@ -146,6 +146,21 @@ def test_kill_9_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path
     assert global_step(out / "checkpoint-6") == 6 and (out / "final" / "model.safetensors").is_file()
 
 
+def test_repeated_signals_during_the_save_do_not_abort_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = start({**train_env(out, max_steps=200), SAVE_DELAY_ENV: "3@*"})
+    wait_for(lambda: 1 in logged_steps(out), proc)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: bool(list(out.glob(".tmp-checkpoint-*"))), proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)
+    code, err = finish(proc)
+    assert code == 143, err[-3000:]
+    assert "received again" in err and "interrupted by SIGTERM" in err
+    (checkpoint,) = out.glob("checkpoint-*")
+    assert (checkpoint / COMPLETE_MARKER).is_file() and not list(out.glob(".tmp-*"))
+
+
 def test_resume_path_without_completion_marker_is_refused(tmp_path: Path) -> None:
     partial = tmp_path / "out" / "checkpoint-3"
     partial.mkdir(parents=True)
