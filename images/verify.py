@@ -21,7 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
-DS_OP_BUILDERS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder", "async_io": "AsyncIOBuilder"}
+DS_OP_BUILDERS = {
+    "cpu_adam": "CPUAdamBuilder",
+    "fused_adam": "FusedAdamBuilder",
+    "async_io": "AsyncIOBuilder",
+    "deepspeed_shm_comm": "ShareMemCommBuilder",
+}
 EXTENSION_MODULES = {
     "flash_attn": ["flash_attn", "flash_attn_2_cuda"],
     "apex": ["apex", "amp_C", "fused_layer_norm_cuda"],

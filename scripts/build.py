@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--build-arg", action="append", default=[], metavar="K=V", help="extra Dockerfile build arg")
     p.add_argument("--ca-cert", type=Path, metavar="FILE",
                    help=f"extra CA certificates (PEM) trusted during the build only; also ${CA_ENV}")
+    p.add_argument("--no-host-ca", action="store_true",
+                   help="without --ca-cert, do not trust the host's own CA bundle in the build (trusted by default)")
     p.add_argument("--rebuild-base", action="store_true", help="with --cpu: remake the CPU base image")
     p.add_argument("--verbose", action="store_true", help="stream the whole build output, not just the steps")
     p.add_argument("--dry-run", action="store_true", help="print the plan; needs no Docker engine")
@@ -153,10 +155,20 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
         print(f"  note:    {note}")
 
 
+HOST_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
+
+
+def host_ca_bundle() -> Path | None:
+    """The CA bundle this host trusts (SSL_CERT_FILE first), so builds trust what the host trusts:
+    behind a TLS-inspecting proxy whose CA the host already has, builds then work with no option at all."""
+    candidates = [os.environ.get("SSL_CERT_FILE", ""), *HOST_CA_BUNDLES]
+    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
+
+
 def ca_cert_path(args: argparse.Namespace) -> Path | None:
     raw = args.ca_cert or (Path(os.environ[CA_ENV]) if os.environ.get(CA_ENV) else None)
     if raw is None:
-        return None
+        return None if args.no_host_ca else host_ca_bundle()
     path = raw.expanduser().resolve()
     if not path.is_file() or "CERTIFICATE" not in path.read_text(errors="replace"):
         source = "--ca-cert" if args.ca_cert else CA_ENV

@@ -91,7 +91,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cache-volume", default=CACHE_VOLUME, help="named volume for /cache")
     parser.add_argument("--stop-timeout", type=int, default=STOP_GRACE_S, help="seconds for the checkpoint on stop")
     parser.add_argument(
-        "--memlock", type=int, default=int(os.environ.get("TRAINKIT_MEMLOCK", "-1")),
+        "--memlock", type=int, default=os.environ.get("TRAINKIT_MEMLOCK", "-1"),
         help="memlock limit in bytes (default -1: unlimited; env TRAINKIT_MEMLOCK)",
     )  # fmt: skip
     parser.add_argument("--detach", "-d", action="store_true", help="start the container and return")
@@ -182,7 +182,8 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
 
 
 def describe_env(env: dict[str, str]) -> str:
-    shown = [f"{k}=<hidden>" if is_secret(k) else f"{k}={v}" for k, v in sorted(env.items())]
+    """KEY=VALUE for the log; values of secret-looking names, or holding one (TRAIN_ARGS='--hub_token x'), hidden."""
+    shown = [f"{k}=<hidden>" if is_secret(k) or is_secret(v) else f"{k}={v}" for k, v in sorted(env.items())]
     return " ".join(shown) or "(none)"
 
 
@@ -269,6 +270,12 @@ def ensure_image(client: docker.DockerClient, image: str, build_if_missing: bool
     result = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=False)
     if result.returncode != 0:
         raise UserError(f"building {image} failed (exit {result.returncode}); see the build output above")
+    try:
+        client.images.get(image)
+    except ImageNotFound:
+        raise UserError(
+            f"`{' '.join(command)}` succeeded but made no {image}: pick one of the tags it printed with --image"
+        ) from None
 
 
 def device_requests(gpus: str) -> list[DeviceRequest]:

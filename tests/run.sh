@@ -14,10 +14,11 @@ log() { printf '\n== %s\n' "$*"; }
 need_apt=()
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)   # a real local Slurm for the cluster tests
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]} (apt)"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then

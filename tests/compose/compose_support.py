@@ -149,5 +149,3 @@ class Compose:
         container = self.container(service)
         container.reload()
         return {**container.attrs["State"], "RestartCount": container.attrs["RestartCount"]}
-
-

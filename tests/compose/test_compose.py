@@ -74,7 +74,13 @@ def kill_during_next_save(compose: Compose, output: Path, after: int) -> None:
     container.kill()
 
 
-def test_up_stop_resume_kill_and_finish(project):
+def crash_trainer(container) -> None:
+    """SIGKILL dumb-init's child, the trainer: the container exits 137 without anyone stopping it."""
+    result = container.exec_run(["sh", "-c", "kill -9 $(cat /proc/1/task/1/children)"])
+    assert result.exit_code == 0, result.output
+
+
+def test_up_stop_resume_kill_crash_and_finish(project):
     compose, folder = project
     output = folder / "output"
     set_env(folder, TRAIN_MAX_STEPS=str(MAX_STEPS), TRAIN_SAVE_STEPS=str(SAVE_STEPS))
@@ -107,13 +113,18 @@ def test_up_stop_resume_kill_and_finish(project):
     last_complete = complete_checkpoints(output)[-1]
     debris = plant_interrupted_saves(output, last_complete + 100)
 
-    # 3. `up` again, nothing cleaned by hand: it resumes from the last complete checkpoint and finishes
-    #    with the step count of an uninterrupted run.
+    # 3. `up` again, nothing cleaned by hand: it resumes from the last complete checkpoint. Then the trainer
+    #    crashes (SIGKILL, as the OOM killer would): Docker restarts the container by itself (bounded
+    #    policy), it resumes from the newest checkpoint and finishes with an uninterrupted run's step count.
     compose.run("up", "--detach", "train", env=token)
+    wait_for(lambda: complete_checkpoints(output)[-1] > last_complete, 300, "a checkpoint after the restart")
+    crash_trainer(compose.container())
+    before_crash = complete_checkpoints(output)[-1]
     state = wait_until_exited(compose, 600)
     logs = compose.logs()
     assert state["ExitCode"] == 0, logs
-    assert resumed_from(logs)[-1] == last_complete
+    assert state["RestartCount"] == 1
+    assert resumed_from(logs)[-2:] == [last_complete, before_crash]
     final_checkpoint = output / f"checkpoint-{complete_checkpoints(output)[-1]}"
     assert global_step(final_checkpoint) == MAX_STEPS
     steps = [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()]
@@ -174,6 +185,7 @@ def test_doctor_reports_json_and_fails_with_reasons(project, engine_memlock):
     assert report["memlock"] == ("unlimited" if engine_memlock == -1 else engine_memlock)  # the compose ulimit
     assert report["user"]["uid"] == UID
     assert report["data"]["readable"] is True and report["output"]["writable"] is True
+    assert report["cache"]["writable"] is True  # the named volume, fresh, written by a non-root UID
     assert report["config"]["ok"] is True
     assert report["deepspeed"]["ops"], "DeepSpeed's ops are listed"
 

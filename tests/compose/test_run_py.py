@@ -166,3 +166,12 @@ def test_any_command_runs_in_the_image_as_the_user(run_project, cpu_image, engin
     assert f"uid {UID} data ['corpus.txt']" in result.stdout
     result = run_py(*base_args(cpu_image, engine_memlock), "--", "python", "-c", "raise SystemExit(7)", cwd=run_project)
     assert result.returncode == 7
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_build_if_missing_runs_the_build(tmp_path, cpu_image):
+    """The quick start's path: a missing image is built by scripts/build.py (warm here: the fixture built it).
+    Asking for a tag that build doesn't make proves the build ran and that its result is checked."""
+    result = run_py("--image", "trainkit:0.0.0-cpu", "--build-if-missing", "train", cwd=tmp_path, timeout=1800)
+    assert_user_error(result, "running `python scripts/build.py --cpu`", "made no trainkit:0.0.0-cpu")

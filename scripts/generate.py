@@ -1,0 +1,75 @@
+"""Regenerate every derived text from its single source, or check that none drifted.
+
+Sources: images/versions.toml (the image matrix) and trainer/schema.py (the TRAIN_* schema).
+Derived: the Dockerfile's ARG defaults, docs/images.md's table, README.md's matrix and variable
+tables, and .env.example.
+
+    python scripts/generate.py           # rewrite what drifted
+    python scripts/generate.py --check   # exit 1 naming what drifted
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import matrix
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # trainer.schema and trainer.docs import pydantic only, never torch
+
+from trainer import docs as train_docs  # noqa: E402
+
+README = ROOT / "README.md"
+ENV_EXAMPLE = ROOT / ".env.example"
+
+README_BLOCKS: dict[str, Callable[[], str]] = {
+    "image matrix": lambda: matrix.readme_table(matrix.load()),
+    "TRAIN_* table": train_docs.markdown_table,
+}
+
+
+def _replace_block(text: str, name: str, body: str) -> str:
+    begin = f"<!-- BEGIN {name} (scripts/generate.py) -->\n"
+    end = f"<!-- END {name} -->\n"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"error: README.md lacks the markers for {name!r}: {begin.strip()} ... {end.strip()}")
+    return pattern.sub(lambda _m: begin + body + end, text)
+
+
+def rendered() -> dict[Path, str]:
+    """Every derived file as it should read now."""
+    readme = README.read_text()
+    for name, render in README_BLOCKS.items():
+        readme = _replace_block(readme, name, render())
+    out = {README: readme, ENV_EXAMPLE: train_docs.env_example()}
+    table = matrix.load()
+    for path in matrix.BLOCKS:
+        out[path] = matrix.regenerate(path, table)[1]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything drifted")
+    args = parser.parse_args(argv)
+    drifted = [path for path, text in rendered().items() if not path.exists() or path.read_text() != text]
+    if args.check:
+        if drifted:
+            names = ", ".join(str(p.relative_to(ROOT)) for p in drifted)
+            print(f"out of date with their sources: {names}\n  run `python scripts/generate.py`", file=sys.stderr)
+            return 1
+        return 0
+    for path, text in rendered().items():
+        if path in drifted:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
