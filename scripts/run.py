@@ -56,7 +56,7 @@ class RunSpec:
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     detach: bool = False
     stop_grace_s: int = STOP_GRACE_S
-    memlock: int = -1
+    memlock: int | None = None  # None: unlimited where the engine allows it, else the engine's own limit
 
 
 def log(message: str) -> None:
@@ -91,8 +91,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cache-volume", default=CACHE_VOLUME, help="named volume for /cache")
     parser.add_argument("--stop-timeout", type=int, default=STOP_GRACE_S, help="seconds for the checkpoint on stop")
     parser.add_argument(
-        "--memlock", type=int, default=os.environ.get("TRAINKIT_MEMLOCK", "-1"),
-        help="memlock limit in bytes (default -1: unlimited; env TRAINKIT_MEMLOCK)",
+        "--memlock", type=int, default=os.environ.get("TRAINKIT_MEMLOCK") or None,
+        help="memlock limit in bytes, -1 unlimited (default: unlimited where the engine allows it, else the "
+        "engine's own limit; env TRAINKIT_MEMLOCK)",
     )  # fmt: skip
     parser.add_argument("--detach", "-d", action="store_true", help="start the container and return")
     parser.add_argument(
@@ -287,17 +288,19 @@ def device_requests(gpus: str) -> list[DeviceRequest]:
 # --- running -------------------------------------------------------------------------------------
 
 
-def create(client: docker.DockerClient, spec: RunSpec):
-    """The container, created as docker-compose.yml would create it (labels never hold values)."""
+def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None = -1):
+    """The container, created as docker-compose.yml would create it (labels never hold values).
+
+    `memlock` None leaves the engine's own memlock limit in place."""
     api = client.api
+    ulimits = [Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES)]
+    if memlock is not None:
+        ulimits.append(Ulimit(name="memlock", soft=memlock, hard=memlock))
     try:
         host_config = api.create_host_config(
             binds=spec.volumes,
             ipc_mode="host",
-            ulimits=[
-                Ulimit(name="memlock", soft=spec.memlock, hard=spec.memlock),
-                Ulimit(name="stack", soft=STACK_BYTES, hard=STACK_BYTES),
-            ],
+            ulimits=ulimits,
             device_requests=device_requests(spec.gpus),
         )
         created = api.create_container(
@@ -350,18 +353,46 @@ def stream_output(stream) -> None:
             sys.stderr.buffer.flush()
 
 
-def run(client: docker.DockerClient, spec: RunSpec) -> int:
-    container = create(client, spec)
+MEMLOCK_REFUSED = "rlimit type 8"
+
+
+def start(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
+    """Create and start the container; (container, attach stream or None when detached)."""
+    container = create(client, spec, memlock)
     # Attached before the start, so that even a command that exits at once shows all its output.
     stream = None
     if not spec.detach:
         stream = client.api.attach(container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True)
     try:
         container.start()
-    except APIError as exc:
+    except APIError:
         container.remove(force=True)
+        raise
+    return container, stream
+
+
+def start_with_memlock_fallback(client: docker.DockerClient, spec: RunSpec):
+    """Unlimited memlock (NVIDIA's advice for its containers) unless the engine cannot grant it: rootless or
+    restricted engines refuse to raise it, and then the engine's own limit is the only one that can work."""
+    if spec.memlock is not None:
+        return start(client, spec, spec.memlock)
+    try:
+        return start(client, spec, -1)
+    except APIError as exc:
+        if MEMLOCK_REFUSED not in str(exc):
+            raise
+    log(
+        "this engine cannot raise the memlock limit: running with its own limit (pinned-memory transfers may be slower)"
+    )
+    return start(client, spec, None)
+
+
+def run(client: docker.DockerClient, spec: RunSpec) -> int:
+    try:
+        container, stream = start_with_memlock_fallback(client, spec)
+    except APIError as exc:
         hint = ""
-        if "rlimit type 8" in str(exc):
+        if MEMLOCK_REFUSED in str(exc):
             hint = " (this engine may not raise the memlock limit, e.g. rootless Docker: use --memlock BYTES)"
         elif spec.gpus != "none":
             hint = " (this engine has no NVIDIA runtime: use --gpus none)"
