@@ -15,6 +15,7 @@ need_apt=()
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)   # a real local Slurm for the cluster tests
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]} (apt)"
   $SUDO apt-get update -qq
