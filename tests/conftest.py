@@ -11,7 +11,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_IMAGE = "trainkit:latest-cpu"
-HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 def _engine_missing(reason: str) -> None:
@@ -34,20 +33,11 @@ def docker_client():
     return client
 
 
-def build_env() -> dict[str, str]:
-    """The environment for build.py: the host's CA bundle is trusted in builds when no CA is configured
-    (machines behind a TLS-inspecting proxy need it; elsewhere it is harmless)."""
-    env = dict(os.environ)
-    if not env.get("TRAINKIT_CA_CERT") and HOST_CA_BUNDLE.is_file():
-        env["TRAINKIT_CA_CERT"] = str(HOST_CA_BUNDLE)
-    return env
-
-
 @pytest.fixture(scope="session")
 def cpu_image(docker_client) -> str:
     """`trainkit:latest-cpu`, built once per session from this tree by `scripts/build.py --cpu`
     (a warm rebuild when only the trainer changed takes seconds)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT, env=build_env(),
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT,
                           capture_output=True, text=True, timeout=3600)  # fmt: skip
     if proc.returncode != 0:
         output = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "build" / "records"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 VERSIONS_TOML = (ROOT / "images" / "versions.toml").read_text()
-
-
-def build_env() -> dict[str, str]:
-    """Like the cpu_image fixture: trust the host's CA bundle in builds unless a CA is configured."""
-    env = dict(os.environ)
-    if not env.get("TRAINKIT_CA_CERT") and HOST_CA_BUNDLE.is_file():
-        env["TRAINKIT_CA_CERT"] = str(HOST_CA_BUNDLE)
-    return env
 
 
 def run_in(client, image: str, command: str, **kwargs) -> str:
@@ -153,7 +144,7 @@ def test_verification_fails_a_build_whose_claimed_extension_is_missing(cpu_image
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu", "--tag", tag,
          "--build-arg", "VERIFY_EXTRA_CLAIMS=flash_attn,deepspeed:fused_adam"],
-        capture_output=True, text=True, cwd=ROOT, env=build_env(), timeout=1800,
+        capture_output=True, text=True, cwd=ROOT, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "verification failed" in proc.stderr
