@@ -57,17 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything drifted")
     args = parser.parse_args(argv)
-    drifted = [path for path, text in rendered().items() if not path.exists() or path.read_text() != text]
+    drifted = {path: text for path, text in rendered().items() if not path.exists() or path.read_text() != text}
     if args.check:
         if drifted:
             names = ", ".join(str(p.relative_to(ROOT)) for p in drifted)
             print(f"out of date with their sources: {names}\n  run `python scripts/generate.py`", file=sys.stderr)
             return 1
         return 0
-    for path, text in rendered().items():
-        if path in drifted:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(ROOT)}")
+    for path, text in drifted.items():
+        path.write_text(text)
+        print(f"wrote {path.relative_to(ROOT)}")
     return 0
 
 

@@ -288,7 +288,7 @@ def device_requests(gpus: str) -> list[DeviceRequest]:
 # --- running -------------------------------------------------------------------------------------
 
 
-def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None = -1):
+def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
     """The container, created as docker-compose.yml would create it (labels never hold values).
 
     `memlock` None leaves the engine's own memlock limit in place."""
