@@ -170,6 +170,7 @@ def report(image: str, cpu: bool, repeat: int, median: dict[str, float]) -> None
             (f"library imports, docker run to the end of: {IMPORTS}", libraries),
             ("the first step's own compute", median["step"]),
             ("the rest: launcher, trainkit's modules, data and model set-up", rest),
+            ("all but the library imports (compose, entrypoint, rest, first step)", difference - libraries),
         ]
     )
     if rest < 0:
