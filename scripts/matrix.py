@@ -1,7 +1,7 @@
 """The version matrix in images/versions.toml, and everything generated from it.
 
-`python scripts/matrix.py --write` regenerates the derived text (the Dockerfile's ARG defaults and the table
-in docs/images.md); `--check` exits 1 when they drifted from versions.toml.
+`python scripts/generate.py` writes the derived text (the Dockerfile's ARG defaults, the tables in
+docs/images.md and README.md) from here; `python scripts/matrix.py` prints the table.
 """
 
 from __future__ import annotations
@@ -212,27 +212,8 @@ def regenerate(path: Path, matrix: Matrix) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="refresh the generated blocks")
-    mode.add_argument("--check", action="store_true", help="exit 1 if a generated block drifted")
-    mode.add_argument("--table", action="store_true", help="print the Markdown table")
-    args = parser.parse_args(argv)
-    matrix = load()
-    if args.table:
-        print(readme_table(matrix), end="")
-        return 0
-    drifted = []
-    for path in BLOCKS:
-        old, new = regenerate(path, matrix)
-        if old != new:
-            drifted.append(path)
-            if args.write:
-                path.write_text(new)
-    if args.check and drifted:
-        print("out of date with images/versions.toml (run `python scripts/matrix.py --write`): "
-              + ", ".join(str(p.relative_to(ROOT)) for p in drifted), file=sys.stderr)
-        return 1
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)
+    print(readme_table(load()), end="")
     return 0
 
 

@@ -108,10 +108,8 @@ def test_every_entry_is_complete() -> None:
             assert entry[key], (cuda, key)
 
 
-def test_generated_files_match_versions_toml() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "matrix.py"), "--check"], capture_output=True,
-                          text=True, cwd=ROOT)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+def test_images_doc_shows_the_matrix_table() -> None:
+    # The drift check over every generated file (this one included) is tests/test_generated.py's.
     assert matrix.readme_table() in (ROOT / "docs" / "images.md").read_text()
 
 
