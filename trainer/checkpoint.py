@@ -151,6 +151,11 @@ def _atomic_trainer_class() -> type:
 
         _staging_dir: str | None = None
 
+        def get_train_dataloader(self) -> Any:
+            from trainer.signals import shield_workers
+
+            return shield_workers(super().get_train_dataloader())
+
         def _get_output_dir(self, trial: Any) -> str:
             if self._staging_dir is not None:
                 return self._staging_dir

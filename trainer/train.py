@@ -229,7 +229,7 @@ def _run(cfg: Any, stop: Any) -> int:
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
-    if stop.requested:
+    if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
     trainer.train(resume_from_checkpoint=resume)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:

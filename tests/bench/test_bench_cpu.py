@@ -33,7 +33,6 @@ def bench_env(tmp: Path, **extra: str) -> dict[str, str]:
         "TRAIN_DATA": str(corpus),
         "TRAIN_SEQ_LEN": "64",
         "TRAIN_BATCH_SIZE": "4",
-        "TRAIN_NUM_WORKERS": "0",
         "TRAIN_OUTPUT_DIR": str(tmp / "output"),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

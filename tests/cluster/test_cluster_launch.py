@@ -219,7 +219,7 @@ def test_sigterm_reaches_torchrun_workers_and_the_launcher_exits_143(tmp_path: P
     """A real torchrun with two CPU workers: SIGTERM to the launcher -> every rank stops at the same step,
     rank 0 writes a checkpoint, the launcher exits 143 (not torchrun's 1) within a bounded time."""
     env = clean_env(TRAIN_NPROC_PER_NODE="2", TRAIN_MODEL="tiny", TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
-                    TRAIN_NUM_WORKERS="0", TRAIN_MAX_STEPS="500", TRAIN_SAVE_STEPS="1000", TRAIN_LOG_STEPS="1",
+                    TRAIN_MAX_STEPS="500", TRAIN_SAVE_STEPS="1000", TRAIN_LOG_STEPS="1",
                     TRAIN_OUTPUT_DIR=str(tmp_path))  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "trainer.launch", "train"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip

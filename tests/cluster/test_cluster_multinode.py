@@ -31,7 +31,6 @@ LOSS_RTOL = 1e-3
 COMMON = {
     "TRAIN_MODEL": "tiny",
     "TRAIN_SEQ_LEN": "64",
-    "TRAIN_NUM_WORKERS": "0",
     "TRAIN_LOG_STEPS": "1",
     "TRAIN_SEED": "42",
     "TRAIN_RDZV_TIMEOUT": str(RDZV_TIMEOUT_S),

@@ -22,12 +22,11 @@ COMPOSE_FILES = ["-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docke
 RUN_PY = ROOT / "scripts" / "run.py"
 UID = GID = 1234
 SECRET = "hf_trainkitTestSecret0123456789"
-# Few, fast steps: the tiny preset on 64-token sequences, one process, no DataLoader workers.
+# Few, fast steps: the tiny preset on 64-token sequences, one process, the default DataLoader workers.
 TINY_SETTINGS = {
     "TRAIN_MODEL": "tiny",
     "TRAIN_SEQ_LEN": "64",
     "TRAIN_BATCH_SIZE": "2",
-    "TRAIN_NUM_WORKERS": "0",
     "TRAIN_LOG_STEPS": "1",
     "TRAIN_SAVE_TOTAL_LIMIT": "20",
 }

@@ -25,7 +25,6 @@ def test_zero2_cpu_offload_trains_with_prebuilt_ops(docker_client, cpu_image, tm
         "TRAIN_MAX_STEPS": "3",
         "TRAIN_LOG_STEPS": "1",
         "TRAIN_SAVE_STEPS": "3",
-        "TRAIN_NUM_WORKERS": "0",
     }
     container = docker_client.containers.run(
         cpu_image,

@@ -28,7 +28,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpro
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
     env.update(
         TRAIN_DATA=str(data), TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
-        TRAIN_NUM_WORKERS="0", TRAIN_MAX_STEPS=str(STEPS), TRAIN_SAVE_STEPS="1", TRAIN_SAVE_TOTAL_LIMIT="2",
+        TRAIN_MAX_STEPS=str(STEPS), TRAIN_SAVE_STEPS="1", TRAIN_SAVE_TOTAL_LIMIT="2",
         TRAIN_LOG_STEPS="2", TRAIN_PROFILE="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
         HF_HUB_TOKEN="hf_secretsecretsecret",
     )  # fmt: skip
@@ -98,7 +98,7 @@ def test_lora_run_leaves_a_merged_model_and_the_adapter(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
     env.update(
-        TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2", TRAIN_NUM_WORKERS="0",
+        TRAIN_OUTPUT_DIR=str(out), TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
         TRAIN_MAX_STEPS="2", TRAIN_LORA="1", TRAIN_LORA_R="4", TRAIN_GRAD_CKPT="1", PYTHONPATH=str(REPO),
         OMP_NUM_THREADS="1",
     )  # fmt: skip

@@ -30,7 +30,6 @@ def test_bf16_fused_adamw_grad_ckpt_and_compile_train(run_trainer, trainer_env, 
         "TRAIN_MAX_STEPS": "4",
         "TRAIN_LOG_STEPS": "1",
         "TRAIN_SAVE_STEPS": "4",
-        "TRAIN_NUM_WORKERS": "0",
     }
     result = run_trainer([], env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]

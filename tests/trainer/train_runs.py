@@ -1,0 +1,99 @@
+"""Real `python -m trainer` runs for the interruption tests: start, signal, wait, read what they wrote.
+
+Every run starts in its own session (process group), so a test can signal the trainer's whole group, DataLoader
+workers included, as dumb-init, `docker stop` and Slurm do, without signalling pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from trainer.checkpoint import SAVE_DELAY_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_STEPS = 8
+
+
+def train_env(out: Path, **train: object) -> dict[str, str]:
+    """TRAIN_* for a short deterministic run on the tiny preset, with the user's default DataLoader workers."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_") and k != SAVE_DELAY_ENV}
+    base = {
+        "output_dir": out, "seq_len": 32, "batch_size": 2, "log_steps": 1,
+        "max_steps": MAX_STEPS, "save_steps": 100, "seed": 7, "deterministic": 1,
+    }  # fmt: skip
+    env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train}.items()})
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def start(env: dict[str, str], argv: Sequence[str] = ("-m", "trainer")) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *argv], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 400) -> tuple[int, str]:
+    try:
+        _out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        raise
+    return proc.returncode, err
+
+
+def wait_for(condition: Callable[[], object], proc: subprocess.Popen[str], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, 9)
+            raise AssertionError("timed out waiting for the trainer")
+        time.sleep(0.02)
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of `pid` (e.g. a trainer's DataLoader workers)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):  # the task ended meanwhile
+            found += [int(x) for x in (task / "children").read_text().split()]
+    return found
+
+
+def logged_steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    left, right = weights(a), weights(b)
+    assert left.keys() == right.keys()
+    for name in right:
+        assert torch.equal(left[name], right[name]), name
+
+
+def global_step(checkpoint: Path) -> int:
+    return json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+
+
+def write_corpus(path: Path, lines: int = 400) -> Path:
+    path.write_text("".join(f"Line {i}: a short sentence about resuming training, number {i}.\n" for i in range(lines)))
+    return path
