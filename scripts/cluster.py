@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import argparse
 import copy
-import difflib
+import os
 import re
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
-
 from engine import UserError, exit_on_user_error
 
+from trainer.config import parse_settings
+from trainer.envfile import EnvFileError, read_env_file
+from trainer.errors import ConfigError
+from trainer.secrets import is_secret_name
+
 ENTRYPOINT = "/opt/trainkit/entrypoints/entrypoint.sh"
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 RDZV_PORT = 29400
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the training operator reads MASTER_PORT from this port
 PYTORCHJOB_CONTAINER = "pytorch"  # ...of the container with this name
@@ -37,69 +38,32 @@ TARGETS = ("slurm-pyxis", "slurm-apptainer", "k8s")
 
 @dataclass
 class EnvFile:
-    """A parsed .env: plain settings (copied into the job) and secret names (never copied)."""
+    """A parsed .env: plain settings (copied into the job) and secrets (never copied into it)."""
 
     path: Path | None
     settings: dict[str, str] = field(default_factory=dict)
-    secrets: list[str] = field(default_factory=list)
+    secrets: dict[str, str] = field(default_factory=dict)
 
 
-def is_secret(name: str) -> bool:
-    return any(word in name.upper() for word in SECRET_WORDS)
-
-
-def parse_env_line(line: str, where: str) -> tuple[str, str] | None:
-    """KEY=VALUE (optionally `export`, quoted, with a trailing ` # comment`) -> (KEY, VALUE); blank/comment -> None."""
-    line = line.strip()
-    if not line or line.startswith("#"):
-        return None
-    line = line.removeprefix("export ").lstrip()
-    name, sep, value = line.partition("=")
-    name, value = name.strip(), value.strip()
-    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise UserError(f"{where}: expected NAME=value, got {line[:60]!r}")
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return name, value[1:-1]
-    return name, re.split(r"\s+#", value, maxsplit=1)[0]
-
-
-def read_env_file(path: Path | None) -> EnvFile:
-    """Parse the user's .env; TRAIN_* names are checked against the schema so a typo fails here, not on the cluster."""
+def read_env(path: Path | None) -> EnvFile:
+    """Parse the user's .env with the one parser; TRAIN_* are checked by the trainer's own validation (the .env's
+    values only, never this machine's environment), so a mistake fails here, not on the cluster."""
     env = EnvFile(path=path.resolve() if path else None)
     if path is None:
         return env
     if not path.is_file():
         raise UserError(f"--env-file {path}: no such file (copy .env.example to .env, or leave --env-file out).")
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        parsed = parse_env_line(line, f"{path}:{number}")
-        if parsed is None:
-            continue
-        name, value = parsed
-        if is_secret(name):
-            env.secrets.append(name)
-        else:
-            env.settings[name] = value
-    check_train_settings(env.settings, path)
-    return env
-
-
-def check_train_settings(settings: dict[str, str], path: Path) -> None:
-    from pydantic import ValidationError
-
-    from trainer.schema import ENV_PREFIX, TrainSettings, env_name, field_names
-
-    known = {env_name(name) for name in field_names()}
-    for name in settings:
-        if name.upper().startswith(ENV_PREFIX) and name.upper() not in known:
-            close = difflib.get_close_matches(name.upper(), sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise UserError(f"{path}: unknown setting {name}{hint}; see .env.example for the TRAIN_* names.")
-    values = {name[len(ENV_PREFIX) :].lower(): v for name, v in settings.items() if name.upper() in known}
     try:
-        TrainSettings(**values)
-    except ValidationError as exc:
-        problems = "; ".join(f"{env_name(str(e['loc'][0]))}: {e['msg']}" for e in exc.errors() if e["loc"])
-        raise UserError(f"{path}: {problems}") from None
+        values = read_env_file(path)
+    except EnvFileError as exc:
+        raise UserError(str(exc)) from None
+    for name, value in values.items():
+        (env.secrets if is_secret_name(name) else env.settings)[name] = value
+    try:
+        parse_settings(env.settings)
+    except ConfigError as exc:
+        raise UserError(f"{path}: {exc.message}") from None
+    return env
 
 
 # ---------------------------------------------------------------- Slurm
@@ -136,34 +100,37 @@ def slurm_env_block(env: EnvFile, args: argparse.Namespace) -> list[str]:
         lines.append(f"export TRAIN_MAX_RESTARTS={args.max_restarts}")
     lines.append(f'export MASTER_PORT="${{MASTER_PORT:-{RDZV_PORT}}}"  # the rendezvous port on the first node')
     if env.secrets:
-        lines += slurm_secret_loader(env)
+        lines += slurm_secret_loader(env, args)
     return lines
 
 
-def slurm_secret_loader(env: EnvFile) -> list[str]:
-    """Secrets are read from the .env on the cluster at run time, so they are never written into this script."""
-    env_file = shlex.quote(str(env.path))
+def slurm_secret_loader(env: EnvFile, args: argparse.Namespace) -> list[str]:
+    """Secrets live in a separate file only the user can read (written next to this script, already parsed by the
+    one .env parser), so they are never written into this script or its log."""
+    secrets_file = shlex.quote(str(secrets_path(args)))
     return [
         "",
-        f"TRAINKIT_ENV_FILE={env_file}",
-        'if [ ! -r "$TRAINKIT_ENV_FILE" ]; then',
-        '    echo "error: cannot read $TRAINKIT_ENV_FILE (it holds this job\'s secrets); copy it there." >&2',
+        f"TRAINKIT_SECRETS_FILE={secrets_file}",
+        'if [ ! -r "$TRAINKIT_SECRETS_FILE" ]; then',
+        '    echo "error: cannot read $TRAINKIT_SECRETS_FILE (this job\'s secrets); run scripts/cluster.py again." >&2',
         "    exit 2",
         "fi",
-        "trainkit_secret() {  # NAME: export NAME's value from the .env without printing it",
-        "    local line value",
-        '    while IFS= read -r line || [ -n "$line" ]; do',
-        '        line="${line#export }"',
-        '        case "$line" in',
-        '            "$1="*) value="${line#*=}"',
-        '                value="${value%\\"}"; value="${value#\\"}"',
-        '                value="${value%\\\'}"; value="${value#\\\'}"',
-        '                export "$1=$value" ;;',
-        "        esac",
-        '    done < "$TRAINKIT_ENV_FILE"',
-        "}",
-        *[f"trainkit_secret {name}" for name in env.secrets],
+        ". \"$TRAINKIT_SECRETS_FILE\"  # export NAME='value' lines",
     ]
+
+
+def secrets_path(args: argparse.Namespace) -> Path:
+    """Where the job's secrets file goes: JOB_FILE.secrets, or JOB_NAME.secrets here when the job goes to stdout."""
+    return (Path(f"{args.out}.secrets") if args.out else Path(f"{args.job_name}.secrets")).resolve()
+
+
+def write_secrets_file(env: EnvFile, path: Path) -> None:
+    """`export NAME='value'` lines, readable by the user only; bash reads them back exactly."""
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in env.secrets.items()]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write("# secrets for a trainkit job, from " + str(env.path) + "; keep private\n" + "\n".join(lines) + "\n")
 
 
 def mounts(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
@@ -374,8 +341,11 @@ GENERATORS = {"slurm-pyxis": slurm_pyxis, "slurm-apptainer": slurm_apptainer, "k
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_args(args)
-    env = read_env_file(args.env_file)
+    env = read_env(args.env_file)
     text = GENERATORS[args.target](args, env)
+    if args.target.startswith("slurm") and env.secrets:
+        write_secrets_file(env, secrets_path(args))
+        print(f"wrote {secrets_path(args)} (mode 600): the job's secrets, read at run time", file=sys.stderr)
     if args.out:
         args.out.write_text(text)
         if args.target.startswith("slurm"):

@@ -36,7 +36,9 @@ from docker.types import DeviceRequest, Ulimit
 from engine import UserError, connect, exit_on_user_error
 from matrix import ROOT, default_image
 
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+from trainer.envfile import EnvFileError, read_env_file
+from trainer.secrets import mask_secrets
+
 HOST_PASSTHROUGH = ("HF_TOKEN",)  # taken from this environment when set
 CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml
 STOP_GRACE_S = 600  # as compose's stop_grace_period: the interruption checkpoint must fit
@@ -61,10 +63,6 @@ class RunSpec:
 
 def log(message: str) -> None:
     print(f"[run.py] {message}", file=sys.stderr, flush=True)
-
-
-def is_secret(name: str) -> bool:
-    return any(word in name.upper() for word in SECRET_WORDS)
 
 
 # --- arguments -----------------------------------------------------------------------------------
@@ -137,32 +135,6 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
     return [command, *passed_on]
 
 
-def parse_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines as compose reads .env: comments, blank lines, `export `, quotes, KEY alone (from here)."""
-    env: dict[str, str] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        line = line.removeprefix("export ").strip()
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise UserError(f"{path}:{number}: expected KEY=VALUE, found {raw.strip()[:40]!r}")
-        if not sep:
-            if key in os.environ:
-                env[key] = os.environ[key]
-            continue
-        env[key] = unquote(value.strip())
-    return env
-
-
-def unquote(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return re.split(r"\s+#", value, maxsplit=1)[0]
-
-
 def environment(args: argparse.Namespace) -> dict[str, str]:
     """The container's environment: host passthrough (HF_TOKEN), then the env file, then -e options."""
     env = {name: os.environ[name] for name in HOST_PASSTHROUGH if os.environ.get(name)}
@@ -170,7 +142,10 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
     if args.env_file and not env_file.is_file():
         raise UserError(f"--env-file {args.env_file}: no such file")
     if env_file.is_file():
-        env.update(parse_env_file(env_file))
+        try:
+            env.update(read_env_file(env_file))
+        except EnvFileError as exc:
+            raise UserError(str(exc)) from None
     for item in args.env:
         key, sep, value = item.partition("=")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
@@ -183,8 +158,8 @@ def environment(args: argparse.Namespace) -> dict[str, str]:
 
 
 def describe_env(env: dict[str, str]) -> str:
-    """KEY=VALUE for the log; values of secret-looking names, or holding one (TRAIN_ARGS='--hub_token x'), hidden."""
-    shown = [f"{k}=<hidden>" if is_secret(k) or is_secret(v) else f"{k}={v}" for k, v in sorted(env.items())]
+    """KEY=VALUE for the log: secrets' values and secret flags inside values (TRAIN_ARGS='--hub_token x') masked."""
+    shown = [f"{k}={v}" for k, v in sorted(mask_secrets(env).items())]
     return " ".join(shown) or "(none)"
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +25,9 @@ from pydantic import ValidationError
 from trainer import deepspeed_config, training_args
 from trainer.errors import ConfigError
 from trainer.hardware import module_available
+from trainer.launch.gpus import NprocError, processes_per_node
 from trainer.schema import ENV_PREFIX, MODEL_PRESETS, TrainSettings, allowed_values, env_name, field_of_env
+from trainer.secrets import mask_secrets
 
 if TYPE_CHECKING:
     from trainer.hardware import Hardware
@@ -36,8 +37,6 @@ DATA_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_DEFAULT = "expandable_segments:True"
 DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min default
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-MASK = "***"
 # Environment variables recorded in run_config.json besides TRAIN_* (secrets among them are masked).
 RECORDED_ENV_PREFIXES = (
     "TRAIN_", "HF_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "TRANSFORMERS_", "TOKENIZERS_", "WANDB_", "OMP_"
@@ -442,45 +441,6 @@ def recorded_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
 
 
-# Names that contain TOKEN but hold no secret (token counts, tokenizer switches): shown as they are.
-NOT_SECRET = frozenset(
-    {"TOKENIZERS_PARALLELISM", "AVERAGE_TOKENS_ACROSS_DEVICES", "INCLUDE_NUM_INPUT_TOKENS_SEEN", "TOKENS_PER_S"}
-)
-
-
-def _is_secret_name(name: str) -> bool:
-    upper = name.upper().lstrip("-").replace("-", "_")
-    return upper not in NOT_SECRET and any(word in upper for word in SECRET_WORDS)
-
-
-_HF_TOKEN_RE = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
-
-
-def mask_args_text(text: str) -> str:
-    """TRAIN_ARGS with the values of secret-looking flags and anything shaped like an HF token masked."""
-    tokens = text.split()
-    for i, token in enumerate(tokens):
-        if token.startswith("--") and _is_secret_name(token):
-            if "=" in token:
-                tokens[i] = token.split("=", 1)[0] + "=" + MASK
-            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                tokens[i + 1] = MASK
-    return _HF_TOKEN_RE.sub(MASK, " ".join(tokens))
-
-
-def mask_secrets(data: Any, key: str = "") -> Any:
-    """Copy of `data` with every value under a key naming a secret (TOKEN, KEY, SECRET, PASSWORD) masked."""
-    if isinstance(data, dict):
-        return {k: mask_secrets(v, str(k)) for k, v in data.items()}
-    if isinstance(data, list):
-        return [mask_secrets(v, key) for v in data]
-    if _is_secret_name(key) and data not in (None, "", False):
-        return MASK
-    if isinstance(data, str):
-        return mask_args_text(data) if "--" in data or _HF_TOKEN_RE.search(data) else data
-    return data
-
-
 # ---- decisions ----------------------------------------------------------------------------------------------------
 
 
@@ -567,17 +527,12 @@ def decide_pin_memory(s: TrainSettings, hw: Hardware) -> dict[str, Any]:
 
 
 def decide_nproc(s: TrainSettings, hw: Hardware) -> dict[str, Any]:
-    if s.nproc_per_node == "auto":
-        if hw.is_gpu:
-            return _decide(hw.gpu_count, f"auto: one process per visible GPU ({hw.gpu_count})")
-        return _decide(1, "auto: one process on CPU")
-    count = int(s.nproc_per_node)
-    if hw.is_gpu and count > hw.gpu_count:
-        raise ConfigError(
-            f"TRAIN_NPROC_PER_NODE={count} but only {hw.gpu_count} GPU(s) are visible; "
-            f"use auto or at most {hw.gpu_count}"
-        )
-    return _decide(count, "set by TRAIN_NPROC_PER_NODE")
+    gpus = hw.gpu_count if hw.is_gpu else 0
+    try:
+        count, reason = processes_per_node(s.nproc_per_node, gpus, f"{gpus} GPU(s) seen by torch")
+    except NprocError as exc:
+        raise ConfigError(str(exc)) from None
+    return _decide(count, reason)
 
 
 def decide_compile(s: TrainSettings, hw: Hardware, check_backend: bool = True) -> dict[str, Any]:

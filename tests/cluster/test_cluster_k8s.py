@@ -75,7 +75,7 @@ def test_multi_node_manifest_is_valid_and_complete(tmp_path: Path, schema: dict)
 
 def test_grace_period_outlasts_the_launchers_shutdown_wait(tmp_path: Path, schema: dict) -> None:
     """SIGTERM -> torchrun gives workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT to checkpoint -> kubelet's SIGKILL after."""
-    from trainer.launch import WORKER_ENV_DEFAULTS
+    from trainer.launch.decide import WORKER_ENV_DEFAULTS
 
     job = manifest(tmp_path)
     validate(schema, job)

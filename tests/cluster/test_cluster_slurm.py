@@ -150,11 +150,13 @@ def test_apptainer_script_runs_apptainer_exec_with_binds(tmp_path: Path) -> None
 def test_docker_image_for_apptainer_and_missing_env_file(tmp_path: Path) -> None:
     script = generate(tmp_path, "slurm-apptainer", "--nodes", "2", "--image", IMAGE)
     assert f"docker://{IMAGE}" in script.read_text()
-    (tmp_path / ".env").unlink()  # the secrets' source is gone: the job stops with a message
+    secrets = Path(f"{script}.secrets")
+    assert secrets.stat().st_mode & 0o777 == 0o600 and SECRET in secrets.read_text()
+    secrets.unlink()  # the secrets' source is gone: the job stops with a message
     env = job_env(tmp_path, fake_bin(tmp_path, "srun"), SLURM_JOB_ID="1", SLURM_NNODES="2")
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "cannot read" in done.stderr and ".env" in done.stderr
+    assert "cannot read" in done.stderr and ".secrets" in done.stderr
 
 
 def test_user_mistakes_exit_2_with_one_message(tmp_path: Path) -> None:

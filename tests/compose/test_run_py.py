@@ -129,7 +129,7 @@ def test_train_interrupt_resume(run_project, cpu_image, engine_memlock):
                 proc.kill()
     first_log = log_file.read_text()
     assert code == 143, first_log
-    assert "interrupted" in first_log and "HF_TOKEN=<hidden>" in first_log
+    assert "interrupted" in first_log and "HF_TOKEN=***" in first_log
     stopped_at = complete_checkpoints(output)[-1]
     assert stopped_at < MAX_STEPS
 

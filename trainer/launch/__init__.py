@@ -1,0 +1,15 @@
+"""The launcher behind the image's `train` command: one process, or torchrun across GPUs and nodes.
+
+`python -m trainer.launch [--dry-run] [COMMAND] [ARGS...]` decides the placement from the environment
+the scheduler set, then either execs `python -m trainer COMMAND` (one node, one process: no torchrun
+overhead) or runs torchrun with a c10d rendezvous. Placement sources, first match wins:
+
+1. torchrun's variables: NNODES, NODE_RANK, RDZV_ENDPOINT / RDZV_ID / RDZV_BACKEND, MASTER_ADDR / MASTER_PORT;
+2. torchrun's PET_* variables, which the Kubeflow training operator sets for a PyTorchJob
+   (PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, PET_NPROC_PER_NODE, PET_RDZV_*, PET_MAX_RESTARTS);
+3. Slurm's: SLURM_JOB_ID, SLURM_STEP_NUM_NODES / SLURM_NNODES, SLURM_NODEID, SLURM_STEP_NODELIST / SLURM_JOB_NODELIST;
+4. older Kubeflow operators: WORLD_SIZE (pods) and RANK with MASTER_ADDR.
+
+Only `train` is distributed; other trainer commands (config, doctor, bench) run as one process.
+Never imports torch: the decision must be quick and must not touch the GPUs.
+"""

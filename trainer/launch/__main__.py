@@ -1,0 +1,5 @@
+import sys
+
+from trainer.launch.cli import main
+
+sys.exit(main())

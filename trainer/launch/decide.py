@@ -1,0 +1,128 @@
+"""What the launcher runs: the trainer directly, or torchrun with the options for this placement."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from trainer.launch.gpus import NprocError, resolve_nproc
+from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
+from trainer.secrets import mask_args
+
+DISTRIBUTED_COMMANDS = {"train"}
+TRAINER_COMMANDS = {"train", "config", "doctor", "bench"}
+
+# Set for the workers unless the user set them: a failed or hung collective must end the job.
+WORKER_ENV_DEFAULTS = {
+    # The NCCL watchdog aborts the communicator and ends the process when a collective errors or
+    # exceeds the process-group timeout (Transformers' --ddp_timeout, 1800 s unless TRAIN_ARGS says otherwise).
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    # If the watchdog itself is stuck, the heartbeat monitor kills the process (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC).
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+    # Time torchrun gives workers after SIGTERM (they write a checkpoint) before SIGKILL.
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "300",
+    # Every worker line starts with its global rank.
+    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass
+class Decision:
+    """What the launcher will run, and why."""
+
+    placement: Placement
+    nproc_per_node: int
+    nproc_reason: str
+    max_restarts: int
+    command: list[str]
+    env: dict[str, str]
+    distributed: bool
+
+
+# ---------------------------------------------------------------- command
+
+
+def torchrun_args(placement: Placement, nproc: int, max_restarts: int, rdzv_timeout: int) -> list[str]:
+    """torchrun's options for this placement."""
+    args = ["--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), "--tee", "3"]
+    if placement.single_node and placement.rdzv_backend != "static":
+        return ["--standalone", "--nnodes", "1", *args]
+    args = ["--nnodes", placement.nnodes, *args]
+    if placement.rdzv_backend == "static":
+        host, _, port = (placement.rdzv_endpoint or "127.0.0.1:29500").rpartition(":")
+        return [*args, "--node-rank", str(placement.node_rank or 0), "--master-addr", host, "--master-port", port]
+    conf = {"join_timeout": str(rdzv_timeout), "read_timeout": "60"}
+    for item in placement.rdzv_conf:
+        key, _, value = item.partition("=")
+        conf[key.strip()] = value.strip()
+    return [
+        *args,
+        "--rdzv-backend", placement.rdzv_backend,
+        "--rdzv-endpoint", placement.rdzv_endpoint or "",
+        "--rdzv-id", placement.rdzv_id,
+        "--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()),
+    ]  # fmt: skip
+
+
+def worker_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment for torchrun and its workers: the caller's, plus fail-fast defaults."""
+    merged = dict(env)
+    for name, value in WORKER_ENV_DEFAULTS.items():
+        merged.setdefault(name, value)
+    return merged
+
+
+# ---------------------------------------------------------------- settings
+
+
+def _launch_settings(env: Mapping[str, str]) -> tuple[int, int]:
+    """max_restarts and rdzv_timeout. Every torch-free check of the trainer (TRAIN_* names and values, data, output
+    folder) runs here first, so a mistake is one message and exit 2 instead of one per worker and restart."""
+    from trainer.config import load_settings
+    from trainer.errors import ConfigError
+
+    try:
+        settings = load_settings(env)
+    except ConfigError as exc:
+        raise LaunchError(exc.message) from None
+    max_restarts = settings.max_restarts
+    if "TRAIN_MAX_RESTARTS" not in env and env.get("PET_MAX_RESTARTS", "").strip():
+        max_restarts = int_var(env, "PET_MAX_RESTARTS")
+    return max_restarts, settings.rdzv_timeout
+
+
+def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decision:
+    """The full launch decision for `python -m trainer.launch command args` in this environment."""
+    python = sys.executable or "python3"
+    trainer_cmd = ["-m", "trainer", command, *args]
+    inside_torchrun = "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+    if command not in DISTRIBUTED_COMMANDS or inside_torchrun:
+        why = "already a torchrun worker" if inside_torchrun else f"`{command}` runs as one process"
+        return Decision(Placement(source=why), 1, why, 0, [python, *trainer_cmd], dict(env), False)
+    placement = detect_placement(env)
+    try:
+        nproc, nproc_reason = resolve_nproc(env)
+    except NprocError as exc:
+        raise LaunchError(str(exc)) from None
+    if placement.single_node and nproc == 1:
+        # the trainer checks its settings itself within a second; no need to do it twice
+        return Decision(placement, 1, nproc_reason, 0, [python, *trainer_cmd], dict(env), False)
+    max_restarts, rdzv_timeout = _launch_settings(env)
+    run = [python, "-m", "torch.distributed.run", *torchrun_args(placement, nproc, max_restarts, rdzv_timeout)]
+    return Decision(placement, nproc, nproc_reason, max_restarts, [*run, *trainer_cmd], worker_env(env), True)
+
+
+def describe(decision: Decision) -> str:
+    """Two lines for the log: the placement and the command (secrets masked)."""
+    p = decision.placement
+    if decision.distributed:
+        where = f"{p.nnodes} node(s) x {decision.nproc_per_node} process(es)"
+        rank = f", node rank {p.node_rank}" if p.node_rank is not None else ""
+        rdzv = "standalone" if p.single_node else f"{p.rdzv_backend} rendezvous at {p.rdzv_endpoint} id {p.rdzv_id}"
+        restarts = f"max restarts {decision.max_restarts}"
+        head = f"{p.source}: {where}{rank}; {rdzv}; {restarts}; nproc: {decision.nproc_reason}"
+    else:
+        head = f"{p.source}: one process ({decision.nproc_reason})"
+    return f"trainkit launch: {head}\ntrainkit launch: {' '.join(mask_args(decision.command))}"

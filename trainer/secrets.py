@@ -1,0 +1,59 @@
+"""The one rule for which variables and flags hold secrets, and the masking built on it.
+
+Used by the trainer (run_config.json, logs), the launcher (the command it prints) and the host scripts
+(run.py's log, cluster.py's Kubernetes Secret and Slurm secrets file). Torch-free and docker-free.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# Names that contain a secret word but hold no secret (token counts, tokenizer switches): shown as they are.
+NOT_SECRET = frozenset(
+    {"TOKENIZERS_PARALLELISM", "AVERAGE_TOKENS_ACROSS_DEVICES", "INCLUDE_NUM_INPUT_TOKENS_SEEN", "TOKENS_PER_S"}
+)
+MASK = "***"
+_HF_TOKEN_RE = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
+
+
+def is_secret_name(name: str) -> bool:
+    """True for a variable name (HF_TOKEN) or a flag (--hub-token, --hub_token=x) that holds a secret."""
+    upper = name.split("=", 1)[0].upper().lstrip("-").replace("-", "_")
+    return upper not in NOT_SECRET and any(word in upper for word in SECRET_WORDS)
+
+
+def mask_args(args: Sequence[str]) -> list[str]:
+    """An argument list with the value after (or in) each secret flag, and anything shaped like an HF token, masked."""
+    masked: list[str] = []
+    hide_next = False
+    for arg in args:
+        secret_flag = arg.startswith("-") and is_secret_name(arg)
+        if hide_next and not arg.startswith("--"):
+            masked.append(MASK)
+        elif secret_flag and "=" in arg:
+            masked.append(arg.split("=", 1)[0] + "=" + MASK)
+        else:
+            masked.append(_HF_TOKEN_RE.sub(MASK, arg))
+        hide_next = secret_flag and "=" not in arg
+    return masked
+
+
+def mask_args_text(text: str) -> str:
+    """A command line held in one string (TRAIN_ARGS) masked as mask_args does."""
+    return " ".join(mask_args(text.split()))
+
+
+def mask_secrets(data: Any, key: str = "") -> Any:
+    """Copy of `data` with every value under a key naming a secret masked, and secret flags in strings masked."""
+    if isinstance(data, dict):
+        return {k: mask_secrets(v, str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [mask_secrets(v, key) for v in data]
+    if is_secret_name(key) and data not in (None, "", False):
+        return MASK
+    if isinstance(data, str):
+        return mask_args_text(data) if "--" in data or _HF_TOKEN_RE.search(data) else data
+    return data
