@@ -10,7 +10,6 @@ Two stages, so that mistakes are reported before anything heavy is imported:
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import tempfile
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from trainer import deepspeed_config, training_args
+from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
 from trainer.hardware import module_available
 from trainer.launch.gpus import NprocError, processes_per_node
@@ -32,8 +32,6 @@ from trainer.secrets import mask_secrets
 if TYPE_CHECKING:
     from trainer.hardware import Hardware
 
-DEFAULT_DATA = "/data"
-DATA_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet", ".csv")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_DEFAULT = "expandable_segments:True"
 DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min default
@@ -258,9 +256,6 @@ def _nvme_problems(s: TrainSettings) -> list[str]:
     return [problem] if problem else []
 
 
-# ---- data ---------------------------------------------------------------------------------------------------------
-
-
 def _readable(path: Path) -> bool:
     try:
         with path.open("rb") as handle:
@@ -270,98 +265,13 @@ def _readable(path: Path) -> bool:
     return True
 
 
-def _is_saved_dataset(folder: Path) -> bool:
-    return any((folder / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json"))
-
-
-def _candidate_files(paths: list[Path]) -> list[Path]:
-    """Data files by suffix, dangling symlinks included (they are reported as unreadable, not silently skipped)."""
-    return sorted(
-        p for p in paths
-        if p.suffix.lower() in DATA_SUFFIXES and not p.name.startswith(".") and (p.is_file() or p.is_symlink())
-    )  # fmt: skip
-
-
-def _jsonl_problem(path: Path, text_field: str) -> str | None:
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        first = next((line for line in handle if line.strip()), None)
-    if first is None:
-        return None
-    try:
-        row = json.loads(first)
-    except json.JSONDecodeError:
-        return None if path.suffix == ".json" else f"TRAIN_DATA: {path}: the first line is not JSON"
-    if not isinstance(row, dict):
-        return None
-    if text_field in row or {"prompt", "completion"} <= row.keys():
-        return None
-    fields = ", ".join(sorted(row)[:8])
-    return (
-        f"TRAIN_DATA: {path}: records have no field {text_field!r} (they have: {fields}); set TRAIN_TEXT_FIELD, "
-        "or use prompt/completion records"
-    )
-
-
-def _csv_problem(path: Path, text_field: str) -> str | None:
-    import csv
-
-    with path.open(encoding="utf-8", errors="replace", newline="") as handle:
-        header = next(csv.reader(handle), [])
-    if header and text_field not in header and not {"prompt", "completion"} <= set(header):
-        return f"TRAIN_DATA: {path}: no column {text_field!r} (columns: {', '.join(header[:8])}); set TRAIN_TEXT_FIELD"
-    return None
-
-
-MAX_FILES_CHECKED = 1000  # beyond this, the data loader reports problems as it meets them
-
-
-def _file_problems(files: list[Path], text_field: str) -> list[str]:
-    problems = []
-    for path in files[:MAX_FILES_CHECKED]:
-        if not _readable(path):
-            reason = "dangling symlink" if path.is_symlink() and not path.exists() else "permission denied or I/O error"
-            problems.append(f"TRAIN_DATA: cannot read {path} ({reason}); fix the file or its permissions")
-        elif path.suffix in (".jsonl", ".json"):
-            problems.append(_jsonl_problem(path, text_field))
-        elif path.suffix == ".csv":
-            problems.append(_csv_problem(path, text_field))
-    return [p for p in problems if p]
-
-
-def _find_data(spec: str) -> tuple[list[Path], Path | None, bool]:
-    """(files, saved_dataset_folder, path_exists) for TRAIN_DATA."""
-    path = Path(spec)
-    if any(ch in spec for ch in "*?["):
-        matches = [Path(p) for p in glob.glob(spec, recursive=True)]
-        return _candidate_files(matches), None, bool(matches)
-    if path.is_dir():
-        if _is_saved_dataset(path):
-            return [], path, True
-        return _candidate_files(list(path.rglob("*"))), None, True
-    if path.is_file() or path.is_symlink():
-        return [path], None, True
-    return [], None, False
+# ---- data (discovery and its checks live in trainer.data.discovery; one scan per settings object) -----------------
 
 
 def inspect_data(s: TrainSettings) -> tuple[dict[str, Any], list[str]]:
     """The data decision ({value, reason}) and the problems with TRAIN_DATA."""
-    files, saved, exists = _find_data(s.data)
-    is_default = s.data.rstrip("/") == DEFAULT_DATA
-    if saved is not None:
-        return {"value": str(saved), "reason": "a datasets.save_to_disk folder"}, []
-    if len(files) == 1 and files[0] == Path(s.data) and files[0].suffix.lower() not in DATA_SUFFIXES:
-        return {}, [f"TRAIN_DATA={s.data}: unsupported file type; use one of {', '.join(DATA_SUFFIXES)}"]
-    non_empty = [p for p in files if not p.exists() or p.stat().st_size > 0]
-    if not non_empty:
-        if is_default:
-            why = "does not exist" if not exists else "holds no data files"
-            return {"value": "embedded", "reason": f"{s.data} {why}: training on the small embedded corpus"}, []
-        if not exists:
-            return {}, [f"TRAIN_DATA={s.data}: no such file or folder; mount your data there or fix the path"]
-        what = "its files are empty" if files else f"no {', '.join(DATA_SUFFIXES)} files"
-        return {}, [f"TRAIN_DATA={s.data}: no data found ({what}); point it at a file, folder or glob with data"]
-    problems = _file_problems(non_empty, s.text_field)
-    return {"value": s.data, "reason": f"{len(non_empty)} data file(s)"}, problems
+    source = source_of(s)
+    return source.decision(), list(source.problems)
 
 
 def _data_problems(s: TrainSettings) -> list[str]:

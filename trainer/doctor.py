@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import hardware
+from trainer.data.discovery import DEFAULT_DATA, DataSource, discover, source_of
 from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
@@ -327,22 +328,22 @@ def writable(path: str) -> bool:
     return True
 
 
-def data_row(path: str) -> Row:
-    """Whether TRAIN_DATA resolves (as the trainer resolves it) to data this user can read."""
-    from trainer.data import find_data
-
-    try:
-        source = find_data(path)
-    except ConfigError as exc:
-        return Row("data", "Data", f"{path}: no data", FAIL, exc.message, {"path": path, "readable": False})
+def data_row(source: DataSource) -> Row:
+    """Whether TRAIN_DATA resolves (as the trainer resolves it, from the same scan) to data this user can read."""
+    path = source.spec
     if source.embedded:
         shown = f"{path}: empty, the embedded sample corpus will be used"
         return Row("data", "Data", shown, INFO, value={"path": path, "readable": True, "embedded": True})
-    unreadable = next((f for f in source.identity_files() if not os.access(f, os.R_OK)), None)
+    unreadable = [p.removeprefix("TRAIN_DATA: ") for p in source.problems if "cannot read" in p]
+    readable = bool(source.files or source.saved_dataset) and not unreadable
+    value = {"path": path, "readable": readable}
+    if not source.files and not source.saved_dataset:
+        return Row("data", "Data", f"{path}: no data", FAIL, "; ".join(source.problems), value)
     if unreadable:
-        fix = f"uid {os.getuid()} cannot read {unreadable}: make the data readable (`chmod -R a+rX data`)"
-        return Row("data", "Data", f"{path}: not readable", FAIL, fix, {"path": path, "readable": False})
-    return Row("data", "Data", f"{path}: {source.describe()}", OK, value={"path": path, "readable": True})
+        fix = f"uid {os.getuid()}: {unreadable[0]}; make the data readable (`chmod -R a+rX data`)"
+        return Row("data", "Data", f"{path}: not readable", FAIL, fix, value)
+    status = FAIL if source.problems else OK
+    return Row("data", "Data", f"{path}: {source.describe()}", status, "; ".join(source.problems), value)
 
 
 def output_row(path: str) -> Row:
@@ -371,12 +372,11 @@ def settings_and_config_row(hw: hardware.Hardware) -> tuple[Any, Row]:
         settings = config.parse_settings()
     except ConfigError as exc:
         return None, config_failure(exc.problems)
-    problems: list[str] = []
-    for check in (config.load_settings, lambda: config.resolve(settings, hw)):
-        try:
-            check()
-        except ConfigError as exc:
-            problems += [problem for problem in exc.problems if problem not in problems]
+    problems = config.static_problems(settings)  # on this settings object, so the data is scanned once
+    try:
+        config.resolve(settings, hw)
+    except ConfigError as exc:
+        problems += [problem for problem in exc.problems if problem not in problems]
     if problems:
         return settings, config_failure(problems)
     return settings, Row("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
@@ -393,7 +393,8 @@ def config_failure(problems: list[str]) -> Row:
 def collect() -> list[Row]:
     hw = hardware.probe()
     settings, config_row = settings_and_config_row(hw)
-    data_path = settings.data if settings else os.environ.get("TRAIN_DATA", "/data")
+    env_data = os.environ.get("TRAIN_DATA") or DEFAULT_DATA
+    source = source_of(settings) if settings else discover(env_data, os.environ.get("TRAIN_TEXT_FIELD") or "text")
     output_path = settings.output_dir if settings else os.environ.get("TRAIN_OUTPUT_DIR", "/output")
     num_workers = settings.num_workers if settings else 2
     return [
@@ -408,7 +409,7 @@ def collect() -> list[Row]:
         *limits_rows(hw, num_workers),
         user_row(),
         cache_row(),
-        data_row(data_path),
+        data_row(source),
         output_row(output_path),
         config_row,
     ]

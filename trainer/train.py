@@ -200,7 +200,7 @@ def _run(cfg: Any, stop: Any) -> int:
     from transformers import default_data_collator, set_seed
 
     from trainer.checkpoint import AtomicCheckpointTrainer
-    from trainer.data import build_dataset
+    from trainer.data.dataset import build_dataset
     from trainer.metrics import truncate_after
     from trainer.models import build_model
     from trainer.tokenizer import load_tokenizer

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer import data
+from trainer.data import dataset as data
+from trainer.data import discovery
+from trainer.data.discovery import discover
 from trainer.errors import ConfigError
 from trainer.tokenizer import byte_level_tokenizer
 
@@ -76,7 +78,7 @@ FORMATS = ["txt", "jsonl", "json", "parquet", "csv", "saved"]
 @pytest.mark.parametrize("kind", FORMATS)
 def test_each_format_is_read_tokenized_and_packed(tmp_path: Path, kind: str) -> None:
     path = write_format(tmp_path, kind)
-    source = data.find_data(str(path))
+    source = discover(str(path))
     seq = 16
     packed = data.tokenize_and_pack(source, byte_level_tokenizer(), seq, "text")
     stream = expected_stream(kind)
@@ -90,15 +92,15 @@ def test_folder_and_glob_collect_supported_files(tmp_path: Path) -> None:
     write_format(tmp_path / "d", "jsonl")
     write_format(tmp_path / "d" / "sub", "txt")
     (tmp_path / "d" / "notes.md").write_text("ignored")
-    assert [p.name for p in data.find_data(str(tmp_path / "d")).files] == ["a.jsonl", "a.txt"]
-    assert [p.name for p in data.find_data(str(tmp_path / "d" / "*.jsonl")).files] == ["a.jsonl"]
+    assert [p.name for p in discover(str(tmp_path / "d")).files] == ["a.jsonl", "a.txt"]
+    assert [p.name for p in discover(str(tmp_path / "d" / "*.jsonl")).files] == ["a.jsonl"]
 
 
 def test_prompt_completion_labels_mask_the_prompt(tmp_path: Path) -> None:
     pairs = [("Q: two plus two?\nA:", " four"), ("Say hi:", " hi there")]
     path = tmp_path / "pc.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
-    packed = data.tokenize_and_pack(data.find_data(str(path)), byte_level_tokenizer(), 8, "text")
+    packed = data.tokenize_and_pack(discover(str(path)), byte_level_tokenizer(), 8, "text")
     ids, labels = packed["input_ids"].ravel().tolist(), packed["labels"].ravel().tolist()
     want_ids, want_labels = [], []
     for p, c in pairs:
@@ -120,7 +122,7 @@ def test_short_data_is_padded_into_one_masked_block() -> None:
 def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path: Path, caplog, monkeypatch) -> None:
     path = write_format(tmp_path / "d", "jsonl")
     tok = byte_level_tokenizer()
-    source = data.find_data(str(path))
+    source = discover(str(path))
     first = data.load_packed(source, tok, 8, "text", tmp_path / "cache")
     calls = []
     real = data.tokenize_and_pack
@@ -139,17 +141,16 @@ def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path: Path, caplo
 def test_missing_field_names_the_field_and_the_fix(tmp_path: Path) -> None:
     path = write_format(tmp_path, "jsonl")
     with pytest.raises(ConfigError, match=r"no field 'body'.*TRAIN_TEXT_FIELD"):
-        data.tokenize_and_pack(data.find_data(str(path)), byte_level_tokenizer(), 8, "body")
+        data.tokenize_and_pack(discover(str(path)), byte_level_tokenizer(), 8, "body")
 
 
 def test_missing_default_path_means_embedded_corpus(monkeypatch, tmp_path: Path) -> None:
     missing = tmp_path / "data"
-    monkeypatch.setattr(data, "DEFAULT_DATA", str(missing))
-    source = data.find_data(str(missing))
-    assert source.embedded and source.files == [data.EMBEDDED_CORPUS]
-    assert data.EMBEDDED_CORPUS.stat().st_size > 50_000
-    with pytest.raises(ConfigError, match="no data found"):
-        data.find_data(str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(discovery, "DEFAULT_DATA", str(missing))
+    source = discover(str(missing))
+    assert source.embedded and source.files == (discovery.EMBEDDED_CORPUS,)
+    assert discovery.EMBEDDED_CORPUS.stat().st_size > 50_000
+    assert "no such file or folder" in discover(str(tmp_path / "elsewhere")).problems[0]
 
 
 # ---- real training runs -------------------------------------------------------------------------------------------

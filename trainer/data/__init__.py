@@ -1,0 +1,9 @@
+"""Training data, from TRAIN_DATA to the packed sequences the Trainer reads.
+
+- `discovery`: which files TRAIN_DATA names, and what is wrong with them (torch-free, one scan per run);
+- `formats`: reading records from every supported file kind, compressed or not, in batches;
+- `shards`: streaming tokenization into memory-mapped token shards, cached and shared by ranks;
+- `dataset`: the map-style dataset over the shards, and `build_dataset` for the training run.
+
+Importing this package imports nothing heavy: `trainer.config` uses `discovery` before torch is loaded.
+"""

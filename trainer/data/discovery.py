@@ -1,0 +1,214 @@
+"""Which files TRAIN_DATA names, and what is wrong with them: the one definition of data discovery.
+
+`discover(spec, text_field)` scans once and returns a `DataSource` holding the files, the decision shown by
+`python -m trainer config`, and every problem found. The torch-free checks (`trainer.config`), doctor and the
+training run all read the same scan: `source_of(settings)` makes it on first use and keeps it with the settings
+object, which is what travels from the checks to `resolve` and on to the run.
+
+Rules: files are picked by suffix (see `formats.file_kind`), hidden files are skipped, empty files hold no data,
+and a dangling symlink or an unreadable file is a problem that names the file (never skipped in silence).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.data.formats import SUPPORTED, file_kind, open_text
+
+DEFAULT_DATA = "/data"
+EMBEDDED_CORPUS = Path(__file__).resolve().parents[1] / "assets" / "corpus.txt"
+SAVED_DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+MAX_FILES_CHECKED = 1000  # beyond this, the reader reports problems as it meets them
+SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
+_SOURCE_ATTR = "_trainkit_data_source"
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """The result of one scan of TRAIN_DATA."""
+
+    spec: str
+    files: tuple[Path, ...] = ()
+    saved_dataset: Path | None = None
+    embedded: bool = False
+    left_out: tuple[Path, ...] = ()  # files of other splits in a hub-style folder
+    problems: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe(self) -> str:
+        if self.embedded:
+            return "the embedded default corpus"
+        if self.saved_dataset:
+            return f"datasets.save_to_disk folder {self.saved_dataset}"
+        text = f"{len(self.files)} file(s)" + (f" ({self.files[0]})" if len(self.files) == 1 else "")
+        if self.left_out:
+            text += f"; {len(self.left_out)} file(s) of other splits left out"
+        return text
+
+    def decision(self) -> dict[str, Any]:
+        """{value, reason} for the `data` decision; empty when the data cannot be used."""
+        if self.problems and not (self.files or self.saved_dataset):
+            return {}
+        value = "embedded" if self.embedded else str(self.saved_dataset or self.spec)
+        return {"value": value, "reason": self.reason}
+
+    def identity_files(self) -> list[Path]:
+        """The files whose identity (path, size, mtime) keys the tokenized cache."""
+        if self.saved_dataset:
+            return sorted(p for p in self.saved_dataset.rglob("*") if p.is_file())
+        return list(self.files)
+
+
+def source_of(settings: Any) -> DataSource:
+    """The scan of `settings.data`, made once per settings object and then passed along with it."""
+    source = getattr(settings, _SOURCE_ATTR, None)
+    if source is None or source.spec != settings.data:
+        source = discover(settings.data, settings.text_field)
+        setattr(settings, _SOURCE_ATTR, source)
+    return source
+
+
+def discover(spec: str, text_field: str = "text") -> DataSource:
+    """Scan TRAIN_DATA: a file, a folder (plain, hub-style or save_to_disk) or a glob. Never raises."""
+    path = Path(spec)
+    if path.is_dir() and _is_saved_dataset(path):
+        return DataSource(spec, saved_dataset=path, reason="a datasets.save_to_disk folder")
+    if not _is_glob(spec) and (path.is_file() or path.is_symlink()) and file_kind(path) is None:
+        return DataSource(spec, problems=(f"TRAIN_DATA={spec}: unsupported file type; use one of {SUPPORTED}",))
+    candidates, exists = _candidates(spec)
+    files, left_out = _train_split(candidates, path if path.is_dir() else None)
+    non_empty = tuple(p for p in files if not p.exists() or p.stat().st_size > 0)
+    if not non_empty:
+        return _no_data(spec, exists, bool(files))
+    reason = f"{len(non_empty)} data file(s)" + (f", split 'train' ({len(left_out)} other-split files left out)"
+                                                  if left_out else "")  # fmt: skip
+    problems = tuple(_file_problems(non_empty, text_field))
+    return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason)
+
+
+def _is_glob(spec: str) -> bool:
+    return any(ch in spec for ch in "*?[")
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    return any((folder / name).exists() for name in SAVED_DATASET_MARKERS)
+
+
+def _candidates(spec: str) -> tuple[list[Path], bool]:
+    """(data files by suffix, whether the spec names anything). Dangling symlinks are kept: they are reported."""
+    path = Path(spec)
+    if _is_glob(spec):
+        matches = [Path(p) for p in glob.glob(spec, recursive=True)]
+    elif path.is_dir():
+        matches = list(path.rglob("*"))
+    elif path.is_file() or path.is_symlink():
+        return [path], True
+    else:
+        return [], False
+    files = [
+        p for p in matches
+        if file_kind(p) is not None and not p.name.startswith(".") and (p.is_file() or p.is_symlink())
+    ]  # fmt: skip
+    return sorted(files), bool(matches) or path.is_dir()
+
+
+def _split_of(path: Path, root: Path | None) -> str | None:
+    """The hub-style split a file belongs to: `train-00000-of-00002.parquet`, `train.jsonl` or `train/...`."""
+    parts = path.relative_to(root).parts if root else (path.name,)
+    for split in SPLITS:
+        if any(part == split for part in parts[:-1]):
+            return split
+        name = parts[-1].lower()
+        if name.startswith(split) and (len(name) == len(split) or name[len(split)] in "-_."):
+            return split
+    return None
+
+
+def _train_split(files: list[Path], root: Path | None) -> tuple[list[Path], tuple[Path, ...]]:
+    """In a hub-style folder (files named by split), train on the train split; the others are named as left out."""
+    if root is None:
+        return files, ()
+    splits = {p: _split_of(p, root) for p in files}
+    if "train" not in splits.values() or set(splits.values()) == {"train"}:
+        return files, ()
+    return [p for p in files if splits[p] == "train"], tuple(p for p in files if splits[p] not in ("train", None))
+
+
+def _no_data(spec: str, exists: bool, has_files: bool) -> DataSource:
+    if spec.rstrip("/") == DEFAULT_DATA:
+        why = "does not exist" if not exists else "holds no data files"
+        reason = f"{spec} {why}: training on the small embedded corpus"
+        return DataSource(spec, files=(EMBEDDED_CORPUS,), embedded=True, reason=reason)
+    if not exists:
+        return DataSource(spec, problems=(f"TRAIN_DATA={spec}: no such file or folder; mount your data there or fix "
+                                          "the path",))  # fmt: skip
+    what = "its files are empty" if has_files else f"no {SUPPORTED} files"
+    return DataSource(spec, problems=(f"TRAIN_DATA={spec}: no data found ({what}); point it at a file, folder or "
+                                      "glob with data",))  # fmt: skip
+
+
+# ---- per-file checks (the first MAX_FILES_CHECKED files; the reader reports the rest as it meets them) ----------
+
+
+def _file_problems(files: tuple[Path, ...], text_field: str) -> list[str]:
+    problems = []
+    for path in files[:MAX_FILES_CHECKED]:
+        kind = file_kind(path)
+        try:
+            if kind and kind.format in ("jsonl", "json"):
+                problems.append(_jsonl_problem(path, text_field))
+            elif kind and kind.format == "csv":
+                problems.append(_csv_problem(path, text_field))
+            else:
+                with path.open("rb") as handle:
+                    handle.read(1)
+        except OSError as exc:
+            problems.append(_unreadable(path, exc))
+    return [p for p in problems if p]
+
+
+def _unreadable(path: Path, exc: OSError) -> str:
+    if path.is_symlink() and not path.exists():
+        reason = "dangling symlink"
+    elif isinstance(exc, PermissionError):
+        reason = "permission denied"
+    else:
+        reason = f"{exc.strerror or exc}"
+    return f"TRAIN_DATA: cannot read {path} ({reason}); fix the file or its permissions"
+
+
+def _jsonl_problem(path: Path, text_field: str) -> str | None:
+    with open_text(path) as handle:
+        first = next((line for line in handle if line.strip()), None)
+    if first is None:
+        return None
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        kind = file_kind(path)
+        return None if kind and kind.format == "json" else f"TRAIN_DATA: {path}:1: the first line is not JSON"
+    if not isinstance(row, dict) or text_field in row or {"prompt", "completion"} <= row.keys():
+        return None
+    fields = ", ".join(sorted(row)[:8])
+    return (
+        f"TRAIN_DATA: {path}: records have no field {text_field!r} (they have: {fields}); set TRAIN_TEXT_FIELD, "
+        "or use prompt/completion records"
+    )
+
+
+def _csv_problem(path: Path, text_field: str) -> str | None:
+    import csv
+
+    with open_text(path) as handle:
+        header = next(csv.reader(handle), [])
+    if header and text_field not in header and not {"prompt", "completion"} <= set(header):
+        return f"TRAIN_DATA: {path}: no column {text_field!r} (columns: {', '.join(header[:8])}); set TRAIN_TEXT_FIELD"
+    return None
