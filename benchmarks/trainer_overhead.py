@@ -123,7 +123,7 @@ def resolved_config(env: dict[str, str]) -> dict:
 
 
 def prepare_baseline_inputs(tmp: Path, a: argparse.Namespace, config: dict) -> dict:
-    from trainer.models import preset_config
+    from trainer.run.models import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tok = byte_level_tokenizer()

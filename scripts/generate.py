@@ -1,6 +1,6 @@
 """Regenerate every derived text from its single source, or check that none drifted.
 
-Sources: images/versions.toml (the image matrix) and trainer/schema.py (the TRAIN_* schema).
+Sources: images/versions.toml (the image matrix) and trainer/config/schema.py (the TRAIN_* schema).
 Derived: the Dockerfile's ARG defaults, docs/images.md's table, README.md's matrix and variable
 tables, and .env.example.
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import matrix
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # trainer.schema and trainer.docs import pydantic only, never torch
+sys.path.insert(0, str(ROOT))  # trainer.config.schema and trainer.config.docs import pydantic only, never torch
 
-from trainer import docs as train_docs  # noqa: E402
+from trainer.config import docs as train_docs  # noqa: E402
 
 README = ROOT / "README.md"
 ENV_EXAMPLE = ROOT / ".env.example"

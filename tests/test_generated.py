@@ -16,7 +16,7 @@ def test_generated_files_match_their_sources():
 
 def test_readme_documents_every_train_variable():
     sys.path.insert(0, str(ROOT))
-    from trainer.schema import TrainSettings, env_name
+    from trainer.config.schema import TrainSettings, env_name
 
     readme = (ROOT / "README.md").read_text()
     env_example = (ROOT / ".env.example").read_text()

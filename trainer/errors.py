@@ -15,6 +15,11 @@ def exit_code_for_signal(signum: int) -> int:
     return EXIT_SIGNAL_BASE + int(signum)
 
 
+def signal_of_exit_code(code: int) -> int | None:
+    """N for an exit code 128+N, else None."""
+    return code - EXIT_SIGNAL_BASE if code > EXIT_SIGNAL_BASE else None
+
+
 EXIT_SIGTERM = exit_code_for_signal(signal.SIGTERM)
 EXIT_SIGINT = exit_code_for_signal(signal.SIGINT)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.schema import TrainSettings, field_names
+from trainer.config.schema import TrainSettings, field_names
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = "fp32,bf16,fp16,adamw_torch_fused,grad_ckpt,flash_attention_2,combined"
@@ -242,9 +242,9 @@ def test_a_baseline_the_trainer_refuses_stops_the_bench_with_its_message(tmp_pat
 
 def test_batch_probe_doubles_up_to_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe is GPU-only in the CLI (on a CPU nothing runs out of memory); its doubling runs real rows here."""
-    from trainer.bench import Bench, Context
-    from trainer.bench_exec import RunPlan
-    from trainer.bench_rows import select_rows
+    from trainer.bench.rows import select_rows
+    from trainer.bench.runner import RunPlan
+    from trainer.bench.session import Bench, Context
 
     for name, value in bench_env(tmp_path).items():
         monkeypatch.setenv(name, value)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.bench import Bench, Context, changes, grad_accum_env
-from trainer.bench_exec import (
+from trainer.bench.report import BenchResult, RowResult, env_lines, fastest_row, fill_relative
+from trainer.bench.rows import BASELINE, BASELINE_ENV, UnknownRowError, catalogue, row_names, select_rows
+from trainer.bench.runner import (
     ERROR,
     OOM,
     SKIPPED,
@@ -17,9 +18,8 @@ from trainer.bench_exec import (
     failure_reason,
     summarize_metrics,
 )
-from trainer.bench_report import BenchResult, RowResult, env_lines, fastest_row, fill_relative
-from trainer.bench_rows import BASELINE, BASELINE_ENV, UnknownRowError, catalogue, row_names, select_rows
-from trainer.schema import field_names
+from trainer.bench.session import Bench, Context, changes, grad_accum_env
+from trainer.config.schema import field_names
 
 
 def test_every_row_sets_only_schema_variables() -> None:

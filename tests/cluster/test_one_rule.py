@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer.config import decide_nproc, parse_settings
+from trainer.config import parse_settings
+from trainer.config.decisions import decide_nproc
 from trainer.envfile import read_env_file
 from trainer.errors import ConfigError
-from trainer.hardware import Hardware
+from trainer.run.hardware import Hardware
 from trainer.secrets import is_secret_name, mask_args, mask_secrets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_cluster_validation_is_the_trainers(tmp_path: Path) -> None:
 def test_trainer_and_launcher_count_processes_alike(requested: str, gpus: int, expected: int) -> None:
     settings = parse_settings({"TRAIN_NPROC_PER_NODE": requested})
     hardware = Hardware(device="cuda" if gpus else "cpu", gpu_count=gpus)
-    assert decide_nproc(settings, hardware)["value"] == expected
+    assert decide_nproc(settings, hardware).value == expected
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAIN_NPROC_PER_NODE": requested,
            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "trainer.launch", "--dry-run", "--json"], env=env,

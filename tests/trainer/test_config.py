@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from trainer import config, docs, training_args
-from trainer.deepspeed_config import AIO_DEFAULTS
+from trainer import config
+from trainer.config import docs
+from trainer.config import train_args as training_args
+from trainer.config.deepspeed import AIO_DEFAULTS
+from trainer.config.schema import TrainSettings, env_name
 from trainer.errors import ConfigError
-from trainer.hardware import Hardware
-from trainer.schema import TrainSettings, env_name
+from trainer.run.hardware import Hardware
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz123456"
@@ -312,19 +314,19 @@ def _resolve(hw: Hardware, **env: str) -> config.RunConfig:
 
 def test_auto_on_an_ampere_gpu() -> None:
     cfg = _resolve(A100)
-    assert cfg.value("precision") == "bf16" and cfg.training_arguments["bf16"] is True
-    assert cfg.value("tf32") is True and cfg.training_arguments["tf32"] is True
-    assert cfg.value("optim") == "adamw_torch_fused"
-    assert cfg.value("attn") == "flash_attention_2"
-    assert cfg.value("pin_memory") is True
+    assert cfg.decisions.precision.value == "bf16" and cfg.training_arguments["bf16"] is True
+    assert cfg.decisions.tf32.value is True and cfg.training_arguments["tf32"] is True
+    assert cfg.decisions.optim.value == "adamw_torch_fused"
+    assert cfg.decisions.attn.value == "flash_attention_2"
+    assert cfg.decisions.pin_memory.value is True
     assert cfg.training_arguments["use_cpu"] is False
 
 
 def test_auto_on_a_pre_ampere_gpu() -> None:
     cfg = _resolve(T4)
-    assert cfg.value("precision") == "fp16" and cfg.training_arguments["fp16"] is True
-    assert cfg.value("tf32") is False
-    assert cfg.value("attn") == "sdpa"
+    assert cfg.decisions.precision.value == "fp16" and cfg.training_arguments["fp16"] is True
+    assert cfg.decisions.tf32.value is False
+    assert cfg.decisions.attn.value == "sdpa"
 
 
 @pytest.mark.parametrize(
@@ -347,15 +349,15 @@ def test_hardware_refusals(hw: Hardware, env: dict[str, str], expected: str) -> 
 
 def test_gpu_only_switches_are_accepted_on_a_gpu() -> None:
     cfg = _resolve(A100, memory_snapshot="1", tf32="1", precision="bf16", zero_stage="2", zero_offload="cpu")
-    assert cfg.value("memory_snapshot") is True
+    assert cfg.decisions.memory_snapshot.value is True
     assert cfg.deepspeed["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert cfg.deepspeed["bf16"] == {"enabled": "auto"} and "offload_param" not in cfg.deepspeed["zero_optimization"]
-    assert cfg.value("optim") == "deepspeed"
+    assert cfg.decisions.optim.value == "deepspeed"
 
 
 def test_cpu_allows_bf16_and_quantization() -> None:
     cfg = _resolve(CPU, precision="bf16", lora="1", quant="8bit")
-    assert cfg.value("precision") == "bf16" and cfg.value("quant") == "8bit"
+    assert cfg.decisions.precision.value == "bf16" and cfg.decisions.quant.value == "8bit"
 
 
 def test_run_config_file_masks_secrets(tmp_path: Path) -> None:
@@ -390,7 +392,7 @@ def test_alloc_conf_default_and_user_value() -> None:
     settings = config.parse_settings({})
     cfg = config.resolve(settings, CPU, environ=env, import_heavy=False)
     assert cfg.env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
-    assert "set by the user" in cfg.decisions["cuda_alloc_conf"]["reason"]
+    assert "set by the user" in cfg.decisions.cuda_alloc_conf.reason
 
 
 def test_load_settings_ignores_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import pytest
 from trainer import config
 from trainer.data.dataset import build_dataset
 from trainer.data.discovery import discover, source_of
-from trainer.doctor import data_row
+from trainer.doctor.rows import data_row
 from trainer.errors import ConfigError
 from trainer.tokenizer import byte_level_tokenizer
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import COMPLETE_MARKER
-from trainer.metrics import METRIC_KEYS, flops_per_token, matmul_params, peak_flops
+from trainer.run.checkpoint import COMPLETE_MARKER
+from trainer.run.metrics import METRIC_KEYS, flops_per_token, matmul_params, peak_flops
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -126,7 +126,7 @@ def test_peak_flops_table(name: str | None, tflops: int | None) -> None:
 def test_flops_per_token_counts_matmul_parameters_and_attention() -> None:
     from transformers import AutoModelForCausalLM
 
-    from trainer.models import preset_config
+    from trainer.run.models import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tok = byte_level_tokenizer()

@@ -28,7 +28,7 @@ from train_runs import (
     write_corpus,
 )
 
-from trainer.checkpoint import COMPLETE_MARKER, SAVE_DELAY_ENV
+from trainer.run.checkpoint import COMPLETE_MARKER, SAVE_DELAY_ENV
 
 WORKER_DEATH = "DataLoader worker"
 

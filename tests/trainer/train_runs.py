@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from trainer.checkpoint import SAVE_DELAY_ENV
+from trainer.run.checkpoint import SAVE_DELAY_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 8

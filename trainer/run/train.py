@@ -80,10 +80,10 @@ def run(cfg: Any) -> int:
     set_single_process_dist_env(cfg)
     setup_logging()
     if cfg.settings.resume not in ("auto", "never"):
-        from trainer.checkpoint import validate_resume_path
+        from trainer.run.checkpoint import validate_resume_path
 
         validate_resume_path(cfg.settings.resume)  # before the heavy work: a user mistake exits 2 at once
-    from trainer.signals import GracefulStop
+    from trainer.run.signals import GracefulStop
 
     stop = GracefulStop().install()
     try:
@@ -92,30 +92,15 @@ def run(cfg: Any) -> int:
         stop.restore()
 
 
-def _write_run_config(cfg: Any, output_dir: Path) -> None:
-    writer = getattr(cfg, "write_run_config", None)
-    if callable(writer):
-        writer(output_dir)
-        return
-    from trainer import config as config_module
-
-    config_module.write_run_config(cfg, output_dir)
-
-
-def _decision(cfg: Any, name: str) -> str | None:
-    entry = getattr(cfg, "decisions", {}).get(name)
-    return str(entry.get("value")) if isinstance(entry, dict) else None
-
-
 def _training_arguments(cfg: Any) -> Any:
-    from trainer import config
+    from trainer.config import build_training_arguments
 
-    return config.build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
+    return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
 def _resume_from(settings: Any, args: Any) -> str | None:
     """The checkpoint to resume from per TRAIN_RESUME; also clears leftovers of a killed save."""
-    from trainer.checkpoint import newest_complete_checkpoint, remove_stale_temps, validate_resume_path
+    from trainer.run.checkpoint import newest_complete_checkpoint, remove_stale_temps, validate_resume_path
 
     mode = settings.resume
     if args.should_save:
@@ -136,8 +121,8 @@ def _resume_from(settings: Any, args: Any) -> str | None:
 
 
 def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
-    from trainer.metrics import MetricsCallback, flops_per_token, peak_flops
-    from trainer.signals import StopOnSignal
+    from trainer.run.metrics import MetricsCallback, flops_per_token, peak_flops
+    from trainer.run.signals import StopOnSignal
 
     s = cfg.settings
     out = Path(s.output_dir)
@@ -148,11 +133,11 @@ def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
         ),
     ]
     if s.profile:
-        from trainer.profiling import ProfilerCallback
+        from trainer.run.profiling import ProfilerCallback
 
         callbacks.append(ProfilerCallback(out))
     if s.memory_snapshot:
-        from trainer.profiling import MemorySnapshotCallback
+        from trainer.run.profiling import MemorySnapshotCallback
 
         callbacks.append(MemorySnapshotCallback(out))
     return callbacks
@@ -171,12 +156,15 @@ def _gpu_peak_flops(lookup: Any) -> float | None:
 
 
 def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
-    if _decision(cfg, "optim") != "adamw_apex_fused" and cfg.settings.optim != "adamw_apex_fused":
+    from trainer.config.train_args import APEX_FUSED
+
+    if cfg.decisions.optim.value != APEX_FUSED:
         return {}
-    from trainer.training_args import apex_fused_adam
+    from apex.optimizers import FusedAdam
 
     log.info("optimizer: NVIDIA apex FusedAdam (AdamW mode)")
-    return {"optimizer_cls_and_kwargs": apex_fused_adam(args.learning_rate, args.weight_decay)}
+    kwargs = {"lr": args.learning_rate, "weight_decay": args.weight_decay, "adam_w_mode": True}
+    return {"optimizer_cls_and_kwargs": (FusedAdam, kwargs)}
 
 
 def _log_auto_batch(args: Any) -> None:
@@ -199,10 +187,10 @@ def _log_auto_batch(args: Any) -> None:
 def _run(cfg: Any, stop: Any) -> int:
     from transformers import default_data_collator, set_seed
 
-    from trainer.checkpoint import AtomicCheckpointTrainer
     from trainer.data.dataset import build_dataset
-    from trainer.metrics import truncate_after
-    from trainer.models import build_model
+    from trainer.run.checkpoint import AtomicCheckpointTrainer
+    from trainer.run.metrics import truncate_after
+    from trainer.run.models import build_model
     from trainer.tokenizer import load_tokenizer
 
     s = cfg.settings
@@ -210,7 +198,7 @@ def _run(cfg: Any, stop: Any) -> int:
     args = _training_arguments(cfg)
     if args.should_save:
         out.mkdir(parents=True, exist_ok=True)
-        _write_run_config(cfg, out)
+        cfg.write_run_config(out)
     tokenizer = load_tokenizer(s.model)
     with args.main_process_first(desc="tokenizing the data"):
         dataset = build_dataset(s, tokenizer)

@@ -60,13 +60,6 @@ def preset_config(name: str, vocab_size: int, seq_len: int, tokenizer: PreTraine
     )
 
 
-def _decision(cfg: Any, name: str, default: str) -> str:
-    entry = getattr(cfg, "decisions", {}).get(name)
-    if isinstance(entry, dict):
-        return str(entry.get("value", default))
-    return str(entry) if entry is not None else default
-
-
 def _compute_dtype(precision: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
@@ -98,8 +91,8 @@ def _load_pretrained(path: str, attn: str, quant: str, precision: str) -> PreTra
 def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """The model to train: a preset from scratch or a local folder, with LoRA/quantization applied."""
     s = cfg.settings
-    attn = _decision(cfg, "attn", "sdpa")
-    precision = _decision(cfg, "precision", "fp32")
+    attn = cfg.decisions.attn.value
+    precision = cfg.decisions.precision.value
     if is_preset(s.model):
         config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
         if s.quant != "none":

@@ -1,6 +1,5 @@
-"""`python -m trainer doctor [--json]`: what this machine can do, and whether the configured run can work.
+"""The rows of `python -m trainer doctor`: one probe of this machine each (GPUs, libraries, limits, paths).
 
-Every check is a `Row`; a row with status "fail" makes the exit code 2 and its `fix` says what to do.
 Probes avoid importing heavy packages (deepspeed, bitsandbytes, flash-attn stay unimported except
 flash-attn's tiny version check), so the whole report takes about as long as importing torch.
 """
@@ -8,7 +7,6 @@ flash-attn's tiny version check), so the whole report takes about as long as imp
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import resource
@@ -16,13 +14,13 @@ import runpy
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import hardware
-from trainer.data.discovery import DEFAULT_DATA, DataSource, discover, source_of
-from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
+from trainer.data.discovery import DataSource
+from trainer.errors import ConfigError
+from trainer.run import hardware
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 GIB = 1024**3
@@ -385,80 +383,3 @@ def settings_and_config_row(hw: hardware.Hardware) -> tuple[Any, Row]:
 def config_failure(problems: list[str]) -> Row:
     message = ConfigError(*problems).message
     return Row("config", "TRAIN_* settings", "not possible here", FAIL, message, {"ok": False, "error": message})
-
-
-# --- report --------------------------------------------------------------------------------------
-
-
-def collect() -> list[Row]:
-    hw = hardware.probe()
-    settings, config_row = settings_and_config_row(hw)
-    env_data = os.environ.get("TRAIN_DATA") or DEFAULT_DATA
-    source = source_of(settings) if settings else discover(env_data, os.environ.get("TRAIN_TEXT_FIELD") or "text")
-    output_path = settings.output_dir if settings else os.environ.get("TRAIN_OUTPUT_DIR", "/output")
-    num_workers = settings.num_workers if settings else 2
-    return [
-        *gpu_rows(hw),
-        *torch_rows(hw),
-        *capability_rows(hw),
-        flash_attn_row(hw),
-        apex_row(),
-        deepspeed_row(),
-        bitsandbytes_row(hw),
-        versions_row(),
-        *limits_rows(hw, num_workers),
-        user_row(),
-        cache_row(),
-        data_row(source),
-        output_row(output_path),
-        config_row,
-    ]
-
-
-def to_json(rows: list[Row]) -> dict:
-    problems = [f"{row.label}: {row.fix}" for row in rows if row.status == FAIL]
-    report: dict[str, Any] = {"ok": not problems, "problems": problems}
-    report.update({row.key: row.value for row in rows})
-    report["checks"] = [asdict(row) for row in rows]
-    return report
-
-
-def print_table(rows: list[Row]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    marks = {OK: "[green]ok[/]", INFO: "", WARN: "[yellow]warn[/]", FAIL: "[red]FAIL[/]"}
-    table = Table(title="trainkit doctor", show_lines=False)
-    table.add_column("check", style="bold")
-    table.add_column("found")
-    table.add_column("")
-    for row in rows:
-        found = row.shown + (f"\n[dim]{row.fix}[/]" if row.fix and row.status in (WARN, FAIL) else "")
-        table.add_row(row.label, found, marks[row.status])
-    console = Console()
-    console.print(table)
-    failed = [row for row in rows if row.status == FAIL]
-    if failed:
-        console.print(f"[red]The configured run cannot work here ({len(failed)} problem(s)):[/]")
-        for row in failed:
-            console.print(f"  - {row.label}: {row.fix}")
-    else:
-        console.print("[green]The configured run can work here.[/]")
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    unknown = [a for a in args if a != "--json"]
-    if unknown:
-        print(f"error: unknown doctor option(s): {' '.join(unknown)} (usage: doctor [--json])", file=sys.stderr)
-        return EXIT_USER
-    rows = collect()
-    if "--json" in args:
-        print(json.dumps(to_json(rows), indent=2, default=str))
-    else:
-        print_table(rows)
-    return EXIT_OK if all(row.status != FAIL for row in rows) else EXIT_USER
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainer.bench_exec import OK, StepCallback
+from trainer.bench.runner import OK, StepCallback
 
 CSV_COLUMNS = (
     "name", "group", "status", "on_top_of", "tokens_per_s", "samples_per_s", "mfu", "peak_mem_bytes",

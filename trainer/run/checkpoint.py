@@ -152,7 +152,7 @@ def _atomic_trainer_class() -> type:
         _staging_dir: str | None = None
 
         def get_train_dataloader(self) -> Any:
-            from trainer.signals import shield_workers
+            from trainer.run.signals import shield_workers
 
             return shield_workers(super().get_train_dataloader())
 

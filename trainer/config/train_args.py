@@ -175,10 +175,3 @@ def parse_train_args(tokens: list[str]) -> dict[str, Any]:
     if rest:
         raise ConfigError(f"TRAIN_ARGS: unrecognized arguments {' '.join(rest)}")
     return {key: value for key, value in vars(namespace).items() if value is not unset}
-
-
-def apex_fused_adam(learning_rate: float, weight_decay: float = 0.0) -> tuple[type, dict[str, Any]]:
-    """Trainer(optimizer_cls_and_kwargs=...) for TRAIN_OPTIM=adamw_apex_fused (NVIDIA apex FusedAdam in AdamW mode)."""
-    from apex.optimizers import FusedAdam
-
-    return FusedAdam, {"lr": learning_rate, "weight_decay": weight_decay, "adam_w_mode": True}

@@ -1,0 +1,3 @@
+"""`python -m trainer bench`: command.py (CLI), session.py (the rows in order), rows.py (the catalogue),
+runner.py (one row as a subprocess), report.py (tables, CSV, chart), machine.py (what the report says about the host).
+"""

@@ -1,0 +1,59 @@
+"""The machine a bench runs on, as the report describes it."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from trainer.bench.runner import error_line
+
+
+def machine() -> dict:
+    """Device and versions for the report, probed in a child process.
+
+    Probing here would create a CUDA context in this process, holding GPU memory the rows then lack.
+    """
+    code = "import json; from trainer.bench.command import describe_machine; print(json.dumps(describe_machine()))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        first = error_line([line for line in proc.stderr.splitlines() if line.strip()])
+        print(f"warning: could not probe the hardware ({first}); assuming no GPU", file=sys.stderr)
+        return {"on_gpu": False, "device": "unknown (hardware probe failed)", "torch": "?"}
+
+
+def describe_machine() -> dict:
+    """Run in a child by machine(): what the report says about this machine."""
+    from trainer.run.hardware import probe
+
+    hw = probe()
+    device = hw.describe() if hw.is_gpu else f"CPU: {_cpu_name()}, {hw.cpu_count} cores"
+    if hw.is_gpu and hw.cuda_version:
+        device += f", CUDA {hw.cuda_version}"
+    return {"on_gpu": hw.is_gpu, "device": device, "torch": hw.torch_version}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def versions(torch_version: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [f"python {platform.python_version()}", f"torch {torch_version}"]
+    for package in ("transformers", "accelerate", "deepspeed", "peft", "flash-attn", "bitsandbytes"):
+        try:
+            parts.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            continue
+    return ", ".join(parts)

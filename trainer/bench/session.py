@@ -1,0 +1,212 @@
+"""`Bench`: runs the selected rows in order; each row builds on the best result so far."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.bench.report import (
+    BenchProgress,
+    RowResult,
+)
+from trainer.bench.rows import (
+    ADAPTER_ROWS,
+    BASELINE,
+    BASELINE_ENV,
+    COMBINABLE_GROUPS,
+    COMBINED,
+    GRAD_ACCUM,
+    MAX_BATCH,
+    RowSpec,
+)
+from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, run_row
+from trainer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rows need to know about the user's configuration and this machine."""
+
+    model: str
+    model_is_folder: bool
+    seq_len: int
+    batch_size: int
+    on_gpu: bool
+    max_batch: int
+
+
+# ---- running the rows ----------------------------------------------------------------------------
+
+class Bench:
+    """Runs the selected rows in order, keeping each result and the reference the next rows build on."""
+
+    def __init__(self, specs: list[RowSpec], ctx: Context, plan: RunPlan, ui: BenchProgress | None) -> None:
+        self.specs = specs
+        self.ctx = ctx
+        self.plan = plan
+        self.ui = ui
+        self.results: dict[str, RowResult] = {}
+
+    # The reference for non-precision rows: the fastest precision row that ran (else the baseline).
+    def reference(self) -> RowResult | None:
+        ran = [r for r in self.results.values() if r.group == "precision" and r.ok]
+        if ran:
+            return max(ran, key=lambda r: r.tokens_per_s or 0.0)
+        return self.results.get(BASELINE)
+
+    def reference_env(self) -> dict[str, str]:
+        ref = self.reference()
+        if ref is not None and ref.ok:
+            return dict(ref.env)
+        return {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size)}
+
+    def run(self) -> list[RowResult]:
+        for spec in self.specs:
+            result = self.run_spec(spec)
+            self.results[spec.name] = result
+            if self.ui:
+                self.ui.row_done(result)
+            if spec.name == BASELINE and result.status == SKIPPED:
+                raise ConfigError(f"the baseline row cannot run with this configuration: {result.reason}")
+        return list(self.results.values())
+
+    def run_spec(self, spec: RowSpec) -> RowResult:
+        if spec.group == "precision":
+            return self.measure(spec, {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size), **spec.env},
+                                on_top_of=None if spec.name == BASELINE else BASELINE)
+        ref = self.reference()
+        on_top_of = ref.name if ref else BASELINE
+        skip = self.skip_reason(spec)
+        if skip:
+            return self.skipped(spec, skip, on_top_of)
+        if spec.name == MAX_BATCH:
+            return self.probe_max_batch(spec, on_top_of)
+        if spec.name == COMBINED:
+            return self.run_combined(spec, on_top_of)
+        env = {**self.reference_env(), **spec.env}
+        if spec.name == GRAD_ACCUM:
+            env.update(grad_accum_env(self.ctx.batch_size))
+        return self.measure(spec, env, on_top_of)
+
+    def skip_reason(self, spec: RowSpec) -> str:
+        """Why a row cannot apply here, known without starting the trainer ('' when it may run)."""
+        if spec.name in ADAPTER_ROWS and not self.ctx.model_is_folder:
+            return (f"needs a pretrained model: TRAIN_MODEL={self.ctx.model} is a preset; "
+                    "set it to a Hugging Face model folder to measure LoRA/QLoRA")
+        if spec.name == GRAD_ACCUM and self.ctx.batch_size < 2:
+            return "needs TRAIN_BATCH_SIZE of 2 or more to split into accumulation steps"
+        if spec.name == MAX_BATCH and not self.ctx.on_gpu:
+            return "not supported here: the probe doubles the batch until GPU memory runs out (no GPU found)"
+        return ""
+
+    def skipped(self, spec: RowSpec, reason: str, on_top_of: str | None) -> RowResult:
+        return RowResult(spec.name, spec.group, spec.description, SKIPPED, on_top_of=on_top_of, reason=reason,
+                         same_training=spec.same_training)
+
+    def measure(self, spec: RowSpec, env: dict[str, str], on_top_of: str | None, label: str | None = None,
+                log_name: str | None = None) -> RowResult:
+        """Run a row with `env` (or reuse an identical configuration measured before)."""
+        same = next((r for r in self.results.values() if r.ok and r.env == env), None)
+        if same is not None:
+            return self.as_row(spec, env, on_top_of, measured_from=same)
+        on_step = self.ui.start_row(label or spec.name, self.plan.max_steps) if self.ui else None
+        outcome = run_row(log_name or spec.name, env, self.plan, on_step)
+        return self.as_row(spec, env, on_top_of, outcome=outcome)
+
+    def as_row(self, spec: RowSpec, env: dict[str, str], on_top_of: str | None, outcome: RowOutcome | None = None,
+               measured_from: RowResult | None = None) -> RowResult:
+        row = RowResult(spec.name, spec.group, spec.description, OK, env=env, changes=changes(env),
+                        on_top_of=on_top_of, same_training=spec.same_training)
+        if measured_from is not None:
+            copy_measurement(measured_from, row)
+            row.note = f"same configuration as `{measured_from.name}` (measured once)"
+            return row
+        assert outcome is not None
+        row.status, row.reason, row.wall_s = outcome.status, outcome.reason, outcome.wall_s
+        if outcome.measured is not None:
+            m = outcome.measured
+            row.tokens_per_s, row.samples_per_s, row.step_time_s = m.tokens_per_s, m.samples_per_s, m.step_time_s
+            row.mfu, row.peak_mem_bytes, row.measured_steps = m.mfu, m.peak_mem_bytes, m.measured_steps
+        return row
+
+    def probe_max_batch(self, spec: RowSpec, on_top_of: str) -> RowResult:
+        """Double the micro-batch from twice TRAIN_BATCH_SIZE until a run fails; the row is the largest that ran."""
+        best, failed, batch = None, None, self.ctx.batch_size * 2
+        while batch <= self.ctx.max_batch:
+            env = {**self.reference_env(), "TRAIN_BATCH_SIZE": str(batch)}
+            tried = self.measure(spec, env, on_top_of, label=f"{spec.name} (batch {batch})",
+                                 log_name=f"{spec.name}-b{batch}")
+            if not tried.ok:
+                failed = tried
+                break
+            best, batch = tried, batch * 2
+        stop = f"batch {batch}: {failed.status}: {failed.reason}" if failed else f"--max-batch {self.ctx.max_batch}"
+        if best is None:
+            status = failed.status if failed else SKIPPED
+            reason = f"no batch above TRAIN_BATCH_SIZE={self.ctx.batch_size} ran ({stop})"
+            return RowResult(spec.name, spec.group, spec.description, status, on_top_of=on_top_of, reason=reason)
+        best.note = f"largest batch that ran: {best.env['TRAIN_BATCH_SIZE']} (stopped at {stop})"
+        return best
+
+    def run_combined(self, spec: RowSpec, on_top_of: str) -> RowResult:
+        plan = self.combined_plan()
+        if isinstance(plan, str):
+            return self.skipped(spec, plan, on_top_of)
+        env, names = plan
+        row = self.measure(spec, env, on_top_of)
+        row.note = " + ".join(names) + (f"; {row.note}" if row.note else "")
+        return row
+
+    def combined_plan(self) -> tuple[dict[str, str], list[str]] | str:
+        """(env, the rows it stacks) for the `combined` row, or why there is nothing to combine."""
+        ref = self.reference()
+        if ref is None or not ref.ok:
+            return "no precision row ran, nothing to build on"
+        candidates = [self.tf32_winner(ref), *(self.group_winner(group, ref) for group in COMBINABLE_GROUPS)]
+        winners = [w for w in candidates if w is not None]
+        if not winners:
+            return f"no tf32, optimizer, attention, compile or batch row beat `{ref.name}`"
+        if len(winners) == 1:
+            return f"only `{winners[0].name}` beat `{ref.name}`: nothing to combine"
+        env = dict(ref.env)
+        for winner in winners:
+            env.update(self.own_changes(winner))
+        return env, [ref.name, *(w.name for w in winners)]
+
+    def own_changes(self, row: RowResult) -> dict[str, str]:
+        """What a row changed over the row it was measured on top of (tf32: TRAIN_TF32=1 only)."""
+        base = self.results.get(row.on_top_of or BASELINE)
+        base_env = base.env if base is not None and base.ok else self.reference_env()
+        return {k: v for k, v in row.env.items() if base_env.get(k) != v}
+
+    def tf32_winner(self, ref: RowResult) -> RowResult | None:
+        """The tf32 row when it beat fp32: mixed precision keeps some matmuls in fp32, which TF32 speeds up too."""
+        tf32, base = self.results.get("tf32"), self.results.get(BASELINE)
+        if ref.name not in ("fp16", "bf16") or tf32 is None or base is None or not (tf32.ok and base.ok):
+            return None
+        return tf32 if (tf32.tokens_per_s or 0) > (base.tokens_per_s or 0) else None
+
+    def group_winner(self, group: str, ref: RowResult) -> RowResult | None:
+        faster = [r for r in self.results.values()
+                  if r.group == group and r.ok and r.env != ref.env and (r.tokens_per_s or 0) > (ref.tokens_per_s or 0)]
+        return max(faster, key=lambda r: r.tokens_per_s or 0.0, default=None)
+
+
+def grad_accum_env(batch_size: int) -> dict[str, str]:
+    """The same effective batch in smaller micro-batches: the smallest accumulation factor >= 2 dividing it."""
+    accum = next(k for k in range(2, batch_size + 1) if batch_size % k == 0)
+    return {"TRAIN_BATCH_SIZE": str(batch_size // accum), "TRAIN_GRAD_ACCUM": str(accum)}
+
+
+def changes(env: dict[str, str]) -> dict[str, str]:
+    """What a row's environment changes from the baseline's (TRAIN_BATCH_SIZE is always listed)."""
+    return {k: v for k, v in env.items() if BASELINE_ENV.get(k) != v}
+
+
+def copy_measurement(source: RowResult, target: RowResult) -> None:
+    for key in ("tokens_per_s", "samples_per_s", "step_time_s", "mfu", "peak_mem_bytes", "measured_steps"):
+        setattr(target, key, getattr(source, key))
+
+
+def recommended_env(row: RowResult) -> dict[str, str]:
+    """Every technique variable of the row, so the lines replace whatever a .env had for them."""
+    return dict(row.env)

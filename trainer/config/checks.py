@@ -1,0 +1,198 @@
+"""Stage 1: every check of the settings that needs no torch (combinations, libraries, paths, data)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from trainer.config import deepspeed, train_args
+from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.data.discovery import source_of
+from trainer.errors import ConfigError
+from trainer.run.hardware import module_available
+
+
+def _combination_problems(s: TrainSettings) -> list[str]:
+    problems = []
+    if s.zero_offload != "none" and s.zero_stage == 0:
+        problems.append(
+            f"TRAIN_ZERO_OFFLOAD={s.zero_offload} needs DeepSpeed ZeRO: set TRAIN_ZERO_STAGE to 1, 2 or 3 "
+            "(offload moves ZeRO-partitioned state), or TRAIN_ZERO_OFFLOAD=none"
+        )
+    if s.zero_offload == "nvme" and s.zero_stage not in (0, 3):
+        problems.append(
+            f"TRAIN_ZERO_OFFLOAD=nvme needs TRAIN_ZERO_STAGE=3 (DeepSpeed offloads to NVMe only in ZeRO-3, "
+            f"not stage {s.zero_stage}); use TRAIN_ZERO_OFFLOAD=cpu for stages 1-2"
+        )
+    uses_deepspeed = s.zero_stage > 0 or bool(s.deepspeed_config)
+    if uses_deepspeed and s.fsdp != "none":
+        problems.append(
+            f"TRAIN_FSDP={s.fsdp} and DeepSpeed (TRAIN_ZERO_STAGE/TRAIN_DEEPSPEED_CONFIG) both shard the model; "
+            "pick one: TRAIN_FSDP=none or TRAIN_ZERO_STAGE=0"
+        )
+    if s.quant != "none" and not s.lora:
+        problems.append(
+            f"TRAIN_QUANT={s.quant} needs TRAIN_LORA=1: quantized weights are frozen, only LoRA adapters train (QLoRA)"
+        )
+    if s.compile and s.zero_stage == 3:
+        problems.append(
+            "TRAIN_COMPILE=1 with TRAIN_ZERO_STAGE=3: ZeRO-3 gathers parameters in hooks that break torch.compile "
+            "graphs; use TRAIN_ZERO_STAGE=2 or TRAIN_COMPILE=0"
+        )
+    if s.auto_batch and uses_deepspeed:
+        problems.append(
+            "TRAIN_AUTO_BATCH=1 does not work with DeepSpeed (its batch size is fixed at initialization); "
+            "set TRAIN_BATCH_SIZE yourself or TRAIN_ZERO_STAGE=0"
+        )
+    return problems
+
+
+def _library_problems(s: TrainSettings) -> list[str]:
+    needs = []
+    if s.zero_stage > 0 or s.deepspeed_config:
+        needs.append(("deepspeed", "TRAIN_ZERO_STAGE/TRAIN_DEEPSPEED_CONFIG", "pip install deepspeed"))
+    if s.lora:
+        needs.append(("peft", "TRAIN_LORA=1", "pip install peft"))
+    if s.quant != "none":
+        needs.append(("bitsandbytes", f"TRAIN_QUANT={s.quant}", "pip install bitsandbytes"))
+    return [
+        f"{setting} needs the Python package {module!r}, which is not installed ({hint})"
+        for module, setting, hint in needs
+        if not module_available(module)
+    ]
+
+
+def _optimizer_problems(s: TrainSettings) -> list[str]:
+    if s.optim == "auto":
+        return []
+    names = train_args.all_optimizer_names()
+    if s.optim not in names:
+        return [
+            f"TRAIN_OPTIM={s.optim!r} is not an optimizer Transformers knows"
+            f"{train_args.did_you_mean(s.optim, names)}; "
+            "e.g. adamw_torch, adamw_torch_fused, adamw_apex_fused, adamw_bnb_8bit, adafactor"
+        ]
+    library = train_args.optimizer_library(s.optim)
+    if library is None:
+        return []
+    module, hint = library
+    available = module_available(module) and (s.optim != train_args.APEX_FUSED or module_available("amp_C"))
+    if available:
+        return []
+    return [f"TRAIN_OPTIM={s.optim} needs {module!r}, which is not installed ({hint}); or use TRAIN_OPTIM=auto"]
+
+
+def _deepspeed_config_problems(s: TrainSettings) -> list[str]:
+    if not s.deepspeed_config:
+        return []
+    try:
+        deepspeed.load_user_config(s.deepspeed_config)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def _train_args_problems(s: TrainSettings) -> list[str]:
+    try:
+        return train_args.check_train_args(train_args.split_train_args(s.args))
+    except ConfigError as exc:
+        return exc.problems
+
+
+def _model_problems(s: TrainSettings) -> list[str]:
+    if s.model in MODEL_PRESETS:
+        return []
+    folder = Path(s.model)
+    if not folder.exists():
+        return [
+            f"TRAIN_MODEL={s.model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor an existing folder; "
+            "mount the model (e.g. -v /path/to/model:/models/name:ro) or use a preset"
+        ]
+    if not (folder / "config.json").is_file():
+        return [f"TRAIN_MODEL={s.model}: the folder has no config.json; point it at a Hugging Face model folder"]
+    if not _readable(folder / "config.json"):
+        return [f"TRAIN_MODEL={s.model}: cannot read config.json; check the file's permissions"]
+    return []
+
+
+def _resume_problems(s: TrainSettings) -> list[str]:
+    if s.resume in ("auto", "never"):
+        return []
+    if not Path(s.resume).is_dir():
+        return [
+            f"TRAIN_RESUME={s.resume!r}: no such checkpoint folder; use auto, never or an existing checkpoint-N path"
+        ]
+    return []
+
+
+def _writable_dir_problem(name: str, path: str) -> str | None:
+    """None when `path` is (or can be created as) a writable folder; else why not. Tries a real write: root passes
+    every permission check, read-only mounts and files in the way do not."""
+    target = Path(path)
+    probe_dir = target
+    while not probe_dir.exists():
+        if probe_dir.parent == probe_dir:
+            break
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        return f"{name}={path}: {probe_dir} is a file, not a folder; choose a folder path"
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".trainkit-write-test-"):
+            pass
+    except OSError as exc:
+        where = "" if probe_dir == target else f" (its nearest existing parent {probe_dir})"
+        return (
+            f"{name}={path}: the folder{where} is not writable ({exc.strerror}); mount a writable folder there or "
+            "run the container with a user that may write it"
+        )
+    return None
+
+
+def _output_problems(s: TrainSettings) -> list[str]:
+    problem = _writable_dir_problem("TRAIN_OUTPUT_DIR", s.output_dir)
+    return [problem] if problem else []
+
+
+def _nvme_problems(s: TrainSettings) -> list[str]:
+    if s.zero_offload != "nvme":
+        return []
+    if not Path(s.nvme_path).is_dir():
+        return [f"TRAIN_NVME_PATH={s.nvme_path}: no such folder; mount a folder on a fast local NVMe disk there"]
+    problem = _writable_dir_problem("TRAIN_NVME_PATH", s.nvme_path)
+    return [problem] if problem else []
+
+
+def _readable(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            handle.read(1)
+    except OSError:
+        return False
+    return True
+
+
+# ---- data (discovery and its checks live in trainer.data.discovery; one scan per settings object) -----------------
+
+
+def _data_problems(s: TrainSettings) -> list[str]:
+    return list(source_of(s).problems)
+
+
+STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
+    _combination_problems,
+    _library_problems,
+    _optimizer_problems,
+    _deepspeed_config_problems,
+    _train_args_problems,
+    _model_problems,
+    _resume_problems,
+    _nvme_problems,
+    _output_problems,
+    _data_problems,
+)
+
+
+def static_problems(settings: TrainSettings) -> list[str]:
+    """Every problem that can be found without torch, in a stable order."""
+    return [problem for check in STATIC_CHECKS for problem in check(settings)]

@@ -1,0 +1,64 @@
+"""`python -m trainer config [--json]`: the resolved configuration, without training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from trainer.errors import EXIT_OK
+
+
+def register(commands: Any) -> None:
+    """Add `config` to `python -m trainer`'s subcommands."""
+    parser = commands.add_parser(
+        "config",
+        help="print the resolved configuration without training",
+        description="The resolved configuration: settings (with their source), decisions with their reasons, "
+        "Transformers' TrainingArguments and the DeepSpeed config. Secrets are masked.",
+    )
+    parser.add_argument("--json", action="store_true", help="print it as JSON")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from trainer import config
+
+    cfg = config.resolve(config.load_settings())
+    config.build_training_arguments(cfg)  # Transformers' own validation: what it refuses is exit 2 here too
+    if args.json:
+        print(json.dumps(cfg.to_dict(masked=True), indent=2))
+    else:
+        print_config(cfg.to_dict(masked=True))
+    return EXIT_OK
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def print_config(data: dict) -> None:
+    """The resolved configuration as rich tables: settings (with their source), decisions, Transformers, DeepSpeed."""
+    from rich.console import Console
+
+    console = Console()
+    settings = [(name, _text(v["value"]), v["source"]) for name, v in data["settings"].items()]
+    console.print(_table("Settings (TRAIN_*)", ("variable", "value", "source"), settings))
+    decisions = [(name, _text(d["value"]), d["reason"]) for name, d in data["decisions"].items()]
+    console.print(_table("Decisions", ("what", "value", "why"), decisions))
+    arguments = [(k, _text(v)) for k, v in data["training_arguments"].items() if k != "deepspeed"]
+    console.print(_table("TrainingArguments", ("argument", "value"), arguments))
+    if data["deepspeed"]:
+        console.print("[bold]DeepSpeed config[/bold]")
+        console.print_json(json.dumps(data["deepspeed"]))

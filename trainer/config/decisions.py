@@ -1,0 +1,313 @@
+"""The decisions: every `auto` resolved for this machine, each a typed value with the reason it was chosen.
+
+`Decisions` is what the run, the models and the benchmarks read (`cfg.decisions.precision.value`); its JSON form
+(`to_dict`) is the "decisions" table of `python -m trainer config` and of run_config.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from trainer.config import deepspeed, train_args
+from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.data.discovery import source_of
+from trainer.errors import ConfigError
+from trainer.launch.gpus import NprocError, processes_per_node
+from trainer.run.hardware import module_available
+
+if TYPE_CHECKING:
+    from trainer.run.hardware import Hardware
+
+T = TypeVar("T")
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOC_CONF_DEFAULT = "expandable_segments:True"
+FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
+
+
+@dataclass(frozen=True)
+class Decision(Generic[T]):
+    """One decided value and why."""
+
+    value: T
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Every decision of a resolved run, in the order `python -m trainer config` shows them."""
+
+    data: Decision[str]
+    model: Decision[str]
+    precision: Decision[str]  # fp32, bf16 or fp16
+    tf32: Decision[bool]
+    deepspeed: Decision[str | None]  # zeroN, a user config path, or None
+    optim: Decision[str]  # a Transformers optimizer name, adamw_apex_fused, or "deepspeed"
+    attn: Decision[str]  # the attn_implementation given to Transformers
+    pin_memory: Decision[bool]
+    nproc_per_node: Decision[int]
+    compile: Decision[bool]
+    quant: Decision[str]  # none, 4bit, 8bit
+    lora: Decision[bool]
+    fsdp: Decision[str]
+    grad_ckpt: Decision[bool]
+    profile: Decision[bool]
+    memory_snapshot: Decision[bool]
+    deterministic: Decision[bool]
+    report_to: Decision[Any]
+    resume: Decision[str]
+    cuda_alloc_conf: Decision[str]
+    args: Decision[dict[str, Any]] = Decision({}, "TRAIN_ARGS empty")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        chosen = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: {"value": d.value, "reason": d.reason} for name, d in chosen.items()}
+
+
+def _decide(value: Any, reason: str) -> Decision:
+    return Decision(value, reason)
+
+
+def decide_precision(s: TrainSettings, hw: Hardware) -> Decision:
+    if s.precision == "auto":
+        if not hw.is_gpu:
+            return _decide("fp32", "auto: no CUDA GPU; mixed precision would not speed up CPU training")
+        if hw.bf16:
+            return _decide("bf16", f"auto: {hw.gpu_name} supports bf16 (same range as fp32, no loss scaling)")
+        return _decide("fp16", f"auto: {hw.gpu_name} has no bf16; fp16 with loss scaling")
+    if s.precision == "fp16" and not hw.is_gpu:
+        raise ConfigError("TRAIN_PRECISION=fp16 needs a CUDA GPU (no fp16 mixed precision on CPU); use fp32 or bf16")
+    if s.precision == "bf16" and hw.is_gpu and not hw.bf16:
+        raise ConfigError(
+            f"TRAIN_PRECISION=bf16: {hw.describe()} has no bf16 support (needs compute capability 8.0+); use fp16"
+        )
+    where = "CPU autocast" if not hw.is_gpu else hw.gpu_name
+    return _decide(s.precision, f"set by TRAIN_PRECISION ({where})")
+
+
+def decide_tf32(s: TrainSettings, hw: Hardware) -> Decision:
+    if s.tf32 == "1" and not hw.tf32:
+        raise ConfigError(
+            f"TRAIN_TF32=1 needs an Ampere or newer GPU (compute capability 8.0+); this is {hw.describe()}"
+        )
+    if s.tf32 == "1":
+        return _decide(True, "set by TRAIN_TF32")
+    if s.tf32 == "0":
+        return _decide(False, "set by TRAIN_TF32")
+    if hw.tf32:
+        return _decide(True, "auto: Ampere or newer GPU; TF32 matmuls are ~8x faster than fp32 at negligible cost")
+    return _decide(False, "auto: " + ("no CUDA GPU" if not hw.is_gpu else "GPU older than Ampere has no TF32"))
+
+
+def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> Decision:
+    if ds is not None and deepspeed.replaces_optimizer(ds):
+        return _decide("deepspeed", "ZeRO offload: DeepSpeed's AdamW (CPU Adam) replaces TRAIN_OPTIM")
+    if s.optim == "auto":
+        if hw.is_gpu:
+            return _decide("adamw_torch_fused", "auto: fused CUDA AdamW (one kernel for all parameters)")
+        return _decide("adamw_torch", "auto: no CUDA GPU")
+    if s.optim == train_args.APEX_FUSED and not hw.is_gpu:
+        raise ConfigError(
+            "TRAIN_OPTIM=adamw_apex_fused needs a CUDA GPU (apex FusedAdam is CUDA only); use adamw_torch"
+        )
+    return _decide(s.optim, "set by TRAIN_OPTIM")
+
+
+def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
+    has_flash = hw.libraries.get("flash_attn", False)
+    if s.attn == "flash_attention_2":
+        if not has_flash:
+            raise ConfigError(
+                "TRAIN_ATTN=flash_attention_2 needs the flash_attn package, which is not installed; "
+                "use TRAIN_ATTN=sdpa (or auto), or an image built with flash-attn"
+            )
+        if not hw.ampere_or_newer:
+            raise ConfigError(
+                f"TRAIN_ATTN=flash_attention_2 needs an Ampere or newer GPU; this is {hw.describe()}; use sdpa"
+            )
+        if precision == "fp32":
+            raise ConfigError(
+                "TRAIN_ATTN=flash_attention_2 works in fp16/bf16 only; set TRAIN_PRECISION=bf16 or use sdpa"
+            )
+    if s.attn != "auto":
+        return _decide(s.attn, "set by TRAIN_ATTN")
+    if has_flash and hw.ampere_or_newer and precision != "fp32":
+        return _decide("flash_attention_2", "auto: flash_attn is installed and the GPU is Ampere or newer")
+    why = "flash_attn not installed" if not has_flash else "needs an Ampere+ GPU and fp16/bf16"
+    return _decide("sdpa", f"auto: PyTorch scaled_dot_product_attention ({why})")
+
+
+def decide_pin_memory(s: TrainSettings, hw: Hardware) -> Decision:
+    if s.pin_memory != "auto":
+        note = "" if hw.is_gpu or s.pin_memory == "0" else " (no effect without a GPU)"
+        return _decide(s.pin_memory == "1", "set by TRAIN_PIN_MEMORY" + note)
+    if hw.is_gpu:
+        return _decide(True, "auto: page-locked host memory makes host-to-GPU copies faster and asynchronous")
+    return _decide(False, "auto: no GPU to copy to")
+
+
+def decide_nproc(s: TrainSettings, hw: Hardware) -> Decision:
+    gpus = hw.gpu_count if hw.is_gpu else 0
+    try:
+        count, reason = processes_per_node(s.nproc_per_node, gpus, f"{gpus} GPU(s) seen by torch")
+    except NprocError as exc:
+        raise ConfigError(str(exc)) from None
+    return _decide(count, reason)
+
+
+def decide_compile(s: TrainSettings, hw: Hardware, check_backend: bool = True) -> Decision:
+    if not s.compile:
+        return _decide(False, "TRAIN_COMPILE=0")
+    if check_backend:
+        import torch._dynamo
+
+        if s.compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
+            usual = torch._dynamo.list_backends()  # without debug/experimental ones
+            raise ConfigError(
+                f"TRAIN_COMPILE_BACKEND={s.compile_backend!r} is not a torch.compile backend"
+                f"{train_args.did_you_mean(s.compile_backend, usual)}; usual ones: {', '.join(usual)}"
+            )
+    if s.compile_backend == "inductor":
+        if not hw.is_gpu and not hw.cxx_compiler:
+            raise ConfigError(
+                "TRAIN_COMPILE=1 on CPU: inductor needs a C++ compiler (g++), none found; set TRAIN_COMPILE=0"
+            )
+        if hw.is_gpu and not hw.libraries.get("triton", False):
+            raise ConfigError("TRAIN_COMPILE=1 on GPU: inductor needs triton, which is not installed; TRAIN_COMPILE=0")
+    note = ""
+    if s.compile_mode == "reduce-overhead" and not hw.is_gpu:
+        note = "; CUDA graphs are skipped on CPU, so reduce-overhead behaves like default"
+    return _decide(True, f"set by TRAIN_COMPILE (backend {s.compile_backend}, mode {s.compile_mode}){note}")
+
+
+def decide_quant(s: TrainSettings, hw: Hardware) -> Decision:
+    if s.quant == "none":
+        return _decide("none", "TRAIN_QUANT=none")
+    if not hw.is_gpu:
+        version = metadata.version("bitsandbytes")
+        major, minor = (int(x) for x in version.split(".")[:2])
+        if (major, minor) < (0, 46):
+            raise ConfigError(
+                f"TRAIN_QUANT={s.quant} on CPU needs bitsandbytes 0.46+ (CPU backend); {version} is installed"
+            )
+        return _decide(s.quant, f"set by TRAIN_QUANT; bitsandbytes {version} quantizes on CPU too (slowly)")
+    return _decide(s.quant, "set by TRAIN_QUANT (QLoRA: frozen quantized base, LoRA adapters train)")
+
+
+def decide_debug(s: TrainSettings, hw: Hardware) -> dict[str, Decision]:
+    if s.memory_snapshot and not hw.is_gpu:
+        raise ConfigError("TRAIN_MEMORY_SNAPSHOT=1 records CUDA allocations and needs a CUDA GPU; set it to 0 on CPU")
+    return {
+        "profile": _decide(
+            s.profile, "torch.profiler traces in OUTPUT_DIR/profile" if s.profile else "TRAIN_PROFILE=0"
+        ),
+        "memory_snapshot": _decide(
+            s.memory_snapshot, "OUTPUT_DIR/memory_snapshot.pickle" if s.memory_snapshot else "TRAIN_MEMORY_SNAPSHOT=0"
+        ),
+        "deterministic": _decide(
+            s.deterministic,
+            "full_determinism: deterministic algorithms, slower" if s.deterministic else "seeded, not bit-exact",
+        ),
+    }
+
+
+def decide_deepspeed(s: TrainSettings, precision: str) -> tuple[dict[str, Any] | None, Decision]:
+    if s.deepspeed_config:
+        return deepspeed.load_user_config(s.deepspeed_config), _decide(
+            s.deepspeed_config, "TRAIN_DEEPSPEED_CONFIG wins over the generated config"
+        )
+    if s.zero_stage == 0:
+        return None, _decide(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
+    ds = deepspeed.generate(s.zero_stage, s.zero_offload, s.nvme_path, precision)
+    return ds, _decide(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")
+
+
+def alloc_conf_decision(environ: Mapping[str, str]) -> tuple[str, Decision]:
+    user = environ.get(ALLOC_CONF)
+    if user and user != ALLOC_CONF_DEFAULT:
+        return user, _decide(user, f"{ALLOC_CONF} set by the user")
+    return ALLOC_CONF_DEFAULT, _decide(ALLOC_CONF_DEFAULT, "default: fewer out-of-memory errors from fragmentation")
+
+
+def decide_report_to() -> Decision:
+    if module_available("tensorboard") or module_available("tensorboardX"):
+        return _decide(["tensorboard"], "TensorBoard logs in OUTPUT_DIR/runs")
+    return _decide("none", "tensorboard is not installed: no TensorBoard logs (metrics.jsonl is still written)")
+
+
+def _grad_ckpt_reason(s: TrainSettings) -> str:
+    if not s.grad_ckpt:
+        return "TRAIN_GRAD_CKPT=0"
+    if s.fsdp != "none":
+        return "FSDP activation checkpointing (fsdp_config), recomputing activations in the backward pass"
+    return "recompute activations in the backward pass (non-reentrant); ~30% slower, much less memory"
+
+
+def _resume_reason(resume: str) -> str:
+    return {
+        "auto": "resume from the newest complete checkpoint in the output folder, if any",
+        "never": "always start from scratch",
+    }.get(resume, "resume from this checkpoint")
+
+
+def _fsdp_reason(s: TrainSettings) -> str:
+    if s.fsdp == "none":
+        return "TRAIN_FSDP=none"
+    wrap = "LlamaDecoderLayer" if s.model in MODEL_PRESETS else "the model's _no_split_modules"
+    version = "FSDP2" if s.fsdp in FSDP2_RESHARD else "FSDP1 (deprecated by Transformers; prefer full_shard)"
+    return f"{version} {s.fsdp}, auto-wrapping {wrap}"
+
+
+def decide_all(
+    s: TrainSettings, hw: Hardware, environ: Mapping[str, str], import_heavy: bool = True
+) -> tuple[Decisions, dict[str, Any] | None, str]:
+    """(decisions, DeepSpeed config or None, PYTORCH_CUDA_ALLOC_CONF value); ConfigError naming every problem."""
+    source = source_of(s)
+    problems = list(source.problems)
+    decide = _Collector(problems)
+    data = source.decision()
+    preset = s.model in MODEL_PRESETS
+    precision = decide(decide_precision, s, hw, fallback=_decide("fp32", "refused"))
+    ds, deepspeed_decision = decide_deepspeed(s, precision.value)
+    alloc_value, alloc_decision = alloc_conf_decision(environ)
+    parts: dict[str, Decision] = {
+        "data": Decision(data.get("value", ""), data.get("reason", "refused")),
+        "model": _decide(s.model, "preset, trained from scratch" if preset else "local folder, loaded offline"),
+        "precision": precision,
+        "tf32": decide(decide_tf32, s, hw, fallback=_decide(False, "refused")),
+        "deepspeed": deepspeed_decision,
+        "optim": decide(decide_optim, s, hw, ds, fallback=_decide("adamw_torch", "refused")),
+        "attn": decide(decide_attn, s, hw, precision.value, fallback=_decide("sdpa", "refused")),
+        "pin_memory": decide_pin_memory(s, hw),
+        "nproc_per_node": decide(decide_nproc, s, hw, fallback=_decide(1, "refused")),
+        "compile": decide(decide_compile, s, hw, import_heavy, fallback=_decide(False, "refused")),
+        "quant": decide(decide_quant, s, hw, fallback=_decide("none", "refused")),
+        "lora": _decide(
+            s.lora, f"r={s.lora_r} alpha={s.lora_alpha} targets={s.lora_targets}" if s.lora else "TRAIN_LORA=0"
+        ),
+        "fsdp": _decide(s.fsdp, _fsdp_reason(s)),
+        "grad_ckpt": _decide(s.grad_ckpt, _grad_ckpt_reason(s)),
+        **decide(decide_debug, s, hw, fallback={}),
+        "report_to": decide_report_to(),
+        "resume": _decide(s.resume, _resume_reason(s.resume)),
+        "cuda_alloc_conf": alloc_decision,
+    }
+    if problems:
+        raise ConfigError(*problems)
+    return Decisions(**parts), ds, alloc_value
+
+
+class _Collector:
+    """Calls a decide_* function; a ConfigError is recorded (so one run reports every problem) and `fallback` used."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, fallback: Any) -> Any:
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            self.problems.extend(exc.problems)
+            return fallback

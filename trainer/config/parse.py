@@ -1,0 +1,73 @@
+"""Stage 1: TRAIN_* -> TrainSettings, with one clear line per unknown name or bad value (no torch)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainer.config.checks import static_problems
+from trainer.config.schema import ENV_PREFIX, TrainSettings, allowed_values, env_name, field_of_env
+from trainer.config.train_args import did_you_mean
+from trainer.errors import ConfigError
+
+
+class _MappingSettings(TrainSettings):
+    """TrainSettings validated from an explicit mapping only (the base class would also read os.environ)."""
+
+    @classmethod
+    def settings_customise_sources(  # type: ignore[override]
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings, **other_sources
+    ):
+        return (init_settings,)
+
+
+def train_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The TRAIN_* entries of `env`, upper-cased names; empty values count as unset."""
+    return {k.upper(): v for k, v in env.items() if k.upper().startswith(ENV_PREFIX) and v != ""}
+
+
+def _unknown_names(variables: Mapping[str, str]) -> list[str]:
+    known = [env_name(f) for f in TrainSettings.model_fields]
+    return [
+        f"unknown variable {name}{did_you_mean(name, known)}; every TRAIN_* variable is listed in "
+        "the README and .env.example"
+        for name in variables
+        if field_of_env(name) is None
+    ]
+
+
+def _describe_validation_error(error: dict[str, Any]) -> str:
+    field_name = str(error["loc"][0]) if error.get("loc") else "?"
+    name = env_name(field_name)
+    value = error.get("input")
+    if error["type"] == "literal_error":
+        return f"{name}={value!r} is not allowed; allowed values: {allowed_values(field_name)}"
+    reason = error["msg"].removeprefix("Value error, ")
+    allowed = allowed_values(field_name) if field_name in TrainSettings.model_fields else ""
+    return f"{name}={value!r}: {reason[0].lower()}{reason[1:]}" + (f"; allowed values: {allowed}" if allowed else "")
+
+
+def parse_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
+    """TRAIN_* -> TrainSettings; every unknown name and bad value becomes one line of a ConfigError."""
+    variables = train_variables(os.environ if env is None else env)
+    problems = _unknown_names(variables)
+    values = {field_of_env(k): v for k, v in variables.items() if field_of_env(k)}
+    try:
+        settings = _MappingSettings(**values)
+    except ValidationError as exc:
+        raise ConfigError(*problems, *(_describe_validation_error(e) for e in exc.errors())) from None
+    if problems:
+        raise ConfigError(*problems)
+    return settings
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
+    """Parse TRAIN_* from `env` (os.environ by default) and run every check that needs no torch."""
+    settings = parse_settings(env)
+    problems = static_problems(settings)
+    if problems:
+        raise ConfigError(*problems)
+    return settings

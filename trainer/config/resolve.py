@@ -1,0 +1,43 @@
+"""Stage 2: decide every `auto` on this machine (imports torch to probe it) and assemble what Transformers gets."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from trainer.config.decisions import ALLOC_CONF, ALLOC_CONF_DEFAULT, decide_all
+from trainer.config.run_config import RunConfig
+from trainer.config.schema import TrainSettings
+from trainer.config.training_arguments import apply_user_arguments, derived_training_arguments
+
+if TYPE_CHECKING:
+    from trainer.run.hardware import Hardware
+
+
+def resolve(
+    settings: TrainSettings,
+    hardware: Hardware | None = None,
+    environ: Mapping[str, str] | None = None,
+    import_heavy: bool = True,
+) -> RunConfig:
+    """Decide every `auto` for this machine and build TrainingArguments kwargs; ConfigError if it cannot work here.
+
+    `import_heavy=False` skips what needs transformers/torch (TRAIN_ARGS parsing, compile backend listing): for
+    unit tests of the decision logic on a described machine.
+    """
+    from trainer.run import hardware as hardware_module
+
+    hw = hardware or hardware_module.probe()
+    environ = os.environ if environ is None else environ
+    decisions, ds, alloc_value = decide_all(settings, hw, environ, import_heavy)
+    derived = derived_training_arguments(settings, hw, decisions, ds)
+    arguments, args_decision = apply_user_arguments(settings, derived, parse=import_heavy)
+    decisions = dataclasses.replace(decisions, args=args_decision)
+    return RunConfig(settings, hw, decisions, arguments, ds, env={ALLOC_CONF: alloc_value})
+
+
+def apply_process_defaults(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Environment the training process needs before torch is imported (the user's value wins)."""
+    environ.setdefault(ALLOC_CONF, ALLOC_CONF_DEFAULT)

@@ -1,0 +1,122 @@
+"""Transformers' `TrainingArguments` kwargs from the settings and the decisions, then TRAIN_ARGS on top."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.config import train_args
+from trainer.config.decisions import FSDP2_RESHARD, Decision, Decisions
+from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.run.hardware import Hardware
+
+DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min default
+
+
+def _fsdp_arguments(s: TrainSettings) -> dict[str, Any]:
+    if s.fsdp == "none":
+        return {}
+    if s.fsdp in FSDP2_RESHARD:
+        fsdp_config: dict[str, Any] = {"version": 2, "reshard_after_forward": FSDP2_RESHARD[s.fsdp]}
+    else:  # hybrid_shard / no_shard exist only in FSDP1
+        fsdp_config = {"version": 1, "reshard_after_forward": s.fsdp}
+    fsdp_config["auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP"
+    if s.model in MODEL_PRESETS:
+        fsdp_config["transformer_layer_cls_to_wrap"] = ["LlamaDecoderLayer"]
+    if s.grad_ckpt:
+        fsdp_config["activation_checkpointing"] = True
+    return {"fsdp": True, "fsdp_config": fsdp_config}
+
+
+def _checkpointing_arguments(s: TrainSettings, fields: frozenset[str]) -> dict[str, Any]:
+    if s.fsdp != "none" and s.grad_ckpt:
+        return {}  # FSDP checkpoints activations itself (fsdp_config), avoiding redundant all-gathers
+    new_name = "activation_checkpointing" in fields or not fields  # Transformers 5 renamed gradient_checkpointing
+    name = "activation_checkpointing" if new_name else "gradient_checkpointing"
+    args: dict[str, Any] = {name: s.grad_ckpt}
+    if s.grad_ckpt:
+        args[f"{name}_kwargs"] = {"use_reentrant": False}
+    return args
+
+
+def _compile_arguments(s: TrainSettings) -> dict[str, Any]:
+    # Transformers turns torch_compile on when a backend or mode is given, so pass them only when compiling.
+    if not s.compile:
+        return {"torch_compile": False}
+    return {"torch_compile": True, "torch_compile_backend": s.compile_backend, "torch_compile_mode": s.compile_mode}
+
+
+def derived_training_arguments(
+    s: TrainSettings, hw: Hardware, decisions: Decisions, ds: dict[str, Any] | None
+) -> dict[str, Any]:
+    """TrainingArguments kwargs from TRAIN_* and the decisions (before TRAIN_ARGS)."""
+    fields = train_args.training_argument_fields()
+    precision = decisions.precision.value
+    optim = decisions.optim.value
+    args: dict[str, Any] = {
+        "output_dir": s.output_dir,
+        "per_device_train_batch_size": s.batch_size,
+        "gradient_accumulation_steps": s.grad_accum,
+        "auto_find_batch_size": s.auto_batch,
+        "learning_rate": s.lr,
+        "max_steps": s.max_steps,
+        "num_train_epochs": s.epochs,
+        "save_strategy": "steps",
+        "save_steps": s.save_steps,
+        "save_total_limit": s.save_total_limit,
+        "save_safetensors": True,
+        "logging_strategy": "steps",
+        "logging_steps": s.log_steps,
+        "logging_first_step": True,
+        "logging_dir": str(Path(s.output_dir) / "runs"),
+        "report_to": decisions.report_to.value,
+        "seed": s.seed,
+        "full_determinism": s.deterministic,
+        "bf16": precision == "bf16",
+        "fp16": precision == "fp16",
+        "tf32": decisions.tf32.value if hw.is_gpu else None,
+        "optim": "adamw_torch" if optim in ("deepspeed", train_args.APEX_FUSED) else optim,
+        "dataloader_num_workers": s.num_workers,
+        "dataloader_pin_memory": decisions.pin_memory.value,
+        "dataloader_persistent_workers": s.num_workers > 0,
+        "remove_unused_columns": False,
+        "ddp_timeout": DDP_TIMEOUT_S,
+        "use_cpu": not hw.is_gpu,
+        "neftune_noise_alpha": s.neftune_alpha or None,
+        "deepspeed": ds,
+        **_checkpointing_arguments(s, fields),
+        **_compile_arguments(s),
+        **_fsdp_arguments(s),
+    }
+    # Keep what this Transformers version has (v5 dropped save_safetensors and logging_dir, for instance).
+    return {k: v for k, v in args.items() if not fields or k in fields}
+
+
+def apply_user_arguments(
+    s: TrainSettings, derived: dict[str, Any], parse: bool
+) -> tuple[dict[str, Any], Decision]:
+    """TRAIN_ARGS on top of the derived kwargs: the user's flags win, and the decision says which ones did."""
+    tokens = train_args.split_train_args(s.args)
+    if not tokens:
+        return derived, Decision({}, "TRAIN_ARGS empty")
+    user = train_args.parse_train_args(tokens) if parse else {}
+    overridden = sorted(k for k in user if k in derived and derived[k] != user[k])
+    reason = "TrainingArguments flags from TRAIN_ARGS; they win over derived values"
+    if overridden:
+        reason += " (overrode: " + ", ".join(overridden) + ")"
+    return {**derived, **user}, Decision(user, reason)
+
+
+def build_training_arguments(cfg: Any) -> Any:
+    """transformers.TrainingArguments(**cfg.training_arguments); its refusals become a ConfigError (exit 2)."""
+    import copy
+
+    from transformers import TrainingArguments
+
+    try:  # a copy: TrainingArguments fills nested dicts (fsdp_config, deepspeed) in place
+        return TrainingArguments(**copy.deepcopy(cfg.training_arguments))
+    except (ValueError, TypeError, ImportError) as exc:
+        raise ConfigError(f"TrainingArguments refused the configuration: {exc}") from None

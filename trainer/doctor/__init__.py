@@ -1,0 +1,1 @@
+"""`python -m trainer doctor`: command.py (the report), rows.py (the probes)."""

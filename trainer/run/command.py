@@ -1,0 +1,27 @@
+"""`python -m trainer train` (also `python -m trainer` alone): train with the TRAIN_* configuration."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(commands: Any) -> None:
+    """Add `train` to `python -m trainer`'s subcommands."""
+    parser = commands.add_parser(
+        "train",
+        help="train with the TRAIN_* configuration (the default command)",
+        description="Train with the TRAIN_* configuration; `python -m trainer config` lists every variable. "
+        "Exit codes: 0 finished, 1 crashed, 2 configuration mistake, 128+N stopped by signal N after a checkpoint.",
+    )
+    parser.set_defaults(func=main)
+
+
+def main(_args: argparse.Namespace) -> int:
+    from trainer import config
+
+    config.apply_process_defaults()  # before torch is imported
+    cfg = config.resolve(config.load_settings())
+    from trainer.run.train import run
+
+    return run(cfg)
