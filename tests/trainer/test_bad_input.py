@@ -111,7 +111,22 @@ PRE_TORCH_CASES = [
         ["--warmup_ratio is not a TrainingArguments flag", "did you mean warmup_steps?"],
     ),
     ("train-args-reserved", _fixed({"TRAIN_ARGS": "--output_dir /x"}), ["use TRAIN_OUTPUT_DIR instead"]),
-    ("train-args-positional", _fixed({"TRAIN_ARGS": "0.1 --bf16"}), ["must start with a --flag"]),
+    ("train-args-positional", _fixed({"TRAIN_ARGS": "0.1 --weight_decay"}), ["must start with a --flag"]),
+    (
+        "train-args-contradict-precision",
+        _fixed({"TRAIN_PRECISION": "bf16", "TRAIN_ARGS": "--bf16 false --fp16 true"}),
+        ["2 problems", "--bf16 would contradict TRAIN_PRECISION", "--fp16 would contradict TRAIN_PRECISION"],
+    ),
+    (
+        "train-args-contradict-decisions",
+        _fixed({"TRAIN_ARGS": "--optim adafactor --no_gradient_checkpointing"}),
+        ["--optim would contradict TRAIN_OPTIM", "--no_gradient_checkpointing would contradict TRAIN_GRAD_CKPT"],
+    ),
+    (
+        "fsdp-with-bnb-optimizer",
+        _fixed({"TRAIN_FSDP": "full_shard", "TRAIN_OPTIM": "adamw_bnb_8bit"}),
+        ["TRAIN_OPTIM=adamw_bnb_8bit", "TRAIN_FSDP=full_shard", "DTensor"],
+    ),
     ("data-missing", _fixed({"TRAIN_DATA": "/nonexistent/corpus"}), ["TRAIN_DATA=/nonexistent/corpus", "no such"]),
     ("data-empty-folder", _empty_folder, ["TRAIN_DATA=", "no data found"]),
     ("data-empty-file", _empty_file, ["TRAIN_DATA=", "files are empty"]),

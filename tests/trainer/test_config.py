@@ -249,6 +249,7 @@ def test_cpu_auto_decisions(scenario) -> None:
     assert ta["report_to"] == ["tensorboard"] and ta["remove_unused_columns"] is False
     assert ta["neftune_noise_alpha"] is None and ta["torch_compile"] is False
     assert "torch_compile_mode" not in ta  # would switch compile on in Transformers
+    assert ta["ddp_find_unused_parameters"] is False  # no extra graph pass per step under DDP (issue 10 item 12)
     assert c["environment"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert all(v["source"] == "default" for k, v in c["settings"].items() if k != "TRAIN_OUTPUT_DIR")
     assert all(isinstance(v.get("reason"), str) and v["reason"] for v in d.values())
@@ -415,3 +416,18 @@ def test_docs_cover_every_variable() -> None:
 
 def test_env_example_file_is_generated() -> None:
     assert (REPO / ".env.example").read_text() == docs.env_example()
+
+
+def test_nvme_swap_buffers_hold_the_largest_tensor(tmp_path: Path) -> None:
+    """DeepSpeed asserts "More elements than buffer size" when a tensor outgrows offload_param.buffer_size (1e8 by
+    default); Llama-3-8B's embeddings have 128256 x 4096 = 525M elements."""
+    model = tmp_path / "llama3-8b"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336})
+    )
+    cfg = _resolve(A100, model=str(model), zero_stage="3", zero_offload="nvme", nvme_path=str(tmp_path))
+    buffer = cfg.deepspeed["zero_optimization"]["offload_param"]["buffer_size"]
+    assert 128256 * 4096 <= buffer < 1.05 * 128256 * 4096
+    small = _resolve(A100, zero_stage="3", zero_offload="nvme", nvme_path=str(tmp_path))  # the tiny preset
+    assert small.deepspeed["zero_optimization"]["offload_param"]["buffer_size"] == 100_000_000

@@ -115,7 +115,7 @@ def test_lora_run_leaves_a_merged_model_and_the_adapter(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "tflops"),
     [
-        ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989),
+        ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989), ("NVIDIA H200 NVL", 835),
         ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A10G", None), ("NVIDIA GeForce RTX 3090", None), (None, None),
     ],
 )  # fmt: skip
@@ -134,3 +134,65 @@ def test_flops_per_token_counts_matmul_parameters_and_attention() -> None:
     n = sum(p.numel() for p in model.parameters())  # tied: the embedding is counted once, as the LM head
     assert matmul_params(model) == n
     assert flops_per_token(model, 64) == 6 * n + 12 * 4 * 256 * 64
+
+
+def test_lora_flops_skip_the_weight_gradients_of_frozen_weights() -> None:
+    """Frozen weights need the input gradient (2N) but not the weight gradient: LoRA is ~4N per token, not 6N."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trainer.run.models import preset_config
+    from trainer.tokenizer import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    model = AutoModelForCausalLM.from_config(preset_config("tiny", len(tok), 64, tok))
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    n = matmul_params(lora)  # the frozen base and the adapters
+    adapters = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert matmul_params(lora, trainable_only=True) == adapters < n / 50
+    assert flops_per_token(lora, 64) == 4 * n + 2 * adapters + 12 * 4 * 256 * 64
+    assert flops_per_token(lora, 64) < 0.7 * (6 * n + 12 * 4 * 256 * 64)
+
+
+def test_fused_adam_takes_the_adam_flags_of_train_args(tmp_path: Path) -> None:
+    """apex FusedAdam (GPU only) gets --adam_beta1/--adam_beta2/--adam_epsilon, not its own defaults."""
+    from transformers import TrainingArguments
+
+    from trainer.config.train_args import parse_train_args
+    from trainer.run.train import fused_adam_kwargs
+
+    user = parse_train_args(["--adam_beta2", "0.95", "--adam_epsilon", "1e-6", "--weight_decay", "0.1"])
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, learning_rate=2e-4, **user)
+    assert fused_adam_kwargs(args) == {
+        "lr": 2e-4, "betas": (0.9, 0.95), "eps": 1e-6, "weight_decay": 0.1, "adam_w_mode": True,
+    }  # fmt: skip
+
+
+def test_one_process_uses_one_gpu(tmp_path: Path) -> None:
+    """Outside torch.distributed Transformers counts every visible GPU into n_gpu and wraps the model in
+    nn.DataParallel; one trainkit process uses one GPU. (The GPU count is what Transformers would have seen on
+    a 4-GPU node; the rule under test is trainkit's.)"""
+    from transformers import TrainingArguments
+
+    from trainer.config.training_arguments import one_gpu_per_process
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    args._n_gpu = 4
+    assert one_gpu_per_process(args).n_gpu == 1
+    assert args.train_batch_size == args.per_device_train_batch_size
+
+
+
+def test_zero_offload_runs_deepspeeds_optimizer_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """With ZeRO offload DeepSpeed's CPU Adam runs; TRAIN_OPTIM=adamw_apex_fused must neither be built nor logged."""
+    from trainer import config
+    from trainer.run.hardware import Hardware
+    from trainer.run.train import _optimizer_override
+
+    gpu = Hardware(device="cuda", gpu_count=1, gpu_name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True)
+    env = {"TRAIN_ZERO_STAGE": "2", "TRAIN_ZERO_OFFLOAD": "cpu", "TRAIN_OPTIM": "adamw_apex_fused"}
+    cfg = config.resolve(config.parse_settings(env), gpu, environ={}, import_heavy=False)
+    with caplog.at_level("INFO", logger="trainer"):
+        assert _optimizer_override(cfg, args=None) == {}
+    assert "DeepSpeed's own" in caplog.text and "TRAIN_OPTIM=adamw_apex_fused is not used" in caplog.text
+    assert "apex" not in caplog.text.replace("TRAIN_OPTIM=adamw_apex_fused", "")

@@ -43,3 +43,20 @@ def test_bf16_fused_adamw_grad_ckpt_and_compile_train(run_trainer, trainer_env, 
     assert all(math.isfinite(r["loss"]) for r in rows)
     assert rows[-1]["loss"] < rows[0]["loss"], "four steps at this learning rate must lower the loss"
     assert (output / "final" / "config.json").is_file()
+
+
+def test_fsdp_in_one_process_runs_as_a_world_of_one(run_trainer, trainer_env, text_file):
+    """Transformers refuses FSDP outside distributed training; a lone `python -m trainer` is a world of one."""
+    output = Path(trainer_env["TRAIN_OUTPUT_DIR"])
+    env = {
+        **trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_FSDP": "full_shard", "TRAIN_SEQ_LEN": "32",
+        "TRAIN_BATCH_SIZE": "2", "TRAIN_MAX_STEPS": "3", "TRAIN_SAVE_STEPS": "2", "TRAIN_LOG_STEPS": "1",
+    }  # fmt: skip
+    result = run_trainer([], env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "only works in distributed training" not in result.stderr
+    assert json.loads((output / "run_config.json").read_text())["training_arguments"]["fsdp"]
+    assert [r["step"] for r in _metrics(output)] == [1, 2, 3]
+    assert (output / "checkpoint-2" / "trainkit_complete").is_file()
+    assert (output / "final" / "config.json").is_file()
+

@@ -16,7 +16,7 @@ def machine() -> dict:
 
     Probing here would create a CUDA context in this process, holding GPU memory the rows then lack.
     """
-    code = "import json; from trainer.bench.command import describe_machine; print(json.dumps(describe_machine()))"
+    code = "import json; from trainer.bench.machine import describe_machine; print(json.dumps(describe_machine()))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])

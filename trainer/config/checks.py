@@ -31,6 +31,11 @@ def _combination_problems(s: TrainSettings) -> list[str]:
             f"TRAIN_FSDP={s.fsdp} and DeepSpeed (TRAIN_ZERO_STAGE/TRAIN_DEEPSPEED_CONFIG) both shard the model; "
             "pick one: TRAIN_FSDP=none or TRAIN_ZERO_STAGE=0"
         )
+    if s.fsdp != "none" and (s.optim in train_args.BNB_OPTIMIZERS or s.optim == train_args.APEX_FUSED):
+        problems.append(
+            f"TRAIN_OPTIM={s.optim} with TRAIN_FSDP={s.fsdp}: its fused kernels take plain tensors, not FSDP's sharded "
+            "DTensor parameters (bitsandbytes #1633, #89); use TRAIN_OPTIM=adamw_torch_fused (or auto) with FSDP"
+        )
     if s.quant != "none" and not s.lora:
         problems.append(
             f"TRAIN_QUANT={s.quant} needs TRAIN_LORA=1: quantized weights are frozen, only LoRA adapters train (QLoRA)"

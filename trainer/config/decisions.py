@@ -220,7 +220,8 @@ def decide_deepspeed(s: TrainSettings, precision: str) -> tuple[dict[str, Any] |
         )
     if s.zero_stage == 0:
         return None, _decide(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
-    ds = deepspeed.generate(s.zero_stage, s.zero_offload, s.nvme_path, precision)
+    largest = deepspeed.largest_tensor_elements(s.model) if s.zero_offload == "nvme" else 0
+    ds = deepspeed.generate(s.zero_stage, s.zero_offload, s.nvme_path, precision, largest)
     return ds, _decide(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")
 
 

@@ -41,6 +41,30 @@ def load_user_config(path: str) -> dict[str, Any]:
     return data
 
 
+NVME_BUFFER_DEFAULT = 100_000_000  # DeepSpeed's offload_param.buffer_size, in elements
+NVME_BUFFER_ROUND = 10_000_000
+
+
+def largest_tensor_elements(model: str) -> int:
+    """The largest weight of a model folder, from its config.json (embeddings are usually it: Llama-3-8B's are
+    128256 x 4096 = 525M); 0 when unknown. Presets stay far below DeepSpeed's default NVMe buffer."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    hidden = int(cfg.get("hidden_size") or cfg.get("n_embd") or 0)
+    widths = (cfg.get("vocab_size"), cfg.get("intermediate_size"), cfg.get("n_inner"), hidden)
+    return max((int(w) * hidden for w in widths if isinstance(w, int)), default=0)
+
+
+def nvme_buffer_size(largest: int) -> int:
+    """offload_param.buffer_size: each NVMe swap buffer must hold the largest tensor, or DeepSpeed asserts
+    "More elements than buffer size"; rounded up, never below DeepSpeed's default."""
+    rounded = -(-largest // NVME_BUFFER_ROUND) * NVME_BUFFER_ROUND
+    return max(NVME_BUFFER_DEFAULT, rounded)
+
+
 def _offload(device: str, nvme_path: str, pin_memory: bool) -> dict[str, Any]:
     block: dict[str, Any] = {"device": device, "pin_memory": pin_memory}
     if device == "nvme":
@@ -66,7 +90,7 @@ def _precision_blocks(precision: str) -> dict[str, Any]:
     return {}
 
 
-def _zero_block(stage: int, offload: str, nvme_path: str) -> dict[str, Any]:
+def _zero_block(stage: int, offload: str, nvme_path: str, largest: int) -> dict[str, Any]:
     pin = offload == "cpu"
     zero: dict[str, Any] = {
         "stage": stage,
@@ -91,17 +115,20 @@ def _zero_block(stage: int, offload: str, nvme_path: str) -> dict[str, Any]:
         zero["offload_optimizer"] = _offload(offload, nvme_path, pin)
         if stage == 3:
             zero["offload_param"] = _offload(offload, nvme_path, pin)
+            if offload == "nvme":
+                zero["offload_param"]["buffer_size"] = nvme_buffer_size(largest)
     return zero
 
 
-def generate(stage: int, offload: str, nvme_path: str, precision: str) -> dict[str, Any]:
-    """A ZeRO config for `stage` (1-3), offloading to `offload` (none|cpu|nvme), in `precision` (fp32|fp16|bf16)."""
+def generate(stage: int, offload: str, nvme_path: str, precision: str, largest_tensor: int = 0) -> dict[str, Any]:
+    """A ZeRO config for `stage` (1-3), offloading to `offload` (none|cpu|nvme), in `precision` (fp32|fp16|bf16);
+    `largest_tensor` (elements) sizes the NVMe swap buffers."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": "auto",
         "train_batch_size": "auto",
         "gradient_accumulation_steps": "auto",
         "gradient_clipping": "auto",
-        "zero_optimization": _zero_block(stage, offload, nvme_path),
+        "zero_optimization": _zero_block(stage, offload, nvme_path, largest_tensor),
         "steps_per_print": 1_000_000,  # the trainer logs; keep DeepSpeed quiet
         "wall_clock_breakdown": False,
         **_precision_blocks(precision),

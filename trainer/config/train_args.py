@@ -67,6 +67,23 @@ RESERVED_FLAGS = {
     "deepspeed": "TRAIN_DEEPSPEED_CONFIG (or TRAIN_ZERO_STAGE)",
     "resume_from_checkpoint": "TRAIN_RESUME",
 }
+# Flags that follow a decision which other parts read too (the attention choice, QLoRA's compute dtype, the
+# DeepSpeed config, LoRA with checkpointing...): overriding them in TRAIN_ARGS would leave those parts on the old value.
+DECIDED_FLAGS = {
+    "bf16": "TRAIN_PRECISION",
+    "fp16": "TRAIN_PRECISION",
+    "tf32": "TRAIN_TF32",
+    "optim": "TRAIN_OPTIM",
+    "torch_compile": "TRAIN_COMPILE",
+    "torch_compile_backend": "TRAIN_COMPILE_BACKEND",
+    "torch_compile_mode": "TRAIN_COMPILE_MODE",
+    "gradient_checkpointing": "TRAIN_GRAD_CKPT",
+    "activation_checkpointing": "TRAIN_GRAD_CKPT",
+    "fsdp": "TRAIN_FSDP",
+    "fsdp_config": "TRAIN_FSDP",
+    "dataloader_pin_memory": "TRAIN_PIN_MEMORY",
+    "full_determinism": "TRAIN_DETERMINISTIC",
+}
 
 
 def all_optimizer_names() -> tuple[str, ...]:
@@ -150,8 +167,15 @@ def check_train_args(tokens: list[str]) -> list[str]:
         if not token.startswith("--"):
             continue
         name = _flag_field(token)
+        base = name[3:] if name.startswith("no_") and name[3:] in DECIDED_FLAGS else name
         if name in RESERVED_FLAGS:
             problems.append(f"TRAIN_ARGS: --{name} is set by trainkit; use {RESERVED_FLAGS[name]} instead")
+        elif base in DECIDED_FLAGS:
+            variable = DECIDED_FLAGS[base]
+            problems.append(
+                f"TRAIN_ARGS: --{name} would contradict {variable}, from which trainkit decides it (the run, its "
+                f"record and every part that reads the decision must agree); set {variable} instead"
+            )
         elif fields and name not in fields and not (name.startswith("no_") and name[3:] in fields):
             problems.append(f"TRAIN_ARGS: --{name} is not a TrainingArguments flag{did_you_mean(name, sorted(fields))}")
     return problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from trainer.errors import ConfigError
 if TYPE_CHECKING:
     from trainer.run.hardware import Hardware
 
+log = logging.getLogger("trainer")
 DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min default
 
 
@@ -84,6 +86,9 @@ def derived_training_arguments(
         "dataloader_persistent_workers": s.num_workers > 0,
         "remove_unused_columns": False,
         "ddp_timeout": DDP_TIMEOUT_S,
+        # every trainable parameter takes part in each step (LoRA's frozen weights are not DDP parameters), so
+        # DDP need not search the graph for unused ones after every backward
+        "ddp_find_unused_parameters": False,
         "use_cpu": not hw.is_gpu,
         "neftune_noise_alpha": s.neftune_alpha or None,
         "deepspeed": ds,
@@ -117,6 +122,19 @@ def build_training_arguments(cfg: Any) -> Any:
     from transformers import TrainingArguments
 
     try:  # a copy: TrainingArguments fills nested dicts (fsdp_config, deepspeed) in place
-        return TrainingArguments(**copy.deepcopy(cfg.training_arguments))
+        args = TrainingArguments(**copy.deepcopy(cfg.training_arguments))
     except (ValueError, TypeError, ImportError) as exc:
         raise ConfigError(f"TrainingArguments refused the configuration: {exc}") from None
+    return one_gpu_per_process(args)
+
+
+def one_gpu_per_process(args: Any) -> Any:
+    """One process uses one GPU. Outside torch.distributed, Transformers sets n_gpu to every visible GPU and wraps
+    the model in nn.DataParallel (slow, and MFU would read N times too high); TRAIN_NPROC_PER_NODE=1 means one."""
+    if args.world_size == 1 and args.n_gpu > 1:
+        log.info(
+            "one process: training on %s only; the other %d visible GPU(s) stay idle (TRAIN_NPROC_PER_NODE=auto "
+            "runs one process per GPU)", args.device, args.n_gpu - 1,
+        )  # fmt: skip
+        args._n_gpu = 1
+    return args

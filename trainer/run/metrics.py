@@ -45,7 +45,8 @@ METRIC_KEYS = (
 # the first pattern matching torch.cuda.get_device_name() wins. Unknown GPUs get mfu = null.
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     (r"GH200", 989.0),
-    (r"H200", 989.0),
+    (r"H200.*NVL", 835.0),  # the PCIe card: lower clocks and power than the SXM module
+    (r"H200", 989.0),  # SXM
     (r"H100.*PCIe", 756.0),
     (r"H100.*NVL", 835.0),
     (r"H100", 989.0),  # SXM (e.g. "NVIDIA H100 80GB HBM3")
@@ -69,22 +70,37 @@ def peak_flops(device_name: str | None) -> float | None:
     return None
 
 
-def matmul_params(model: Any) -> int:
-    """Parameters that take part in matmuls: all unique ones except the input embedding (a lookup)."""
+def param_numel(p: Any) -> int:
+    """Elements of a parameter: its full size under ZeRO-3 (`ds_numel`; the local shard is empty), and 4-bit
+    weights packed two per byte counted as the weights they hold."""
+    n = int(getattr(p, "ds_numel", 0) or p.numel())
+    return n * 2 if p.__class__.__name__ == "Params4bit" else n
+
+
+def matmul_params(model: Any, trainable_only: bool = False) -> int:
+    """Parameters that take part in matmuls: all unique ones except the input embedding (a lookup), unless it
+    is tied to the LM head. `trainable_only`: those that also get a weight gradient."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    total = sum(p.numel() * (2 if p.__class__.__name__ == "Params4bit" else 1) for p in base.parameters())
     emb = base.get_input_embeddings().weight
     head = base.get_output_embeddings()
     tied = head is not None and head.weight is emb
-    return total - emb.numel() + (emb.numel() if tied else 0)
+    return sum(
+        param_numel(p)
+        for p in base.parameters()
+        if (tied or p is not emb) and (p.requires_grad or not trainable_only)
+    )
 
 
 def flops_per_token(model: Any, seq_len: int) -> float:
+    """Training FLOPs per token: per matmul weight 2 forward and 2 for the input gradient, plus 2 for the weight
+    gradient only where the weight trains (6N for full fine-tuning, about 4N for LoRA/QLoRA, whose frozen weights
+    skip it); attention scores add 12 * layers * hidden * seq_len (forward and backward, no weights)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg = base.config
     layers = getattr(cfg, "num_hidden_layers", 0)
     hidden = getattr(cfg, "hidden_size", 0)
-    return 6.0 * matmul_params(model) + 12.0 * layers * hidden * seq_len
+    weights = 4.0 * matmul_params(model) + 2.0 * matmul_params(model, trainable_only=True)
+    return weights + 12.0 * layers * hidden * seq_len
 
 
 def peak_memory_bytes() -> int:

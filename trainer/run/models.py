@@ -121,7 +121,9 @@ def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str
 
 def _fit_embeddings(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """A model folder without its tokenizer gets the byte-level one; make sure every id has an embedding."""
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+    weight = model.get_input_embeddings().weight
+    rows = int(getattr(weight, "ds_shape", weight.shape)[0])  # ZeRO-3: the local shard is empty
+    if len(tokenizer) > rows:
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
         log.info("model: embeddings resized to %d for the tokenizer", model.get_input_embeddings().weight.shape[0])
 
@@ -146,9 +148,11 @@ def apply_lora(model: PreTrainedModel, s: Any) -> PreTrainedModel:
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(total, trainable) parameter counts."""
+    from trainer.run.metrics import param_numel
+
     total = trainable = 0
     for p in model.parameters():
-        n = p.numel() * (2 if p.__class__.__name__ == "Params4bit" else 1)
+        n = param_numel(p)
         total += n
         if p.requires_grad:
             trainable += n

@@ -35,11 +35,12 @@ def _rank_info() -> tuple[int, int]:
 
 
 def set_single_process_dist_env(cfg: Any) -> None:
-    """DeepSpeed always initialises torch.distributed; without a launcher it would go looking for MPI.
-
-    A lone `python -m trainer` with ZeRO is a world of one: give it the env:// variables torchrun would.
+    """DeepSpeed and FSDP need torch.distributed (DeepSpeed would go looking for MPI; Transformers refuses FSDP
+    outside distributed training). A lone `python -m trainer` with ZeRO or FSDP is a world of one: give it the
+    env:// variables torchrun would.
     """
-    if not getattr(cfg, "deepspeed", None) or "WORLD_SIZE" in os.environ:
+    sharded = bool(cfg.deepspeed) or cfg.settings.fsdp != "none"
+    if not sharded or "WORLD_SIZE" in os.environ:
         return
     import socket
 
@@ -155,16 +156,32 @@ def _gpu_peak_flops(lookup: Any) -> float | None:
     return peak
 
 
+def fused_adam_kwargs(args: Any) -> dict[str, Any]:
+    """apex FusedAdam (AdamW mode) with every Adam setting of TrainingArguments, TRAIN_ARGS' --adam_* included."""
+    return {
+        "lr": args.learning_rate,
+        "betas": (args.adam_beta1, args.adam_beta2),
+        "eps": args.adam_epsilon,
+        "weight_decay": args.weight_decay,
+        "adam_w_mode": True,
+    }
+
+
 def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
+    """Trainer kwargs for an optimizer Transformers does not build itself; logs the optimizer that really runs."""
     from trainer.config.train_args import APEX_FUSED
 
-    if cfg.decisions.optim.value != APEX_FUSED:
+    chosen = cfg.decisions.optim
+    if chosen.value == "deepspeed":
+        log.info("optimizer: DeepSpeed's own (%s); TRAIN_OPTIM=%s is not used", chosen.reason, cfg.settings.optim)
+        return {}
+    if chosen.value != APEX_FUSED:
+        log.info("optimizer: %s", chosen.value)
         return {}
     from apex.optimizers import FusedAdam
 
     log.info("optimizer: NVIDIA apex FusedAdam (AdamW mode)")
-    kwargs = {"lr": args.learning_rate, "weight_decay": args.weight_decay, "adam_w_mode": True}
-    return {"optimizer_cls_and_kwargs": (FusedAdam, kwargs)}
+    return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
 def _log_auto_batch(args: Any) -> None:
