@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from slurm_local import PARTITION, LocalSlurm, why_unavailable
+from slurm_local import PARTITION, LocalSlurm
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hf_do_not_leak_1234"
@@ -191,21 +191,6 @@ def test_user_mistakes_exit_2_with_one_message(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- a real local Slurm
 
 
-@pytest.fixture(scope="module")
-def local_slurm(tmp_path_factory: pytest.TempPathFactory):
-    reason = why_unavailable()
-    if reason:
-        pytest.skip(f"no local Slurm: {reason}")
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except (RuntimeError, subprocess.SubprocessError) as exc:
-        cluster.stop()
-        pytest.skip(f"local slurmctld/slurmd did not start: {exc}")
-    yield cluster
-    cluster.stop()
-
-
 @pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer"])
 def test_sbatch_test_only_accepts_scripts(tmp_path: Path, local_slurm: LocalSlurm, target: str) -> None:
     script = generate(tmp_path, target, "--nodes", "3", "--image", IMAGE, "--partition", PARTITION,
@@ -260,3 +245,46 @@ def test_real_sbatch_and_srun_give_each_node_its_rendezvous(tmp_path: Path, loca
 def test_pyxis_image_names(tmp_path: Path, image: str, pyxis: str) -> None:
     script = generate(tmp_path, "slurm-pyxis", "--image", image)
     assert f"--container-image={pyxis}" in script.read_text()
+
+
+@pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer"])
+def test_scripts_survive_real_sites(tmp_path: Path, target: str) -> None:
+    """Writable root, bind sources created, the .env over the image's ENV, no host HOME, whole nodes (issue 18)."""
+    script = generate(tmp_path, target, "--nodes", "2", "--image", IMAGE)
+    text = script.read_text()
+    out = tmp_path / "out"
+    assert f"mkdir -p {out} {out}/cache" in text.splitlines()  # --output and the default /cache, before srun
+    assert text.index("mkdir -p") < text.index("\nsrun ")
+    assert "export PYTHONNOUSERSITE=1" in text  # ~/.local cannot shadow the image's packages
+    names = "TRAIN_MODEL,TRAIN_ARGS,TRAIN_SAVE_STEPS,HF_TOKEN,PYTHONNOUSERSITE"
+    if target == "slurm-pyxis":
+        for flag in ("--container-writable", "--no-container-mount-home", f"--container-env={names}"):
+            assert f"    {flag} \\" in text, flag
+    else:
+        assert "--no-home \\" in text and "--writable-tmpfs \\" in text
+        assert f'for name in {names.replace(",", " ")}; do export "APPTAINERENV_$name=${{!name}}"; done' in text
+    binds = next(line for line in text.splitlines() if "--container-mounts=" in line or "/data:ro," in line)
+    assert "$HOME" not in text and str(Path.home()) not in binds
+    (tmp_path / "data").rmdir()  # an input that is not there: one message, exit 2, before any container
+    env = job_env(tmp_path, fake_bin(tmp_path, "srun"), SLURM_JOB_ID="9", SLURM_NNODES="2", SLURM_CPUS_ON_NODE="8")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"{tmp_path}/data (for /data) does not exist" in done.stderr
+    assert not list(tmp_path.glob("srun-*.json"))
+
+
+def test_cpus_per_task_instead_of_whole_nodes(tmp_path: Path) -> None:
+    text = generate(tmp_path, "slurm-pyxis", "--image", IMAGE, "--cpus-per-task", "32", "--mem", "500G").read_text()
+    lines = text.splitlines()
+    assert "#SBATCH --cpus-per-task=32" in lines and "#SBATCH --mem=500G" in lines
+    assert "#SBATCH --exclusive" not in lines
+    assert "    --cpus-per-task=32 \\" in lines  # srun asks for them itself (Slurm 22.05+)
+
+
+def test_placement_options(tmp_path: Path) -> None:
+    options = ["--qos", "high", "--constraint", "h100", "--exclude", "gpu[07-08]", "--reservation", "maint",
+               "--account", "ml", "--gres"]  # fmt: skip
+    text = generate(tmp_path, "slurm-pyxis", "--image", IMAGE, *options).read_text()
+    for line in ("--qos=high", "--constraint=h100", "--exclude=gpu[07-08]", "--reservation=maint", "--account=ml",
+                 "--gres=gpu:8"):  # fmt: skip
+        assert f"#SBATCH {line}" in text.splitlines()
+    assert "--gpus-per-node" not in text
