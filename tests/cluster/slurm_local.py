@@ -53,6 +53,8 @@ class LocalSlurm:
             f"SlurmctldHost={self.host}",
             f"SlurmctldPort={free_port()}",
             "AuthType=auth/none",
+            # a requeued job may start again once its credential expires (default 120 s): a quick requeue test
+            "AuthInfo=cred_expire=10",
             "CredType=cred/none",
             "SlurmUser=root",
             "SlurmdUser=root",

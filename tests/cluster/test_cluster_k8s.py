@@ -52,7 +52,12 @@ def test_multi_node_manifest_is_valid_and_complete(tmp_path: Path, schema: dict)
     validate(schema, job)
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert {role: r["replicas"] for role, r in replicas.items()} == {"Master": 1, "Worker": 3}
-    assert all(r["restartPolicy"] == "OnFailure" for r in replicas.values())
+    # ExitCode: 143 (SIGTERM) and 137 (OOM kill) recreate the pod, 2 (a user mistake) fails the job at once
+    assert all(r["restartPolicy"] == "ExitCode" for r in replicas.values())
+    policy = job["spec"]["runPolicy"]
+    assert policy["cleanPodPolicy"] == "Running"  # a failed job's pods do not keep holding GPUs
+    assert policy["backoffLimit"] == 12  # 3 restarts per pod: the limit counts all pods' restarts together
+    assert policy["schedulingPolicy"] == {"minAvailable": 4}
     assert job["spec"]["nprocPerNode"] == "8" and job["metadata"]["namespace"] == "ml"
     for pod in pods(job).values():
         assert pod["terminationGracePeriodSeconds"] == 1200
@@ -60,6 +65,7 @@ def test_multi_node_manifest_is_valid_and_complete(tmp_path: Path, schema: dict)
         # the operator takes MASTER_PORT from this container and port name
         assert container["name"] == "pytorch" and container["ports"][0]["name"] == "pytorchjob-port"
         assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
+        assert container["resources"]["requests"] == {"memory": "32Gi"}  # the memory-backed /dev/shm counts
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
@@ -91,7 +97,8 @@ def test_single_gpu_and_cpu_pods(tmp_path: Path, schema: dict) -> None:
     validate(schema, cpu)
     (container,) = pods(cpu)["Master"]["containers"]
     assert "limits" not in container["resources"]
-    assert container["resources"]["requests"] == {"cpu": "4", "memory": "16Gi"}
+    assert container["resources"]["requests"] == {"cpu": "4", "memory": "32Gi"}  # 16Gi + the 16Gi /dev/shm
+    assert one["spec"]["runPolicy"]["backoffLimit"] == 3
 
 
 def test_schema_rejects_a_broken_manifest(tmp_path: Path, schema: dict) -> None:
@@ -121,3 +128,33 @@ def test_default_image_comes_from_the_version_matrix(tmp_path: Path) -> None:
                    check=True, capture_output=True, cwd=tmp_path)  # fmt: skip
     (container,) = pods(yaml.safe_load(out.read_text()))["Master"]["containers"]
     assert container["image"] == expected and expected.startswith("trainkit:")
+
+
+def test_scheduling_fields(tmp_path: Path, schema: dict) -> None:
+    job = manifest(tmp_path, "--nodes", "2", "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration",
+                   "pool=training:NoExecute", "--node-selector", "gpu=h100", "--image-pull-secret", "regcred",
+                   "--service-account", "trainer", "--priority-class", "high", "--queue", "team-a",
+                   "--ttl-after-finished", "3600", "--active-deadline", "86400", "--backoff-limit", "5",
+                   "--mem", "200Gi", "--shm-size", "512Mi")  # fmt: skip
+    validate(schema, job)
+    assert job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}
+    policy = job["spec"]["runPolicy"]
+    assert policy["backoffLimit"] == 5 and policy["ttlSecondsAfterFinished"] == 3600
+    assert policy["activeDeadlineSeconds"] == 86400
+    assert policy["schedulingPolicy"] == {"minAvailable": 2, "priorityClass": "high", "queue": "team-a"}
+    for pod in pods(job).values():
+        assert pod["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "pool", "operator": "Equal", "value": "training", "effect": "NoExecute"},
+        ]
+        assert pod["nodeSelector"] == {"gpu": "h100"} and pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert pod["serviceAccountName"] == "trainer" and pod["priorityClassName"] == "high"
+        assert pod["containers"][0]["resources"]["requests"]["memory"] == "205312Mi"  # 200Gi + 512Mi
+
+
+@pytest.mark.parametrize(("option", "value"), [("--toleration", "a:Sometimes"), ("--node-selector", "gpu"),
+                                                ("--shm-size", "lots")])  # fmt: skip
+def test_bad_scheduling_values_exit_2(tmp_path: Path, option: str, value: str) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--image", "x",
+                           "--output-pvc", "o", option, value], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and option in done.stderr and "Traceback" not in done.stderr

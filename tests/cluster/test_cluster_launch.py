@@ -109,13 +109,13 @@ def test_slurm_multi_node() -> None:
     decision = decide(**slurm, CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7")
     opts = torchrun_options(decision)
     assert opts["--nnodes"] == "2" and opts["--nproc-per-node"] == "8"
-    assert opts["--rdzv-endpoint"] == "gpu003:29400" and opts["--rdzv-id"] == "77"
+    assert opts["--rdzv-endpoint"] == "gpu003:20077" and opts["--rdzv-id"] == "77"  # port 20000 + job ID % 10000
     assert decision["placement"] == {**decision["placement"], "source": "Slurm", "node_rank": 1}
     # a step on part of the allocation: the step's nodes count, not the job's
     step = {**slurm, "SLURM_NNODES": "8", "SLURM_STEP_NUM_NODES": "3", "SLURM_STEP_NUM_TASKS": "3",
-            "SLURM_STEP_NODELIST": "gpu-b[10-11],gpu-a1", "MASTER_PORT": "31000"}  # fmt: skip
+            "SLURM_STEP_NODELIST": "gpu-b[10-11],gpu-a1"}  # fmt: skip
     opts = torchrun_options(decide(**step))
-    assert opts["--nnodes"] == "3" and opts["--rdzv-endpoint"] == "gpu-b10:31000"
+    assert opts["--nnodes"] == "3" and opts["--rdzv-endpoint"] == "gpu-b10:20077"
 
 
 def test_slurm_single_node_and_mistakes() -> None:

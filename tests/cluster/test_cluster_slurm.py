@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from slurm_local import PARTITION, LocalSlurm, why_unavailable
+from slurm_local import PARTITION, LocalSlurm
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hf_do_not_leak_1234"
@@ -31,8 +31,8 @@ FAKE_TOOL = textwrap.dedent(
     from pathlib import Path
 
     args = sys.argv[1:]
-    record = {{"argv": args, "env": {{k: v for k, v in os.environ.items()
-                                     if k.startswith(("TRAIN_", "MASTER_", "HF_", "SLURM_", "CUDA_"))}}}}
+    kept = ("TRAIN_", "MASTER_", "HF_", "SLURM_", "CUDA_", "APPTAINERENV_", "PYTHON")
+    record = {{"argv": args, "env": {{k: v for k, v in os.environ.items() if k.startswith(kept)}}}}
     fake_nodes = "SLURM_NODEID" not in os.environ  # plain `bash job.sh`: no Slurm to start the tasks
     nodes = range(int(os.environ["SLURM_NNODES"])) if fake_nodes else [int(os.environ["SLURM_NODEID"])]
     record["decisions"] = []
@@ -59,6 +59,7 @@ def generate(tmp_path: Path, target: str, *extra: str) -> Path:
         "# user settings\nTRAIN_MODEL=tiny\nTRAIN_ARGS='--warmup_steps 5 --weight_decay 0.1'\n"
         f'export HF_TOKEN="{SECRET}"\nTRAIN_SAVE_STEPS=50  # often\n'
     )
+    (tmp_path / "data").mkdir(exist_ok=True)
     out = tmp_path / f"{target}.sbatch"
     cmd = [sys.executable, str(ROOT / "scripts" / "cluster.py"), target, "--env-file", str(env_file),
            "--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "-o", str(out), *extra]  # fmt: skip
@@ -89,12 +90,15 @@ def test_scripts_pass_bash_n_and_keep_secrets_out(tmp_path: Path, target: str) -
     text = script.read_text()
     assert SECRET not in text
     for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --partition=gpu", "#SBATCH --time=2:00:00", "#SBATCH --signal=TERM@300"):  # fmt: skip
+                 "#SBATCH --partition=gpu", "#SBATCH --time=2:00:00", "#SBATCH --signal=B:USR1@300",
+                 "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --exclusive",
+                 "#SBATCH --mem=0"):  # fmt: skip
         assert line in text.splitlines()
 
 
 def run_with_fake_srun(tmp_path: Path, script: Path, *tools: str) -> dict:
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu-a[07-08],gpu-b3"}
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu-a[07-08],gpu-b3",
+             "SLURM_CPUS_ON_NODE": "64"}  # fmt: skip
     env = job_env(tmp_path, fake_bin(tmp_path, *tools), **slurm)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -122,17 +126,19 @@ def test_pyxis_script_runs_srun_with_container_and_rendezvous(tmp_path: Path) ->
     record = run_with_fake_srun(tmp_path, generate(tmp_path, "slurm-pyxis", "--nodes", "3", "--image", IMAGE), "srun")
     argv = record["argv"]
     assert argv[:2] == ["--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert "--container-writable" in argv and "--no-container-mount-home" in argv
+    assert "--cpus-per-task=64" in argv  # srun no longer inherits the job's CPUs (Slurm 22.05)
     assert "--container-image=registry.example.com#team/trainkit:0.1.0-cu128-ngc25.03" in argv
     mounts = next(a for a in argv if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
     assert f"{tmp_path}/data:/data:ro" in mounts
-    assert f"{tmp_path}/out:/output" in mounts
+    assert f"{tmp_path}/out:/output" in mounts and f"{tmp_path}/out/cache:/cache" in mounts
     assert argv[-2:] == ["/opt/trainkit/entrypoints/entrypoint.sh", "train"]
     env = record["env"]
     assert env["TRAIN_ARGS"] == "--warmup_steps 5 --weight_decay 0.1"
     assert env["TRAIN_SAVE_STEPS"] == "50"
     assert env["HF_TOKEN"] == SECRET  # read from the .env at run time
-    assert env["MASTER_PORT"] == "29400"
-    assert_rendezvous(record["decisions"], 3, "gpu-a07:29400", "4242", 8)
+    assert env["PYTHONNOUSERSITE"] == "1"
+    assert_rendezvous(record["decisions"], 3, "gpu-a07:24242", "4242", 8)
 
 
 def test_apptainer_script_runs_apptainer_exec_with_binds(tmp_path: Path) -> None:
@@ -141,10 +147,12 @@ def test_apptainer_script_runs_apptainer_exec_with_binds(tmp_path: Path) -> None
     record = run_with_fake_srun(tmp_path, script, "srun")
     argv = record["argv"]
     start = argv.index("apptainer")
-    assert argv[start : start + 4] == ["apptainer", "exec", "--nv", "--writable-tmpfs"]
-    assert argv[argv.index("--bind") + 1] == f"{tmp_path}/data:/data:ro,{tmp_path}/out:/output"
+    assert argv[start : start + 5] == ["apptainer", "exec", "--nv", "--no-home", "--writable-tmpfs"]
+    binds = f"{tmp_path}/data:/data:ro,{tmp_path}/out:/output,{tmp_path}/out/cache:/cache"
+    assert argv[argv.index("--bind") + 1] == binds
     assert argv[-3:] == [str(sif), "/opt/trainkit/entrypoints/entrypoint.sh", "train"]
-    assert_rendezvous(record["decisions"], 3, "gpu-a07:29400", "4242", 8)
+    assert record["env"]["APPTAINERENV_HF_TOKEN"] == SECRET and record["env"]["APPTAINERENV_TRAIN_SAVE_STEPS"] == "50"
+    assert_rendezvous(record["decisions"], 3, "gpu-a07:24242", "4242", 8)
 
 
 def test_docker_image_for_apptainer_and_missing_env_file(tmp_path: Path) -> None:
@@ -153,7 +161,8 @@ def test_docker_image_for_apptainer_and_missing_env_file(tmp_path: Path) -> None
     secrets = Path(f"{script}.secrets")
     assert secrets.stat().st_mode & 0o777 == 0o600 and SECRET in secrets.read_text()
     secrets.unlink()  # the secrets' source is gone: the job stops with a message
-    env = job_env(tmp_path, fake_bin(tmp_path, "srun"), SLURM_JOB_ID="1", SLURM_NNODES="2")
+    env = job_env(tmp_path, fake_bin(tmp_path, "srun"), SLURM_JOB_ID="1", SLURM_NNODES="2",
+                  SLURM_CPUS_ON_NODE="64")  # fmt: skip
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "cannot read" in done.stderr and ".secrets" in done.stderr
@@ -180,21 +189,6 @@ def test_user_mistakes_exit_2_with_one_message(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- a real local Slurm
-
-
-@pytest.fixture(scope="module")
-def local_slurm(tmp_path_factory: pytest.TempPathFactory):
-    reason = why_unavailable()
-    if reason:
-        pytest.skip(f"no local Slurm: {reason}")
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except (RuntimeError, subprocess.SubprocessError) as exc:
-        cluster.stop()
-        pytest.skip(f"local slurmctld/slurmd did not start: {exc}")
-    yield cluster
-    cluster.stop()
 
 
 @pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer"])
@@ -234,7 +228,7 @@ def test_real_sbatch_and_srun_give_each_node_its_rendezvous(tmp_path: Path, loca
     # This Slurm's GPUs have no devices behind them: the launcher sees none (it does not take SLURM_GPUS_ON_NODE
     # on trust) and runs one process per node.
     assert records[0]["env"]["SLURM_GPUS_ON_NODE"] == "2"
-    assert_rendezvous(decisions, 2, f"{first}:29400", job_id, 1)
+    assert_rendezvous(decisions, 2, f"{first}:{20000 + int(job_id) % 10000}", job_id, 1)
     assert records[0]["env"]["HF_TOKEN"] == SECRET
 
 
@@ -251,3 +245,46 @@ def test_real_sbatch_and_srun_give_each_node_its_rendezvous(tmp_path: Path, loca
 def test_pyxis_image_names(tmp_path: Path, image: str, pyxis: str) -> None:
     script = generate(tmp_path, "slurm-pyxis", "--image", image)
     assert f"--container-image={pyxis}" in script.read_text()
+
+
+@pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer"])
+def test_scripts_survive_real_sites(tmp_path: Path, target: str) -> None:
+    """Writable root, bind sources created, the .env over the image's ENV, no host HOME, whole nodes (issue 18)."""
+    script = generate(tmp_path, target, "--nodes", "2", "--image", IMAGE)
+    text = script.read_text()
+    out = tmp_path / "out"
+    assert f"mkdir -p {out} {out}/cache" in text.splitlines()  # --output and the default /cache, before srun
+    assert text.index("mkdir -p") < text.index("\nsrun ")
+    assert "export PYTHONNOUSERSITE=1" in text  # ~/.local cannot shadow the image's packages
+    names = "TRAIN_MODEL,TRAIN_ARGS,TRAIN_SAVE_STEPS,HF_TOKEN,PYTHONNOUSERSITE"
+    if target == "slurm-pyxis":
+        for flag in ("--container-writable", "--no-container-mount-home", f"--container-env={names}"):
+            assert f"    {flag} \\" in text, flag
+    else:
+        assert "--no-home \\" in text and "--writable-tmpfs \\" in text
+        assert f'for name in {names.replace(",", " ")}; do export "APPTAINERENV_$name=${{!name}}"; done' in text
+    binds = next(line for line in text.splitlines() if "--container-mounts=" in line or "/data:ro," in line)
+    assert "$HOME" not in text and str(Path.home()) not in binds
+    (tmp_path / "data").rmdir()  # an input that is not there: one message, exit 2, before any container
+    env = job_env(tmp_path, fake_bin(tmp_path, "srun"), SLURM_JOB_ID="9", SLURM_NNODES="2", SLURM_CPUS_ON_NODE="8")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"{tmp_path}/data (for /data) does not exist" in done.stderr
+    assert not list(tmp_path.glob("srun-*.json"))
+
+
+def test_cpus_per_task_instead_of_whole_nodes(tmp_path: Path) -> None:
+    text = generate(tmp_path, "slurm-pyxis", "--image", IMAGE, "--cpus-per-task", "32", "--mem", "500G").read_text()
+    lines = text.splitlines()
+    assert "#SBATCH --cpus-per-task=32" in lines and "#SBATCH --mem=500G" in lines
+    assert "#SBATCH --exclusive" not in lines
+    assert "    --cpus-per-task=32 \\" in lines  # srun asks for them itself (Slurm 22.05+)
+
+
+def test_placement_options(tmp_path: Path) -> None:
+    options = ["--qos", "high", "--constraint", "h100", "--exclude", "gpu[07-08]", "--reservation", "maint",
+               "--account", "ml", "--gres"]  # fmt: skip
+    text = generate(tmp_path, "slurm-pyxis", "--image", IMAGE, *options).read_text()
+    for line in ("--qos=high", "--constraint=h100", "--exclude=gpu[07-08]", "--reservation=maint", "--account=ml",
+                 "--gres=gpu:8"):  # fmt: skip
+        assert f"#SBATCH {line}" in text.splitlines()
+    assert "--gpus-per-node" not in text

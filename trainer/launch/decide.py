@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainer.launch.gpus import NprocError, resolve_nproc
 from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
@@ -28,6 +28,13 @@ WORKER_ENV_DEFAULTS = {
 }
 
 
+# A torchrun worker's own variables. Set outside torchrun (enroot's 50-slurm-pytorch.sh hook exports them into
+# every image with PYTORCH_VERSION, as NGC's) they would make each worker think it is rank 0 of a one-process job;
+# the launcher clears them and torchrun sets them per worker. Only TORCHELASTIC_RUN_ID means "inside torchrun".
+WORKER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
+
+
 @dataclass
 class Decision:
     """What the launcher will run, and why."""
@@ -39,6 +46,7 @@ class Decision:
     command: list[str]
     env: dict[str, str]
     distributed: bool
+    cleared: list[str] = field(default_factory=list)  # worker variables set outside torchrun, removed from env
 
 
 # ---------------------------------------------------------------- command
@@ -64,6 +72,12 @@ def torchrun_args(placement: Placement, nproc: int, max_restarts: int, rdzv_time
         "--rdzv-id", placement.rdzv_id,
         "--rdzv-conf", ",".join(f"{k}={v}" for k, v in conf.items()),
     ]  # fmt: skip
+
+
+def without_worker_variables(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(env without WORKER_VARIABLES, the names removed)."""
+    cleared = [name for name in WORKER_VARIABLES if name in env]
+    return {k: v for k, v in env.items() if k not in WORKER_VARIABLES}, cleared
 
 
 def worker_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -97,7 +111,7 @@ def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decisio
     """The full launch decision for `python -m trainer.launch command args` in this environment."""
     python = sys.executable or "python3"
     trainer_cmd = ["-m", "trainer", command, *args]
-    inside_torchrun = "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+    inside_torchrun = TORCHRUN_MARKER in env
     if command not in DISTRIBUTED_COMMANDS or inside_torchrun:
         why = "already a torchrun worker" if inside_torchrun else f"`{command}` runs as one process"
         return Decision(Placement(source=why), 1, why, 0, [python, *trainer_cmd], dict(env), False)
@@ -106,12 +120,15 @@ def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decisio
         nproc, nproc_reason = resolve_nproc(env)
     except NprocError as exc:
         raise LaunchError(str(exc)) from None
+    clean, cleared = without_worker_variables(env)
     if placement.single_node and nproc == 1:
         # the trainer checks its settings itself within a second; no need to do it twice
-        return Decision(placement, 1, nproc_reason, 0, [python, *trainer_cmd], dict(env), False)
+        return Decision(placement, 1, nproc_reason, 0, [python, *trainer_cmd], clean, False, cleared)
     max_restarts, rdzv_timeout = _launch_settings(env)
     run = [python, "-m", "torch.distributed.run", *torchrun_args(placement, nproc, max_restarts, rdzv_timeout)]
-    return Decision(placement, nproc, nproc_reason, max_restarts, [*run, *trainer_cmd], worker_env(env), True)
+    return Decision(
+        placement, nproc, nproc_reason, max_restarts, [*run, *trainer_cmd], worker_env(clean), True, cleared
+    )
 
 
 def describe(decision: Decision) -> str:
@@ -125,4 +142,6 @@ def describe(decision: Decision) -> str:
         head = f"{p.source}: {where}{rank}; {rdzv}; {restarts}; nproc: {decision.nproc_reason}"
     else:
         head = f"{p.source}: one process ({decision.nproc_reason})"
+    if decision.cleared:
+        head += f"; ignored {', '.join(decision.cleared)} (set outside torchrun: torchrun sets them per worker)"
     return f"trainkit launch: {head}\ntrainkit launch: {' '.join(mask_args(decision.command))}"

@@ -10,6 +10,8 @@ import hostlist
 
 DEFAULT_RDZV_PORT = 29400
 DEFAULT_MASTER_PORT = 29500
+# Slurm jobs rendezvous on 20000-29999: below Linux's ephemeral ports (32768+), which outgoing connections take.
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000
 
 
 class LaunchError(Exception):
@@ -104,9 +106,14 @@ def _from_slurm(env: Mapping[str, str]) -> Placement:
     if nnodes > 1:
         _check_slurm_tasks(env, nnodes)
         host = first_host(env[nodelist_name], nodelist_name)
-        port = int_var(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_RDZV_PORT
-        placement.rdzv_endpoint = f"{host}:{port}"
+        placement.rdzv_endpoint = f"{host}:{slurm_rdzv_port(int_var(env, 'SLURM_JOB_ID'))}"
     return placement
+
+
+def slurm_rdzv_port(job_id: int) -> int:
+    """The rendezvous port of a Slurm job: derived from its ID, so two jobs whose first node is the same do not
+    collide (a fixed port does). MASTER_PORT is not read here: enroot's PyTorch hook sets it inside the container."""
+    return SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
 
 
 def _check_slurm_tasks(env: Mapping[str, str], nnodes: int) -> None:
