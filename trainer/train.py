@@ -212,8 +212,7 @@ def _run(cfg: Any, stop: Any) -> int:
         out.mkdir(parents=True, exist_ok=True)
         _write_run_config(cfg, out)
     tokenizer = load_tokenizer(s.model)
-    with args.main_process_first(desc="tokenizing the data"):
-        dataset = build_dataset(s, tokenizer)
+    dataset = build_dataset(s, tokenizer)  # local rank 0 prepares; the others wait for its cache (trainer.data.cache)
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
     resume = _resume_from(s, args)
