@@ -200,6 +200,7 @@ def _run(cfg: Any, stop: Any) -> int:
     from transformers import default_data_collator, set_seed
 
     from trainer.checkpoint import AtomicCheckpointTrainer
+    from trainer.data.cache import Stopped
     from trainer.data.dataset import build_dataset
     from trainer.metrics import truncate_after
     from trainer.models import build_model
@@ -212,7 +213,10 @@ def _run(cfg: Any, stop: Any) -> int:
         out.mkdir(parents=True, exist_ok=True)
         _write_run_config(cfg, out)
     tokenizer = load_tokenizer(s.model)
-    dataset = build_dataset(s, tokenizer)  # local rank 0 prepares; the others wait for its cache (trainer.data.cache)
+    try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
+        dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
+    except Stopped:
+        return _interrupted(stop, None)
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
     resume = _resume_from(s, args)

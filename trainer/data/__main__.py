@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import resource
 import sys
 
 from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
@@ -22,6 +21,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     from trainer.config import load_settings
     from trainer.data.dataset import build_dataset
+    from trainer.data.shards import peak_rss_bytes
     from trainer.tokenizer import load_tokenizer
 
     try:
@@ -31,7 +31,7 @@ def main() -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USER
     summary = {"folder": str(dataset.folder), "sequences": len(dataset), **{k: dataset.meta[k] for k in STATS}}
-    summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    summary["peak_rss_bytes"] = peak_rss_bytes()
     print(json.dumps(summary))
     return EXIT_OK
 

@@ -34,6 +34,14 @@ WAIT_TIMEOUT_S = 4 * 3600
 POLL_S = 0.5
 
 
+class Stopped(Exception):
+    """A SIGTERM/SIGINT arrived while the data was being prepared or waited for."""
+
+
+def never() -> bool:
+    return False
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
@@ -125,7 +133,8 @@ def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any],
         return meta, True
 
 
-def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S) -> dict[str, Any]:
+def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S, should_stop: Any = never
+             ) -> dict[str, Any]:  # fmt: skip
     """meta.json of the entry local rank 0 is preparing; a clear error if it fails or takes longer than timeout_s."""
     folder, failed = cache_dir / key, cache_dir / f"{key}.failed"
     deadline = time.monotonic() + timeout_s
@@ -137,6 +146,8 @@ def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S) -> di
         marker = _failure(failed)
         if marker:
             raise ConfigError(f"local rank 0 could not prepare the data: {marker}")
+        if should_stop():
+            raise Stopped
         if time.monotonic() > deadline:
             raise ConfigError(
                 f"local rank {local_rank()} waited {timeout_s:.0f}s for local rank 0 to prepare the tokenized data in "

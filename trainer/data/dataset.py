@@ -70,18 +70,20 @@ class ShardedDataset:
 
 
 def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field: str, cache_dir: Path,
-                    max_bad_lines: int = 0) -> ShardedDataset:  # fmt: skip
-    """The source's shards from the cache (made here, or by local rank 0, when the cache does not have them)."""
+                    max_bad_lines: int = 0, should_stop: Any = cache.never) -> ShardedDataset:  # fmt: skip
+    """The source's shards from the cache (made here, or by local rank 0, when the cache does not have them).
+
+    `should_stop()` True (a SIGTERM arrived) ends the preparation or the wait with `cache.Stopped`."""
     from trainer.data.shards import prepare
 
     key = cache.cache_key(source, tokenizer, seq_len, text_field)
     meta = cache.read_meta(cache_dir / key)
     prepared = False
     if meta is None and cache.local_rank() != 0:
-        meta = cache.wait_for(cache_dir, key)
+        meta = cache.wait_for(cache_dir, key, should_stop=should_stop)
     elif meta is None:
         meta, prepared = cache.prepare_once(
-            cache_dir, key, lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines)
+            cache_dir, key, lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines, should_stop)
         )
     dataset = ShardedDataset(cache_dir / key, meta)
     if prepared:
@@ -97,8 +99,9 @@ def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field
     return dataset
 
 
-def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None) -> ShardedDataset:
-    """The training run's dataset, from the scan made by the checks (`source_of`)."""
+def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None, should_stop: Any = cache.never
+                  ) -> ShardedDataset:  # fmt: skip
+    """The training run's dataset, from the scan made by the checks (`source_of`); see `load_or_prepare`."""
     source = source_of(settings)
     if source.problems:
         raise ConfigError(*source.problems)
@@ -113,5 +116,5 @@ def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None) 
         log.info("data: %s", source.describe())
     folder = cache_dir or cache.default_cache_dir(settings.output_dir)
     return load_or_prepare(
-        source, tokenizer, settings.seq_len, settings.text_field, folder, settings.data_max_bad_lines
+        source, tokenizer, settings.seq_len, settings.text_field, folder, settings.data_max_bad_lines, should_stop
     )

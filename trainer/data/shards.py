@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data.cache import Stopped, never
 from trainer.data.formats import too_many_bad_lines
 from trainer.data.readers import Columns, LineChunk, iter_units, parse_chunk
 from trainer.errors import ConfigError
@@ -37,6 +38,7 @@ log = logging.getLogger("trainer")
 SHARD_TOKENS = 1 << 28  # 512 MiB of uint16 per shard file
 IN_FLIGHT_PER_WORKER = 2
 PARALLEL_MIN_BYTES = 32 << 20  # smaller corpora are tokenized in-process: starting workers would cost more
+PARALLEL_MIN_CORES = 4  # with fewer, the workers and the main process (reading, writing) compete for the cores
 MAX_WORKERS = 32
 BAD_LINES_LOGGED = 20
 
@@ -154,22 +156,40 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(encoder: Encoder, text_field: str) -> None:
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the parent stops the pool; a signal to the group is its to handle
+        signal.signal(signum, signal.SIG_IGN)
     _WORKER.update(encoder=encoder, text_field=text_field)
 
 
 def _work(unit: LineChunk | Columns) -> Piece:
+    piece = tokenize_unit(unit, _WORKER["encoder"], _WORKER["text_field"])
+    piece.worker_rss = peak_rss_bytes()
+    return piece
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM). Not ru_maxrss: that keeps the forking parent's peak across exec,
+    so a spawned worker or a subprocess would report its parent's memory."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
-    piece = tokenize_unit(unit, _WORKER["encoder"], _WORKER["text_field"])
-    piece.worker_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return piece
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def worker_count(encoder: Encoder, corpus_bytes: int) -> int:
     """Worker processes for the byte-level path (0: in this process); other tokenizers use their own threads."""
-    if not encoder.byte_level or corpus_bytes < PARALLEL_MIN_BYTES:
+    cores = len(os.sched_getaffinity(0))
+    if not encoder.byte_level or corpus_bytes < PARALLEL_MIN_BYTES or cores < PARALLEL_MIN_CORES:
         return 0
-    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+    return min(MAX_WORKERS, cores - 1)  # one core for the main process
 
 
 def tokenize_all(units: Iterable[LineChunk | Columns], encoder: Encoder, text_field: str, workers: int
@@ -325,22 +345,28 @@ def corpus_bytes(source: Any) -> int:
     return sum(p.stat().st_size for p in source.identity_files() if p.exists())
 
 
-def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: Path, max_bad_lines: int
-            ) -> dict[str, Any]:  # fmt: skip
-    """Tokenize the whole source into shards in `folder` (which must exist and be empty); returns meta.json."""
+def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: Path, max_bad_lines: int,
+            should_stop: Any = never, workers: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Tokenize the whole source into shards in `folder` (which must exist and be empty); returns meta.json.
+
+    `should_stop()` is asked after each unit: True raises `Stopped` (a SIGTERM must not wait for a whole corpus).
+    `workers`: worker processes (0: this process); None picks `worker_count`.
+    """
     start = time.perf_counter()
     encoder = Encoder.for_tokenizer(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
-    workers = worker_count(encoder, corpus_bytes(source))
+    workers = worker_count(encoder, corpus_bytes(source)) if workers is None else workers
     tally = Tally(max_bad_lines)
     with ShardWriter(folder, seq_len, encoder.dtype, int(pad_id)) as writer:
         for piece in tokenize_all(iter_units(source, text_field), encoder, text_field, workers):
             tally.add(piece)
             writer.append(piece.ids, piece.mask)
+            if should_stop():
+                raise Stopped
         if writer.tokens == 0:
             raise ConfigError(f"TRAIN_DATA: {source.describe()} holds no text; add records or fix TRAIN_TEXT_FIELD")
         seconds = time.perf_counter() - start
-        cores = workers or (len(os.sched_getaffinity(0)) if not encoder.byte_level and _rust_parallel() else 1)
+        cores = workers + 1 if workers else (len(os.sched_getaffinity(0)) if _rust_threads(encoder) else 1)
         speed = {"tokens": writer.tokens, "seconds": round(seconds, 3), "workers": workers, "cores": cores,
                  "tokens_per_s": round(writer.tokens / max(seconds, 1e-9))}  # fmt: skip
         return writer.finish({"source": source.describe(), **speed, **tally.report(text_field), "prepared_by": _who()})
@@ -353,5 +379,7 @@ def _who() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), **ranks}
 
 
-def _rust_parallel() -> bool:
-    return os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() not in ("0", "false", "off", "no")
+def _rust_threads(encoder: Encoder) -> bool:
+    """Whether a model folder's tokenizer encodes batches on all cores (TOKENIZERS_PARALLELISM not turned off)."""
+    parallel = os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() not in ("0", "false", "off", "no")
+    return not encoder.byte_level and parallel
