@@ -125,3 +125,19 @@ def test_two_torchrun_processes_share_one_prepared_cache(tmp_path: Path) -> None
     assert written["prepared_by"]["rank"] == 0 and written["tokens"] == tokens
     assert not list(cache_dir(tmp_path).glob(".tmp-*")) and not list(cache_dir(tmp_path).glob("*.failed"))
     assert (tmp_path / "out" / "final" / "model.safetensors").is_file()
+
+
+def test_sigterm_during_preparation_stops_the_run_cleanly(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "corpus.jsonl", 150)
+    env = env_for(tmp_path, tmp_path / "corpus.jsonl", TRAIN_MAX_STEPS="1", TRAIN_NUM_WORKERS="0")
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "train"], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not any(p.stat().st_size > 0 for p in cache_dir(tmp_path).glob(".tmp-*/tokens-*.bin")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the preparation ended before the signal"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "interrupted by SIGTERM before training started" in stderr and "Traceback" not in stderr
+    assert not list(cache_dir(tmp_path).glob(".tmp-*")) and not list(cache_dir(tmp_path).glob("*/meta.json"))

@@ -189,3 +189,24 @@ def test_allowed_malformed_lines_are_skipped_and_reported(runs) -> None:
     assert "skipped malformed line" in proc.stderr and "corpus.jsonl:3:" in proc.stderr
     assert "corpus.jsonl:151: expected a JSON object, got list" in proc.stderr
     assert "skipped 2 malformed line(s) (TRAIN_DATA_MAX_BAD_LINES=2)" in proc.stderr
+
+
+def test_worker_processes_make_the_same_shards_as_one_process(tmp_path: Path, monkeypatch) -> None:
+    """The byte-level path's worker pool (used on 4+ cores) keeps corpus order, masks and skipped lines."""
+    from trainer.data import readers, shards
+
+    monkeypatch.setattr(readers, "UNIT_BYTES", 4096)  # many units, so several are in flight at once
+    path = with_bad_lines(tmp_path / "mixed.jsonl")
+    with path.open("a") as handle:
+        handle.writelines(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}."}) + "\n" for i in range(300))
+    results = []
+    for workers in (0, 2):
+        folder = tmp_path / f"w{workers}"
+        folder.mkdir()
+        meta = shards.prepare(discover(str(path)), byte_level_tokenizer(), 16, "text", folder, 2, workers=workers)
+        files = [(folder / name).read_bytes() for name in ("tokens-00000.bin", "mask-00000.bin")]
+        results.append((meta["workers"], meta["skipped_lines"], meta["tokens"], meta["has_mask"], *files))
+    assert [r[0] for r in results] == [0, 2]
+    assert results[0][1:] == results[1][1:]
+    assert results[0][1] == [f"{path}:3: not valid JSON (Unterminated string starting at); each line must be one JSON "
+                             "object", f"{path}:151: expected a JSON object, got list"]  # fmt: skip
