@@ -128,7 +128,8 @@ def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any],
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             message = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-            failed.write_text(json.dumps({"run": _run_id(), "message": message}))
+            with contextlib.suppress(OSError):  # the waiting ranks' news; never hide the error itself
+                failed.write_text(json.dumps({"run": _run_id(), "message": message}))
             raise
         return meta, True
 
