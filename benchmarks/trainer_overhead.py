@@ -15,7 +15,7 @@ Both run as subprocesses, alternating A/B `--repeats` times. Reported:
 The ratio B/A is the overhead (goal <= 1.03). Both get OMP_NUM_THREADS=--threads (default 1: less sensitive
 to other load).
 
-Part 2 times tokenize+pack of the same JSONL (in this process): `trainer.data.dataset.tokenize_and_pack` against the
+Part 2 times tokenize+pack of the same JSONL (in this process): `trainer.data.shards.prepare` against the
 classic `datasets.load_dataset` + `.map(tokenize, batched=True)` + `.map(group_texts, batched=True)` (in memory,
 no cache files), with the byte-level tokenizer and with a BPE tokenizer trained here on the data. The ratio is
 ours/baseline in tokens per second (goal >= 1.0).
@@ -227,10 +227,11 @@ def baseline_tokenize_pack(data: Path, tok, seq: int) -> int:
 
 
 def trainkit_tokenize_pack(data: Path, tok, seq: int) -> int:
-    from trainer.data.dataset import tokenize_and_pack
     from trainer.data.discovery import discover
+    from trainer.data.shards import prepare
 
-    return tokenize_and_pack(discover(str(data)), tok, seq, "text")["input_ids"].size
+    with tempfile.TemporaryDirectory(dir=data.parent) as folder:
+        return prepare(discover(str(data)), tok, seq, "text", Path(folder), 0)["tokens"] // seq * seq
 
 
 def timed(fn, *args) -> tuple[float, int]:

@@ -1,4 +1,4 @@
-"""Data formats: packing and masking checked directly on trainer.data, then real `python -m trainer` runs per format."""
+"""Data formats: packing and masking checked on the prepared shards, then real `python -m trainer` runs per format."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from trainer.data import dataset as data
-from trainer.data import discovery
+from trainer.data import discovery, shards
+from trainer.data.dataset import ShardedDataset, load_or_prepare
 from trainer.data.discovery import discover
 from trainer.errors import ConfigError
 from trainer.tokenizer import byte_level_tokenizer
@@ -21,6 +20,13 @@ from trainer.tokenizer import byte_level_tokenizer
 REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["The first record.", "A second one, a little longer than the first.", "Third: ünïcödé too."]
 EOS = 257  # byte-level tokenizer
+
+
+def blocks(path: Path, seq: int, cache: Path, field: str = "text") -> tuple[list[int], list[int], object]:
+    """(ids, labels) of every prepared block, flattened, and the dataset."""
+    dataset = load_or_prepare(discover(str(path)), byte_level_tokenizer(), seq, field, cache)
+    pairs = [dataset.block(i) for i in range(len(dataset))]
+    return [t for ids, _ in pairs for t in ids.tolist()], [t for _, lab in pairs for t in lab.tolist()], dataset
 
 
 def train_env(out: Path, **train: object) -> dict[str, str]:
@@ -78,20 +84,20 @@ FORMATS = ["txt", "jsonl", "json", "parquet", "csv", "saved"]
 @pytest.mark.parametrize("kind", FORMATS)
 def test_each_format_is_read_tokenized_and_packed(tmp_path: Path, kind: str) -> None:
     path = write_format(tmp_path, kind)
-    source = discover(str(path))
     seq = 16
-    packed = data.tokenize_and_pack(source, byte_level_tokenizer(), seq, "text")
+    ids, labels, dataset = blocks(path, seq, tmp_path / "cache")
     stream = expected_stream(kind)
     n = len(stream) // seq
-    assert packed["input_ids"].shape == (n, seq)
-    assert packed["input_ids"].ravel().tolist() == stream[: n * seq]
-    assert "labels" not in packed  # plain text: labels are the ids themselves
+    assert len(dataset) == n
+    assert ids == stream[: n * seq]
+    assert labels == ids  # plain text: labels are the ids themselves
 
 
 def test_folder_and_glob_collect_supported_files(tmp_path: Path) -> None:
     write_format(tmp_path / "d", "jsonl")
     write_format(tmp_path / "d" / "sub", "txt")
     (tmp_path / "d" / "notes.md").write_text("ignored")
+    write_format(tmp_path / "d" / ".cache", "jsonl")  # hidden folders (an output cache, .git) are not data
     assert [p.name for p in discover(str(tmp_path / "d")).files] == ["a.jsonl", "a.txt"]
     assert [p.name for p in discover(str(tmp_path / "d" / "*.jsonl")).files] == ["a.jsonl"]
 
@@ -100,8 +106,7 @@ def test_prompt_completion_labels_mask_the_prompt(tmp_path: Path) -> None:
     pairs = [("Q: two plus two?\nA:", " four"), ("Say hi:", " hi there")]
     path = tmp_path / "pc.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
-    packed = data.tokenize_and_pack(discover(str(path)), byte_level_tokenizer(), 8, "text")
-    ids, labels = packed["input_ids"].ravel().tolist(), packed["labels"].ravel().tolist()
+    ids, labels, _ = blocks(path, 8, tmp_path / "cache")
     want_ids, want_labels = [], []
     for p, c in pairs:
         want_ids += [*p.encode(), *c.encode(), EOS]
@@ -112,36 +117,38 @@ def test_prompt_completion_labels_mask_the_prompt(tmp_path: Path) -> None:
     assert labels.count(-100) > 0 and all(lab != -100 for lab in labels[len(pairs[0][0]) : len(pairs[0][0]) + 5])
 
 
-def test_short_data_is_padded_into_one_masked_block() -> None:
-    packed = data.pack(np.arange(5, dtype=np.int32), None, 8, pad_id=258)
-    assert packed["input_ids"].tolist() == [[0, 1, 2, 3, 4, 258, 258, 258]]
-    assert packed["labels"].tolist() == [[0, 1, 2, 3, 4, -100, -100, -100]]
-    assert packed["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 0]]
+def test_short_data_is_padded_into_one_masked_block(tmp_path: Path) -> None:
+    path = tmp_path / "short.txt"
+    path.write_text("abcd")
+    _, _, dataset = blocks(path, 8, tmp_path / "cache")
+    item = dataset[0]
+    assert item["input_ids"].tolist() == [*b"abcd", EOS, 258, 258, 258]
+    assert item["labels"].tolist() == [*b"abcd", EOS, -100, -100, -100]
+    assert item["attention_mask"].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
 
 
 def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path: Path, caplog, monkeypatch) -> None:
     path = write_format(tmp_path / "d", "jsonl")
-    tok = byte_level_tokenizer()
-    source = discover(str(path))
-    first = data.load_packed(source, tok, 8, "text", tmp_path / "cache")
+    first, _, _ = blocks(path, 8, tmp_path / "cache")
     calls = []
-    real = data.tokenize_and_pack
-    monkeypatch.setattr(data, "tokenize_and_pack", lambda *a: calls.append(a) or real(*a))
+    real = shards.prepare
+    monkeypatch.setattr(shards, "prepare", lambda *a: calls.append(a) or real(*a))
     with caplog.at_level(logging.INFO, logger="trainer"):
-        again = data.load_packed(source, tok, 8, "text", tmp_path / "cache")
+        again, _, _ = blocks(path, 8, tmp_path / "cache")
     assert calls == [] and "from the cache" in caplog.text
-    assert np.array_equal(first["input_ids"], again["input_ids"])
-    data.load_packed(source, tok, 16, "text", tmp_path / "cache")  # another seq_len: another key
+    assert first == again
+    blocks(path, 16, tmp_path / "cache")  # another seq_len: another key
     assert len(calls) == 1
     path.write_text(path.read_text() + json.dumps({"text": "one more"}) + "\n")
-    data.load_packed(source, tok, 8, "text", tmp_path / "cache")
+    blocks(path, 8, tmp_path / "cache")
     assert len(calls) == 2
 
 
 def test_missing_field_names_the_field_and_the_fix(tmp_path: Path) -> None:
-    path = write_format(tmp_path, "jsonl")
+    path = write_format(tmp_path, "parquet")
     with pytest.raises(ConfigError, match=r"no field 'body'.*TRAIN_TEXT_FIELD"):
-        data.tokenize_and_pack(discover(str(path)), byte_level_tokenizer(), 8, "body")
+        blocks(path, 8, tmp_path / "cache", field="body")
+    assert "no field 'body'" in discover(str(write_format(tmp_path, "jsonl")), "body").problems[0]
 
 
 def test_missing_default_path_means_embedded_corpus(monkeypatch, tmp_path: Path) -> None:
@@ -224,11 +231,11 @@ def test_training_on_prompt_completion(format_runs) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
-    (labels_file,) = (out / ".cache" / "data").glob("*/labels.npy")  # what the run trained on
-    ids, labels = np.load(labels_file.with_name("input_ids.npy")), np.load(labels_file)
+    (meta,) = (out / ".cache" / "data").glob("*/meta.json")  # what the run trained on
+    ids, labels = ShardedDataset(meta.parent, json.loads(meta.read_text())).block(0)
     prompt_len = len(b"Q0: what next?")
-    assert (labels[0, :prompt_len] == -100).all()
-    assert labels[0, prompt_len : prompt_len + 8].tolist() == ids[0, prompt_len : prompt_len + 8].tolist()
+    assert (labels[:prompt_len] == -100).all()
+    assert labels[prompt_len : prompt_len + 8].tolist() == ids[prompt_len : prompt_len + 8].tolist()
 
 
 @pytest.mark.skipif(

@@ -54,12 +54,19 @@ class TrainSettings(BaseSettings):
     data: str = _f(
         "/data",
         "paths",
-        "Training data: a file, folder or glob of .txt, .jsonl/.json, .parquet, .csv, or a "
-        "datasets.save_to_disk folder. Missing or empty default: a small embedded corpus.",
+        "Training data: a file, folder or glob of .txt, .jsonl/.json (also .gz/.zst/.bz2/.xz), .parquet, .arrow, "
+        ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder. Missing or "
+        "empty default: a small embedded corpus.",
     )
     output_dir: str = _f("/output", "paths", "Where checkpoints, the final model, metrics and logs go.")
     text_field: str = _f("text", "paths", "Field holding the text in .jsonl/.json/.parquet/.csv data.")
     seq_len: int = _f(512, "paths", "Tokens per packed training sequence.", ge=8)
+    data_max_bad_lines: int = _f(
+        0,
+        "paths",
+        "Malformed JSON Lines records to skip (each is reported by file and line); 0: the first one stops the run.",
+        ge=0,
+    )
 
     # precision
     precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(

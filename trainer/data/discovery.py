@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.data.formats import SUPPORTED, file_kind, open_text
+from trainer.data.formats import SUPPORTED, bad_line_message, file_kind, open_text, too_many_bad_lines
 
 DEFAULT_DATA = "/data"
 EMBEDDED_CORPUS = Path(__file__).resolve().parents[1] / "assets" / "corpus.txt"
@@ -71,12 +71,12 @@ def source_of(settings: Any) -> DataSource:
     """The scan of `settings.data`, made once per settings object and then passed along with it."""
     source = getattr(settings, _SOURCE_ATTR, None)
     if source is None or source.spec != settings.data:
-        source = discover(settings.data, settings.text_field)
+        source = discover(settings.data, settings.text_field, settings.data_max_bad_lines)
         setattr(settings, _SOURCE_ATTR, source)
     return source
 
 
-def discover(spec: str, text_field: str = "text") -> DataSource:
+def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0) -> DataSource:
     """Scan TRAIN_DATA: a file, a folder (plain, hub-style or save_to_disk) or a glob. Never raises."""
     path = Path(spec)
     if path.is_dir() and _is_saved_dataset(path):
@@ -90,7 +90,7 @@ def discover(spec: str, text_field: str = "text") -> DataSource:
         return _no_data(spec, exists, bool(files))
     reason = f"{len(non_empty)} data file(s)" + (f", split 'train' ({len(left_out)} other-split files left out)"
                                                   if left_out else "")  # fmt: skip
-    problems = tuple(_file_problems(non_empty, text_field))
+    problems = tuple(_file_problems(non_empty, text_field, max_bad_lines))
     return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason)
 
 
@@ -113,11 +113,16 @@ def _candidates(spec: str) -> tuple[list[Path], bool]:
         return [path], True
     else:
         return [], False
-    files = [
-        p for p in matches
-        if file_kind(p) is not None and not p.name.startswith(".") and (p.is_file() or p.is_symlink())
-    ]  # fmt: skip
+    root = path if path.is_dir() else None
+    data = [p for p in matches if file_kind(p) is not None and not _hidden(p, root)]
+    files = [p for p in data if p.is_file() or p.is_symlink()]
     return sorted(files), bool(matches) or path.is_dir()
+
+
+def _hidden(path: Path, root: Path | None) -> bool:
+    """A hidden file, or a file in a hidden folder under TRAIN_DATA (.cache, .git, ...)."""
+    parts = path.relative_to(root).parts if root else (path.name,)
+    return any(part.startswith(".") for part in parts)
 
 
 def _split_of(path: Path, root: Path | None) -> str | None:
@@ -158,13 +163,13 @@ def _no_data(spec: str, exists: bool, has_files: bool) -> DataSource:
 # ---- per-file checks (the first MAX_FILES_CHECKED files; the reader reports the rest as it meets them) ----------
 
 
-def _file_problems(files: tuple[Path, ...], text_field: str) -> list[str]:
+def _file_problems(files: tuple[Path, ...], text_field: str, max_bad_lines: int) -> list[str]:
     problems = []
     for path in files[:MAX_FILES_CHECKED]:
         kind = file_kind(path)
         try:
             if kind and kind.format in ("jsonl", "json"):
-                problems.append(_jsonl_problem(path, text_field))
+                problems.append(_jsonl_problem(path, text_field, max_bad_lines))
             elif kind and kind.format == "csv":
                 problems.append(_csv_problem(path, text_field))
             else:
@@ -185,16 +190,18 @@ def _unreadable(path: Path, exc: OSError) -> str:
     return f"TRAIN_DATA: cannot read {path} ({reason}); fix the file or its permissions"
 
 
-def _jsonl_problem(path: Path, text_field: str) -> str | None:
+def _jsonl_problem(path: Path, text_field: str, max_bad_lines: int) -> str | None:
+    """The first record: is it JSON, and does it hold the text field? (The reader checks every other record.)"""
     with open_text(path) as handle:
-        first = next((line for line in handle if line.strip()), None)
+        first = next(((n, line) for n, line in enumerate(handle, 1) if line.strip()), None)
     if first is None:
         return None
     try:
-        row = json.loads(first)
-    except json.JSONDecodeError:
-        kind = file_kind(path)
-        return None if kind and kind.format == "json" else f"TRAIN_DATA: {path}:1: the first line is not JSON"
+        row = json.loads(first[1])
+    except json.JSONDecodeError as exc:
+        if file_kind(path).format == "json" or max_bad_lines > 0:
+            return None  # a .json document spans lines; skipped lines are the reader's to count
+        return too_many_bad_lines(bad_line_message(path, first[0], f"not valid JSON ({exc.msg})"), 1, 0)
     if not isinstance(row, dict) or text_field in row or {"prompt", "completion"} <= row.keys():
         return None
     fields = ", ".join(sorted(row)[:8])

@@ -204,6 +204,7 @@ def _log_auto_batch(args: Any) -> None:
 def _run(cfg: Any, stop: Any) -> int:
     from transformers import default_data_collator, set_seed
 
+    from trainer.data.cache import Stopped
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer
     from trainer.run.metrics import truncate_after
@@ -217,8 +218,10 @@ def _run(cfg: Any, stop: Any) -> int:
         out.mkdir(parents=True, exist_ok=True)
         cfg.write_run_config(out)
     tokenizer = load_tokenizer(s.model)
-    with args.main_process_first(desc="tokenizing the data"):
-        dataset = build_dataset(s, tokenizer)
+    try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
+        dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
+    except Stopped:
+        return _interrupted(stop, None)
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
     resume = _resume_from(s, args)

@@ -1,0 +1,154 @@
+"""Data preparation at corpus scale: memory flat in the corpus size, throughput per core, against datasets.map.
+
+    .venv/bin/python benchmarks/data_prep.py [--small-mb 40] [--factor 10] [--seq 512] [--workers 0,auto]
+
+Generates a JSONL corpus of --small-mb and one --factor times larger (paragraphs of the embedded corpus, numbered),
+and prepares each with trainkit's streaming preparation (trainer.data.shards.prepare, byte-level tokenizer, the
+presets' tokenizer) in a fresh process per run, with each --workers setting (0: in the main process; auto: what a
+run picks). Each run reports the peak resident memory of its main process and of its largest worker, and tokens/s
+(preparation only: imports and interpreter start excluded) in total and per core. Printed:
+  - memory ratio: peak RSS (main + largest worker) for the larger corpus / for the small one (goal <= 1.2);
+  - throughput ratio: trainkit tokens/s / a plain `datasets.load_dataset("json")` + `.map(tokenize, batched=True)`
+    + `.map(group_texts, batched=True)` baseline (in memory, same tokenizer, same small corpus) (goal >= 1.0).
+Everything runs in one invocation, side by side, on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_jsonl(path: Path, megabytes: float) -> None:
+    """Paragraphs of the embedded corpus, numbered, as JSONL records (written in blocks: fast, flat memory)."""
+    sys.path.insert(0, str(REPO))
+    from trainer.data.discovery import EMBEDDED_CORPUS
+
+    paragraphs = [p for p in EMBEDDED_CORPUS.read_text().split("\n\n") if p.strip()]
+    size, start = 0, 0
+    with open(path, "w", encoding="utf-8") as handle:
+        while size < megabytes * 1e6:
+            block = "".join(
+                json.dumps({"text": f"{i}. {paragraphs[i % len(paragraphs)]}", "id": i}) + "\n"
+                for i in range(start, start + 2000)
+            )
+            handle.write(block)
+            size, start = size + len(block.encode()), start + 2000
+
+
+def peak_rss() -> int:
+    from trainer.data.shards import peak_rss_bytes
+
+    return peak_rss_bytes()
+
+
+# ---- the measured children --------------------------------------------------------------------------------------
+
+
+def child_trainkit(data: Path, seq: int, workers: str) -> dict:
+    from trainer.data.discovery import discover
+    from trainer.data.shards import prepare
+    from trainer.tokenizer import byte_level_tokenizer
+
+    tokenizer = byte_level_tokenizer()
+    with tempfile.TemporaryDirectory(prefix="data-prep-", dir=data.parent) as folder:
+        meta = prepare(discover(str(data)), tokenizer, seq, "text", Path(folder), 0,
+                       workers=None if workers == "auto" else int(workers))  # fmt: skip
+    return {"tokens": meta["tokens"], "seconds": meta["seconds"], "workers": meta["workers"], "cores": meta["cores"],
+            "rss": peak_rss(), "worker_rss": meta["peak_rss_worker_bytes"]}  # fmt: skip
+
+
+def child_baseline(data: Path, seq: int) -> dict:
+    from itertools import chain
+
+    import datasets
+    from datasets import load_dataset
+
+    from trainer.tokenizer import byte_level_tokenizer
+
+    datasets.disable_progress_bars()
+    tok = byte_level_tokenizer()
+    start = time.perf_counter()
+    raw = load_dataset("json", data_files=str(data), split="train", keep_in_memory=True,
+                       cache_dir=str(data.parent / "hf-cache"))  # fmt: skip
+    tokenized = raw.map(lambda b: tok(b["text"]), batched=True, remove_columns=raw.column_names, keep_in_memory=True)
+
+    def group_texts(batch: dict) -> dict:
+        joined = {k: list(chain(*batch[k])) for k in batch}
+        total = len(joined["input_ids"]) // seq * seq
+        out = {k: [v[i : i + seq] for i in range(0, total, seq)] for k, v in joined.items()}
+        out["labels"] = out["input_ids"].copy()
+        return out
+
+    packed = tokenized.map(group_texts, batched=True, keep_in_memory=True)
+    seconds = time.perf_counter() - start
+    return {"tokens": len(packed) * seq, "seconds": seconds, "workers": 0, "cores": 1, "rss": peak_rss(),
+            "worker_rss": 0}  # fmt: skip
+
+
+def measure(kind: str, data: Path, seq: int, workers: str = "0") -> dict:
+    """One measurement in a fresh process (its peak RSS is its own)."""
+    cmd = [sys.executable, __file__, "--child", kind, "--data", str(data), "--seq", str(seq), "--workers", workers]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} run failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["tokens_per_s"] = result["tokens"] / max(result["seconds"], 1e-9)
+    result["peak"] = result["rss"] + result["worker_rss"]
+    return result
+
+
+def row(name: str, r: dict) -> str:
+    per_core = r["tokens_per_s"] / max(1, r["cores"])
+    return (f"  {name:34s} {r['tokens'] / 1e6:8.1f} M tok {r['seconds']:7.2f} s {r['tokens_per_s'] / 1e6:8.2f} M tok/s "
+            f"{per_core / 1e6:8.2f} M/core ({r['cores']} core(s))  RSS {r['rss'] / 2**20:6.0f} MiB main"
+            f" + {r['worker_rss'] / 2**20:4.0f} MiB largest worker")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small-mb", type=float, default=40.0)
+    p.add_argument("--factor", type=float, default=10.0)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--workers", default="0,auto", help="comma-separated worker settings to compare (0, N, auto)")
+    p.add_argument("--child", choices=["trainkit", "baseline"], help=argparse.SUPPRESS)
+    p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        result = child_trainkit(a.data, a.seq, a.workers) if a.child == "trainkit" else child_baseline(a.data, a.seq)
+        print(json.dumps(result))
+        return
+    print(f"machine: {len(os.sched_getaffinity(0))} usable CPUs; python {sys.version.split()[0]}; seq {a.seq}")
+    with tempfile.TemporaryDirectory(prefix="trainkit-data-prep-") as name:
+        tmp = Path(name)
+        small, large = tmp / "small.jsonl", tmp / "large.jsonl"
+        write_jsonl(small, a.small_mb)
+        write_jsonl(large, a.small_mb * a.factor)
+        sizes = {"small": small.stat().st_size / 1e6, "large": large.stat().st_size / 1e6}
+        print(f"corpora: small {sizes['small']:.0f} MB, large {sizes['large']:.0f} MB (JSONL)\n")
+        results = {}
+        for workers in a.workers.split(","):
+            for label, data in (("small", small), ("large", large)):
+                results[label, workers] = r = measure("trainkit", data, a.seq, workers)
+                print(row(f"trainkit {label}, workers={workers} ({r['workers']})", r), flush=True)
+        base = measure("baseline", small, a.seq)
+        print(row("datasets.map group_texts, small", base))
+        print()
+        for workers in a.workers.split(","):
+            mem = results["large", workers]["peak"] / results["small", workers]["peak"]
+            speed = results["small", workers]["tokens_per_s"] / base["tokens_per_s"]
+            print(f"workers={workers}: memory ratio large/small {mem:.2f} (goal <= 1.2); "
+                  f"throughput ratio vs datasets.map {speed:.1f} (goal >= 1.0)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

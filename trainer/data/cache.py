@@ -1,0 +1,166 @@
+"""The tokenized-data cache: its key, its atomic write, and the barrier that lets one process per node prepare it.
+
+A cache entry is `CACHE_DIR/<key>/` (token shards + meta.json), keyed by the files' identity (path, size, mtime),
+the tokenizer, `seq_len` and the text field. It is written into `CACHE_DIR/.tmp-<key>-<host>-<pid>/`, fsynced and
+renamed into place, so a folder named by its key is always complete. An interrupted preparation leaves only a
+.tmp folder, which the next preparation removes before it starts again from the beginning.
+
+Ranks: local rank 0 of each node prepares under an exclusive lock (`<key>.lock`; on shared storage the lock also
+keeps nodes from preparing twice); the other local ranks wait for the finished folder, for a failure marker from
+the same torchrun run (then they stop with its message), or for WAIT_TIMEOUT_S. Every rank then maps the shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import ConfigError
+
+log = logging.getLogger("trainer")
+
+CACHE_VERSION = 3  # 3: memory-mapped token shards (2: whole .npy arrays)
+WAIT_TIMEOUT_S = 4 * 3600
+POLL_S = 0.5
+
+
+class Stopped(Exception):
+    """A SIGTERM/SIGINT arrived while the data was being prepared or waited for."""
+
+
+def never() -> bool:
+    return False
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(f"{text}|eos={tokenizer.eos_token_id}|pad={tokenizer.pad_token_id}".encode()).hexdigest()
+
+
+def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str) -> str:
+    files = []
+    for p in source.identity_files():
+        st = p.stat()
+        files.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+    tok = tokenizer_fingerprint(tokenizer)
+    blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "seq": seq_len, "field": text_field})
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def default_cache_dir(output_dir: str) -> Path:
+    """/cache/trainkit/data in the image (a volume shared by runs), else OUTPUT_DIR/.cache/data."""
+    shared = Path("/cache")
+    if shared.is_dir() and os.access(shared, os.W_OK):
+        return shared / "trainkit" / "data"
+    return Path(output_dir) / ".cache" / "data"
+
+
+def read_meta(folder: Path) -> dict[str, Any] | None:
+    """meta.json of a complete cache entry; None when there is none."""
+    try:
+        return json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+
+def _run_id() -> str:
+    """Shared by every rank of one torchrun attempt; a failure marker from another run is not ours."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An exclusive flock; the kernel releases it when the holder exits, even by SIGKILL."""
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_interrupted(cache_dir: Path, key: str) -> None:
+    for stale in cache_dir.glob(f".tmp-{key}-*"):
+        log.warning("data: removing %s, left by an interrupted preparation; preparing again", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any], bool]:
+    """(meta, prepared_here): the finished entry, made here by `build(tmp_folder) -> meta` unless it exists."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    folder, failed = cache_dir / key, cache_dir / f"{key}.failed"
+    with _exclusive(cache_dir / f"{key}.lock"):
+        meta = read_meta(folder)
+        if meta is not None:
+            return meta, False
+        failed.unlink(missing_ok=True)
+        _remove_interrupted(cache_dir, key)
+        tmp = cache_dir / f".tmp-{key}-{socket.gethostname()}-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            meta = build(tmp)
+            _fsync_dir(tmp)
+            os.rename(tmp, folder)
+            _fsync_dir(cache_dir)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            message = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(OSError):  # the waiting ranks' news; never hide the error itself
+                failed.write_text(json.dumps({"run": _run_id(), "message": message}))
+            raise
+        return meta, True
+
+
+def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S, should_stop: Any = never
+             ) -> dict[str, Any]:  # fmt: skip
+    """meta.json of the entry local rank 0 is preparing; a clear error if it fails or takes longer than timeout_s."""
+    folder, failed = cache_dir / key, cache_dir / f"{key}.failed"
+    deadline = time.monotonic() + timeout_s
+    log.info("data: local rank %d waits for local rank 0 to prepare %s", local_rank(), folder)
+    while True:
+        meta = read_meta(folder)
+        if meta is not None:
+            return meta
+        marker = _failure(failed)
+        if marker:
+            raise ConfigError(f"local rank 0 could not prepare the data: {marker}")
+        if should_stop():
+            raise Stopped
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"local rank {local_rank()} waited {timeout_s:.0f}s for local rank 0 to prepare the tokenized data in "
+                f"{folder}, and it is not there; see local rank 0's log (did it fail, hang or run out of memory?). "
+                "Preparing it once ahead of the run (one process, same TRAIN_* settings) avoids the wait"
+            )
+        time.sleep(POLL_S)
+
+
+def _failure(marker: Path) -> str | None:
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("message") if data.get("run") == _run_id() else None

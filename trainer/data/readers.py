@@ -1,0 +1,340 @@
+"""Reading records from every supported file kind as a stream of bounded work units.
+
+`iter_units(source, text_field)` yields, in corpus order:
+- `LineChunk`: about UNIT_BYTES of whole lines of a .txt or .jsonl file (decompressed), with the number of its
+  first line. Parsing it (`parse_chunk`) is the costly part, so it happens in worker processes.
+- `Columns`: records already parsed by pyarrow (parquet, arrow, csv, .json documents, save_to_disk folders),
+  sliced to about UNIT_BYTES.
+Nothing here holds more than one unit of a file (a parquet row group, or one .json document, at most), so memory
+does not grow with the corpus. A .txt file is one document: the EOS follows its last chunk only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.data.formats import bad_line_message, file_kind, open_binary, open_text
+from trainer.errors import ConfigError
+
+UNIT_BYTES = 1 << 20
+TEXT_PIECE_BYTES = 1 << 16  # a .txt chunk is cut at newlines into pieces this long, so a tokenizer batch parallelizes
+ROWS_PER_BATCH = 1024
+PAIR = ("prompt", "completion")
+
+
+@dataclass
+class LineChunk:
+    path: str
+    format: str  # "text" or "jsonl"
+    data: bytes
+    first_line: int
+    last: bool  # the file's last chunk
+
+
+@dataclass
+class Columns:
+    """Parsed records: `texts`, or `prompts` with `completions` (pyarrow string/binary arrays)."""
+
+    origin: str
+    texts: Any = None
+    prompts: Any = None
+    completions: Any = None
+    eos: str = "each"  # after each record; "last": after the last one only; "none"
+    bad: list[str] = field(default_factory=list)  # malformed lines, "path:line: why"
+    without_text: int = 0  # records whose text field is null or missing
+
+    @property
+    def records(self) -> int:
+        column = self.texts if self.texts is not None else self.prompts
+        return 0 if column is None else len(column)
+
+
+def iter_units(source: Any, text_field: str) -> Iterator[LineChunk | Columns]:
+    if source.saved_dataset:
+        yield from _saved_dataset(source.saved_dataset, text_field)
+        return
+    for path in source.files:
+        fmt = file_kind(path).format
+        try:
+            if fmt in ("text", "jsonl"):
+                yield from _line_chunks(path, fmt)
+            elif fmt == "json":
+                yield from _json_file(path, text_field)
+            else:
+                yield from _table_file(path, fmt, text_field)
+        except _read_errors() as exc:
+            raise ConfigError(f"{path}: cannot read ({exc}); the file is unreadable, truncated or corrupt") from exc
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What a truncated or corrupt file raises while it is decompressed or decoded."""
+    import lzma
+
+    errors: tuple[type[BaseException], ...] = (OSError, EOFError, UnicodeDecodeError, ValueError, lzma.LZMAError)
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
+
+
+# ---- line formats: read in the main process, parsed in workers --------------------------------------------------
+
+
+def _line_chunks(path: Path, fmt: str) -> Iterator[LineChunk]:
+    """Whole lines, about UNIT_BYTES at a time (a longer line is one chunk); the last one is flagged."""
+    pending: LineChunk | None = None
+    line = 1
+    with open_binary(path) as handle:
+        carry = b""
+        while True:
+            block = handle.read(UNIT_BYTES)
+            data = carry + block
+            if not data:
+                break
+            cut = data.rfind(b"\n") + 1 if block else len(data)
+            if cut == 0 and fmt == "text" and len(data) >= UNIT_BYTES:
+                cut = _utf8_boundary(data)  # a .txt without newlines: cut between characters
+            if cut == 0:
+                carry = data
+                continue
+            chunk, carry = data[:cut], data[cut:]
+            if pending is not None:
+                yield pending
+            pending = LineChunk(str(path), fmt, chunk, line, last=False)
+            line += chunk.count(b"\n")
+            if not block:
+                break
+    if pending is not None:
+        pending.last = True
+        yield pending
+
+
+def _utf8_boundary(data: bytes) -> int:
+    """A cut near the end of `data` that does not split a UTF-8 character."""
+    cut = len(data) - 4
+    while (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return cut
+
+
+def parse_chunk(chunk: LineChunk, text_field: str) -> Columns:
+    """A chunk's records. JSON Lines go through pyarrow; a chunk it refuses is parsed line by line to name the
+    malformed lines (they are returned in `bad`, never dropped in silence)."""
+    import pyarrow as pa
+
+    if chunk.format == "text":
+        pieces = _text_pieces(chunk.data)
+        return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none")
+    try:
+        return _jsonl_arrow(chunk, text_field)
+    except pa.ArrowInvalid:
+        return _jsonl_python(chunk, text_field)
+
+
+def _text_pieces(data: bytes) -> list[bytes]:
+    pieces, start = [], 0
+    while start < len(data):
+        end = data.find(b"\n", start + TEXT_PIECE_BYTES)
+        end = len(data) if end < 0 else end + 1
+        pieces.append(data[start:end])
+        start = end
+    return pieces
+
+
+def _jsonl_arrow(chunk: LineChunk, text_field: str) -> Columns:
+    import pyarrow as pa
+    import pyarrow.json as pajson
+
+    names = list(dict.fromkeys([text_field, *PAIR]))
+    options = pajson.ParseOptions(
+        explicit_schema=pa.schema([(n, pa.string()) for n in names]), unexpected_field_behavior="ignore"
+    )
+    read = pajson.ReadOptions(use_threads=False, block_size=len(chunk.data) + 1)
+    table = pajson.read_json(pa.BufferReader(chunk.data), read_options=read, parse_options=options)
+    return _columns_from_table(table, text_field, chunk.path)
+
+
+def _jsonl_python(chunk: LineChunk, text_field: str) -> Columns:
+    rows, bad = [], []
+    for offset, raw in enumerate(chunk.data.split(b"\n")):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            why = f"not valid JSON ({getattr(exc, 'msg', exc)}); each line must be one JSON object"
+            bad.append(bad_line_message(chunk.path, chunk.first_line + offset, why))
+            continue
+        if not isinstance(row, dict):
+            why = f"expected a JSON object, got {type(row).__name__}"
+            bad.append(bad_line_message(chunk.path, chunk.first_line + offset, why))
+            continue
+        rows.append(row)
+    columns = _columns_from_rows(rows, text_field, chunk.path)
+    columns.bad = bad
+    return columns
+
+
+# ---- records to Columns ----------------------------------------------------------------------------------------
+
+
+def _is_pair_table(table: Any) -> bool:
+    return all(n in table.column_names and table[n].null_count < len(table) for n in PAIR)
+
+
+def _columns_from_table(table: Any, text_field: str, origin: str) -> Columns:
+    import pyarrow.compute as pc
+
+    if _is_pair_table(table):
+        both = pc.and_(pc.is_valid(table["prompt"]), pc.is_valid(table["completion"]))
+        kept = table.filter(both)
+        missing = len(table) - len(kept)
+        return Columns(origin, prompts=_as_text(kept["prompt"]), completions=_as_text(kept["completion"]),
+                       without_text=missing)  # fmt: skip
+    if text_field not in table.column_names:
+        return Columns(origin, texts=_as_text(table.column(0).slice(0, 0)), without_text=len(table))
+    column = table[text_field]
+    return Columns(origin, texts=_as_text(pc.drop_null(column)), without_text=column.null_count)
+
+
+def _as_text(column: Any) -> Any:
+    """One contiguous string/binary array (numbers become their text, as str() would write them)."""
+    import pyarrow as pa
+
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)
+            or pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):  # fmt: skip
+        array = array.cast(pa.string())
+    return array
+
+
+def _columns_from_rows(rows: list[dict[str, Any]], text_field: str, origin: str) -> Columns:
+    """Python records -> Columns, by the same rules as pyarrow's (values as their text, null or missing: no text)."""
+    import pyarrow as pa
+
+    names = list(dict.fromkeys([text_field, *PAIR]))
+    values = {n: [None if r.get(n) is None else str(r[n]) for r in rows] for n in names}
+    return _columns_from_table(pa.table({n: pa.array(v, pa.string()) for n, v in values.items()}), text_field, origin)
+
+
+def _slices(table: Any, text_field: str, origin: str) -> Iterator[Columns]:
+    """A table (or record batch) as Columns of about UNIT_BYTES each."""
+    if table.num_rows == 0:
+        return
+    per_row = max(1, table.nbytes // table.num_rows)
+    step = max(1, UNIT_BYTES // per_row)
+    for start in range(0, table.num_rows, step):
+        yield _columns_from_table(table.slice(start, step), text_field, origin)
+
+
+def needed_columns(names: list[str], text_field: str, origin: str) -> list[str]:
+    if all(p in names for p in PAIR):
+        return list(PAIR)
+    if text_field not in names:
+        raise ConfigError(
+            f"{origin}: no field {text_field!r} (fields: {', '.join(names) or 'none'}); set TRAIN_TEXT_FIELD, "
+            "or use prompt/completion fields"
+        )
+    return [text_field]
+
+
+# ---- columnar files and documents: read (by pyarrow) in the main process ----------------------------------------
+
+
+def _table_file(path: Path, fmt: str, text_field: str) -> Iterator[Columns]:
+    readers = {"parquet": _parquet_batches, "arrow": _arrow_batches, "csv": _csv_batches}
+    for batch in readers[fmt](path, text_field):
+        yield from _slices(batch, text_field, str(path))
+
+
+def _parquet_batches(path: Path, text_field: str) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    columns = needed_columns(parquet.schema_arrow.names, text_field, str(path))
+    yield from parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns)
+
+
+def _arrow_batches(path: Path, text_field: str) -> Iterator[Any]:
+    """An Arrow IPC file, stream format (what `datasets` writes) or file format, memory-mapped."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            file_reader = pa.ipc.open_file(source)
+            reader = (file_reader.get_batch(i) for i in range(file_reader.num_record_batches))
+            schema = file_reader.schema
+        else:
+            schema = reader.schema
+        columns = needed_columns(schema.names, text_field, str(path))
+        for batch in reader:
+            yield batch.select(columns)
+
+
+def _csv_batches(path: Path, text_field: str) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    try:
+        reader = pacsv.open_csv(path)
+        columns = needed_columns(reader.schema.names, text_field, str(path))
+        for batch in reader:
+            yield batch.select(columns)
+    except pa.ArrowInvalid as exc:
+        raise ConfigError(f"{path}: cannot read as CSV ({exc})") from exc
+
+
+def _json_file(path: Path, text_field: str) -> Iterator[LineChunk | Columns]:
+    """A .json file is one JSON document (a list of records, or an object holding one), or JSON Lines."""
+    if _looks_like_json_lines(path):
+        yield from _line_chunks(path, "jsonl")
+        return
+    with open_text(path) as handle:
+        try:
+            content = json.load(handle)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(bad_line_message(path, exc.lineno, f"not valid JSON ({exc.msg})")) from exc
+    if isinstance(content, dict):
+        lists = [v for v in content.values() if isinstance(v, list)]
+        content = lists[0] if len(lists) == 1 else [content]
+    if not isinstance(content, list) or not all(isinstance(r, dict) for r in content):
+        raise ConfigError(f"{path}: expected a list of JSON objects (or JSON Lines)")
+    for start in range(0, len(content), ROWS_PER_BATCH):
+        yield _columns_from_rows(content[start : start + ROWS_PER_BATCH], text_field, str(path))
+
+
+def _looks_like_json_lines(path: Path) -> bool:
+    """True when the first line is a whole JSON object and more follows (a JSON document spans lines instead)."""
+    with open_text(path) as handle:
+        first = handle.readline()
+        rest = handle.read(1)
+    try:
+        return isinstance(json.loads(first), dict) and bool(rest)
+    except json.JSONDecodeError:
+        return False
+
+
+def _saved_dataset(folder: Path, text_field: str) -> Iterator[Columns]:
+    import logging
+
+    from datasets import DatasetDict, load_from_disk
+
+    dataset = load_from_disk(str(folder))  # memory-mapped
+    if isinstance(dataset, DatasetDict):
+        split = "train" if "train" in dataset else next(iter(dataset))
+        logging.getLogger("trainer").info("data: using split %r of %s", split, folder)
+        dataset = dataset[split]
+    table = dataset.data.table
+    columns = needed_columns(table.column_names, text_field, str(folder))
+    for batch in table.select(columns).to_batches(max_chunksize=ROWS_PER_BATCH):
+        yield from _slices(batch, text_field, str(folder))
