@@ -123,6 +123,21 @@ PRE_TORCH_CASES = [
         ["--optim would contradict TRAIN_OPTIM", "--no_gradient_checkpointing would contradict TRAIN_GRAD_CKPT"],
     ),
     (
+        "qlora-with-zero3",
+        _fixed({"TRAIN_QUANT": "4bit", "TRAIN_LORA": "1", "TRAIN_ZERO_STAGE": "3"}),
+        ["TRAIN_QUANT=4bit with TRAIN_ZERO_STAGE=3", "TRAIN_ZERO_STAGE=2"],
+    ),
+    (
+        "qlora-8bit-with-fsdp",
+        _fixed({"TRAIN_QUANT": "8bit", "TRAIN_LORA": "1", "TRAIN_FSDP": "full_shard"}),
+        ["TRAIN_QUANT=8bit with TRAIN_FSDP=full_shard", "TRAIN_QUANT=4bit"],
+    ),
+    (
+        "qlora-with-fsdp1",
+        _fixed({"TRAIN_QUANT": "4bit", "TRAIN_LORA": "1", "TRAIN_FSDP": "hybrid_shard"}),
+        ["TRAIN_FSDP=hybrid_shard (FSDP1)", "FSDP2"],
+    ),
+    (
         "fsdp-with-bnb-optimizer",
         _fixed({"TRAIN_FSDP": "full_shard", "TRAIN_OPTIM": "adamw_bnb_8bit"}),
         ["TRAIN_OPTIM=adamw_bnb_8bit", "TRAIN_FSDP=full_shard", "DTensor"],

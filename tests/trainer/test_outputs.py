@@ -196,3 +196,17 @@ def test_zero_offload_runs_deepspeeds_optimizer_and_says_so(caplog: pytest.LogCa
         assert _optimizer_override(cfg, args=None) == {}
     assert "DeepSpeed's own" in caplog.text and "TRAIN_OPTIM=adamw_apex_fused is not used" in caplog.text
     assert "apex" not in caplog.text.replace("TRAIN_OPTIM=adamw_apex_fused", "")
+
+
+def test_qlora_under_fsdp_stores_4bit_weights_shardably_and_lets_fsdp_place_them() -> None:
+    """FSDP shards parameters of the storage dtype: 4-bit weights kept as uint8 stay whole on every rank, and a
+    device_map would fight FSDP's own placement. Without FSDP, the model goes to this rank's GPU as before."""
+    import torch
+
+    from trainer.run.models import pretrained_kwargs
+
+    fsdp = pretrained_kwargs("sdpa", "4bit", "bf16", sharded=True)
+    assert fsdp["quantization_config"].bnb_4bit_quant_storage == torch.bfloat16 and "device_map" not in fsdp
+    alone = pretrained_kwargs("sdpa", "4bit", "bf16", sharded=False)
+    assert alone["quantization_config"].bnb_4bit_quant_storage == torch.uint8 and alone["device_map"] == {"": 0}
+

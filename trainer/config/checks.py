@@ -36,6 +36,22 @@ def _combination_problems(s: TrainSettings) -> list[str]:
             f"TRAIN_OPTIM={s.optim} with TRAIN_FSDP={s.fsdp}: its fused kernels take plain tensors, not FSDP's sharded "
             "DTensor parameters (bitsandbytes #1633, #89); use TRAIN_OPTIM=adamw_torch_fused (or auto) with FSDP"
         )
+    if s.quant != "none" and s.zero_stage == 3:
+        problems.append(
+            f"TRAIN_QUANT={s.quant} with TRAIN_ZERO_STAGE=3: ZeRO-3 would partition weights bitsandbytes has already "
+            "packed (and Transformers refuses its device placement); use TRAIN_ZERO_STAGE=2, or TRAIN_FSDP=full_shard "
+            "with TRAIN_QUANT=4bit"
+        )
+    if s.quant == "8bit" and s.fsdp != "none":
+        problems.append(
+            f"TRAIN_QUANT=8bit with TRAIN_FSDP={s.fsdp}: FSDP cannot shard bitsandbytes' 8-bit weights; "
+            "use TRAIN_QUANT=4bit with FSDP, or TRAIN_FSDP=none"
+        )
+    if s.quant == "4bit" and s.fsdp in ("hybrid_shard", "no_shard"):
+        problems.append(
+            f"TRAIN_QUANT=4bit with TRAIN_FSDP={s.fsdp} (FSDP1): QLoRA shards with FSDP2 only; "
+            "use TRAIN_FSDP=full_shard or shard_grad_op"
+        )
     if s.quant != "none" and not s.lora:
         problems.append(
             f"TRAIN_QUANT={s.quant} needs TRAIN_LORA=1: quantized weights are frozen, only LoRA adapters train (QLoRA)"

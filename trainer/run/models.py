@@ -64,28 +64,37 @@ def _compute_dtype(precision: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
 
-def _quantization_config(quant: str, precision: str) -> Any:
+def _quantization_config(quant: str, precision: str, sharded: bool) -> Any:
+    """bitsandbytes settings; under FSDP the 4-bit weights are stored in the compute dtype, so FSDP shards them as
+    it shards every other parameter (the default uint8 storage leaves them whole on every rank)."""
     from transformers import BitsAndBytesConfig
 
     if quant == "4bit":
+        storage = {"bnb_4bit_quant_storage": _compute_dtype(precision)} if sharded else {}
         return BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=_compute_dtype(precision),
+            **storage,
         )
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-def _load_pretrained(path: str, attn: str, quant: str, precision: str) -> PreTrainedModel:
-    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
+def pretrained_kwargs(attn: str, quant: str, precision: str, sharded: bool) -> dict[str, Any]:
+    """from_pretrained's arguments. A quantized model is placed on this rank's GPU, except under FSDP, which
+    places (and shards) it itself; ZeRO-3 with quantization is refused at configuration time."""
+    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn, "dtype": torch.float32}
     if quant != "none":
-        kwargs["quantization_config"] = _quantization_config(quant, precision)
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+        kwargs["quantization_config"] = _quantization_config(quant, precision, sharded)
         kwargs["dtype"] = _compute_dtype(precision)
-    else:
-        kwargs["dtype"] = torch.float32
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if not sharded:
+            kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    return kwargs
+
+
+def _load_pretrained(path: str, attn: str, quant: str, precision: str, sharded: bool) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(path, **pretrained_kwargs(attn, quant, precision, sharded))
 
 
 def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -93,15 +102,16 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
     s = cfg.settings
     attn = cfg.decisions.attn.value
     precision = cfg.decisions.precision.value
+    sharded = s.fsdp != "none"
     if is_preset(s.model):
         config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
         if s.quant != "none":
-            model = _quantized_preset(config, attn, s.quant, precision)
+            model = _quantized_preset(config, attn, s.quant, precision, sharded)
         else:
             model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
         log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
     else:
-        model = _load_pretrained(s.model, attn, s.quant, precision)
+        model = _load_pretrained(s.model, attn, s.quant, precision, sharded)
         log.info("model: loaded %s offline (attention=%s)", s.model, attn)
         _fit_embeddings(model, tokenizer)
     if s.lora:
@@ -110,13 +120,13 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
     return model
 
 
-def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str) -> PreTrainedModel:
+def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str, sharded: bool) -> PreTrainedModel:
     """bitsandbytes quantizes at load time, so a from-scratch preset is saved once and loaded back quantized."""
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with tempfile.TemporaryDirectory(prefix="trainkit-preset-") as tmp:
         fresh.save_pretrained(tmp)
         del fresh
-        return _load_pretrained(tmp, attn, quant, precision)
+        return _load_pretrained(tmp, attn, quant, precision, sharded)
 
 
 def _fit_embeddings(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -132,7 +142,8 @@ def apply_lora(model: PreTrainedModel, s: Any) -> PreTrainedModel:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if s.quant != "none":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.grad_ckpt)
+        # under FSDP, activation checkpointing is FSDP's (fsdp_config); switching it on here too would wrap twice
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.grad_ckpt and s.fsdp == "none")
     elif s.grad_ckpt:
         # Frozen embeddings produce no grad; checkpointed blocks need an input that requires one.
         model.enable_input_require_grads()
