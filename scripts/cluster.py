@@ -22,12 +22,15 @@ from pathlib import Path
 
 import cluster_k8s
 import cluster_slurm
-from engine import UserError, exit_on_user_error
+from engine import UserError, exit_missing_package, exit_on_user_error
 
-from trainer.config import parse_settings
-from trainer.envfile import EnvFileError, read_env_file
-from trainer.errors import ConfigError
-from trainer.secrets import is_secret_name
+try:
+    from trainer.config import parse_settings
+    from trainer.envfile import EnvFileError, read_env_file
+    from trainer.errors import ConfigError
+    from trainer.secrets import is_secret_name
+except ModuleNotFoundError as missing:
+    exit_missing_package(missing)
 
 TARGETS = ("slurm-pyxis", "slurm-apptainer", "k8s")
 
