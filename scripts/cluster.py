@@ -111,6 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     slurm.add_argument("--constraint", help="node features, e.g. h100")
     slurm.add_argument("--exclude", help="nodes to avoid, e.g. gpu[07-08]")
     slurm.add_argument("--reservation")
+    slurm.add_argument("--dependency", help="e.g. singleton (one job of this name at a time) or afterany:JOBID")
     slurm.add_argument("--gres", action="store_true", help="ask for GPUs with --gres=gpu:N (older Slurm)")
     slurm.add_argument(
         "--cpus-per-task", type=int,

@@ -56,7 +56,7 @@ def header(args: argparse.Namespace, how: str) -> list[str]:
     mem = args.mem or ("0" if not args.cpus_per_task else None)
     placement = {"mem": mem, "partition": args.partition, "account": args.account, "time": args.time,
                  "qos": args.qos, "constraint": args.constraint, "exclude": args.exclude,
-                 "reservation": args.reservation}  # fmt: skip
+                 "reservation": args.reservation, "dependency": args.dependency}  # fmt: skip
     lines += [f"#SBATCH --{name}={value}" for name, value in placement.items() if value]
     lines += [
         # SIGUSR1 reaches this script (B:) this long before the time limit: see trainkit_stop below.

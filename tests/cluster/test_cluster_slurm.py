@@ -282,9 +282,9 @@ def test_cpus_per_task_instead_of_whole_nodes(tmp_path: Path) -> None:
 
 def test_placement_options(tmp_path: Path) -> None:
     options = ["--qos", "high", "--constraint", "h100", "--exclude", "gpu[07-08]", "--reservation", "maint",
-               "--account", "ml", "--gres"]  # fmt: skip
+               "--account", "ml", "--gres", "--dependency", "singleton"]  # fmt: skip
     text = generate(tmp_path, "slurm-pyxis", "--image", IMAGE, *options).read_text()
     for line in ("--qos=high", "--constraint=h100", "--exclude=gpu[07-08]", "--reservation=maint", "--account=ml",
-                 "--gres=gpu:8"):  # fmt: skip
+                 "--gres=gpu:8", "--dependency=singleton"):  # fmt: skip
         assert f"#SBATCH {line}" in text.splitlines()
     assert "--gpus-per-node" not in text
