@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -288,3 +290,43 @@ def test_placement_options(tmp_path: Path) -> None:
                  "--gres=gpu:8", "--dependency=singleton"):  # fmt: skip
         assert f"#SBATCH {line}" in text.splitlines()
     assert "--gpus-per-node" not in text
+
+
+# Stand-ins for the trap's tools: `srun` waits for SIGUSR1 (what the launcher answers with a checkpoint) and exits
+# 143; `scancel` and `scontrol` record their arguments, and scancel delivers the signal to the step as Slurm does.
+STEP_TOOLS = {
+    "srun": "#!/bin/bash\necho $$ > \"$FAKE_RECORD_DIR/step.pid\"\ntrap 'exit 143' USR1\n"
+    "while true; do sleep 0.1; done\n",
+    "scancel": '#!/bin/bash\necho "scancel $*" >> "$FAKE_RECORD_DIR/calls"\n'
+    'kill -"${1#--signal=}" "$(cat "$FAKE_RECORD_DIR/step.pid")"\n',
+    "scontrol": '#!/bin/bash\necho "scontrol $*" >> "$FAKE_RECORD_DIR/calls"\n',
+}
+
+
+@pytest.mark.parametrize(("signal_name", "requeued"), [("USR1", True), ("TERM", False)])
+def test_stop_trap_signals_the_step_and_requeues_after_the_time_limit_warning(
+    tmp_path: Path, signal_name: str, requeued: bool
+) -> None:
+    script = generate(tmp_path, "slurm-pyxis", "--nodes", "2", "--image", IMAGE)
+    bin_dir = tmp_path / "stepbin"
+    bin_dir.mkdir()
+    for name, body in STEP_TOOLS.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    env = job_env(tmp_path, bin_dir, SLURM_JOB_ID="777", SLURM_NNODES="2", SLURM_CPUS_ON_NODE="8")
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "step.pid").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        job.send_signal(getattr(signal, f"SIG{signal_name}"))  # Slurm's B:USR1 warning, or preemption's SIGTERM
+        _, err = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 143, err
+    calls = (tmp_path / "calls").read_text().splitlines()
+    # the step gets SIGUSR1, which torchrun ignores and the launcher turns into SIGTERM for the trainer processes
+    expected = ["scancel --signal=USR1 777"] + (["scontrol requeue 777"] if requeued else [])
+    assert calls == expected, err
