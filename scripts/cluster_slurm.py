@@ -58,6 +58,8 @@ def header(args: argparse.Namespace, how: str) -> list[str]:
                  "qos": args.qos, "constraint": args.constraint, "exclude": args.exclude,
                  "reservation": args.reservation, "dependency": args.dependency}  # fmt: skip
     lines += [f"#SBATCH --{name}={value}" for name, value in placement.items() if value]
+    if args.sweep_combinations:
+        lines.append(f"#SBATCH --array=0-{len(args.sweep_combinations) - 1}")
     lines += [
         # SIGUSR1 reaches this script (B:) this long before the time limit: see trainkit_stop below.
         f"#SBATCH --signal=B:USR1@{args.stop_signal_s}",
@@ -84,7 +86,8 @@ def mounts(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
 
 def env_names(env: EnvFile, args: argparse.Namespace) -> list[str]:
     """Every variable the job sets for the container (names only: secrets' values stay in their file)."""
-    names = [*env.settings, *env.secrets, *JOB_ENV]
+    swept = [name for combo in args.sweep_combinations[:1] for name in [*combo, "TRAIN_OUTPUT_DIR"]]
+    names = [*env.settings, *swept, *env.secrets, *JOB_ENV]
     if args.max_restarts is not None:
         names.append("TRAIN_MAX_RESTARTS")
     return list(dict.fromkeys(names))
@@ -97,8 +100,21 @@ def env_block(env: EnvFile, args: argparse.Namespace, secrets_file: Path) -> lis
         lines.append(f"export TRAIN_MAX_RESTARTS={args.max_restarts}")
     lines += [f"export {name}={value}  # ~/.local packages must not shadow the image's" for name, value in
               JOB_ENV.items()]  # fmt: skip
+    if args.sweep_combinations:
+        lines += sweep_block(args.sweep_combinations)
     if env.secrets:
         lines += secret_loader(secrets_file)
+    return lines
+
+
+def sweep_block(combinations: list[dict[str, str]]) -> list[str]:
+    """This array task's values, and its own output folder under /output."""
+    lines = ["", "# Sweep: array task i trains with combination i and writes to /output/sweep-i.",
+             'case "$SLURM_ARRAY_TASK_ID" in']  # fmt: skip
+    for index, combo in enumerate(combinations):
+        exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in combo.items())
+        lines.append(f"    {index}) export {exports} ;;")
+    lines += ["esac", 'export TRAIN_OUTPUT_DIR="/output/sweep-$SLURM_ARRAY_TASK_ID"']
     return lines
 
 
@@ -153,7 +169,7 @@ def run_block(command: list[str]) -> list[str]:
         "TRAINKIT_STEP=$!",
         "set +e",
         'wait "$TRAINKIT_STEP"; code=$?',
-        '# a trap ends `wait` early: wait again while the step still runs (the job table, not a reusable PID)',
+        "# a trap ends `wait` early: wait again while the step still runs (the job table, not a reusable PID)",
         'while jobs -pr | grep -qx "$TRAINKIT_STEP"; do wait "$TRAINKIT_STEP"; code=$?; done',
         "set -e",
         'if [ "$TRAINKIT_STOP" = USR1 ] && [ "$code" -ne 0 ]; then',

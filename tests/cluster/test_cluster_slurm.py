@@ -330,3 +330,34 @@ def test_stop_trap_signals_the_step_and_requeues_after_the_time_limit_warning(
     # the step gets SIGUSR1, which torchrun ignores and the launcher turns into SIGTERM for the trainer processes
     expected = ["scancel --signal=USR1 777"] + (["scontrol requeue 777"] if requeued else [])
     assert calls == expected, err
+
+
+def test_sweep_is_a_job_array_with_one_output_per_task(tmp_path: Path, local_slurm: LocalSlurm) -> None:
+    """Real Slurm runs one array task per combination; each task's container gets its values and its own folder."""
+    script = generate(tmp_path, "slurm-apptainer", "--gpus-per-node", "0", "--image", IMAGE, "--partition", PARTITION,
+                      "--time", "0:05:00", "--sweep", "TRAIN_LR=1e-4,3e-4", "--sweep", "TRAIN_SEED=1,2")  # fmt: skip
+    assert "#SBATCH --array=0-3" in script.read_text().splitlines()
+    recorder = tmp_path / "bin" / "apptainer"
+    recorder.parent.mkdir()
+    recorder.write_text(
+        f"#!{sys.executable}\nimport json, os\n"
+        "env = {k[13:]: v for k, v in os.environ.items() if k.startswith('APPTAINERENV_')}\n"
+        f"open('{tmp_path}/task-' + os.environ['SLURM_ARRAY_TASK_ID'] + '.json', 'w').write(json.dumps(env))\n"
+    )
+    recorder.chmod(0o755)
+    env = {**job_env(tmp_path, recorder.parent), "SLURM_CONF": str(local_slurm.conf)}
+    done = subprocess.run(["sbatch", "--wait", str(script)], env=env, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr + "".join(p.read_text() for p in tmp_path.glob("trainkit-*.out"))
+    tasks = [json.loads((tmp_path / f"task-{i}.json").read_text()) for i in range(4)]
+    assert [(t["TRAIN_LR"], t["TRAIN_SEED"]) for t in tasks] == [("1e-4", "1"), ("1e-4", "2"), ("3e-4", "1"),
+                                                                 ("3e-4", "2")]  # fmt: skip
+    assert [t["TRAIN_OUTPUT_DIR"] for t in tasks] == [f"/output/sweep-{i}" for i in range(4)]
+    assert all(t["TRAIN_MODEL"] == "tiny" and t["HF_TOKEN"] == SECRET for t in tasks)
+
+
+def test_sweep_mistakes_exit_2(tmp_path: Path) -> None:
+    for sweep, needle in [("TRAIN_LR=fast", "TRAIN_LR='fast'"), ("HF_TOKEN=a,b", "secret"), ("TRAIN_LR", "NAME=")]:
+        args = [str(ROOT / "scripts" / "cluster.py"), "slurm-pyxis", "--image", IMAGE, "--output", str(tmp_path)]
+        done = subprocess.run([sys.executable, *args, "--sweep", sweep], capture_output=True, text=True)
+        assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr
