@@ -191,3 +191,44 @@ def test_stop_reaches_the_workers_with_the_time_the_scheduler_gives(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.glob("saved-*")) == ["saved-0", "saved-1"], out
     # torchrun did not restart the workers that stopped
     assert all(p.read_text() == "started\n" for p in tmp_path.glob("start-*")), out
+
+
+SLEEPER_DRIVER = """\
+import os, sys
+from trainer.launch.decide import Decision
+from trainer.launch.placement import Placement
+from trainer.launch.supervise import supervise
+code = "import os, time; open('child.pid', 'w').write(str(os.getpid())); time.sleep(120)"
+decision = Decision(Placement("test"), 1, "", 0, [sys.executable, "-c", code], dict(os.environ), False, supervised=True)
+sys.exit(supervise(decision))
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("victim", ["launcher", "trainer"])
+def test_launcher_and_trainer_share_their_fate(tmp_path: Path, victim: str) -> None:
+    """SIGKILL to the launcher takes the trainer with it (no orphan holding GPUs); a trainer killed by the OOM
+    killer's SIGKILL makes the launcher end the same way, so its caller sees the signal."""
+    (tmp_path / "driver.py").write_text(SLEEPER_DRIVER)
+    proc = subprocess.Popen([sys.executable, "driver.py"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        child = int((tmp_path / "child.pid").read_text())
+        os.kill(proc.pid if victim == "launcher" else child, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while not _gone(child):
+            assert time.monotonic() < deadline, "the trainer outlived the launcher"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

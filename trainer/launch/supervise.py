@@ -10,12 +10,16 @@ exists from 2.12 on; NGC's default row ships 2.7), and it restarts workers that 
   step-wide SIGUSR1 (`scancel --signal=USR1`), and only the launcher acts on it;
 - on the first SIGTERM or SIGUSR1 the launcher sends SIGTERM to the trainer processes (torchrun's workers, or the
   trainer), waits until they have exited (they checkpoint first), and only then stops torchrun;
-- SIGINT, SIGHUP and SIGQUIT are forwarded to the child.
+- SIGINT, SIGHUP and SIGQUIT are forwarded to the child;
+- the child dies with the launcher (PR_SET_PDEATHSIG: a SIGKILL to the launcher must not leave a trainer holding
+  the GPUs), and a child killed by a signal kills the launcher with the same signal, so callers see what happened
+  (e.g. the OOM killer's SIGKILL).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -29,6 +33,7 @@ from trainer.launch.decide import Decision
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def supervise(decision: Decision) -> int:
@@ -51,13 +56,17 @@ def supervise(decision: Decision) -> int:
 
     for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS):  # before the child exists: a stop must never orphan it
         signal.signal(sig, on_signal)
-    child = subprocess.Popen(decision.command, env=decision.env, start_new_session=True, preexec_fn=_ignore_usr1)
+    child = subprocess.Popen(decision.command, env=decision.env, start_new_session=True, preexec_fn=_prepare_child)
     for signum in pending:
         on_signal(signum, None)
     code = child.wait()
     if stops and code != 0:
         return exit_code_for_signal(signal.SIGTERM)
-    return 128 - code if code < 0 else code
+    if code < 0:  # die the way the child died
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, poll_s: float = 0.05) -> None:
@@ -98,8 +107,11 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # an exited worker stays a zombie until torchrun reaps it
 
 
-def _ignore_usr1() -> None:
+def _prepare_child() -> None:
+    """In the child, before exec: ignore SIGUSR1 (inherited through exec) and die with the launcher."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def _kill(pid: int, sig: int) -> None:
