@@ -14,6 +14,7 @@ JOB_FILE.secrets (mode 600, written next to it), Kubernetes takes them from a Se
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shlex
 import sys
@@ -22,12 +23,15 @@ from pathlib import Path
 
 import cluster_k8s
 import cluster_slurm
-from engine import UserError, exit_on_user_error
+from engine import UserError, exit_missing_package, exit_on_user_error
 
-from trainer.config import parse_settings
-from trainer.envfile import EnvFileError, read_env_file
-from trainer.errors import ConfigError
-from trainer.secrets import is_secret_name
+try:
+    from trainer.config import parse_settings
+    from trainer.envfile import EnvFileError, read_env_file
+    from trainer.errors import ConfigError
+    from trainer.secrets import is_secret_name
+except ModuleNotFoundError as missing:
+    exit_missing_package(missing)
 
 TARGETS = ("slurm-pyxis", "slurm-apptainer", "k8s")
 
@@ -60,6 +64,25 @@ def read_env(path: Path | None) -> EnvFile:
     except ConfigError as exc:
         raise UserError(f"{path}: {exc.message}") from None
     return env
+
+
+def sweep_combinations(args: argparse.Namespace, env: EnvFile) -> list[dict[str, str]]:
+    """--sweep NAME=V1,V2 (repeatable): every combination, each checked with the .env's settings like the .env."""
+    axes: list[list[tuple[str, str]]] = []
+    for item in args.sweep:
+        name, sep, values = item.partition("=")
+        if not sep or not name or not values:
+            raise UserError(f"--sweep {item!r}: use NAME=VALUE1,VALUE2, e.g. TRAIN_LR=1e-4,3e-4.")
+        if is_secret_name(name):
+            raise UserError(f"--sweep {name}: a secret cannot be swept (it would be written into the job file).")
+        axes.append([(name, value) for value in values.split(",")])
+    combos = [dict(combo) for combo in itertools.product(*axes)] if axes else []
+    for combo in combos:
+        try:
+            parse_settings({**env.settings, **combo})
+        except ConfigError as exc:
+            raise UserError(f"--sweep {combo}: {exc.message}") from None
+    return combos
 
 
 def secrets_path(args: argparse.Namespace) -> Path:
@@ -108,6 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     slurm.add_argument("--constraint", help="node features, e.g. h100")
     slurm.add_argument("--exclude", help="nodes to avoid, e.g. gpu[07-08]")
     slurm.add_argument("--reservation")
+    slurm.add_argument("--dependency", help="e.g. singleton (one job of this name at a time) or afterany:JOBID")
     slurm.add_argument("--gres", action="store_true", help="ask for GPUs with --gres=gpu:N (older Slurm)")
     slurm.add_argument(
         "--cpus-per-task", type=int,
@@ -117,6 +141,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--mem", help="memory per node (Slurm; default 0, all, with --exclusive) or memory request per pod (200Gi)"
     )
     slurm.add_argument("--sif", help="Apptainer image file (default: docker://IMAGE)")
+    slurm.add_argument(
+        "--sweep", action="append", default=[], metavar="NAME=V1,V2",
+        help="a job array over these values (repeat for every combination); task i writes to OUTPUT/sweep-i",
+    )  # fmt: skip
     slurm.add_argument(
         "--stop-signal-s", type=int, default=300,
         help="seconds before the time limit to checkpoint and requeue (the checkpoint must fit)",
@@ -137,6 +165,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError("--output-pvc NAME is required for Kubernetes: a ReadWriteMany claim for /output.")
     if args.sif and not args.sif.endswith(".sif"):
         raise UserError(f"--sif {args.sif}: expected an Apptainer image file ending in .sif.")
+    if args.sweep and args.target == "k8s":
+        raise UserError("--sweep makes a Slurm job array; for Kubernetes, write one manifest per value.")
     if args.image is None and not (args.target == "slurm-apptainer" and args.sif):
         args.image = default_image()
     if args.env_file is None and Path(".env").is_file():
@@ -168,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_args(args)
     env = read_env(args.env_file)
+    args.sweep_combinations = sweep_combinations(args, env)
     text = generate(args, env)
     if not (args.target == "slurm-apptainer" and args.sif):
         note_moving_tag(args)

@@ -142,9 +142,24 @@ def run_policy(args: argparse.Namespace) -> dict:
     return policy
 
 
+def elastic_range(args: argparse.Namespace) -> tuple[int, int] | None:
+    """--elastic MIN:MAX, checked against --nodes (the pods the job starts with)."""
+    if not args.elastic:
+        return None
+    match = re.fullmatch(r"([1-9]\d*):([1-9]\d*)", args.elastic)
+    if not match or int(match.group(1)) > int(match.group(2)):
+        raise UserError(f"--elastic {args.elastic!r}: use MIN:MAX pods, e.g. 2:8.")
+    low, high = int(match.group(1)), int(match.group(2))
+    if not low <= args.nodes <= high:
+        raise UserError(f"--nodes {args.nodes} is outside --elastic {args.elastic}: start with MIN..MAX pods.")
+    return low, high
+
+
 def pytorchjob(args: argparse.Namespace, env: EnvFile) -> dict:
     template = pod_template(args, env)
-    replicas = {"Master": 1, "Worker": args.nodes - 1}
+    elastic = elastic_range(args)
+    # elastic: only Workers, which meet at worker-0's c10d rendezvous (the operator sets PET_NNODES=MIN:MAX)
+    replicas = {"Worker": args.nodes} if elastic else {"Master": 1, "Worker": args.nodes - 1}
     specs = {
         role: {"replicas": count, "restartPolicy": "ExitCode", "template": copy.deepcopy(template)}
         for role, count in replicas.items()
@@ -154,6 +169,11 @@ def pytorchjob(args: argparse.Namespace, env: EnvFile) -> dict:
     if args.queue:
         metadata["labels"] = {KUEUE_QUEUE_LABEL: args.queue}
     spec: dict = {"pytorchReplicaSpecs": specs, "runPolicy": run_policy(args)}
+    if elastic:
+        restarts = args.max_restarts if args.max_restarts is not None else RESTARTS_PER_POD
+        spec["elasticPolicy"] = {"rdzvBackend": "c10d", "minReplicas": elastic[0], "maxReplicas": elastic[1],
+                                 "maxRestarts": restarts}  # fmt: skip
+        spec["runPolicy"]["schedulingPolicy"]["minAvailable"] = elastic[0]
     if args.gpus_per_node:
         spec["nprocPerNode"] = str(args.gpus_per_node)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": metadata, "spec": spec}
@@ -194,3 +214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     k8s.add_argument("--queue", help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name) / Volcano queue")
     k8s.add_argument("--ttl-after-finished", type=int, metavar="S", help="delete the finished job after S seconds")
     k8s.add_argument("--active-deadline", type=int, metavar="S", help="fail the job after S seconds")
+    k8s.add_argument(
+        "--elastic", metavar="MIN:MAX",
+        help="elastic job: MIN..MAX pods, all Workers; the global batch changes with the pod count",
+    )  # fmt: skip

@@ -27,6 +27,16 @@ def connect() -> docker.DockerClient:
     return client
 
 
+def exit_missing_package(exc: ModuleNotFoundError) -> None:
+    """For a script's imports of this project's own torch-free modules (trainer.envfile, trainer.secrets...)."""
+    print(
+        f"error: cannot import {exc.name!r}: install the host tools from the repository with "
+        "`pip install -e '.[host]'` (scripts/quickstart.sh does), then retry.",
+        file=sys.stderr,
+    )
+    sys.exit(2)
+
+
 def exit_on_user_error(main):
     """Decorator for script entry points: UserError -> message on stderr, exit 2."""
 

@@ -33,11 +33,14 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, ImageNotFound
 from docker.types import DeviceRequest, Ulimit
-from engine import UserError, connect, exit_on_user_error
+from engine import UserError, connect, exit_missing_package, exit_on_user_error
 from matrix import ROOT, default_image
 
-from trainer.envfile import EnvFileError, read_env_file
-from trainer.secrets import mask_secrets
+try:
+    from trainer.envfile import EnvFileError, read_env_file
+    from trainer.secrets import mask_secrets
+except ModuleNotFoundError as missing:
+    exit_missing_package(missing)
 
 HOST_PASSTHROUGH = ("HF_TOKEN",)  # taken from this environment when set
 CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml

@@ -106,7 +106,13 @@ class LocalSlurm:
         )[-1500:]
         raise RuntimeError(f"local Slurm did not come up within {timeout_s}s:\n{logs}")
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 60) -> None:
+        """Cancel what still runs (its slurmstepd would outlive the daemons), then stop the daemons."""
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self._run(["scancel", "--user", "root"], check=False)
+            deadline = time.monotonic() + timeout_s
+            while self._run(["squeue", "-h"], check=False).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(1)
         for pid_file in self.root.glob("*.pid"):
             with contextlib.suppress(ValueError, ProcessLookupError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)

@@ -158,3 +158,17 @@ def test_bad_scheduling_values_exit_2(tmp_path: Path, option: str, value: str) -
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--image", "x",
                            "--output-pvc", "o", option, value], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and option in done.stderr and "Traceback" not in done.stderr
+
+
+def test_elastic_job(tmp_path: Path, schema: dict) -> None:
+    job = manifest(tmp_path, "--nodes", "3", "--elastic", "2:4", "--max-restarts", "7")
+    validate(schema, job)
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    policy = {"rdzvBackend": "c10d", "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 7}
+    assert job["spec"]["elasticPolicy"] == policy
+    assert job["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == 2
+    for bad in (["--elastic", "4:2"], ["--elastic", "2:4", "--nodes", "5"], ["--elastic", "two"]):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--image", "x",
+                               "--output-pvc", "o", *bad], capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 2 and "--elastic" in done.stderr and "Traceback" not in done.stderr

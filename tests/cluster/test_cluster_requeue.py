@@ -87,6 +87,11 @@ def test_time_limited_job_checkpoints_requeues_and_resumes(tmp_path: Path, local
         wait_for(trained_after_resume, 180, "step after the resume", log)
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 120  # the trainer checkpoints on the way out; let it finish
+        while job_id in subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(2)
     text = log.read_text()
     assert "trainkit: SIGUSR1: every task checkpoints and stops" in text
     assert f"interrupted by SIGTERM: checkpoint-{resumed_at} written" in text

@@ -3,6 +3,7 @@ a stop signal on a torch whose torchrun kills workers a fixed time after SIGTERM
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -65,6 +66,7 @@ def test_enroot_hook_variables_plus_slurm_start_8_processes_per_node(tmp_path: P
         decisions.append(dry_run({**task, **enroot_hook(task)}, tmp_path))
     for node, decision in enumerate(decisions):
         assert decision["distributed"], decision  # before: "already a torchrun worker", one process on 8 GPUs
+        assert decision["supervised"]  # the launcher stays torchrun's parent and delivers stops
         opts = torchrun_options(decision)
         assert opts["--nproc-per-node"] == "8" and opts["--nnodes"] == "2"
         assert opts["--rdzv-endpoint"] == "dgx01:21942"  # 20000 + 731942 % 10000, not the hook's MASTER_PORT
@@ -97,6 +99,7 @@ def test_two_jobs_on_one_first_node_get_different_ports(tmp_path: Path) -> None:
 def test_inside_torchrun_means_torchelastic_run_id_only(tmp_path: Path) -> None:
     worker = dry_run({"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "3", "TRAIN_NPROC_PER_NODE": "2"}, tmp_path)
     assert not worker["distributed"] and worker["placement"]["source"] == "already a torchrun worker"
+    assert not worker["supervised"]  # a worker execs the trainer: torchrun is its parent
     hook_only = dry_run({"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "TRAIN_NPROC_PER_NODE": "2"}, tmp_path)
     assert hook_only["distributed"] and torchrun_options(hook_only)["--nproc-per-node"] == "2"
 
@@ -120,37 +123,112 @@ while True:
 
 DRIVER = """\
 import os, sys
-from trainer.launch.cli import run_torchrun
 from trainer.launch.decide import Decision
 from trainer.launch.placement import Placement
+from trainer.launch.supervise import supervise
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
            "--max-restarts", "3", sys.argv[1]]
-sys.exit(run_torchrun(Decision(Placement("test"), 2, "", 3, command, dict(os.environ), True)))
+decision = Decision(Placement("test"), 2, "", 3, command, dict(os.environ), True, supervised=True)
+sys.exit(supervise(decision))
 """
 
 
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants, from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+    tree, changed = {root}, True
+    while changed:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        changed = bool(found)
+    return sorted(tree)
+
+
+def slurm_step_signal(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    """What `scancel --signal` does: slurmstepd signals every process of the step."""
+    for pid in process_tree(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def dumb_init_signal(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    """What dumb-init (the image's PID 1) does on docker stop / pod deletion: signal the child's process group."""
+    os.killpg(proc.pid, sig)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGUSR1])
-def test_stop_reaches_the_workers_with_the_time_the_scheduler_gives(tmp_path: Path, stop: signal.Signals) -> None:
-    """torch < 2.12 gives workers a fixed 30 s after torchrun's SIGTERM; TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1 plays that
-    fixed wait here (this torch honours the variable), against a checkpoint that takes 5 s."""
+@pytest.mark.parametrize(
+    ("deliver", "stop"),
+    [(slurm_step_signal, signal.SIGUSR1), (dumb_init_signal, signal.SIGTERM), (dumb_init_signal, signal.SIGUSR1)],
+)
+def test_stop_reaches_the_workers_with_the_time_the_scheduler_gives(tmp_path: Path, deliver, stop) -> None:
+    """torch < 2.12 gives workers a fixed 30 s after torchrun's own SIGTERM; TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1 plays that
+    fixed wait here (this torch honours the variable), against a checkpoint that takes 5 s. The signal arrives the
+    way each site sends it: to every process of a Slurm step, or to the process group under dumb-init."""
     (tmp_path / "worker.py").write_text(SLOW_SAVER)
     (tmp_path / "driver.py").write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK_DIR": str(tmp_path), "SAVE_S": "5",
            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "1"}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "driver.py", "worker.py"], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "driver.py", "worker.py"], cwd=tmp_path, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while len(list(tmp_path.glob("ready-*"))) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.2)
-        proc.send_signal(stop)
+        deliver(proc, stop)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, out
     assert sorted(p.name for p in tmp_path.glob("saved-*")) == ["saved-0", "saved-1"], out
     # torchrun did not restart the workers that stopped
     assert all(p.read_text() == "started\n" for p in tmp_path.glob("start-*")), out
+
+
+SLEEPER_DRIVER = """\
+import os, sys
+from trainer.launch.decide import Decision
+from trainer.launch.placement import Placement
+from trainer.launch.supervise import supervise
+code = "import os, time; open('child.pid', 'w').write(str(os.getpid())); time.sleep(120)"
+decision = Decision(Placement("test"), 1, "", 0, [sys.executable, "-c", code], dict(os.environ), False, supervised=True)
+sys.exit(supervise(decision))
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("victim", ["launcher", "trainer"])
+def test_launcher_and_trainer_share_their_fate(tmp_path: Path, victim: str) -> None:
+    """SIGKILL to the launcher takes the trainer with it (no orphan holding GPUs); a trainer killed by the OOM
+    killer's SIGKILL makes the launcher end the same way, so its caller sees the signal."""
+    (tmp_path / "driver.py").write_text(SLEEPER_DRIVER)
+    proc = subprocess.Popen([sys.executable, "driver.py"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        child = int((tmp_path / "child.pid").read_text())
+        os.kill(proc.pid if victim == "launcher" else child, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while not _gone(child):
+            assert time.monotonic() < deadline, "the trainer outlived the launcher"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -282,9 +284,80 @@ def test_cpus_per_task_instead_of_whole_nodes(tmp_path: Path) -> None:
 
 def test_placement_options(tmp_path: Path) -> None:
     options = ["--qos", "high", "--constraint", "h100", "--exclude", "gpu[07-08]", "--reservation", "maint",
-               "--account", "ml", "--gres"]  # fmt: skip
+               "--account", "ml", "--gres", "--dependency", "singleton"]  # fmt: skip
     text = generate(tmp_path, "slurm-pyxis", "--image", IMAGE, *options).read_text()
     for line in ("--qos=high", "--constraint=h100", "--exclude=gpu[07-08]", "--reservation=maint", "--account=ml",
-                 "--gres=gpu:8"):  # fmt: skip
+                 "--gres=gpu:8", "--dependency=singleton"):  # fmt: skip
         assert f"#SBATCH {line}" in text.splitlines()
     assert "--gpus-per-node" not in text
+
+
+# Stand-ins for the trap's tools: `srun` waits for SIGUSR1 (what the launcher answers with a checkpoint) and exits
+# 143; `scancel` and `scontrol` record their arguments, and scancel delivers the signal to the step as Slurm does.
+STEP_TOOLS = {
+    "srun": "#!/bin/bash\necho $$ > \"$FAKE_RECORD_DIR/step.pid\"\ntrap 'exit 143' USR1\n"
+    "while true; do sleep 0.1; done\n",
+    "scancel": '#!/bin/bash\necho "scancel $*" >> "$FAKE_RECORD_DIR/calls"\n'
+    'kill -"${1#--signal=}" "$(cat "$FAKE_RECORD_DIR/step.pid")"\n',
+    "scontrol": '#!/bin/bash\necho "scontrol $*" >> "$FAKE_RECORD_DIR/calls"\n',
+}
+
+
+@pytest.mark.parametrize(("signal_name", "requeued"), [("USR1", True), ("TERM", False)])
+def test_stop_trap_signals_the_step_and_requeues_after_the_time_limit_warning(
+    tmp_path: Path, signal_name: str, requeued: bool
+) -> None:
+    script = generate(tmp_path, "slurm-pyxis", "--nodes", "2", "--image", IMAGE)
+    bin_dir = tmp_path / "stepbin"
+    bin_dir.mkdir()
+    for name, body in STEP_TOOLS.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    env = job_env(tmp_path, bin_dir, SLURM_JOB_ID="777", SLURM_NNODES="2", SLURM_CPUS_ON_NODE="8")
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "step.pid").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        job.send_signal(getattr(signal, f"SIG{signal_name}"))  # Slurm's B:USR1 warning, or preemption's SIGTERM
+        _, err = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 143, err
+    calls = (tmp_path / "calls").read_text().splitlines()
+    # the step gets SIGUSR1, which torchrun ignores and the launcher turns into SIGTERM for the trainer processes
+    expected = ["scancel --signal=USR1 777"] + (["scontrol requeue 777"] if requeued else [])
+    assert calls == expected, err
+
+
+def test_sweep_is_a_job_array_with_one_output_per_task(tmp_path: Path, local_slurm: LocalSlurm) -> None:
+    """Real Slurm runs one array task per combination; each task's container gets its values and its own folder."""
+    script = generate(tmp_path, "slurm-apptainer", "--gpus-per-node", "0", "--image", IMAGE, "--partition", PARTITION,
+                      "--time", "0:05:00", "--sweep", "TRAIN_LR=1e-4,3e-4", "--sweep", "TRAIN_SEED=1,2")  # fmt: skip
+    assert "#SBATCH --array=0-3" in script.read_text().splitlines()
+    recorder = tmp_path / "bin" / "apptainer"
+    recorder.parent.mkdir()
+    recorder.write_text(
+        f"#!{sys.executable}\nimport json, os\n"
+        "env = {k[13:]: v for k, v in os.environ.items() if k.startswith('APPTAINERENV_')}\n"
+        f"open('{tmp_path}/task-' + os.environ['SLURM_ARRAY_TASK_ID'] + '.json', 'w').write(json.dumps(env))\n"
+    )
+    recorder.chmod(0o755)
+    env = {**job_env(tmp_path, recorder.parent), "SLURM_CONF": str(local_slurm.conf)}
+    done = subprocess.run(["sbatch", "--wait", str(script)], env=env, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr + "".join(p.read_text() for p in tmp_path.glob("trainkit-*.out"))
+    tasks = [json.loads((tmp_path / f"task-{i}.json").read_text()) for i in range(4)]
+    assert [(t["TRAIN_LR"], t["TRAIN_SEED"]) for t in tasks] == [("1e-4", "1"), ("1e-4", "2"), ("3e-4", "1"),
+                                                                 ("3e-4", "2")]  # fmt: skip
+    assert [t["TRAIN_OUTPUT_DIR"] for t in tasks] == [f"/output/sweep-{i}" for i in range(4)]
+    assert all(t["TRAIN_MODEL"] == "tiny" and t["HF_TOKEN"] == SECRET for t in tasks)
+
+
+def test_sweep_mistakes_exit_2(tmp_path: Path) -> None:
+    for sweep, needle in [("TRAIN_LR=fast", "TRAIN_LR='fast'"), ("HF_TOKEN=a,b", "secret"), ("TRAIN_LR", "NAME=")]:
+        args = [str(ROOT / "scripts" / "cluster.py"), "slurm-pyxis", "--image", IMAGE, "--output", str(tmp_path)]
+        done = subprocess.run([sys.executable, *args, "--sweep", sweep], capture_output=True, text=True)
+        assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr

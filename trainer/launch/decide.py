@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 
 from trainer.launch.gpus import NprocError, resolve_nproc
 from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
@@ -47,6 +49,7 @@ class Decision:
     env: dict[str, str]
     distributed: bool
     cleared: list[str] = field(default_factory=list)  # worker variables set outside torchrun, removed from env
+    supervised: bool = False  # the launcher stays the parent and delivers stops (trainer.launch.supervise)
 
 
 # ---------------------------------------------------------------- command
@@ -123,12 +126,26 @@ def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decisio
     clean, cleared = without_worker_variables(env)
     if placement.single_node and nproc == 1:
         # the trainer checks its settings itself within a second; no need to do it twice
-        return Decision(placement, 1, nproc_reason, 0, [python, *trainer_cmd], clean, False, cleared)
+        return Decision(placement, 1, nproc_reason, 0, [python, *trainer_cmd], clean, False, cleared, supervised=True)
     max_restarts, rdzv_timeout = _launch_settings(env)
     run = [python, "-m", "torch.distributed.run", *torchrun_args(placement, nproc, max_restarts, rdzv_timeout)]
+    command_line = [*run, *trainer_cmd]
     return Decision(
-        placement, nproc, nproc_reason, max_restarts, [*run, *trainer_cmd], worker_env(clean), True, cleared
+        placement, nproc, nproc_reason, max_restarts, command_line, worker_env(clean), True, cleared, supervised=True
     )
+
+
+def torchrun_stop_note(env: Mapping[str, str]) -> str:
+    """What torchrun does with a SIGTERM it hears itself, for this torch (read without importing it)."""
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "torch not installed"
+    major_minor = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if major_minor < (2, 12):
+        return f"torch {version}: torchrun's own stop wait is a fixed 30 s; stops go to the trainer processes"
+    wait = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+    return f"torch {version}: torchrun's own stop wait is {wait} s; stops go to the trainer processes"
 
 
 def describe(decision: Decision) -> str:
@@ -140,6 +157,7 @@ def describe(decision: Decision) -> str:
         rdzv = "standalone" if p.single_node else f"{p.rdzv_backend} rendezvous at {p.rdzv_endpoint} id {p.rdzv_id}"
         restarts = f"max restarts {decision.max_restarts}"
         head = f"{p.source}: {where}{rank}; {rdzv}; {restarts}; nproc: {decision.nproc_reason}"
+        head += f"; {torchrun_stop_note(decision.env)}"
     else:
         head = f"{p.source}: one process ({decision.nproc_reason})"
     if decision.cleared:

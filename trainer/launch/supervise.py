@@ -1,0 +1,123 @@
+"""Run `train` as a child of the launcher and deliver a stop so that the checkpoint gets the scheduler's whole grace.
+
+Who hears a stop signal: Slurm signals every process of a step (`scancel --signal`, the time limit's signal);
+dumb-init, PID 1 of the image under `docker stop` and Kubernetes, signals the launcher's process group. torchrun,
+when it hears SIGTERM itself, SIGKILLs its workers a fixed 30 s later before torch 2.12 (TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+exists from 2.12 on; NGC's default row ships 2.7), and it restarts workers that stopped. So:
+
+- the child (torchrun, or the trainer itself) starts in its own session, so a process-group signal reaches the
+  launcher only, and with SIGUSR1 ignored, which survives exec: torchrun, its workers and their data loaders ignore a
+  step-wide SIGUSR1 (`scancel --signal=USR1`), and only the launcher acts on it;
+- on the first SIGTERM or SIGUSR1 the launcher sends SIGTERM to the trainer processes (torchrun's workers, or the
+  trainer), waits until they have exited (they checkpoint first), and only then stops torchrun;
+- SIGINT, SIGHUP and SIGQUIT are forwarded to the child;
+- the child dies with the launcher (PR_SET_PDEATHSIG: a SIGKILL to the launcher must not leave a trainer holding
+  the GPUs), and a child killed by a signal kills the launcher with the same signal, so callers see what happened
+  (e.g. the OOM killer's SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trainer.errors import exit_code_for_signal
+from trainer.launch.decide import Decision
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def supervise(decision: Decision) -> int:
+    """Run the decided command; return the trainer's exit code (torchrun itself exits 1 for any failed worker, also
+    after a stop the workers answered with 143)."""
+    stops: list[int] = []
+    pending: list[int] = []
+    child: subprocess.Popen | None = None
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if child is None:
+            pending.append(signum)
+        elif signum not in STOP_SIGNALS:
+            _kill(child.pid, signum)
+        elif stops:
+            log(f"{signal.Signals(signum).name} again: the trainer is already stopping")
+        else:
+            stops.append(signum)
+            threading.Thread(target=stop_trainers, args=(child, decision.distributed, signum), daemon=True).start()
+
+    for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS):  # before the child exists: a stop must never orphan it
+        signal.signal(sig, on_signal)
+    child = subprocess.Popen(decision.command, env=decision.env, start_new_session=True, preexec_fn=_prepare_child)
+    for signum in pending:
+        on_signal(signum, None)
+    code = child.wait()
+    if stops and code != 0:
+        return exit_code_for_signal(signal.SIGTERM)
+    if code < 0:  # die the way the child died
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, poll_s: float = 0.05) -> None:
+    """SIGTERM to the trainer processes; with torchrun, SIGTERM to torchrun once they have exited."""
+    trainers = children_of(child.pid) if distributed else [child.pid]
+    log(f"{signal.Signals(signum).name}: SIGTERM to {len(trainers)} trainer process(es); they checkpoint and stop")
+    for pid in trainers:
+        _kill(pid, signal.SIGTERM)
+    if not distributed:
+        return
+    while any(_alive(pid) for pid in trainers) and child.poll() is None:
+        time.sleep(poll_s)
+    if child.poll() is None:  # before it restarts the workers that stopped
+        _kill(child.pid, signal.SIGTERM)
+
+
+def children_of(parent: int) -> list[int]:
+    """PIDs whose parent is `parent` (torchrun's workers), from /proc."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # the command name (field 2) is in parentheses and may hold spaces; the parent PID is the 2nd field after it
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            pids.append(int(entry))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # an exited worker stays a zombie until torchrun reaps it
+
+
+def _prepare_child() -> None:
+    """In the child, before exec: ignore SIGUSR1 (inherited through exec) and die with the launcher."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def log(message: str) -> None:
+    print(f"trainkit launch: {message}", file=sys.stderr, flush=True)
