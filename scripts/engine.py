@@ -27,6 +27,13 @@ def connect() -> docker.DockerClient:
     return client
 
 
+def torch_version_in(image: str) -> str:
+    """torch.__version__ as `image` reports it (NGC's carries a suffix such as ".nv25.03")."""
+    out = connect().containers.run(image, ["-c", "import torch; print(torch.__version__)"], entrypoint="python",
+                                   remove=True, stdout=True, stderr=False)  # fmt: skip
+    return out.decode().strip().splitlines()[-1]
+
+
 def exit_on_user_error(main):
     """Decorator for script entry points: UserError -> message on stderr, exit 2."""
 

@@ -31,6 +31,47 @@ PIN_ARGS = {  # package -> Dockerfile ARG carrying its pinned version
     "flash-attn": "FLASH_ATTN_VERSION",
     "dumb-init": "DUMB_INIT_VERSION",
 }
+SKIP_ARGS = {  # package a row may skip -> Dockerfile ARG carrying the reason (the build records it as the claim)
+    "flash-attn": "FLASH_ATTN_SKIP",
+}
+# Compute capabilities of each GPU generation (NVIDIA's "CUDA GPUs" list), oldest first.
+GENERATIONS = {
+    "Maxwell": ("5.0", "5.2", "5.3"),
+    "Pascal": ("6.0", "6.1", "6.2"),
+    "Volta": ("7.0", "7.2"),
+    "Turing": ("7.5",),
+    "Ampere": ("8.0", "8.6", "8.7"),
+    "Ada": ("8.9",),
+    "Hopper": ("9.0",),
+    "Blackwell": ("10.0", "10.3", "11.0", "12.0", "12.1"),
+}
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, _, minor = text.split("+")[0].partition(".")
+    return int(major), int(minor or 0)
+
+
+def gpu_generations(arch_list: str) -> list[str]:
+    """The GPU generations that run the machine code of `arch_list` (TORCH_CUDA_ARCH_LIST).
+
+    Code for X.Y runs on X.Z with Z >= Y (NVIDIA's binary compatibility); a generation counts when one of its
+    compute capabilities is covered. PTX (+PTX) is not counted: a JIT compile at start-up is a fallback."""
+    archs = [_cc(a) for a in re.split(r"[;\s]+", arch_list.strip()) if a]
+    return [
+        name
+        for name, ccs in GENERATIONS.items()
+        if any(a[0] == cc[0] and a[1] <= cc[1] for a in archs for cc in map(_cc, ccs))
+    ]
+
+
+def describe_generations(arch_list: str) -> str:
+    """"Turing to Blackwell" for a run of consecutive generations, else a list."""
+    found = gpu_generations(arch_list)
+    order = list(GENERATIONS)
+    if len(found) > 2 and order.index(found[-1]) - order.index(found[0]) == len(found) - 1:
+        return f"{found[0]} to {found[-1]}"
+    return ", ".join(found) or "-"
 
 
 @dataclass(frozen=True)
@@ -49,6 +90,12 @@ class Entry:
     packages: dict[str, str]
     verified: bool = True
     note: str = ""
+    skip: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def skip_args(self) -> dict[str, str]:
+        """Build args naming what this row does not build, and why."""
+        return {SKIP_ARGS[package]: reason for package, reason in self.skip.items()}
 
     @property
     def cuda_tag(self) -> str:
@@ -109,6 +156,10 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
         cuda: Entry(cuda=cuda, **{**raw, "packages": {**defaults, **raw.get("packages", {})}})
         for cuda, raw in data["cuda"].items()
     }
+    for cuda, entry in entries.items():
+        unknown = set(entry.skip) - set(SKIP_ARGS)
+        if unknown:
+            raise UserError(f"{path}: cuda.{cuda!r} skips {sorted(unknown)}; only {sorted(SKIP_ARGS)} can be skipped")
     cpu = CpuFlavor(**data["cpu"], packages=defaults)
     return Matrix(
         version=data["version"],
@@ -145,28 +196,33 @@ def default_image(gpu: bool) -> str:
 
 
 def readme_table(matrix: Matrix | None = None) -> str:
-    """The Markdown table of the matrix for docs/images.md."""
+    """The Markdown table of the matrix for docs/images.md and README.md, and what rows do not build."""
     matrix = matrix or load()
     rows = [
-        "| CUDA | NGC base | torch | Python | Ubuntu | driver >= | in NGC | pins differing from default | tags |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| CUDA | NGC base | torch | Python | Ubuntu | driver >= | GPUs (from the arch list) | in NGC "
+        "| pins differing from default | tags |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    notes = []
     for e in matrix.entries.values():
         shipped = ", ".join(k for k, v in e.includes.items() if v) or "-"
-        overrides = ", ".join(f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v) or "-"
+        overrides = [f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v and k not in e.skip]
+        overrides += [f"no {k} (see below)" for k in e.skip]
         mark = "" if e.verified else " (unverified)"
         default = " **default**" if e.cuda == matrix.default_cuda else ""
         tags = " ".join(f"`{t}`" for t in cuda_tags(matrix, e))
+        gpus = f"{describe_generations(e.arch_list)} (`{e.arch_list}`)"
         rows.append(
             f"| {e.cuda}{default} | `{e.base_image}` | {e.torch} | {e.python}{mark} | {e.ubuntu} | {e.driver_min} "
-            f"| {shipped} | {overrides} | {tags} |"
+            f"| {gpus} | {shipped} | {', '.join(overrides) or '-'} | {tags} |"
         )
+        notes += [f"- CUDA {e.cuda}: no {k}: {reason}." for k, reason in e.skip.items()]
     cpu = matrix.cpu
     rows.append(
         f"| CPU | `{cpu.base_image}` (built locally, Debian {cpu.debian_suite}) | {cpu.torch}+cpu | {cpu.python} "
-        f"| - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
+        f"| - | - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
     )
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows + (["", *notes] if notes else [])) + "\n"
 
 
 def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
