@@ -115,7 +115,7 @@ def apex_concurrency(cores: int, mem_gb: float) -> tuple[int, int, int]:
 def flash_attn_archs(arch_list: str) -> str:
     """TORCH_CUDA_ARCH_LIST ("7.5 8.0 8.6 9.0+PTX") -> FLASH_ATTN_CUDA_ARCHS ("80;90"): per major the target
     flash-attn builds (its sm_80 code also runs on 8.6/8.9); archs before Ampere are dropped (FA2 needs 8.0+)."""
-    wanted = {int(float(a.split("+")[0])) * 10 for a in re.split(r"[;\s]+", arch_list.strip()) if a}
+    wanted = {int(re.match(r"\d+", a).group(0)) * 10 for a in re.split(r"[;\s]+", arch_list.strip()) if a}
     return ";".join(str(sm) for sm in FLASH_ATTN_SASS if sm in wanted)
 
 

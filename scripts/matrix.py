@@ -48,7 +48,8 @@ GENERATIONS = {
 
 
 def _cc(text: str) -> tuple[int, int]:
-    major, _, minor = text.split("+")[0].partition(".")
+    """"8.6", "9.0a", "12.0+PTX" -> (major, minor)."""
+    major, minor = re.match(r"(\d+)(?:\.(\d+))?", text).groups()
     return int(major), int(minor or 0)
 
 

@@ -135,6 +135,7 @@ def test_max_jobs_caps_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
         ("5.2 6.0 6.1 7.0 7.5 8.0 8.6 9.0+PTX", "80;90"),
         ("9.0", "90"),
         ("8.6;8.9", "80"),
+        ("9.0a 10.0a", "90;100"),
         ("7.0 7.5", ""),
     ],
 )

@@ -225,6 +225,7 @@ def test_12_8_does_not_claim_volta() -> None:
     assert matrix.describe_generations("7.5 8.0 8.6 9.0 10.0 12.0+PTX") == "Turing to Blackwell"
     assert matrix.gpu_generations("7.0") == ["Volta", "Turing"]  # sm_70 code runs on 7.5 too
     assert matrix.gpu_generations("8.6") == ["Ampere", "Ada"]
+    assert matrix.gpu_generations("9.0a;10.0") == ["Hopper", "Blackwell"]
 
 
 def test_no_gpu_claims_outside_the_generated_table() -> None:
