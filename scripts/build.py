@@ -133,7 +133,7 @@ def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
 def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     """The Dockerfile build args for `plan`."""
     build_args = dockerfile_defaults(matrix)
-    build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items()})
+    build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items() if pkg in plan.pins})
     build_args.update(matrix.entry(plan.cuda).skip_args if plan.cuda else {})
     build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
     if args.max_jobs:

@@ -146,17 +146,19 @@ class Matrix:
         return next((e for e in self.entries.values() if e.ngc == ngc), None)
 
 
+def _pins(defaults: dict[str, str], raw: dict) -> dict[str, str]:
+    merged = {**defaults, **raw.get("packages", {})}
+    return {package: version for package, version in merged.items() if package not in raw.get("skip", {})}
+
+
 def load(path: Path = VERSIONS_FILE) -> Matrix:
-    """Parse versions.toml; entries' package pins already merged over the defaults."""
+    """Parse versions.toml; entries' package pins already merged over the defaults, less what they skip."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     defaults = dict(data["packages"])
-    entries = {
-        cuda: Entry(cuda=cuda, **{**raw, "packages": {**defaults, **raw.get("packages", {})}})
-        for cuda, raw in data["cuda"].items()
-    }
+    entries = {c: Entry(cuda=c, **{**raw, "packages": _pins(defaults, raw)}) for c, raw in data["cuda"].items()}
     for cuda, entry in entries.items():
         unknown = set(entry.skip) - set(SKIP_ARGS)
         if unknown:
@@ -207,7 +209,7 @@ def readme_table(matrix: Matrix | None = None) -> str:
     notes = []
     for e in matrix.entries.values():
         shipped = ", ".join(k for k, v in e.includes.items() if v) or "-"
-        overrides = [f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v and k not in e.skip]
+        overrides = [f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v]
         overrides += [f"no {k} (see below)" for k in e.skip]
         mark = "" if e.verified else " (unverified)"
         default = " **default**" if e.cuda == matrix.default_cuda else ""
@@ -231,7 +233,7 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     matrix = matrix or load()
     entry = matrix.entry(matrix.default_cuda)
     args = {"BASE_IMAGE": entry.base_image, "TORCH_CUDA_ARCH_LIST": entry.arch_list}
-    args.update({arg: entry.packages[pkg] for pkg, arg in PIN_ARGS.items()})
+    args.update({arg: entry.packages.get(pkg, matrix.packages[pkg]) for pkg, arg in PIN_ARGS.items()})
     args["APEX_REF"] = matrix.apex["ref"]
     args["FLASH_ATTN_WHEEL_URL"] = matrix.flash_attn_wheel_url
     return args
