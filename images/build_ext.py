@@ -295,7 +295,8 @@ def install_prebuilt_flash_attn(url: str) -> str | None:
     target = WHEELS / "prebuilt" / url.rsplit("/", 1)[-1]
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        urllib.request.urlretrieve(url, target)
+        with urllib.request.urlopen(url, timeout=60) as response, target.open("wb") as out:  # no endless hang offline
+            shutil.copyfileobj(response, out)
         pip("install", "--no-deps", str(target))
     except Exception as exc:
         target.unlink(missing_ok=True)

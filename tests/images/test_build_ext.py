@@ -200,6 +200,15 @@ def test_missing_wheel_without_source_builds_is_a_skip_with_the_reason(
     assert "FLASH_ATTN_SOURCE_BUILD=0" in claim["reason"]
 
 
+def test_unreachable_release_server_is_a_skip_with_the_reason(wheels: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a builder without GitHub access: the refused connection is named, nothing waits forever."""
+    monkeypatch.setenv("FLASH_ATTN_WHEEL_URL", URL_TEMPLATE.format(base="http://127.0.0.1:9"))
+    monkeypatch.setenv("FLASH_ATTN_SOURCE_BUILD", "0")
+    claim = build_ext.provide_flash_attn("2.8.3.post2", NGC_2503)
+    assert claim["status"] == "skipped" and "http://127.0.0.1:9/v2.8.3.post2/" in claim["reason"]
+    assert "refused" in claim["reason"].lower()
+
+
 def test_unusable_wheel_falls_back_and_leaves_nothing_behind(
     wheels: Path, release_server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
