@@ -228,7 +228,8 @@ def test_source_build_needs_nvcc_and_an_ampere_arch(
     use_server(monkeypatch, release_server)
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     monkeypatch.setenv("CUDA_HOME", str(wheels / "no-cuda"))
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    (wheels / "empty-bin").mkdir(parents=True)
+    monkeypatch.setenv("PATH", str(wheels / "empty-bin"))  # no nvcc anywhere, even on a host that has one
     claim = build_ext.provide_flash_attn("2.8.3.post2", NGC_2503)
     assert claim["status"] == "skipped" and "no nvcc" in claim["reason"]
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.0 7.5")
