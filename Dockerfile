@@ -58,12 +58,16 @@ RUN --mount=type=secret,id=ca \
     DEEPSPEED_VERSION=${DEEPSPEED_VERSION} with-ca.sh python /opt/trainkit-build/build_ext.py deepspeed
 ARG FLASH_ATTN_VERSION
 ARG FLASH_ATTN_WHEEL_URL
+# A row's reason not to take flash-attn (versions.toml `skip`); 0 = no source build (stand-in bases).
+ARG FLASH_ATTN_SKIP=""
+ARG FLASH_ATTN_SOURCE_BUILD="1"
 # One layer per extension on purpose (see above).
 # hadolint ignore=DL3059
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,id=trainkit-pip-${FLAVOR}${CACHE_ID},target=/root/.cache/pip \
     --mount=type=cache,id=trainkit-ccache-${FLAVOR}${CACHE_ID},target=/root/.ccache \
     FLASH_ATTN_VERSION=${FLASH_ATTN_VERSION} FLASH_ATTN_WHEEL_URL=${FLASH_ATTN_WHEEL_URL} \
+    FLASH_ATTN_SKIP=${FLASH_ATTN_SKIP} FLASH_ATTN_SOURCE_BUILD=${FLASH_ATTN_SOURCE_BUILD} \
     with-ca.sh python /opt/trainkit-build/build_ext.py flash-attn
 ARG APEX_REF
 ARG APEX_REPO="https://github.com/NVIDIA/apex.git"

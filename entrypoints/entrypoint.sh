@@ -2,6 +2,7 @@
 # Container entrypoint, run under dumb-init (PID 1: reaps zombies, forwards signals).
 # It only prepares the environment and then `exec`s the command, so the trainer itself is
 # the process that receives SIGTERM from `docker stop` and can write its checkpoint.
+# On NGC bases the command is exec'd through NGC's own entrypoint (see run_command).
 #
 #   train [ARGS...]   (default) python -m trainer.launch train: one process, or torchrun per GPU
 #   doctor [--json]   python -m trainer doctor: what this machine can do
@@ -42,5 +43,20 @@ case "$cmd" in
     *) set -- "$cmd" "$@"; what="$cmd" ;;
 esac
 
+# NGC's entrypoint sources its entrypoint.d parts (among them CUDA forward compatibility: the image's newer
+# libcuda from /usr/local/cuda/compat on older datacenter drivers) and then execs its arguments. Chain
+# through it wherever the base has it; every step execs, so the command stays dumb-init's child and gets
+# the signals. Its banner goes to stderr: stdout stays the command's own (doctor --json).
+# TRAINKIT_NGC_ENTRYPOINT exists for tests, which point it at a stand-in script.
+run_command() {
+    local ngc="${TRAINKIT_NGC_ENTRYPOINT:-/opt/nvidia/nvidia_entrypoint.sh}"
+    if [ -f "$ngc" ] && [ -x "$ngc" ]; then
+        exec 3>&1 1>&2
+        # shellcheck disable=SC2016  # expanded by the inner bash
+        exec "$ngc" bash -c 'exec 1>&3 3>&-; exec "$@"' trainkit "$@"
+    fi
+    exec "$@"
+}
+
 log "uid $(id -u) gid $(id -g): running $what"
-exec "$@"
+run_command "$@"

@@ -8,6 +8,8 @@ images/verify.py proves them at the end of the build.
     python build_ext.py base-torch            record the base's torch version
     python build_ext.py deepspeed             wheel with the DeepSpeed ops prebuilt
     python build_ext.py flash-attn            keep NGC's, else a prebuilt wheel, else a source build
+                                              (FLASH_ATTN_SKIP=reason: the row does not take it;
+                                              FLASH_ATTN_SOURCE_BUILD=0: no source build, claim skipped)
     python build_ext.py apex                  keep NGC's, else build at the pinned ref
     python build_ext.py guard-torch           fail if torch differs from the base's
     python build_ext.py manifest              write the build manifest
@@ -18,8 +20,11 @@ from __future__ import annotations
 import ctypes.util
 import glob
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,10 +34,15 @@ from pathlib import Path
 
 WHEELS = Path(os.environ.get("TRAINKIT_WHEELS", "/wheels"))
 CLAIMS = WHEELS / "claims"
-STATE = Path("/opt/trainkit-build")
+STATE = Path(os.environ.get("TRAINKIT_BUILD_STATE", "/opt/trainkit-build"))
 BASE_TORCH_FILE = STATE / "base-torch.txt"
-MANIFEST = Path("/opt/trainkit/build-manifest.json")
+MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
 SRC = Path("/tmp/trainkit-src")  # a fixed path, so ccache sees identical compile commands across builds
+# flash-attn 2's SASS targets (its setup.py, FLASH_ATTN_CUDA_ARCHS): Ampere and newer, one per major.
+FLASH_ATTN_SASS = (80, 90, 100, 110, 120)
+GB_PER_FLASH_ATTN_THREAD = 5.0  # flash-attn's own estimate per nvcc thread
+GB_PER_APEX_PROCESS = 4.0
+MEMORY_SHARE = 0.8  # of the builder's memory; the rest stays for the OS, pip and the linker
 
 
 def torch_facts() -> dict:
@@ -51,9 +61,9 @@ def nvcc() -> str | None:
     return shutil.which("nvcc") or next((p for p in [f"{cuda_home}/bin/nvcc"] if os.path.exists(p)), None)
 
 
-def cuda_missing_reason() -> str | None:
+def cuda_missing_reason(facts: dict | None = None) -> str | None:
     """Why CUDA extensions cannot be built here, or None when they can."""
-    facts = torch_facts()
+    facts = facts or torch_facts()
     if facts["cuda"] is None:
         return f"torch {facts['version']} is a CPU build (torch.version.cuda is None)"
     if nvcc() is None:
@@ -65,13 +75,48 @@ def has_libaio() -> bool:
     return ctypes.util.find_library("aio") is not None and os.path.exists("/usr/include/libaio.h")
 
 
+def builder_resources() -> tuple[int, float]:
+    """(cores, GB of memory) the build may use: MAX_JOBS caps the cores; a cgroup limit caps the memory."""
+    cores = len(os.sched_getaffinity(0))
+    if os.environ.get("MAX_JOBS", "").strip():
+        cores = max(1, int(os.environ["MAX_JOBS"]))
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = Path("/sys/fs/cgroup/memory.max")
+    if limit.is_file() and limit.read_text().strip().isdigit():
+        mem = min(mem, int(limit.read_text()))
+    return cores, mem / 2**30
+
+
+def slots(cores: int, mem_gb: float, gb_each: float) -> int:
+    """Compiler threads that fit: one per core, each with `gb_each` of the usable memory; at least one."""
+    return max(1, min(cores, int(mem_gb * MEMORY_SHARE // gb_each)))
+
+
 def max_jobs(per_job_gb: float) -> int:
     """Parallel compile jobs: MAX_JOBS if given, else what the builder's cores and memory allow."""
-    if os.environ.get("MAX_JOBS", "").strip():
-        return max(1, int(os.environ["MAX_JOBS"]))
-    cores = len(os.sched_getaffinity(0))
-    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return max(1, min(cores, int(mem_gb / per_job_gb)))
+    return slots(*builder_resources(), per_job_gb)
+
+
+def flash_attn_concurrency(cores: int, mem_gb: float, archs: int) -> tuple[int, int]:
+    """(MAX_JOBS, NVCC_THREADS) for flash-attn: jobs x threads compiler threads, ~5 GB each, within both."""
+    total = slots(cores, mem_gb, GB_PER_FLASH_ATTN_THREAD)
+    threads = max(1, min(4, archs, total))  # nvcc --threads parallelises over archs only
+    return max(1, total // threads), threads
+
+
+def apex_concurrency(cores: int, mem_gb: float) -> tuple[int, int, int]:
+    """(APEX_PARALLEL_BUILD, MAX_JOBS, nvcc --threads) for apex: their product stays within cores and memory.
+    apex's README prefers parallel extensions over --threads when memory is short, so threads stay 1."""
+    total = slots(cores, mem_gb, GB_PER_APEX_PROCESS)
+    parallel = min(4, total)
+    return parallel, max(1, total // parallel), 1
+
+
+def flash_attn_archs(arch_list: str) -> str:
+    """TORCH_CUDA_ARCH_LIST ("7.5 8.0 8.6 9.0+PTX") -> FLASH_ATTN_CUDA_ARCHS ("80;90"): per major the target
+    flash-attn builds (its sm_80 code also runs on 8.6/8.9); archs before Ampere are dropped (FA2 needs 8.0+)."""
+    wanted = {int(re.match(r"\d+", a).group(0)) * 10 for a in re.split(r"[;\s]+", arch_list.strip()) if a}
+    return ";".join(str(sm) for sm in FLASH_ATTN_SASS if sm in wanted)
 
 
 def compile_env(per_job_gb: float) -> dict[str, str]:
@@ -110,25 +155,51 @@ def claim(piece: str, data: dict) -> None:
     print(f"claim {piece}: {json.dumps(data)}", flush=True)
 
 
-def sdist_tree(name: str, version: str) -> Path:
-    """Download an sdist and unpack it at a fixed path under SRC."""
-    dl = SRC / "dl"
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def find_sdist(folder: Path, name: str, version: str) -> Path:
+    """The sdist of `name` `version` in `folder`, chosen by its file name, never by listing order."""
+    for archive in sorted(folder.glob("*.tar.gz")):
+        dist, _, found = archive.name.removesuffix(".tar.gz").rpartition("-")
+        if canonical(dist) == canonical(name) and found == version:
+            return archive
+    present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    sys.exit(f"no sdist of {name} {version} in {folder} after pip download (found: {present})")
+
+
+def sdist_tree(name: str, version: str, src: Path = SRC) -> Path:
+    """Download an sdist into its own folder and unpack it at a fixed path under `src`."""
+    dl = src / "dl" / f"{canonical(name)}-{version}"  # one folder per piece: layers share `src`
     # No build isolation: an isolated metadata build would lack the base's torch (flash-attn's setup.py imports it).
     pip("download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "-d", str(dl), f"{name}=={version}")
-    archive = next(p for p in dl.iterdir() if p.name.endswith(".tar.gz"))
+    archive = find_sdist(dl, name, version)
     with tarfile.open(archive) as tar:
+        top = {m.name.split("/")[0] for m in tar.getmembers()}
         try:
-            tar.extractall(SRC, filter="data")
+            tar.extractall(src, filter="data")
         except TypeError:  # Python without extraction filters (before 3.10.12)
-            tar.extractall(SRC)
-    return SRC / archive.name.removesuffix(".tar.gz")
+            tar.extractall(src)
+    return src / (top.pop() if len(top) == 1 else archive.name.removesuffix(".tar.gz"))
 
 
 # -- steps ---------------------------------------------------------------------------------------------
 
+def shipped_version(module: str, dist: str) -> str | None:
+    """The version of a piece the base ships (None when it does not)."""
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def step_base_torch() -> None:
     STATE.mkdir(parents=True, exist_ok=True)
     facts = torch_facts()
+    facts["transformer_engine"] = shipped_version("transformer_engine", "transformer_engine")
     BASE_TORCH_FILE.write_text(facts["version"] + "\n")
     (STATE / "base-facts.json").write_text(json.dumps(facts))
     print(f"base torch {facts['version']} (cuda {facts['cuda']}, python {facts['python']})")
@@ -179,53 +250,75 @@ def loads(*modules: str) -> str | None:
 
 
 def step_flash_attn() -> None:
-    version = os.environ["FLASH_ATTN_VERSION"]
-    no_cuda = cuda_missing_reason()
-    if no_cuda:
-        claim("flash_attn", {"status": "skipped", "reason": f"{no_cuda}: flash-attn's kernels need CUDA"})
-        return
+    claim("flash_attn", provide_flash_attn(os.environ["FLASH_ATTN_VERSION"], torch_facts()))
+
+
+def provide_flash_attn(version: str, facts: dict) -> dict:
+    """Keep the base's, else install the prebuilt wheel, else build from source; return the claim."""
+    row_skip = os.environ.get("FLASH_ATTN_SKIP", "").strip()  # versions.toml: this row does not take flash-attn
+    if row_skip:
+        base = shipped_version("flash_attn", "flash-attn")
+        return {"status": "skipped", "reason": row_skip, "base_version": base}
+    if facts["cuda"] is None:
+        cpu = f"torch {facts['version']} is a CPU build (torch.version.cuda is None)"
+        return {"status": "skipped", "reason": f"{cpu}: flash-attn's kernels need CUDA"}
     if loads("flash_attn", "flash_attn_2_cuda") is None:
-        import flash_attn
+        return {"status": "kept", "version": shipped_version("flash_attn", "flash-attn"), "source": "base image"}
+    url = flash_attn_wheel_url(os.environ["FLASH_ATTN_WHEEL_URL"], version, facts)
+    error = install_prebuilt_flash_attn(url)
+    if error is None:
+        return {"status": "built", "version": version, "source": url}
+    why = f"no usable prebuilt wheel ({error})"
+    if os.environ.get("FLASH_ATTN_SOURCE_BUILD", "1").strip() == "0":
+        return {"status": "skipped", "reason": f"{why}, and source builds are off (FLASH_ATTN_SOURCE_BUILD=0)"}
+    archs = flash_attn_archs(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))
+    no_build = cuda_missing_reason(facts) or ("" if archs else "the arch list has no Ampere or newer arch")
+    if no_build:
+        return {"status": "skipped", "reason": f"{why}, and no source build: {no_build}"}
+    print(f"{why}; building flash-attn {version} from source for {archs}", flush=True)
+    return build_flash_attn(version, archs)
 
-        claim("flash_attn", {"status": "kept", "version": flash_attn.__version__, "source": "base image"})
-        return
-    if try_prebuilt_flash_attn(version):
-        return
-    env = compile_env(per_job_gb=6.0)  # flash-attn's kernels take several GB of RAM per nvcc job
-    env["FLASH_ATTENTION_FORCE_BUILD"] = "TRUE"
-    tree = sdist_tree("flash_attn", version)
-    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(WHEELS), str(tree), env=env, cwd=tree)
-    claim("flash_attn", {"status": "built", "version": version, "source": "source build", "max_jobs": env["MAX_JOBS"]})
 
-
-def try_prebuilt_flash_attn(version: str) -> bool:
-    """Install the matching prebuilt wheel if one exists and its kernels load in this torch."""
-    facts = torch_facts()
-    url = os.environ["FLASH_ATTN_WHEEL_URL"].format(
+def flash_attn_wheel_url(template: str, version: str, facts: dict) -> str:
+    """The release wheel's URL for this torch (NGC's "2.7.0a0+7c8ec84dab.nv25.03" is torch 2.7)."""
+    return template.format(
         version=version,
         cuda_major=facts["cuda"].split(".")[0],
-        torch_mm=".".join(facts["version"].split(".")[:2]),
+        torch_mm=re.match(r"\d+\.\d+", facts["version"]).group(0),
         abi="TRUE" if facts["cxx11_abi"] else "FALSE",
         py=facts["python"].replace(".", ""),
     )
+
+
+def install_prebuilt_flash_attn(url: str) -> str | None:
+    """Install the wheel at `url` if its kernels load in this torch; None on success, else why not."""
     target = WHEELS / "prebuilt" / url.rsplit("/", 1)[-1]
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        urllib.request.urlretrieve(url, target)
+        with urllib.request.urlopen(url, timeout=60) as response, target.open("wb") as out:  # no endless hang offline
+            shutil.copyfileobj(response, out)
         pip("install", "--no-deps", str(target))
     except Exception as exc:
-        print(f"no usable prebuilt flash-attn wheel ({url}): {exc}; building from source", flush=True)
         target.unlink(missing_ok=True)
-        return False
+        return f"{url}: {exc}"
     error = loads("flash_attn_2_cuda")
     if error:
-        print(f"prebuilt flash-attn does not load against this torch ({error}); building from source", flush=True)
         pip("uninstall", "-y", "flash-attn")
         target.unlink()
-        return False
+        return f"{url} does not load against this torch: {error}"
     shutil.move(target, WHEELS / target.name)
-    claim("flash_attn", {"status": "built", "version": version, "source": url})
-    return True
+    return None
+
+
+def build_flash_attn(version: str, archs: str) -> dict:
+    jobs, threads = flash_attn_concurrency(*builder_resources(), archs=len(archs.split(";")))
+    env = compile_env(per_job_gb=GB_PER_FLASH_ATTN_THREAD * threads)
+    env.update(FLASH_ATTENTION_FORCE_BUILD="TRUE", FLASH_ATTN_CUDA_ARCHS=archs, MAX_JOBS=str(jobs),
+               NVCC_THREADS=str(threads))  # fmt: skip
+    tree = sdist_tree("flash_attn", version)
+    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(WHEELS), str(tree), env=env, cwd=tree)
+    return {"status": "built", "version": version, "source": "source build", "archs": archs,
+            "max_jobs": jobs, "nvcc_threads": threads}  # fmt: skip
 
 
 def step_apex() -> None:
@@ -240,9 +333,10 @@ def step_apex() -> None:
     tree = SRC / "apex"
     run(["git", "clone", "--filter=blob:none", os.environ["APEX_REPO"], str(tree)])
     run(["git", "checkout", "--quiet", ref], cwd=tree)
-    env = compile_env(per_job_gb=4.0)
-    env.update(APEX_CPP_EXT="1", APEX_CUDA_EXT="1", APEX_PARALLEL_BUILD=env["MAX_JOBS"],
-               NVCC_APPEND_FLAGS=f"--threads {env['MAX_JOBS']}")
+    env = compile_env(per_job_gb=GB_PER_APEX_PROCESS)
+    parallel, jobs, threads = apex_concurrency(*builder_resources())
+    env.update(APEX_CPP_EXT="1", APEX_CUDA_EXT="1", APEX_PARALLEL_BUILD=str(parallel), MAX_JOBS=str(jobs),
+               NVCC_APPEND_FLAGS=f"--threads {threads}")
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(WHEELS), str(tree), env=env, cwd=tree)
     claim("apex", {"status": "built", "ref": ref, "source": os.environ["APEX_REPO"]})
 
@@ -262,9 +356,12 @@ def step_guard_torch() -> None:
 def step_manifest() -> None:
     claims = {p.stem: json.loads(p.read_text()) for p in sorted(CLAIMS.glob("*.json"))}
     pins = json.loads(os.environ.get("TRAINKIT_PINS", "{}"))
+    base = json.loads((STATE / "base-facts.json").read_text())
+    if base.get("transformer_engine"):  # the base's own piece: the build must leave it importable
+        claims["transformer_engine"] = {"status": "kept", "version": base["transformer_engine"], "source": "base image"}
     manifest = {
         "flavor": os.environ.get("TRAINKIT_FLAVOR", "cuda"),
-        "base": json.loads((STATE / "base-facts.json").read_text()),
+        "base": base,
         "pins": pins,
         "extensions": claims,
         "wheels": sorted(os.path.basename(p) for p in glob.glob(str(WHEELS / "*.whl"))),

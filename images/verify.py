@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -31,6 +32,8 @@ EXTENSION_MODULES = {
     "flash_attn": ["flash_attn", "flash_attn_2_cuda"],
     "apex": ["apex", "amp_C", "fused_layer_norm_cuda"],
 }
+# NGC's forward-compatible libcuda: what nvidia_entrypoint.sh puts on the library path at run time.
+CUDA_COMPAT_LIB = "/usr/local/cuda/compat/lib"
 
 
 class Failed(Exception):
@@ -107,6 +110,20 @@ def check_modules(modules: list[str]) -> str:
     return "loads " + ", ".join(modules)
 
 
+def check_transformer_engine() -> str:
+    """The base's Transformer Engine still imports its PyTorch side (it pins the flash-attn it was built with).
+    A fresh interpreter, with NGC's run-time library path: a build has no driver, and TE links libcuda."""
+    env = dict(os.environ)
+    if os.path.isdir(CUDA_COMPAT_LIB):
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [CUDA_COMPAT_LIB, env.get("LD_LIBRARY_PATH")]))
+    proc = subprocess.run([sys.executable, "-c", "import transformer_engine.pytorch"], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise Failed(f"import transformer_engine.pytorch failed: {last}")
+    return "loads transformer_engine.pytorch"
+
+
 def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, str]]:
     """(name, check or None when skipped, skip reason) for every claim in the manifest."""
     checks: list[tuple[str, Callable[[], str] | None, str]] = [
@@ -123,6 +140,8 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
                     checks.append((f"deepspeed:{op}", lambda op=op: check_deepspeed_op(op), ""))
         elif claim["status"] == "skipped":
             checks.append((piece, None, claim.get("reason", "")))
+        elif piece == "transformer_engine":
+            checks.append((piece, check_transformer_engine, ""))
         else:
             modules = EXTENSION_MODULES.get(piece, [piece])
             checks.append((piece, lambda modules=modules: check_modules(modules), ""))
@@ -135,6 +154,9 @@ def versions() -> dict[str, str]:
                     "flash-attn", "apex", "dumb-init", "trainkit"):  # fmt: skip
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[package] = importlib.metadata.version(package)
+    import torch
+
+    found["torch"] = torch.__version__  # NGC's own string: pip metadata normalises ".nv25.03" to ".nv25.3"
     found["python"] = ".".join(map(str, sys.version_info[:3]))
     return found
 

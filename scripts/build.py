@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine import UserError, exit_on_user_error
+from engine import UserError, exit_on_user_error, torch_version_in
 from matrix import NGC_REPOSITORY, PIN_ARGS, ROOT, Entry, Matrix, cpu_tags, cuda_tags, dockerfile_defaults, load
 
 RECORDS_DIR = ROOT / "build" / "records"
@@ -96,6 +96,7 @@ def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
     ngc, torch, python = entry.ngc, entry.torch, entry.python
     base = entry.base_image
     notes = [] if entry.verified else [f"CUDA {entry.cuda} facts are unverified: {entry.note}"]
+    notes += [f"{package} is not built on this row: {reason}" for package, reason in entry.skip.items()]
     if args.ngc:
         if not NGC_TAG.match(args.ngc):
             raise UserError(f"--ngc {args.ngc!r} is not an NGC release like 25.03 (YY.MM)")
@@ -132,7 +133,8 @@ def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
 def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     """The Dockerfile build args for `plan`."""
     build_args = dockerfile_defaults(matrix)
-    build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items()})
+    build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items() if pkg in plan.pins})
+    build_args.update(matrix.entry(plan.cuda).skip_args if plan.cuda else {})
     build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
     if args.max_jobs:
         build_args["MAX_JOBS"] = str(args.max_jobs)
@@ -185,6 +187,7 @@ def git_revision() -> str:
 
 
 def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
+    plan.torch = torch_version_in(plan.base_image)  # what the image reports (guard-torch keeps the base's)
     out = {
         "org.opencontainers.image.title": "trainkit",
         "org.opencontainers.image.description": f"trainkit training image ({plan.flavor})",

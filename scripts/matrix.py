@@ -31,6 +31,48 @@ PIN_ARGS = {  # package -> Dockerfile ARG carrying its pinned version
     "flash-attn": "FLASH_ATTN_VERSION",
     "dumb-init": "DUMB_INIT_VERSION",
 }
+SKIP_ARGS = {  # package a row may skip -> Dockerfile ARG carrying the reason (the build records it as the claim)
+    "flash-attn": "FLASH_ATTN_SKIP",
+}
+# Compute capabilities of each GPU generation (NVIDIA's "CUDA GPUs" list), oldest first.
+GENERATIONS = {
+    "Maxwell": ("5.0", "5.2", "5.3"),
+    "Pascal": ("6.0", "6.1", "6.2"),
+    "Volta": ("7.0", "7.2"),
+    "Turing": ("7.5",),
+    "Ampere": ("8.0", "8.6", "8.7"),
+    "Ada": ("8.9",),
+    "Hopper": ("9.0",),
+    "Blackwell": ("10.0", "10.3", "11.0", "12.0", "12.1"),
+}
+
+
+def _cc(text: str) -> tuple[int, int]:
+    """"8.6", "9.0a", "12.0+PTX" -> (major, minor)."""
+    major, minor = re.match(r"(\d+)(?:\.(\d+))?", text).groups()
+    return int(major), int(minor or 0)
+
+
+def gpu_generations(arch_list: str) -> list[str]:
+    """The GPU generations that run the machine code of `arch_list` (TORCH_CUDA_ARCH_LIST).
+
+    Code for X.Y runs on X.Z with Z >= Y (NVIDIA's binary compatibility); a generation counts when one of its
+    compute capabilities is covered. PTX (+PTX) is not counted: a JIT compile at start-up is a fallback."""
+    archs = [_cc(a) for a in re.split(r"[;\s]+", arch_list.strip()) if a]
+    return [
+        name
+        for name, ccs in GENERATIONS.items()
+        if any(a[0] == cc[0] and a[1] <= cc[1] for a in archs for cc in map(_cc, ccs))
+    ]
+
+
+def describe_generations(arch_list: str) -> str:
+    """"Turing to Blackwell" for a run of consecutive generations, else a list."""
+    found = gpu_generations(arch_list)
+    order = list(GENERATIONS)
+    if len(found) > 2 and order.index(found[-1]) - order.index(found[0]) == len(found) - 1:
+        return f"{found[0]} to {found[-1]}"
+    return ", ".join(found) or "-"
 
 
 @dataclass(frozen=True)
@@ -49,6 +91,12 @@ class Entry:
     packages: dict[str, str]
     verified: bool = True
     note: str = ""
+    skip: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def skip_args(self) -> dict[str, str]:
+        """Build args naming what this row does not build, and why."""
+        return {SKIP_ARGS[package]: reason for package, reason in self.skip.items()}
 
     @property
     def cuda_tag(self) -> str:
@@ -98,17 +146,23 @@ class Matrix:
         return next((e for e in self.entries.values() if e.ngc == ngc), None)
 
 
+def _pins(defaults: dict[str, str], raw: dict) -> dict[str, str]:
+    merged = {**defaults, **raw.get("packages", {})}
+    return {package: version for package, version in merged.items() if package not in raw.get("skip", {})}
+
+
 def load(path: Path = VERSIONS_FILE) -> Matrix:
-    """Parse versions.toml; entries' package pins already merged over the defaults."""
+    """Parse versions.toml; entries' package pins already merged over the defaults, less what they skip."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     defaults = dict(data["packages"])
-    entries = {
-        cuda: Entry(cuda=cuda, **{**raw, "packages": {**defaults, **raw.get("packages", {})}})
-        for cuda, raw in data["cuda"].items()
-    }
+    entries = {c: Entry(cuda=c, **{**raw, "packages": _pins(defaults, raw)}) for c, raw in data["cuda"].items()}
+    for cuda, entry in entries.items():
+        unknown = set(entry.skip) - set(SKIP_ARGS)
+        if unknown:
+            raise UserError(f"{path}: cuda.{cuda!r} skips {sorted(unknown)}; only {sorted(SKIP_ARGS)} can be skipped")
     cpu = CpuFlavor(**data["cpu"], packages=defaults)
     return Matrix(
         version=data["version"],
@@ -145,28 +199,33 @@ def default_image(gpu: bool) -> str:
 
 
 def readme_table(matrix: Matrix | None = None) -> str:
-    """The Markdown table of the matrix for docs/images.md."""
+    """The Markdown table of the matrix for docs/images.md and README.md, and what rows do not build."""
     matrix = matrix or load()
     rows = [
-        "| CUDA | NGC base | torch | Python | Ubuntu | driver >= | in NGC | pins differing from default | tags |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| CUDA | NGC base | torch | Python | Ubuntu | driver >= | GPUs (from the arch list) | in NGC "
+        "| pins differing from default | tags |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    notes = []
     for e in matrix.entries.values():
         shipped = ", ".join(k for k, v in e.includes.items() if v) or "-"
-        overrides = ", ".join(f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v) or "-"
+        overrides = [f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v]
+        overrides += [f"no {k} (see below)" for k in e.skip]
         mark = "" if e.verified else " (unverified)"
         default = " **default**" if e.cuda == matrix.default_cuda else ""
         tags = " ".join(f"`{t}`" for t in cuda_tags(matrix, e))
+        gpus = f"{describe_generations(e.arch_list)} (`{e.arch_list}`)"
         rows.append(
             f"| {e.cuda}{default} | `{e.base_image}` | {e.torch} | {e.python}{mark} | {e.ubuntu} | {e.driver_min} "
-            f"| {shipped} | {overrides} | {tags} |"
+            f"| {gpus} | {shipped} | {', '.join(overrides) or '-'} | {tags} |"
         )
+        notes += [f"- CUDA {e.cuda}: no {k}: {reason}." for k, reason in e.skip.items()]
     cpu = matrix.cpu
     rows.append(
         f"| CPU | `{cpu.base_image}` (built locally, Debian {cpu.debian_suite}) | {cpu.torch}+cpu | {cpu.python} "
-        f"| - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
+        f"| - | - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
     )
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows + (["", *notes] if notes else [])) + "\n"
 
 
 def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
@@ -174,7 +233,7 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     matrix = matrix or load()
     entry = matrix.entry(matrix.default_cuda)
     args = {"BASE_IMAGE": entry.base_image, "TORCH_CUDA_ARCH_LIST": entry.arch_list}
-    args.update({arg: entry.packages[pkg] for pkg, arg in PIN_ARGS.items()})
+    args.update({arg: entry.packages.get(pkg, matrix.packages[pkg]) for pkg, arg in PIN_ARGS.items()})
     args["APEX_REF"] = matrix.apex["ref"]
     args["FLASH_ATTN_WHEEL_URL"] = matrix.flash_attn_wheel_url
     return args

@@ -41,7 +41,10 @@ def test_dry_run_prints_the_resolved_plan(cuda: str) -> None:
     assert f"trainkit:latest-cu{xy}" in out
     pins = {**VERSIONS["packages"], **entry.get("packages", {})}
     for package, version in pins.items():
-        assert f"{package}=={version}" in out
+        if package in entry.get("skip", {}):  # not built: no pin claimed
+            assert f"{package}==" not in out
+        else:
+            assert f"{package}=={version}" in out
 
 
 def test_cuda_12_1_resolves_to_an_ngc_23_release() -> None:
@@ -135,3 +138,102 @@ def test_with_ca_exposes_the_extra_ca_only_while_the_command_runs(tmp_path: Path
     failing = subprocess.run(["sh", str(ROOT / "images" / "with-ca.sh"), "sh", "-c", "exit 7"],
                              env={**os.environ, "CA_SECRET_FILE": str(extra)})  # fmt: skip
     assert failing.returncode == 7
+
+
+# -- issue 12 defect 4: a row that does not take flash-attn says why, as data --------------------------------
+
+def test_12_1_keeps_the_bases_flash_attn_1_with_the_reason() -> None:
+    entry = matrix.load().entry("12.1")
+    reason = entry.skip_args["FLASH_ATTN_SKIP"]
+    assert "torch >= 2.2" in reason and "flash_attn_unpadded_func" in reason
+    proc = build_py("--cuda", "12.1", "--dry-run")
+    assert "flash-attn is not built on this row: flash-attn 2 needs torch >= 2.2" in proc.stdout
+    assert "no flash-attn (see below)" in matrix.readme_table()
+    assert not matrix.load().entry("12.8").skip_args
+
+
+def test_a_skip_of_an_unknown_piece_is_a_user_error(tmp_path: Path) -> None:
+    bad = tmp_path / "versions.toml"
+    bad.write_text((ROOT / "images" / "versions.toml").read_text().replace("skip = { flash-attn", "skip = { apex"))
+    with pytest.raises(matrix.UserError, match=r"skips \['apex'\]"):
+        matrix.load(bad)
+
+
+# -- issue 12 defect 6: torch strings as NGC's torch reports them ---------------------------------------------
+
+# Seen inside the images (docs: /work/shared/reference's README, "Facts that matter for the CUDA build path").
+NGC_TORCH_SEEN = {"24.05": "2.4.0a0+07cecf4168.nv24.05", "25.03": "2.7.0a0+7c8ec84dab.nv25.03",
+                  "25.10": "2.9.0a0+145a3a7bda.nv25.10"}  # fmt: skip
+
+
+@pytest.mark.parametrize("cuda", CUDAS)
+def test_torch_strings_carry_ngcs_suffix(cuda: str) -> None:
+    entry = matrix.load().entry(cuda)
+    if entry.ngc in NGC_TORCH_SEEN:
+        assert entry.torch == NGC_TORCH_SEEN[entry.ngc]
+    if entry.ngc >= "24.01":  # NGC's builds carry ".nvYY.MM" from 24.xx on
+        assert entry.torch.endswith(f".nv{entry.ngc}"), entry.torch
+    assert f"| {entry.torch} |" in matrix.readme_table()
+
+
+@pytest.mark.docker
+def test_labels_carry_the_torch_the_image_reports(cpu_image: str) -> None:
+    import build
+
+    plan = build.Plan("cpu", None, None, cpu_image, "what versions.toml expects", "3.11", "", {}, [cpu_image])
+    labels = build.labels(plan, matrix.load(), "sha256:0")
+    probe = "import torch; print(torch.__version__)"
+    argv = ["docker", "run", "--rm", "--entrypoint", "python", cpu_image, "-c", probe]
+    inside = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert labels["org.trainkit.torch"] == inside.stdout.strip() == plan.torch
+    assert inside.stdout.strip().endswith("+cpu")
+
+
+# -- issue 12 defect 7: which GPUs a row covers follows from its arch list -------------------------------------
+
+# Compute capabilities per generation, written here apart from matrix.py's table (NVIDIA's CUDA GPUs list).
+CC = {"Maxwell": [5.0, 5.2, 5.3], "Pascal": [6.0, 6.1, 6.2], "Volta": [7.0, 7.2], "Turing": [7.5],
+      "Ampere": [8.0, 8.6, 8.7], "Ada": [8.9], "Hopper": [9.0],
+      "Blackwell": [10.0, 10.3, 11.0, 12.0, 12.1]}  # fmt: skip
+
+
+def runs_on(arch: str, cc: float) -> bool:
+    """Machine code for X.Y runs on X.Z with Z >= Y (PTX aside)."""
+    built = float(arch.split("+")[0])
+    return int(built) == int(cc) and built <= cc + 1e-9
+
+
+def claimed(cell: str) -> list[str]:
+    text = cell.split(" (`")[0]
+    order = list(CC)
+    if " to " in text:
+        first, last = text.split(" to ")
+        return order[order.index(first) : order.index(last) + 1]
+    return [g.strip() for g in text.split(",") if g.strip() != "-"]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/images.md"])
+def test_every_rows_claimed_gpus_match_its_arch_list(doc: str) -> None:
+    text = (ROOT / doc).read_text()
+    for cuda, entry in VERSIONS["cuda"].items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| {cuda} "))
+        cell = row.split(" | ")[6]
+        assert f"(`{entry['arch_list']}`)" in cell, (doc, cuda, cell)
+        covered = [g for g, ccs in CC.items() if any(runs_on(a, cc) for a in entry["arch_list"].split() for cc in ccs)]
+        assert claimed(cell) == covered, (doc, cuda, cell)
+
+
+def test_12_8_does_not_claim_volta() -> None:
+    assert "Volta" not in matrix.gpu_generations(VERSIONS["cuda"]["12.8"]["arch_list"])
+    assert matrix.describe_generations("7.5 8.0 8.6 9.0 10.0 12.0+PTX") == "Turing to Blackwell"
+    assert matrix.gpu_generations("7.0") == ["Volta", "Turing"]  # sm_70 code runs on 7.5 too
+    assert matrix.gpu_generations("8.6") == ["Ampere", "Ada"]
+    assert matrix.gpu_generations("9.0a;10.0") == ["Hopper", "Blackwell"]
+
+
+def test_no_gpu_claims_outside_the_generated_table() -> None:
+    """Comments in versions.toml name no GPU generation: the table derives them from each arch list."""
+    comments = [line.split("#", 1)[1] for line in (ROOT / "images" / "versions.toml").read_text().splitlines()
+                if "#" in line]  # fmt: skip
+    for generation in CC:
+        assert not [c for c in comments if generation in c], generation
