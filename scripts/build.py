@@ -51,7 +51,9 @@ class Plan:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--cuda", metavar="X.Y", help="CUDA minor from images/versions.toml (default: its default_cuda)")
+    what.add_argument("--cuda", metavar="X.Y",
+                      help="CUDA minor from images/versions.toml (default: its default_cuda), or auto: the newest "
+                           "row this host's NVIDIA driver can run")
     what.add_argument("--cpu", action="store_true", help="the CPU flavor on a base made locally from Debian")
     what.add_argument("--all", action="store_true", help="every CUDA entry of the matrix")
     p.add_argument("--ngc", metavar="YY.MM", help="another NGC PyTorch release as the base")
@@ -60,7 +62,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-jobs", type=int, metavar="N", help="parallel compile jobs (default: sized to the builder)")
     p.add_argument("--no-cache", action="store_true", help="ignore the layer cache (compiler caches are kept)")
     p.add_argument("--registry", metavar="R", help="prefix tags with R/ (e.g. ghcr.io/me)")
-    p.add_argument("--push", action="store_true", help="push the tags after a verified build")
+    p.add_argument("--push", action="store_true",
+                   help="push the tags after a verified build; the record keeps each pushed repo@sha256: digest")
+    p.add_argument("--pull", metavar="REF",
+                   help="pull REF (tag or repo@sha256:...) instead of building; check its labels against the matrix")
+    p.add_argument("--save", type=Path, metavar="FILE",
+                   help="write the built (or pulled) image as a `docker save` archive, for sites without a registry")
     p.add_argument("--tag", action="append", metavar="TAG", help="use these tags instead of the generated ones")
     p.add_argument("--build-arg", action="append", default=[], metavar="K=V", help="extra Dockerfile build arg")
     p.add_argument("--ca-cert", type=Path, metavar="FILE",
@@ -126,6 +133,13 @@ def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
 def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
     if args.cpu:
         return [cpu_plan(matrix, args)]
+    if args.cuda == "auto":
+        from driver import auto_entry
+
+        entry, why = auto_entry(matrix)
+        plan = cuda_plan(matrix, entry, args)
+        plan.notes.insert(0, why)
+        return [plan]
     entries = list(matrix.entries.values()) if args.all else [matrix.entry(args.cuda or matrix.default_cuda)]
     return [cuda_plan(matrix, e, args) for e in entries]
 
@@ -214,6 +228,8 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     matrix = load()
+    if args.pull:
+        return pull_and_check(matrix, args)
     selected = plans(matrix, args)
     for plan in selected:
         finish_plan(plan, matrix, args)
@@ -233,12 +249,39 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"built {', '.join(plan.tags)} ({record['image']['id'][:19]}) in {record['durations']['total_s']:.0f} s;"
               f" record: {record['record_path']}")
+        for digest in record.get("pushed", {}).values():
+            print(f"pushed {digest}")
+        if args.save:
+            save_archive(plan.tags[0], args.save)
     return 0
+
+
+def pull_and_check(matrix: Matrix, args: argparse.Namespace) -> int:
+    """`--pull REF`: fetch by tag or digest and refuse an image whose labels disagree with the matrix."""
+    import registry
+    from engine import connect
+
+    client = connect()
+    image = registry.pull(client, args.pull, matrix)
+    pinned = registry.resolve_digest(client, args.pull)
+    print(f"pulled {args.pull}: {image.id[:19]}, labels match images/versions.toml; pin jobs to {pinned}")
+    if args.save:
+        save_archive(args.pull, args.save)
+    return 0
+
+
+def save_archive(ref: str, archive: Path) -> None:
+    import registry
+    from engine import connect
+
+    apptainer = registry.save(connect(), ref, archive)
+    print(f"saved {ref} to {archive}; on a site with Apptainer: {apptainer}")
 
 
 def write_record(plan: Plan, record: dict) -> Path:
     RECORDS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RECORDS_DIR / (sanitize(plan.tags[0].replace(":", "_")) + ".json")
+    # The whole tag, registry included: a pushed build must not overwrite the local build's record.
+    path = RECORDS_DIR / (re.sub(r"[^A-Za-z0-9_.-]+", "-", plan.tags[0].replace(":", "_")) + ".json")
     record["record_path"] = str(path.relative_to(ROOT))
     record["plan"] = asdict(plan)
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import docker
+import registry
 from buildkit import BuildFailed, BuildSpec, run_build
 from cpu_base import ensure_cpu_base, image_exists
 from engine import UserError, connect
@@ -92,20 +93,6 @@ def skipped_pieces(manifest: dict) -> list[dict]:
     return skipped
 
 
-def push(client: docker.DockerClient, tags: list[str]) -> dict[str, str]:
-    digests = {}
-    for tag in tags:
-        repository, _, name = tag.rpartition(":")
-        with console.status(f"pushing {tag}"):
-            for event in client.images.push(repository, name, stream=True, decode=True):
-                if "error" in event:
-                    raise UserError(f"pushing {tag} failed: {event['error']} (logged in to the registry?)")
-                aux = event.get("aux") or {}
-                if "Digest" in aux:
-                    digests[tag] = aux["Digest"]
-    return digests
-
-
 def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None, make_labels: Callable) -> dict:
     """Build, verify and record one plan; return the record."""
     from build import write_record
@@ -159,7 +146,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         },
     }
     if args.push:
-        record["pushed"] = push(client, plan.tags)
+        record["pushed"] = registry.push(client, plan.tags)
     write_record(plan, record)
     return record
 

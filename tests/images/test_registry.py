@@ -1,0 +1,131 @@
+"""The cluster flow against a real registry (Debian's `docker-registry`, the CNCF distribution registry) on
+127.0.0.1: build and push with digests, pull by digest with the labels checked, train from the pulled image,
+and the offline archive round trip."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "build" / "records"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> str:
+    """A real registry on 127.0.0.1:<port> (the engine treats loopback registries as insecure-allowed)."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.fail("docker-registry is missing: tests/run.sh installs Debian's docker-registry package")
+    folder = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    config = folder / "config.yml"
+    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {folder}/data\n"
+                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n")  # fmt: skip
+    with (folder / "registry.log").open("wb") as log:
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the local registry did not answer: " + (folder / "registry.log").read_text()[-2000:])
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def build_py(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "scripts/build.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pushed(registry: str, cpu_image: str, docker_client) -> dict[str, str]:
+    """`build.py --cpu --registry R --push`: tag -> pushed repo@sha256 digest, from the build record."""
+    proc = build_py("--cpu", "--registry", registry, "--push")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tag = f"{registry}/trainkit:0.1.0-cpu"
+    record = json.loads((RECORDS / (tag.replace(":", "_").replace("/", "-") + ".json")).read_text())
+    for local in (tag, f"{registry}/trainkit:latest-cpu"):  # the pull below must fetch from the registry
+        docker_client.images.remove(local, noprune=True)
+    return record["pushed"]
+
+
+def test_push_records_a_digest_for_every_tag(pushed: dict[str, str], registry: str) -> None:
+    assert set(pushed) == {f"{registry}/trainkit:0.1.0-cpu", f"{registry}/trainkit:latest-cpu"}
+    for ref in pushed.values():
+        repo, _, digest = ref.partition("@")
+        assert repo == f"{registry}/trainkit" and digest.startswith("sha256:") and len(digest) == 71
+    assert len(set(pushed.values())) == 1  # both tags name the same manifest
+
+
+def test_pull_by_digest_checks_labels_and_the_image_trains(pushed: dict[str, str], docker_client,
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    ref = next(iter(pushed.values()))
+    proc = build_py("--pull", ref, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "labels match images/versions.toml" in proc.stdout and f"pin jobs to {ref}" in proc.stdout
+    out_dir = tmp_path / "output"
+    out_dir.mkdir()
+    out_dir.chmod(0o777)
+    env = {"TRAIN_MAX_STEPS": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_LOG_STEPS": "1"}
+    run = subprocess.run(["docker", "run", "--rm", *(f"-e{k}={v}" for k, v in env.items()),
+                          "-v", f"{out_dir}:/output", ref], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert (out_dir / "final").is_dir()
+    assert json.loads((out_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+
+
+def test_pull_refuses_an_image_whose_labels_disagree(pushed: dict[str, str], registry: str, docker_client,
+                                                     tmp_path: Path) -> None:  # fmt: skip
+    (tmp_path / "Dockerfile").write_text(f"FROM {next(iter(pushed.values()))}\n"
+                                         "LABEL org.trainkit.pin.transformers=4.0.0\n")  # fmt: skip
+    tag = f"{registry}/trainkit:relabelled"
+    docker_client.images.build(path=str(tmp_path), tag=tag, rm=True)
+    for event in docker_client.images.push(f"{registry}/trainkit", "relabelled", stream=True, decode=True):
+        assert "error" not in event, event
+    docker_client.images.remove(tag, noprune=True)
+    proc = build_py("--pull", tag, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "does not match images/versions.toml" in proc.stderr
+    assert "org.trainkit.pin.transformers='4.0.0' (matrix: '5.23.0')" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_pull_of_a_missing_reference_exits_2(registry: str) -> None:
+    proc = build_py("--pull", f"{registry}/trainkit:no-such-tag", timeout=300)
+    assert proc.returncode == 2 and "cannot pull" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_save_writes_an_archive_that_loads_back(pushed: dict[str, str], docker_client, tmp_path: Path) -> None:
+    ref = next(iter(pushed))
+    archive = tmp_path / "trainkit.tar"
+    proc = build_py("--pull", ref, "--save", str(archive), timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"apptainer build trainkit.sif docker-archive://{archive}" in proc.stdout
+    docker_client.images.remove(ref, noprune=True)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import registry as registry_module
+
+    assert ref in registry_module.load(docker_client, archive)
+    docker_client.images.get(ref)
