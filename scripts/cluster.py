@@ -186,11 +186,22 @@ def generate(args: argparse.Namespace, env: EnvFile) -> str:
     return text
 
 
-def note_moving_tag(args: argparse.Namespace) -> None:
-    """A tag like latest-cu128 moves; nodes that cached an older pull keep running it."""
-    if args.image and "@sha256:" not in args.image and not args.image.endswith((".sqsh", ".squashfs")):
-        print(f"note: {args.image} is a tag; pin it by digest (IMAGE@sha256:...) so every node runs the same image "
-              "(docker buildx imagetools inspect IMAGE prints it).", file=sys.stderr)  # fmt: skip
+def pin_image(args: argparse.Namespace) -> None:
+    """A tag like latest-cu128 moves, and nodes that cached an older pull keep running it: write the registry's
+    digest into the job instead, so every node and every restart runs the same bytes."""
+    if not args.image or "@sha256:" in args.image or args.image.endswith((".sqsh", ".squashfs")):
+        return
+    try:
+        import registry
+        from engine import connect
+
+        pinned = registry.resolve_digest(connect(), args.image)
+    except UserError as exc:
+        print(f"note: {args.image} stays a tag in the job (no digest: {str(exc).splitlines()[0]}); pin it by "
+              "passing IMAGE@sha256:... (`python scripts/build.py --push` prints it).", file=sys.stderr)  # fmt: skip
+        return
+    print(f"pinned {args.image} to {pinned}", file=sys.stderr)
+    args.image = pinned
 
 
 @exit_on_user_error
@@ -199,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     check_args(args)
     env = read_env(args.env_file)
     args.sweep_combinations = sweep_combinations(args, env)
-    text = generate(args, env)
     if not (args.target == "slurm-apptainer" and args.sif):
-        note_moving_tag(args)
+        pin_image(args)
+    text = generate(args, env)
     if args.out:
         args.out.write_text(text)
         if args.target.startswith("slurm"):

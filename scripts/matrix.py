@@ -190,12 +190,20 @@ def cpu_tags(matrix: Matrix, registry: str | None = None) -> list[str]:
     return [qualify(f"{REPOSITORY}:{matrix.version}-cpu", registry), qualify(f"{REPOSITORY}:latest-cpu", registry)]
 
 
-def default_image(gpu: bool) -> str:
-    """The moving tag a user gets without choosing: the default CUDA entry, or the CPU flavor."""
+def default_image(gpu: bool, cuda: str | None = None) -> str:
+    """The moving tag a user gets: the CPU flavor without GPUs, else CUDA row `cuda` (X.Y, `auto` for the
+    host driver's, or the matrix default)."""
     matrix = load()
     if not gpu:
         return cpu_tags(matrix)[1]
-    return cuda_tags(matrix, matrix.entry(matrix.default_cuda))[1]
+    if cuda == "auto":
+        from driver import auto_entry
+
+        entry, why = auto_entry(matrix)
+        print(why, file=sys.stderr)
+    else:
+        entry = matrix.entry(cuda or matrix.default_cuda)
+    return cuda_tags(matrix, entry)[1]
 
 
 def readme_table(matrix: Matrix | None = None) -> str:

@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
+import registry
 from docker.errors import APIError, ImageNotFound
 from docker.types import DeviceRequest, Ulimit
 from engine import UserError, connect, exit_missing_package, exit_on_user_error
 from matrix import ROOT, default_image
+from registry import DIGEST_REF
 
 try:
     from trainer.envfile import EnvFileError, read_env_file
@@ -78,7 +80,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--image", help="image to run (default: see the image rule above)")
+    parser.add_argument("--image", help="image to run, a tag or repo@sha256:... (default: see the image rule above)")
+    parser.add_argument("--cuda", metavar="X.Y", help="with GPUs: the image of this CUDA row, or auto: the newest row "
+                        "this host's driver can run (default: the matrix default)")
+    parser.add_argument("--load", type=Path, metavar="FILE",
+                        help="first `docker load` an archive made by `build.py --save` (sites without a registry)")
     parser.add_argument("--data", help="host folder or file mounted read-only at /data (default ./data if present)")
     parser.add_argument("--models", help="host folder mounted read-only at /models (default ./models if present)")
     parser.add_argument("--output", help="host folder mounted at /output (default ./output, created if missing)")
@@ -215,7 +221,7 @@ def choose_image_and_gpus(args: argparse.Namespace, client: docker.DockerClient)
     gpus = args.gpus
     if gpus == "auto":
         gpus = "all" if engine_has_gpus(client) and not (args.image or "").endswith("-cpu") else "none"
-    image = args.image or default_image(gpu=gpus != "none")
+    image = args.image or default_image(gpu=gpus != "none", cuda=args.cuda)
     return image, gpus
 
 
@@ -236,6 +242,14 @@ def ensure_image(client: docker.DockerClient, image: str, build_if_missing: bool
         return
     except ImageNotFound:
         pass
+    if DIGEST_REF.match(image):  # pinned bytes: fetch exactly those
+        log(f"pulling {image}")
+        repository, digest = image.split("@", 1)
+        try:
+            client.images.pull(repository, tag=digest)
+        except APIError as exc:
+            raise UserError(f"cannot pull {image}: {exc.explanation or exc}") from None
+        return
     command = build_command(image)
     if command is None:
         raise UserError(f"image {image} is not on this engine: `docker pull {image}` or build it")
@@ -393,6 +407,10 @@ def run(client: docker.DockerClient, spec: RunSpec) -> int:
 
 
 def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
+    if args.load:
+        loaded = registry.load(client, args.load)
+        log(f"loaded {', '.join(loaded) or 'an untagged image'} from {args.load}")
+        args.image = args.image or (loaded[0] if loaded else None)
     image, gpus = choose_image_and_gpus(args, client)
     ensure_image(client, image, args.build_if_missing)
     return RunSpec(

@@ -124,8 +124,23 @@ def test_save_writes_an_archive_that_loads_back(pushed: dict[str, str], docker_c
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"apptainer build trainkit.sif docker-archive://{archive}" in proc.stdout
     docker_client.images.remove(ref, noprune=True)
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import registry as registry_module
-
-    assert ref in registry_module.load(docker_client, archive)
+    load = subprocess.run([sys.executable, "scripts/run.py", "--load", str(archive), "--gpus", "none", "--", "true"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert load.returncode == 0, load.stderr[-3000:]
+    assert f"loaded {ref}" in load.stderr
     docker_client.images.get(ref)
+
+
+@pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer", "k8s"])
+def test_cluster_jobs_name_the_digest_of_a_pushed_tag(pushed: dict[str, str], registry: str, target: str,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    tag = f"{registry}/trainkit:0.1.0-cpu"
+    place = ["--output-pvc", "runs"] if target == "k8s" else ["--output", str(tmp_path / "runs")]
+    job = tmp_path / "job"
+    proc = subprocess.run([sys.executable, "scripts/cluster.py", target, "--image", tag, *place, "-o", str(job)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    digest = pushed[tag].partition("@")[2]
+    text = job.read_text()
+    assert digest in text and ":0.1.0-cpu" not in text
+    assert f"pinned {tag} to {pushed[tag]}" in proc.stderr
