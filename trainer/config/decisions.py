@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from trainer.compat import FSDP2_RESHARD
 from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.data.discovery import source_of
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_DEFAULT = "expandable_segments:True"
-FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
 
 
 @dataclass(frozen=True)

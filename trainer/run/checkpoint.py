@@ -144,7 +144,8 @@ def __getattr__(name: str) -> Any:
 
 def _atomic_trainer_class() -> type:
     from transformers import Trainer
-    from transformers.trainer_utils import rotate_checkpoints
+
+    from trainer.compat import rotate_checkpoints
 
     class AtomicCheckpointTrainer(Trainer):
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
@@ -181,12 +182,7 @@ def _atomic_trainer_class() -> type:
                 final = run_dir / f"checkpoint-{step}"
                 publish(staging / final.name, final, {"step": step})
                 shutil.rmtree(staging, ignore_errors=True)
-                rotate_checkpoints(
-                    output_dir=str(run_dir),
-                    save_total_limit=self.args.save_total_limit,
-                    best_model_checkpoint=self.state.best_model_checkpoint,
-                    use_mtime=False,
-                )
+                rotate_checkpoints(self, str(run_dir))
                 log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
             self.accelerator.wait_for_everyone()
 

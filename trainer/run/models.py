@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.compat import model_dtype_kwargs
+
 log = logging.getLogger("trainer")
 
 
@@ -82,9 +84,9 @@ def _load_pretrained(path: str, attn: str, quant: str, precision: str) -> PreTra
     if quant != "none":
         kwargs["quantization_config"] = _quantization_config(quant, precision)
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
-        kwargs["dtype"] = _compute_dtype(precision)
+        kwargs.update(model_dtype_kwargs(_compute_dtype(precision)))
     else:
-        kwargs["dtype"] = torch.float32
+        kwargs.update(model_dtype_kwargs(torch.float32))
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
@@ -98,7 +100,9 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
         if s.quant != "none":
             model = _quantized_preset(config, attn, s.quant, precision)
         else:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation=attn, **model_dtype_kwargs(torch.float32)
+            )
         log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
     else:
         model = _load_pretrained(s.model, attn, s.quant, precision)
@@ -112,7 +116,7 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
 
 def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str) -> PreTrainedModel:
     """bitsandbytes quantizes at load time, so a from-scratch preset is saved once and loaded back quantized."""
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(config, **model_dtype_kwargs(torch.float32))
     with tempfile.TemporaryDirectory(prefix="trainkit-preset-") as tmp:
         fresh.save_pretrained(tmp)
         del fresh
