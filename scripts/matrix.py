@@ -49,6 +49,7 @@ class Entry:
     packages: dict[str, str]
     verified: bool = True
     note: str = ""
+    unsupported: dict[str, str] = field(default_factory=dict)  # TRAIN_X=value -> why this row's stack cannot run it
 
     @property
     def cuda_tag(self) -> str:
@@ -148,8 +149,9 @@ def readme_table(matrix: Matrix | None = None) -> str:
     """The Markdown table of the matrix for docs/images.md."""
     matrix = matrix or load()
     rows = [
-        "| CUDA | NGC base | torch | Python | Ubuntu | driver >= | in NGC | pins differing from default | tags |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| CUDA | NGC base | torch | Python | Ubuntu | driver >= | in NGC | pins differing from default "
+        "| not supported | tags |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in matrix.entries.values():
         shipped = ", ".join(k for k, v in e.includes.items() if v) or "-"
@@ -159,12 +161,12 @@ def readme_table(matrix: Matrix | None = None) -> str:
         tags = " ".join(f"`{t}`" for t in cuda_tags(matrix, e))
         rows.append(
             f"| {e.cuda}{default} | `{e.base_image}` | {e.torch} | {e.python}{mark} | {e.ubuntu} | {e.driver_min} "
-            f"| {shipped} | {overrides} | {tags} |"
+            f"| {shipped} | {overrides} | {', '.join(f'`{k}`' for k in e.unsupported) or '-'} | {tags} |"
         )
     cpu = matrix.cpu
     rows.append(
         f"| CPU | `{cpu.base_image}` (built locally, Debian {cpu.debian_suite}) | {cpu.torch}+cpu | {cpu.python} "
-        f"| - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
+        f"| - | - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
     )
     return "\n".join(rows) + "\n"
 

@@ -64,9 +64,25 @@ class Stack:
     def describe(self) -> str:
         names = {"torch": self.torch, "transformers": self.transformers}
         stack = ", ".join(f"{k} {'.'.join(map(str, v))}" for k, v in names.items() if v)
-        cuda = os.environ.get("CUDA_VERSION", "")  # set by NGC images and the stand-ins
+        cuda = os.environ.get("CUDA_VERSION") or _torch_cuda()  # NGC sets CUDA_VERSION
         row = f"the CUDA {'.'.join(cuda.split('.')[:2])} row" if cuda else "this stack"
         return f"{row} ({stack})"
+
+
+def _torch_cuda() -> str | None:
+    """The CUDA version torch was built with, read from torch/version.py's text (no torch import); None on CPU."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^cuda\b.*?=\s*['\"]([\d.]+)['\"]", text, re.M)
+    return found[1] if found else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -95,30 +111,31 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
                 f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
                 "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
             )
-    return out
+    return out | _optimizers_unsupported(st)
 
 
 def unsupported_problems(settings: Any, st: Stack | None = None) -> list[str]:
     """The chosen switches this stack cannot run, one message each naming the row and the reason."""
     st = st or stack()
     found = unsupported(st)
-    chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}"}
-    problems = [
-        f"{switch} is not supported on {st.describe()}: {found[switch]}" for switch in sorted(chosen & set(found))
-    ]
-    return problems + _optimizer_problems(settings.optim, st)
+    chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}"}
+    return [f"{switch} is not supported on {st.describe()}: {found[switch]}" for switch in sorted(chosen & set(found))]
 
 
-def _optimizer_problems(optim: str, st: Stack) -> list[str]:
+def _optimizers_unsupported(st: Stack) -> dict[str, str]:
+    """trainkit's optimizer list is the newest transformers'; an older one refuses the names it does not have."""
     from trainer.config import train_args
 
     installed = installed_optimizer_names()
-    if not installed or optim in installed or optim not in train_args.OPTIMIZER_NAMES:
-        return []  # auto, trainkit's own, or unknown everywhere (trainer.config.checks says so)
-    return [
-        f"TRAIN_OPTIM={optim} is not supported on {st.describe()}: that transformers has no such optimizer "
-        "(it came in a later version); use TRAIN_OPTIM=auto or adamw_torch"
-    ]
+    if not installed:
+        return {}
+    version = ".".join(map(str, st.transformers or ()))
+    return {
+        f"TRAIN_OPTIM={name}": f"transformers {version} has no {name} optimizer (a later version added it); "
+        "use TRAIN_OPTIM=auto or adamw_torch"
+        for name in train_args.OPTIMIZER_NAMES
+        if name not in installed
+    }
 
 
 @functools.lru_cache(maxsize=1)

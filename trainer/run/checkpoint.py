@@ -162,7 +162,8 @@ def _atomic_trainer_class() -> type:
                 return self._staging_dir
             return super()._get_output_dir(trial)
 
-        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        def _save_checkpoint(self, model: Any, trial: Any, *more: Any, **named: Any) -> None:
+            # transformers 4.46 passes metrics=, later versions do not: hand on whatever this version passes.
             run_dir = Path(super()._get_output_dir(trial))
             step = self.state.global_step
             staging = run_dir / f"{TMP_PREFIX}checkpoint-{step}"
@@ -173,7 +174,7 @@ def _atomic_trainer_class() -> type:
             started = time.perf_counter()
             self._staging_dir = str(staging)
             try:
-                super()._save_checkpoint(model, trial)
+                super()._save_checkpoint(model, trial, *more, **named)
             finally:
                 self._staging_dir = None
             time.sleep(_test_save_delay(step))
