@@ -64,25 +64,11 @@ class Stack:
     def describe(self) -> str:
         names = {"torch": self.torch, "transformers": self.transformers}
         stack = ", ".join(f"{k} {'.'.join(map(str, v))}" for k, v in names.items() if v)
-        cuda = os.environ.get("CUDA_VERSION") or _torch_cuda()  # NGC sets CUDA_VERSION
+        # NGC images set CUDA_VERSION (e.g. 12.1.1). torch's own CUDA build does not name the row: a stand-in's
+        # PyPI torch 2.4.1 is a CUDA 12.1 build in the 12.4 row.
+        cuda = os.environ.get("CUDA_VERSION", "")
         row = f"the CUDA {'.'.join(cuda.split('.')[:2])} row" if cuda else "this stack"
         return f"{row} ({stack})"
-
-
-def _torch_cuda() -> str | None:
-    """The CUDA version torch was built with, read from torch/version.py's text (no torch import); None on CPU."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
-    except OSError:
-        return None
-    found = re.search(r"^cuda\b.*?=\s*['\"]([\d.]+)['\"]", text, re.M)
-    return found[1] if found else None
 
 
 @functools.lru_cache(maxsize=1)

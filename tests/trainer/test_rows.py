@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
 ROW = "12.1"
 ROW_FACTS = tomllib.loads((REPO / "images" / "versions.toml").read_text())["cuda"][ROW]
-ROW_NAME = f"the CUDA {ROW} row (torch 2.1.2, transformers 4.46.3)"
+ROW_NAME = "this stack (torch 2.1.2, transformers 4.46.3)"  # in NGC 23.07: "the CUDA 12.1 row (...)"
 
 pytestmark = [
     pytest.mark.row_12_1,
