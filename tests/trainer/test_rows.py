@@ -99,6 +99,7 @@ def test_doctor_shows_the_unsupported_switch(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert any(f"TRAIN_ATTN=flash_attention_2 is not supported on {ROW_NAME}" in p for p in report["problems"])
     assert "flash-attn 2 needs torch >= 2.2" in report["config"]["error"]
+    assert set(report["unsupported"]) == set(ROW_FACTS["unsupported"])  # its own row, listed whatever is chosen
 
 
 def test_config_json_uses_4_46_argument_names_and_4_46_accepts_them(oldest_fields: set[str], tmp_path: Path) -> None:
