@@ -195,6 +195,8 @@ def parse_train_args(tokens: list[str]) -> dict[str, Any]:
     parser.error = refuse  # type: ignore[method-assign]  # argparse would print usage and exit
     unset = object()
     parser.set_defaults(**{action.dest: unset for action in parser._actions if action.dest != "help"})
+    for action in parser._actions:
+        action.required = False  # transformers 4.x requires --output_dir; trainkit sets it (TRAIN_OUTPUT_DIR)
     namespace, rest = parser.parse_known_args(tokens)
     if rest:
         raise ConfigError(f"TRAIN_ARGS: unrecognized arguments {' '.join(rest)}")
