@@ -57,6 +57,11 @@ class Stack:
         return self.transformers_5 and (self.torch is None or self.torch >= (2, 6))
 
     @property
+    def fused_adamw_on_cpu(self) -> bool:
+        """torch.optim.AdamW(fused=True) has a CPU kernel from torch 2.4."""
+        return self.torch is None or self.torch >= (2, 4)
+
+    @property
     def bf16_emulation_flag(self) -> bool:
         """torch.cuda.is_bf16_supported(including_emulation=...) exists from torch 2.3."""
         return self.torch is None or self.torch >= (2, 3)
@@ -106,6 +111,17 @@ def unsupported_problems(settings: Any, st: Stack | None = None) -> list[str]:
     found = unsupported(st)
     chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}"}
     return [f"{switch} is not supported on {st.describe()}: {found[switch]}" for switch in sorted(chosen & set(found))]
+
+
+def cpu_optimizer_problem(optim: str, st: Stack | None = None) -> str | None:
+    """Why `optim` cannot run on the CPU with this stack, or None (a machine-dependent refusal: GPUs are fine)."""
+    st = st or stack()
+    if optim == "adamw_torch_fused" and not st.fused_adamw_on_cpu:
+        return (
+            f"TRAIN_OPTIM=adamw_torch_fused on CPU is not supported on {st.describe()}: torch < 2.4 has no CPU kernel "
+            "for fused AdamW; use TRAIN_OPTIM=auto or adamw_torch"
+        )
+    return None
 
 
 def _optimizers_unsupported(st: Stack) -> dict[str, str]:

@@ -153,3 +153,12 @@ def test_tiny_trains_and_a_sigterm_checkpoint_resumes_to_identical_weights(corpu
     assert code == 0, err[-3000:]
     assert f"continuing from {out / f'checkpoint-{stopped}'}" in err
     assert_same_weights(out / "final", reference / "final")  # torch.equal, tensor by tensor
+
+
+def test_fused_adamw_on_cpu_exits_2_with_the_reason(tmp_path: Path) -> None:
+    """torch 2.1 has no CPU kernel for AdamW(fused=True): refused before training, not a crash in create_optimizer."""
+    env = {"TRAIN_OPTIM": "adamw_torch_fused", "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    result = run_oldest(["-m", "trainer"], env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"TRAIN_OPTIM=adamw_torch_fused on CPU is not supported on {ROW_NAME}" in result.stderr
+    assert "Traceback" not in result.stderr

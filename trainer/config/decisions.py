@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from trainer import compat
 from trainer.compat import FSDP2_RESHARD
 from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
@@ -108,6 +109,9 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
         if hw.is_gpu:
             return _decide("adamw_torch_fused", "auto: fused CUDA AdamW (one kernel for all parameters)")
         return _decide("adamw_torch", "auto: no CUDA GPU")
+    cpu_problem = None if hw.is_gpu else compat.cpu_optimizer_problem(s.optim)
+    if cpu_problem:
+        raise ConfigError(cpu_problem)
     if s.optim == train_args.APEX_FUSED and not hw.is_gpu:
         raise ConfigError(
             "TRAIN_OPTIM=adamw_apex_fused needs a CUDA GPU (apex FusedAdam is CUDA only); use adamw_torch"
