@@ -105,6 +105,11 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
     return out | _optimizers_unsupported(st)
 
 
+def flash_attention_2_possible(st: Stack | None = None) -> bool:
+    """False where flash-attn 2 cannot run whatever the GPU (e.g. NGC 23.07: flash-attn 1 is installed, torch 2.1)."""
+    return "TRAIN_ATTN=flash_attention_2" not in unsupported(st)
+
+
 def unsupported_problems(settings: Any, st: Stack | None = None) -> list[str]:
     """The chosen switches this stack cannot run, one message each naming the row and the reason."""
     st = st or stack()

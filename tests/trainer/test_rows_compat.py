@@ -58,3 +58,19 @@ def test_the_refusal_names_the_row_and_the_reason(monkeypatch: pytest.MonkeyPatc
     assert problems[0].startswith("TRAIN_ATTN=flash_attention_2 is not supported on the CUDA 12.1 row (torch 2.1.0")
     assert "flash-attn 2 needs torch >= 2.2" in problems[0]
     assert problems[1].startswith("TRAIN_FSDP=shard_grad_op is not supported") and "transformers 5" in problems[1]
+
+
+def test_auto_attention_never_picks_flash_attention_2_where_the_row_has_flash_attn_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NGC 23.07 ships flash-attn 1 (importable as flash_attn): on an A100 in bf16, auto must still pick sdpa."""
+    from trainer.config.decisions import decide_attn
+    from trainer.config.schema import TrainSettings
+    from trainer.run.hardware import Hardware
+
+    a100 = Hardware(device="cuda", gpu_count=1, capability=(8, 0), bf16=True, libraries={"flash_attn": True})
+    settings = TrainSettings(attn="auto")
+    assert decide_attn(settings, a100, "bf16").value == "flash_attention_2"  # the default row
+    monkeypatch.setattr(compat, "stack", lambda: STACKS["12.1"])
+    decision = decide_attn(settings, a100, "bf16")
+    assert decision.value == "sdpa" and "no flash-attn 2 on this stack" in decision.reason

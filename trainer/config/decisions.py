@@ -120,7 +120,7 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
 
 
 def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
-    has_flash = hw.libraries.get("flash_attn", False)
+    has_flash = hw.libraries.get("flash_attn", False) and compat.flash_attention_2_possible()
     if s.attn == "flash_attention_2":
         if not has_flash:
             raise ConfigError(
@@ -139,7 +139,7 @@ def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
         return _decide(s.attn, "set by TRAIN_ATTN")
     if has_flash and hw.ampere_or_newer and precision != "fp32":
         return _decide("flash_attention_2", "auto: flash_attn is installed and the GPU is Ampere or newer")
-    why = "flash_attn not installed" if not has_flash else "needs an Ampere+ GPU and fp16/bf16"
+    why = "no flash-attn 2 on this stack" if not has_flash else "needs an Ampere+ GPU and fp16/bf16"
     return _decide("sdpa", f"auto: PyTorch scaled_dot_product_attention ({why})")
 
 
