@@ -205,6 +205,18 @@ def cuda_bf16_supported() -> bool:
     return bool(torch.cuda.is_bf16_supported())  # torch < 2.3 reports native support only
 
 
+def install_torch_shims() -> None:
+    """Fill in what the pinned libraries call but an older torch lacks. Call before TrainingArguments is built.
+
+    accelerate 1.10 sets the device of each CPU process with torch.cpu.set_device (torch >= 2.2); a CPU is one
+    device, so on torch 2.1 a no-op stands in (multi-process CPU training, e.g. torchrun over gloo).
+    """
+    import torch
+
+    if not hasattr(torch.cpu, "set_device"):
+        torch.cpu.set_device = lambda device: None
+
+
 def rotate_checkpoints(trainer: Any, run_dir: str) -> None:
     """Delete checkpoints beyond save_total_limit: a function in transformers 5, a Trainer method before."""
     if stack().transformers_5:

@@ -113,6 +113,7 @@ def build_training_arguments(cfg: Any) -> Any:
 
     from transformers import TrainingArguments
 
+    compat.install_torch_shims()
     try:  # a copy: TrainingArguments fills nested dicts (fsdp_config, deepspeed) in place
         args = TrainingArguments(**copy.deepcopy(cfg.training_arguments))
     except (ValueError, TypeError, ImportError) as exc:
