@@ -162,3 +162,20 @@ def test_fused_adamw_on_cpu_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"TRAIN_OPTIM=adamw_torch_fused on CPU is not supported on {ROW_NAME}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# The trainer's own test files whose every expectation holds on any row: each `python -m trainer` they start runs on
+# the oldest row's Python (tests/trainer/conftest.py and train_runs.py use the venv pytest runs in).
+PORTABLE_SUITES = [
+    "tests/trainer/test_resume.py",
+    "tests/trainer/test_outputs.py",
+    "tests/trainer/test_stop_signals.py",
+]  # noqa: E501
+
+
+@pytest.mark.slow
+def test_the_trainers_portable_test_files_pass_on_the_oldest_row(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    argv = ["-m", "pytest", *PORTABLE_SUITES, "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'runs'}"]
+    result = run_oldest(argv, env, timeout=1800)
+    assert result.returncode == 0, result.stdout[-5000:]
