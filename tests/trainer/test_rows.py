@@ -170,7 +170,7 @@ PORTABLE_SUITES = [
     "tests/trainer/test_resume.py",
     "tests/trainer/test_outputs.py",
     "tests/trainer/test_stop_signals.py",
-]  # noqa: E501
+]
 
 
 @pytest.mark.slow
