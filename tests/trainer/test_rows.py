@@ -115,6 +115,21 @@ def test_config_json_uses_4_46_argument_names_and_4_46_accepts_them(oldest_field
     assert built.returncode == 0, built.stderr[-3000:]
 
 
+def test_fsdp_in_config_json_is_what_4_46_reads_as_auto_wrapped_layers(tmp_path: Path) -> None:
+    """On 4.x `fsdp=True` + {version, reshard_after_forward} silently means one unit; 4.46 must parse a wrap policy."""
+    env = {"TRAIN_FSDP": "hybrid_shard", "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    result = run_oldest(["-m", "trainer", "config", "--json"], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    arguments = json.loads(result.stdout)["training_arguments"]
+    parse = (
+        f"import json, transformers; a = transformers.TrainingArguments(**json.loads({json.dumps(arguments)!r})); "
+        "print(json.dumps([str(o.value) for o in a.fsdp] + a.fsdp_config['transformer_layer_cls_to_wrap']))"
+    )
+    parsed = run_oldest(["-c", parse], {"HOME": str(tmp_path)})
+    assert parsed.returncode == 0, parsed.stderr[-3000:]
+    assert json.loads(parsed.stdout.splitlines()[-1]) == ["hybrid_shard", "auto_wrap", "LlamaDecoderLayer"]
+
+
 def test_fsdp1_arguments_are_4_x_words_not_5_x_config_keys() -> None:
     """On 4.x `fsdp=True` + {version, reshard_after_forward} silently means one unit: hybrid_shard must say so."""
     code = (
