@@ -92,6 +92,7 @@ class Entry:
     verified: bool = True
     note: str = ""
     skip: dict[str, str] = field(default_factory=dict)
+    unsupported: dict[str, str] = field(default_factory=dict)  # TRAIN_X=value -> why this row's stack cannot run it
 
     @property
     def skip_args(self) -> dict[str, str]:
@@ -211,8 +212,8 @@ def readme_table(matrix: Matrix | None = None) -> str:
     matrix = matrix or load()
     rows = [
         "| CUDA | NGC base | torch | Python | Ubuntu | driver >= | GPUs (from the arch list) | in NGC "
-        "| pins differing from default | tags |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| pins differing from default | not supported | tags |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     notes = []
     for e in matrix.entries.values():
@@ -225,13 +226,14 @@ def readme_table(matrix: Matrix | None = None) -> str:
         gpus = f"{describe_generations(e.arch_list)} (`{e.arch_list}`)"
         rows.append(
             f"| {e.cuda}{default} | `{e.base_image}` | {e.torch} | {e.python}{mark} | {e.ubuntu} | {e.driver_min} "
-            f"| {gpus} | {shipped} | {', '.join(overrides) or '-'} | {tags} |"
+            f"| {gpus} | {shipped} | {', '.join(overrides) or '-'} | {', '.join(f'`{k}`' for k in e.unsupported) or '-'} "
+            f"| {tags} |"
         )
         notes += [f"- CUDA {e.cuda}: no {k}: {reason}." for k, reason in e.skip.items()]
     cpu = matrix.cpu
     rows.append(
         f"| CPU | `{cpu.base_image}` (built locally, Debian {cpu.debian_suite}) | {cpu.torch}+cpu | {cpu.python} "
-        f"| - | - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
+        f"| - | - | - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
     )
     return "\n".join(rows + (["", *notes] if notes else [])) + "\n"
 

@@ -23,7 +23,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
-PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
+# The venv pytest runs in is the one tested (e.g. .venv-oldest for the 12.1 row: tests/trainer/test_rows.py).
+IN_A_VENV = sys.prefix != sys.base_prefix
+PYTHON = sys.executable if IN_A_VENV or not VENV_PYTHON.exists() else str(VENV_PYTHON)
 
 RunTrainer = Callable[..., subprocess.CompletedProcess]
 

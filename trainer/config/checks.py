@@ -6,6 +6,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from trainer import compat
 from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.data.discovery import source_of
@@ -202,6 +203,7 @@ def _data_problems(s: TrainSettings) -> list[str]:
 
 STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
     _combination_problems,
+    compat.unsupported_problems,
     _library_problems,
     _optimizer_problems,
     _deepspeed_config_problems,

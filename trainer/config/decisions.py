@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from trainer import compat
+from trainer.compat import FSDP2_RESHARD
 from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.data.discovery import source_of
@@ -24,7 +26,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_DEFAULT = "expandable_segments:True"
-FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,9 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
         if hw.is_gpu:
             return _decide("adamw_torch_fused", "auto: fused CUDA AdamW (one kernel for all parameters)")
         return _decide("adamw_torch", "auto: no CUDA GPU")
+    cpu_problem = None if hw.is_gpu else compat.cpu_optimizer_problem(s.optim)
+    if cpu_problem:
+        raise ConfigError(cpu_problem)
     if s.optim == train_args.APEX_FUSED and not hw.is_gpu:
         raise ConfigError(
             "TRAIN_OPTIM=adamw_apex_fused needs a CUDA GPU (apex FusedAdam is CUDA only); use adamw_torch"
@@ -116,7 +120,7 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
 
 
 def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
-    has_flash = hw.libraries.get("flash_attn", False)
+    has_flash = hw.libraries.get("flash_attn", False) and compat.flash_attention_2_possible()
     if s.attn == "flash_attention_2":
         if not has_flash:
             raise ConfigError(
@@ -135,7 +139,7 @@ def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
         return _decide(s.attn, "set by TRAIN_ATTN")
     if has_flash and hw.ampere_or_newer and precision != "fp32":
         return _decide("flash_attention_2", "auto: flash_attn is installed and the GPU is Ampere or newer")
-    why = "flash_attn not installed" if not has_flash else "needs an Ampere+ GPU and fp16/bf16"
+    why = "no flash-attn 2 on this stack" if not has_flash else "needs an Ampere+ GPU and fp16/bf16"
     return _decide("sdpa", f"auto: PyTorch scaled_dot_product_attention ({why})")
 
 

@@ -117,7 +117,7 @@ def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
 # ---- TrainingArguments fields without importing transformers -----------------------------------------------------
 
 
-def _training_args_source() -> Path | None:
+def training_args_source() -> Path | None:
     spec = importlib.util.find_spec("transformers")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -128,7 +128,7 @@ def _training_args_source() -> Path | None:
 @functools.lru_cache(maxsize=1)
 def training_argument_fields() -> frozenset[str]:
     """Field names of transformers.TrainingArguments, read from its source; empty when transformers is absent."""
-    source = _training_args_source()
+    source = training_args_source()
     if source is None:
         return frozenset()
     tree = ast.parse(source.read_text(encoding="utf-8"))
@@ -195,6 +195,8 @@ def parse_train_args(tokens: list[str]) -> dict[str, Any]:
     parser.error = refuse  # type: ignore[method-assign]  # argparse would print usage and exit
     unset = object()
     parser.set_defaults(**{action.dest: unset for action in parser._actions if action.dest != "help"})
+    for action in parser._actions:
+        action.required = False  # transformers 4.x requires --output_dir; trainkit sets it (TRAIN_OUTPUT_DIR)
     namespace, rest = parser.parse_known_args(tokens)
     if rest:
         raise ConfigError(f"TRAIN_ARGS: unrecognized arguments {' '.join(rest)}")

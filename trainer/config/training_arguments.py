@@ -6,8 +6,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import compat
 from trainer.config import train_args
-from trainer.config.decisions import FSDP2_RESHARD, Decision, Decisions
+from trainer.config.decisions import Decision, Decisions
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.errors import ConfigError
 
@@ -21,23 +22,14 @@ DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min
 def _fsdp_arguments(s: TrainSettings) -> dict[str, Any]:
     if s.fsdp == "none":
         return {}
-    if s.fsdp in FSDP2_RESHARD:
-        fsdp_config: dict[str, Any] = {"version": 2, "reshard_after_forward": FSDP2_RESHARD[s.fsdp]}
-    else:  # hybrid_shard / no_shard exist only in FSDP1
-        fsdp_config = {"version": 1, "reshard_after_forward": s.fsdp}
-    fsdp_config["auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP"
-    if s.model in MODEL_PRESETS:
-        fsdp_config["transformer_layer_cls_to_wrap"] = ["LlamaDecoderLayer"]
-    if s.grad_ckpt:
-        fsdp_config["activation_checkpointing"] = True
-    return {"fsdp": True, "fsdp_config": fsdp_config}
+    wrap = "LlamaDecoderLayer" if s.model in MODEL_PRESETS else None
+    return compat.fsdp_arguments(s.fsdp, wrap, s.grad_ckpt)
 
 
-def _checkpointing_arguments(s: TrainSettings, fields: frozenset[str]) -> dict[str, Any]:
+def _checkpointing_arguments(s: TrainSettings) -> dict[str, Any]:
     if s.fsdp != "none" and s.grad_ckpt:
         return {}  # FSDP checkpoints activations itself (fsdp_config), avoiding redundant all-gathers
-    new_name = "activation_checkpointing" in fields or not fields  # Transformers 5 renamed gradient_checkpointing
-    name = "activation_checkpointing" if new_name else "gradient_checkpointing"
+    name = compat.stack().checkpointing_name
     args: dict[str, Any] = {name: s.grad_ckpt}
     if s.grad_ckpt:
         args[f"{name}_kwargs"] = {"use_reentrant": False}
@@ -92,7 +84,7 @@ def derived_training_arguments(
         "use_cpu": not hw.is_gpu,
         "neftune_noise_alpha": s.neftune_alpha or None,
         "deepspeed": ds,
-        **_checkpointing_arguments(s, fields),
+        **_checkpointing_arguments(s),
         **_compile_arguments(s),
         **_fsdp_arguments(s),
     }
@@ -121,6 +113,7 @@ def build_training_arguments(cfg: Any) -> Any:
 
     from transformers import TrainingArguments
 
+    compat.install_torch_shims()
     try:  # a copy: TrainingArguments fills nested dicts (fsdp_config, deepspeed) in place
         args = TrainingArguments(**copy.deepcopy(cfg.training_arguments))
     except (ValueError, TypeError, ImportError) as exc:

@@ -30,6 +30,7 @@ from trainer.doctor.rows import (
     output_row,
     settings_and_config_row,
     torch_rows,
+    unsupported_row,
     user_row,
     versions_row,
 )  # fmt: skip
@@ -68,6 +69,7 @@ def collect() -> list[Row]:
         deepspeed_row(),
         bitsandbytes_row(hw),
         versions_row(),
+        unsupported_row(),
         *limits_rows(hw, num_workers),
         user_row(),
         cache_row(),

@@ -253,6 +253,15 @@ def versions_row() -> Row:
     return Row("versions", "Python stack", ", ".join(f"{k} {v}" for k, v in found.items()), value=found)
 
 
+def unsupported_row() -> Row:
+    """The switches this stack's versions cannot run (trainer/compat.py); choosing one fails the config row."""
+    from trainer import compat
+
+    found = compat.unsupported()
+    shown = ", ".join(found) if found else "none: every switch can run on this stack"
+    return Row("unsupported", f"Not supported on {compat.stack().describe()}", shown, value=found)
+
+
 def limits_rows(hw: hardware.Hardware, num_workers: int) -> list[Row]:
     try:
         stat = os.statvfs("/dev/shm")

@@ -144,7 +144,8 @@ def __getattr__(name: str) -> Any:
 
 def _atomic_trainer_class() -> type:
     from transformers import Trainer
-    from transformers.trainer_utils import rotate_checkpoints
+
+    from trainer.compat import rotate_checkpoints
 
     class AtomicCheckpointTrainer(Trainer):
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
@@ -161,7 +162,8 @@ def _atomic_trainer_class() -> type:
                 return self._staging_dir
             return super()._get_output_dir(trial)
 
-        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        def _save_checkpoint(self, model: Any, trial: Any, *more: Any, **named: Any) -> None:
+            # transformers 4.46 passes metrics=, later versions do not: hand on whatever this version passes.
             run_dir = Path(super()._get_output_dir(trial))
             step = self.state.global_step
             staging = run_dir / f"{TMP_PREFIX}checkpoint-{step}"
@@ -172,7 +174,7 @@ def _atomic_trainer_class() -> type:
             started = time.perf_counter()
             self._staging_dir = str(staging)
             try:
-                super()._save_checkpoint(model, trial)
+                super()._save_checkpoint(model, trial, *more, **named)
             finally:
                 self._staging_dir = None
             time.sleep(_test_save_delay(step))
@@ -181,12 +183,7 @@ def _atomic_trainer_class() -> type:
                 final = run_dir / f"checkpoint-{step}"
                 publish(staging / final.name, final, {"step": step})
                 shutil.rmtree(staging, ignore_errors=True)
-                rotate_checkpoints(
-                    output_dir=str(run_dir),
-                    save_total_limit=self.args.save_total_limit,
-                    best_model_checkpoint=self.state.best_model_checkpoint,
-                    use_mtime=False,
-                )
+                rotate_checkpoints(self, str(run_dir))
                 log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
             self.accelerator.wait_for_everyone()
 

@@ -88,6 +88,8 @@ def probe() -> Hardware:
 
     import torch
 
+    from trainer.compat import cuda_bf16_supported
+
     libs = probe_libraries()
     cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     common = {
@@ -106,7 +108,7 @@ def probe() -> Hardware:
         gpu_name=props.name,
         capability=capability,
         total_memory_bytes=props.total_memory,
-        bf16=bool(torch.cuda.is_bf16_supported(including_emulation=False)),
+        bf16=cuda_bf16_supported(),
         tf32=capability >= (8, 0),
         cuda_version=torch.version.cuda,
         **common,

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.compat import model_dtype_kwargs
+
 log = logging.getLogger("trainer")
 
 
@@ -84,12 +86,14 @@ def _quantization_config(quant: str, precision: str, sharded: bool) -> Any:
 def pretrained_kwargs(attn: str, quant: str, precision: str, sharded: bool) -> dict[str, Any]:
     """from_pretrained's arguments. A quantized model is placed on this rank's GPU, except under FSDP, which
     places (and shards) it itself; ZeRO-3 with quantization is refused at configuration time."""
-    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn, "dtype": torch.float32}
+    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
     if quant != "none":
         kwargs["quantization_config"] = _quantization_config(quant, precision, sharded)
-        kwargs["dtype"] = _compute_dtype(precision)
+        kwargs.update(model_dtype_kwargs(_compute_dtype(precision)))
         if not sharded:
             kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    else:
+        kwargs.update(model_dtype_kwargs(torch.float32))
     return kwargs
 
 
@@ -108,7 +112,9 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
         if s.quant != "none":
             model = _quantized_preset(config, attn, s.quant, precision, sharded)
         else:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation=attn, **model_dtype_kwargs(torch.float32)
+            )
         log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
     else:
         model = _load_pretrained(s.model, attn, s.quant, precision, sharded)
@@ -122,7 +128,7 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
 
 def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str, sharded: bool) -> PreTrainedModel:
     """bitsandbytes quantizes at load time, so a from-scratch preset is saved once and loaded back quantized."""
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(config, **model_dtype_kwargs(torch.float32))
     with tempfile.TemporaryDirectory(prefix="trainkit-preset-") as tmp:
         fresh.save_pretrained(tmp)
         del fresh

@@ -1,0 +1,76 @@
+"""trainer/compat.py on described stacks (every row's versions) and on this venv's (the default row's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import tomllib
+
+from trainer import compat
+from trainer.compat import Stack
+
+ROWS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())["cuda"]
+STACKS = {  # each row's torch and transformers (versions.toml), and flash-attn as that row's image has it
+    "12.1": Stack(torch=(2, 1, 0), transformers=(4, 46, 3), flash_attn=(1, 0, 7)),
+    "12.4": Stack(torch=(2, 4, 0), transformers=(4, 57, 6), flash_attn=(2, 4, 2)),
+    "12.6": Stack(torch=(2, 6, 0), transformers=(5, 23, 0), flash_attn=(2, 8, 3)),
+    "12.8": Stack(torch=(2, 7, 0), transformers=(5, 23, 0), flash_attn=(2, 8, 3)),
+}
+
+
+def switches(found: dict[str, str]) -> set[str]:
+    """Attention and FSDP switches (optimizer names come from the installed transformers, not a described one)."""
+    return {k for k in found if not k.startswith("TRAIN_OPTIM=")}
+
+
+@pytest.mark.parametrize("row", STACKS)
+def test_described_rows_match_versions_toml(row: str) -> None:
+    assert switches(compat.unsupported(STACKS[row])) == switches(ROWS[row].get("unsupported", {}))
+
+
+def test_this_venv_is_the_default_row_and_supports_everything() -> None:
+    assert compat.stack().transformers_5 and compat.unsupported() == {}
+    assert ROWS["12.8"].get("unsupported", {}) == {}
+
+
+@pytest.mark.parametrize(
+    ("row", "dtype", "checkpointing"),
+    [("12.1", "torch_dtype", "gradient_checkpointing"), ("12.4", "dtype", "gradient_checkpointing"),
+     ("12.8", "dtype", "activation_checkpointing")],
+)  # fmt: skip
+def test_argument_names_per_row(row: str, dtype: str, checkpointing: str) -> None:
+    assert STACKS[row].dtype_kwarg == dtype and STACKS[row].checkpointing_name == checkpointing
+
+
+def test_fsdp_arguments_follow_the_transformers_version() -> None:
+    v5 = compat.fsdp_arguments("full_shard", "LlamaDecoderLayer", False, STACKS["12.8"])
+    assert v5["fsdp"] is True and v5["fsdp_config"]["version"] == 2 and v5["fsdp_config"]["reshard_after_forward"]
+    v4 = compat.fsdp_arguments("no_shard", None, False, STACKS["12.4"])
+    assert v4 == {"fsdp": "no_shard auto_wrap", "fsdp_config": {}}
+
+
+def test_the_refusal_names_the_row_and_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VERSION", "12.1.1")  # as NGC 23.07 sets it
+    settings = SimpleNamespace(attn="flash_attention_2", fsdp="shard_grad_op", optim="auto")
+    problems = compat.unsupported_problems(settings, STACKS["12.1"])
+    assert problems[0].startswith("TRAIN_ATTN=flash_attention_2 is not supported on the CUDA 12.1 row (torch 2.1.0")
+    assert "flash-attn 2 needs torch >= 2.2" in problems[0]
+    assert problems[1].startswith("TRAIN_FSDP=shard_grad_op is not supported") and "transformers 5" in problems[1]
+
+
+def test_auto_attention_never_picks_flash_attention_2_where_the_row_has_flash_attn_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NGC 23.07 ships flash-attn 1 (importable as flash_attn): on an A100 in bf16, auto must still pick sdpa."""
+    from trainer.config.decisions import decide_attn
+    from trainer.config.schema import TrainSettings
+    from trainer.run.hardware import Hardware
+
+    a100 = Hardware(device="cuda", gpu_count=1, capability=(8, 0), bf16=True, libraries={"flash_attn": True})
+    settings = TrainSettings(attn="auto")
+    assert decide_attn(settings, a100, "bf16").value == "flash_attention_2"  # the default row
+    monkeypatch.setattr(compat, "stack", lambda: STACKS["12.1"])
+    decision = decide_attn(settings, a100, "bf16")
+    assert decision.value == "sdpa" and "no flash-attn 2 on this stack" in decision.reason

@@ -1,0 +1,232 @@
+"""Every difference between the stacks of the image rows, in one place (transformers 4.46-5.x, torch 2.1-2.x).
+
+The rest of the trainer asks this module, never a version: argument names (`dtype_kwarg`, `checkpointing_name`,
+`fsdp_arguments`), adapters for calls that changed (`rotate_checkpoints`, `cuda_bf16_supported`) and the
+switches this stack cannot run (`unsupported`), which `trainer.config.checks` refuses with exit 2 and `doctor`
+lists. Versions are read with importlib.metadata, so importing this module imports neither torch nor transformers;
+inside an image they are the image's own (images/versions.toml is not there).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
+
+
+def _release(dist: str) -> tuple[int, ...] | None:
+    """(major, minor, micro) of an installed distribution, ignoring local/pre-release tags (2.1.0a0+nv -> 2.1.0)."""
+    try:
+        text = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+    parts = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
+    return tuple(int(p or 0) for p in parts.groups()) if parts else None
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The installed versions that matter, and what they imply."""
+
+    torch: tuple[int, ...] | None
+    transformers: tuple[int, ...] | None
+    flash_attn: tuple[int, ...] | None
+
+    @property
+    def transformers_5(self) -> bool:
+        return self.transformers is None or self.transformers >= (5,)
+
+    @property
+    def dtype_kwarg(self) -> str:
+        """from_pretrained/from_config's dtype argument: `dtype` from transformers 4.56, `torch_dtype` before."""
+        return "dtype" if self.transformers is None or self.transformers >= (4, 56) else "torch_dtype"
+
+    @property
+    def checkpointing_name(self) -> str:
+        """TrainingArguments' activation checkpointing flag: renamed from gradient_checkpointing in transformers 5."""
+        return "activation_checkpointing" if self.transformers_5 else "gradient_checkpointing"
+
+    @property
+    def fsdp2(self) -> bool:
+        """FSDP2 through TrainingArguments: transformers 5's fsdp_config `version`, and accelerate needs torch 2.6."""
+        return self.transformers_5 and (self.torch is None or self.torch >= (2, 6))
+
+    @property
+    def fused_adamw_on_cpu(self) -> bool:
+        """torch.optim.AdamW(fused=True) has a CPU kernel from torch 2.4."""
+        return self.torch is None or self.torch >= (2, 4)
+
+    @property
+    def bf16_emulation_flag(self) -> bool:
+        """torch.cuda.is_bf16_supported(including_emulation=...) exists from torch 2.3."""
+        return self.torch is None or self.torch >= (2, 3)
+
+    def describe(self) -> str:
+        names = {"torch": self.torch, "transformers": self.transformers}
+        stack = ", ".join(f"{k} {'.'.join(map(str, v))}" for k, v in names.items() if v)
+        # NGC images set CUDA_VERSION (e.g. 12.1.1). torch's own CUDA build does not name the row: a stand-in's
+        # PyPI torch 2.4.1 is a CUDA 12.1 build in the 12.4 row.
+        cuda = os.environ.get("CUDA_VERSION", "")
+        row = f"the CUDA {'.'.join(cuda.split('.')[:2])} row" if cuda else "this stack"
+        return f"{row} ({stack})"
+
+
+@functools.lru_cache(maxsize=1)
+def stack() -> Stack:
+    return Stack(_release("torch"), _release("transformers"), _release("flash-attn") or _release("flash_attn"))
+
+
+# ---- switches this stack cannot run: (TRAIN_* variable, value) -> reason ----------------------------------------
+
+
+def unsupported(st: Stack | None = None) -> dict[str, str]:
+    """`TRAIN_X=value` -> why this stack cannot run it (empty on a current stack). Also shown by doctor."""
+    st = st or stack()
+    out: dict[str, str] = {}
+    if st.torch is not None and st.torch < (2, 2):
+        out["TRAIN_ATTN=flash_attention_2"] = (
+            "flash-attn 2 needs torch >= 2.2 (this row keeps NGC's flash-attn 1 for Transformer Engine); "
+            "use TRAIN_ATTN=sdpa"
+        )
+    elif st.flash_attn is not None and st.flash_attn < (2,):
+        out["TRAIN_ATTN=flash_attention_2"] = "the installed flash-attn is 1.x; use TRAIN_ATTN=sdpa"
+    if not st.fsdp2:
+        why = "transformers 5" if not st.transformers_5 else "torch >= 2.6"
+        for strategy in FSDP2_RESHARD:
+            out[f"TRAIN_FSDP={strategy}"] = (
+                f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
+                "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
+            )
+    return out | _optimizers_unsupported(st)
+
+
+def flash_attention_2_possible(st: Stack | None = None) -> bool:
+    """False where flash-attn 2 cannot run whatever the GPU (e.g. NGC 23.07: flash-attn 1 is installed, torch 2.1)."""
+    return "TRAIN_ATTN=flash_attention_2" not in unsupported(st)
+
+
+def unsupported_problems(settings: Any, st: Stack | None = None) -> list[str]:
+    """The chosen switches this stack cannot run, one message each naming the row and the reason."""
+    st = st or stack()
+    found = unsupported(st)
+    chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}"}
+    return [f"{switch} is not supported on {st.describe()}: {found[switch]}" for switch in sorted(chosen & set(found))]
+
+
+def cpu_optimizer_problem(optim: str, st: Stack | None = None) -> str | None:
+    """Why `optim` cannot run on the CPU with this stack, or None (a machine-dependent refusal: GPUs are fine)."""
+    st = st or stack()
+    if optim == "adamw_torch_fused" and not st.fused_adamw_on_cpu:
+        return (
+            f"TRAIN_OPTIM=adamw_torch_fused on CPU is not supported on {st.describe()}: torch < 2.4 has no CPU kernel "
+            "for fused AdamW; use TRAIN_OPTIM=auto or adamw_torch"
+        )
+    return None
+
+
+def _optimizers_unsupported(st: Stack) -> dict[str, str]:
+    """trainkit's optimizer list is the newest transformers'; an older one refuses the names it does not have."""
+    from trainer.config import train_args
+
+    installed = installed_optimizer_names()
+    if not installed:
+        return {}
+    version = ".".join(map(str, st.transformers or ()))
+    return {
+        f"TRAIN_OPTIM={name}": f"transformers {version} has no {name} optimizer (a later version added it); "
+        "use TRAIN_OPTIM=auto or adamw_torch"
+        for name in train_args.OPTIMIZER_NAMES
+        if name not in installed
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def installed_optimizer_names() -> frozenset[str]:
+    """The values of the installed transformers' OptimizerNames, read from its source (no import); empty if absent."""
+    import ast
+
+    from trainer.config import train_args
+
+    source = train_args.training_args_source()
+    if source is None:
+        return frozenset()
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == "OptimizerNames":
+            return frozenset(
+                item.value.value for item in node.body
+                if isinstance(item, ast.Assign) and isinstance(item.value, ast.Constant)
+                and isinstance(item.value.value, str)
+            )  # fmt: skip
+    return frozenset()
+
+
+# ---- argument names ---------------------------------------------------------------------------------------------
+
+
+def fsdp_arguments(strategy: str, wrap_layer: str | None, grad_ckpt: bool, st: Stack | None = None) -> dict[str, Any]:
+    """TrainingArguments' fsdp/fsdp_config for a TRAIN_FSDP strategy, in this transformers version's own keys."""
+    st = st or stack()
+    if st.transformers_5:
+        if strategy in FSDP2_RESHARD:
+            config: dict[str, Any] = {"version": 2, "reshard_after_forward": FSDP2_RESHARD[strategy]}
+        else:  # hybrid_shard / no_shard exist only in FSDP1
+            config = {"version": 1, "reshard_after_forward": strategy}
+        config["auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP"
+        fsdp: Any = True
+    else:  # 4.x: the strategy and the wrap policy are words of the `fsdp` string; a bare True means one unit
+        config = {}
+        fsdp = f"{strategy} auto_wrap"
+    if wrap_layer:
+        config["transformer_layer_cls_to_wrap"] = [wrap_layer]
+    if grad_ckpt:
+        config["activation_checkpointing"] = True
+    return {"fsdp": fsdp, "fsdp_config": config}
+
+
+def model_dtype_kwargs(dtype: Any, st: Stack | None = None) -> dict[str, Any]:
+    """{dtype or torch_dtype: dtype} for from_pretrained / from_config."""
+    return {(st or stack()).dtype_kwarg: dtype}
+
+
+# ---- adapters for calls that changed ----------------------------------------------------------------------------
+
+
+def cuda_bf16_supported() -> bool:
+    """Native bf16 on GPU 0 (emulation does not count where torch can tell them apart)."""
+    import torch
+
+    if stack().bf16_emulation_flag:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    return bool(torch.cuda.is_bf16_supported())  # torch < 2.3 reports native support only
+
+
+def install_torch_shims() -> None:
+    """Fill in what the pinned libraries call but an older torch lacks. Call before TrainingArguments is built.
+
+    accelerate 1.10 sets the device of each CPU process with torch.cpu.set_device (torch >= 2.2); a CPU is one
+    device, so on torch 2.1 a no-op stands in (multi-process CPU training, e.g. torchrun over gloo).
+    """
+    import torch
+
+    if not hasattr(torch.cpu, "set_device"):
+        torch.cpu.set_device = lambda device: None
+
+
+def rotate_checkpoints(trainer: Any, run_dir: str) -> None:
+    """Delete checkpoints beyond save_total_limit: a function in transformers 5, a Trainer method before."""
+    if stack().transformers_5:
+        from transformers.trainer_utils import rotate_checkpoints as rotate
+
+        rotate(
+            output_dir=run_dir,
+            save_total_limit=trainer.args.save_total_limit,
+            best_model_checkpoint=trainer.state.best_model_checkpoint,
+            use_mtime=False,
+        )
+    else:
+        trainer._rotate_checkpoints(use_mtime=False, output_dir=run_dir)
