@@ -224,10 +224,10 @@ def readme_table(matrix: Matrix | None = None) -> str:
         default = " **default**" if e.cuda == matrix.default_cuda else ""
         tags = " ".join(f"`{t}`" for t in cuda_tags(matrix, e))
         gpus = f"{describe_generations(e.arch_list)} (`{e.arch_list}`)"
+        unsupported = ", ".join(f"`{k}`" for k in e.unsupported) or "-"
         rows.append(
             f"| {e.cuda}{default} | `{e.base_image}` | {e.torch} | {e.python}{mark} | {e.ubuntu} | {e.driver_min} "
-            f"| {gpus} | {shipped} | {', '.join(overrides) or '-'} | {', '.join(f'`{k}`' for k in e.unsupported) or '-'} "
-            f"| {tags} |"
+            f"| {gpus} | {shipped} | {', '.join(overrides) or '-'} | {unsupported} | {tags} |"
         )
         notes += [f"- CUDA {e.cuda}: no {k}: {reason}." for k, reason in e.skip.items()]
     cpu = matrix.cpu
