@@ -27,7 +27,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> str:
+def registry(tmp_path_factory, docker_client) -> str:
     """A real registry on 127.0.0.1:<port> (the engine treats loopback registries as insecure-allowed)."""
     binary = shutil.which("docker-registry")
     if binary is None:
@@ -52,6 +52,10 @@ def registry(tmp_path_factory) -> str:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        for image in docker_client.images.list(name=f"127.0.0.1:{port}/trainkit"):  # this run's tags only
+            for tag in image.tags:
+                if tag.startswith(f"127.0.0.1:{port}/"):
+                    docker_client.images.remove(tag, noprune=True)
 
 
 def build_py(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
