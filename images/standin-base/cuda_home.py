@@ -109,6 +109,20 @@ def install_deb(deb: Path) -> None:
                 merge(Path(tmp, src), CUDA_HOME / dst)
 
 
+def add_library_headers() -> None:
+    """Headers of the CUDA libraries torch was installed with (cuBLAS, cuSPARSE, cuSOLVER, ...: its pip
+    dependencies, `nvidia/<lib>/include`), where the toolkit lacks them: torch's ATen/cuda headers include them."""
+    import site
+
+    for root in site.getsitepackages():
+        for include in sorted(Path(root, "nvidia").glob("*/include")):
+            for header in include.rglob("*"):
+                target = CUDA_HOME / "include" / header.relative_to(include)
+                if header.is_file() and not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(header, target)
+
+
 def finish_layout() -> None:
     """Unversioned library links, the link-time libcuda stub, nvcc.profile, /usr/local/cuda."""
     lib64 = CUDA_HOME / "lib64"
@@ -148,6 +162,7 @@ def main() -> None:
         install_wheel(wheel)
     for deb in fetch_debs(debs, os.environ["STANDIN_DEB_SOURCE"]) if debs else []:
         install_deb(deb)
+    add_library_headers()
     finish_layout()
     prove(os.environ.get("STANDIN_PROBE_ARCH", "90"))
 
