@@ -30,8 +30,10 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     TRAINKIT_FLAVOR=${FLAVOR}
 COPY images/with-ca.sh /usr/local/bin/with-ca.sh
-COPY images/build_ext.py /opt/trainkit-build/build_ext.py
+COPY images/build_ext.py images/base_constraints.py /opt/trainkit-build/
 # Compilers' helpers the builds need (NGC lacks ccache and libaio headers; the CPU base has them).
+# The image owns its constraints: what the base compiled, pinned (images/base_constraints.py), instead of the
+# base's own file (NGC 25.03's pins RAPIDS' pyarrow 19 and more; 23.07 to 24.12 have none).
 # hadolint ignore=DL3008
 RUN --mount=type=secret,id=ca \
     if ! command -v ccache >/dev/null || [ ! -e /usr/include/libaio.h ]; then \
@@ -39,7 +41,11 @@ RUN --mount=type=secret,id=ca \
         with-ca.sh apt-get install -y --no-install-recommends ccache libaio-dev && \
         rm -rf /var/lib/apt/lists/*; \
     fi; \
-    python /opt/trainkit-build/build_ext.py base-torch
+    python /opt/trainkit-build/build_ext.py base-torch && \
+    mkdir -p /etc/trainkit && \
+    python /opt/trainkit-build/base_constraints.py > /etc/trainkit/constraints.txt && \
+    cat /etc/trainkit/constraints.txt
+ENV PIP_CONSTRAINT=/etc/trainkit/constraints.txt
 
 # ---------------------------------------------------------------------------------------------------
 # Compiled pieces, each in its own layer; only wheels and claims leave this stage.
@@ -87,7 +93,7 @@ ARG DATASETS_VERSION
 ARG PEFT_VERSION
 ARG BITSANDBYTES_VERSION
 ARG DUMB_INIT_VERSION
-# Pinned Python packages; the base's constraint file (PIP_CONSTRAINT) keeps its torch, the guard proves it.
+# Pinned Python packages; the image's constraint file (PIP_CONSTRAINT) keeps torch, the guard proves it.
 COPY images/trainer_requirements.py /opt/trainkit-build/trainer_requirements.py
 COPY pyproject.toml /opt/trainkit-build/pyproject.toml
 RUN --mount=type=secret,id=ca \

@@ -140,9 +140,10 @@ def ccache_stats(env: dict[str, str]) -> None:
         subprocess.run(["ccache", "--show-stats"], env=env, check=False)
 
 
-def run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+def run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+        timeout: float | None = None) -> None:
     print("+", " ".join(argv), flush=True)
-    subprocess.run(argv, check=True, env=env, cwd=cwd)
+    subprocess.run(argv, check=True, env=env, cwd=cwd, timeout=timeout)
 
 
 def pip(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
@@ -224,19 +225,37 @@ def step_deepspeed() -> None:
         if ops["async_io"]["status"] == "built":
             # DeepSpeed's CPU async_io build omits -laio (its .so then fails to load: undefined io_submit).
             env["LDFLAGS"] = (env.get("LDFLAGS", "") + " -Wl,--no-as-needed -laio").strip()
+    else:
+        env.update(cuda_deepspeed_env(ops["async_io"]["status"] == "built"))
+        ops["pin_memory"] = dict(ops["async_io"])  # async_io loads the pin_memory op first: prebuild it too
     names = {
         "cpu_adam": "DS_BUILD_CPU_ADAM",
         "async_io": "DS_BUILD_AIO",
         "fused_adam": "DS_BUILD_FUSED_ADAM",
         "deepspeed_shm_comm": "DS_BUILD_SHM_COMM",
+        "pin_memory": "DS_BUILD_PIN_MEMORY",
     }
     for op, flag in names.items():
-        env[flag] = "1" if ops[op]["status"] == "built" else "0"
+        if op in ops:
+            env[flag] = "1" if ops[op]["status"] == "built" else "0"
     tree = sdist_tree("deepspeed", version)
     ccache_stats(env)
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(WHEELS), str(tree), env=env, cwd=tree)
     ccache_stats(env)
-    claim("deepspeed", {"status": "built", "version": version, "ops": ops})
+    arch = {"arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST", "")} if not no_cuda else {}
+    claim("deepspeed", {"status": "built", "version": version, "ops": ops, **arch})
+
+
+def cuda_deepspeed_env(with_aio: bool) -> dict[str, str]:
+    """A build sees no GPU, so DeepSpeed would pick its CPU accelerator and compile CPU kernels (recording
+    accelerator_name='cpu'; on a GPU every op would then be JIT-compiled). Name the CUDA accelerator, as DeepSpeed's
+    own CPU-only precompile workflow does; ninja makes MAX_JOBS and `ccache nvcc` count."""
+    env = {"DS_ACCELERATOR": "cuda", "DS_ENABLE_NINJA": "1"}
+    if with_aio:
+        # async_io links -lcuda although it calls no driver function: --as-needed drops that dependency, so the op
+        # also loads where no driver is mounted (the build; CPU-only hosts).
+        env["LDFLAGS"] = (os.environ.get("LDFLAGS", "") + " -Wl,--as-needed").strip()
+    return env
 
 
 def loads(*modules: str) -> str | None:
@@ -331,8 +350,14 @@ def step_apex() -> None:
         claim("apex", {"status": "kept", "source": "base image"})
         return
     tree = SRC / "apex"
-    run(["git", "clone", "--filter=blob:none", os.environ["APEX_REPO"], str(tree)])
-    run(["git", "checkout", "--quiet", ref], cwd=tree)
+    repo = os.environ["APEX_REPO"]
+    try:
+        run(["git", "clone", "--filter=blob:none", repo, str(tree)], timeout=1800)
+        run(["git", "checkout", "--quiet", ref], cwd=tree)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        reason = f"apex source not fetched from {repo} at {ref} ({exc}); set APEX_REPO to a reachable mirror"
+        claim("apex", {"status": "skipped", "ref": ref, "reason": reason})
+        return
     env = compile_env(per_job_gb=GB_PER_APEX_PROCESS)
     parallel, jobs, threads = apex_concurrency(*builder_resources())
     env.update(APEX_CPP_EXT="1", APEX_CUDA_EXT="1", APEX_PARALLEL_BUILD=str(parallel), MAX_JOBS=str(jobs),

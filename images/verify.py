@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,9 @@ DS_OP_BUILDERS = {
     "fused_adam": "FusedAdamBuilder",
     "async_io": "AsyncIOBuilder",
     "deepspeed_shm_comm": "ShareMemCommBuilder",
+    "pin_memory": "PinMemoryBuilder",
+    "fused_lamb": "FusedLambBuilder",
+    "fused_lion": "FusedLionBuilder",
 }
 EXTENSION_MODULES = {
     "flash_attn": ["flash_attn", "flash_attn_2_cuda"],
@@ -78,12 +83,14 @@ def check_pins(manifest: dict) -> str:
     return f"{len(manifest.get('pins', {}))} pins match; imports work"
 
 
-def check_deepspeed_op(op: str) -> str:
+def check_deepspeed_op(op: str, arch_list: str | None = None) -> str:
     """The op is installed prebuilt (DeepSpeed's own record), compatible, and loads without JIT compiling."""
     from deepspeed import git_version_info
     from deepspeed.accelerator import get_accelerator
 
     installed_ops = git_version_info.installed_ops  # what DeepSpeed's setup.py compiled (ds_report's "installed")
+    if op not in DS_OP_BUILDERS:
+        raise Failed(f"DeepSpeed op {op} is unknown to the verifier (known: {sorted(DS_OP_BUILDERS)})")
     if not installed_ops.get(op):
         present = sorted(k for k, v in installed_ops.items() if v)
         raise Failed(f"DeepSpeed op {op} is not installed prebuilt (installed: {present})")
@@ -98,7 +105,68 @@ def check_deepspeed_op(op: str) -> str:
         module = builder.load(verbose=False)
         if os.listdir(jit_dir):
             raise Failed(f"DeepSpeed op {op} was JIT-compiled instead of loaded prebuilt")
-    return f"prebuilt {getattr(module, '__file__', module)}"
+    module_file = getattr(module, "__file__", str(module))
+    if arch_list and ds_op_has_kernels(op):
+        return f"prebuilt {module_file}; SASS {check_sass(op, module_file, arch_list)}"
+    return f"prebuilt {module_file}"
+
+
+def base_has_cuda(manifest: dict) -> bool:
+    return bool(manifest["base"].get("cuda"))
+
+
+def check_deepspeed_accelerator(manifest: dict) -> str:
+    """DeepSpeed's ops were compiled for the accelerator the image is for (a GPU-less build picks the CPU one)."""
+    from deepspeed import git_version_info
+
+    expected = "cuda" if base_has_cuda(manifest) else "cpu"
+    found = getattr(git_version_info, "accelerator_name", None)
+    if found != expected:
+        raise Failed(f"DeepSpeed's ops were compiled for accelerator {found!r}, the image needs {expected!r}")
+    return f"ops compiled for {found}"
+
+
+def wanted_sass(arch_list: str) -> list[str]:
+    """`7.5 8.0 9.0+PTX` -> ['sm_75', 'sm_80', 'sm_90']: the machine code TORCH_CUDA_ARCH_LIST asks for."""
+    arches = [a.split("+")[0] for a in re.split(r"[;\s]+", arch_list.strip()) if a]
+    return [f"sm_{a.replace('.', '')}" for a in arches]
+
+
+def cuobjdump() -> str:
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    found = shutil.which("cuobjdump") or next((p for p in [f"{cuda_home}/bin/cuobjdump"] if os.path.exists(p)), None)
+    if found is None:
+        raise Failed(f"cuobjdump not found (PATH, {cuda_home}/bin): cannot prove the ops hold machine code")
+    return found
+
+
+def check_sass(op: str, module_file: str, arch_list: str) -> str:
+    """The op's shared object holds SASS for every arch of the list (a PTX-only or CPU build would not)."""
+    listing = subprocess.run([cuobjdump(), "--list-elf", module_file], capture_output=True, text=True).stdout
+    found = set(re.findall(r"\.(sm_\d+[af]?)\.cubin", listing))
+    missing = [a for a in wanted_sass(arch_list) if a not in found]
+    if missing:
+        raise Failed(f"DeepSpeed op {op} lacks machine code for {missing} (has {sorted(found) or 'none'})")
+    return ", ".join(sorted(found))
+
+
+def ds_op_has_kernels(op: str) -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder(DS_OP_BUILDERS[op])
+    return any(src.endswith(".cu") for src in builder.sources())
+
+
+def check_bitsandbytes_cuda() -> str:
+    """bitsandbytes ships one library per CUDA version; the one for torch's CUDA must be there."""
+    import torch
+
+    package = Path(importlib.util.find_spec("bitsandbytes").origin).parent
+    wanted = f"libbitsandbytes_cuda{torch.version.cuda.replace('.', '')}.so"
+    if not (package / wanted).is_file():
+        shipped = sorted(p.name for p in package.glob("libbitsandbytes_*.so"))
+        raise Failed(f"bitsandbytes lacks {wanted} for torch's CUDA {torch.version.cuda} (ships {shipped})")
+    return wanted
 
 
 def check_modules(modules: list[str]) -> str:
@@ -133,11 +201,13 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
     for piece, claim in manifest["extensions"].items():
         if piece == "deepspeed":
             checks.append(("deepspeed", lambda: check_modules(["deepspeed"]), ""))
+            checks.append(("deepspeed:accelerator", lambda: check_deepspeed_accelerator(manifest), ""))
+            arch_list = claim.get("arch_list") if base_has_cuda(manifest) else None
             for op, state in claim.get("ops", {}).items():
                 if state["status"] == "skipped":
                     checks.append((f"deepspeed:{op}", None, state.get("reason", "")))
                 else:
-                    checks.append((f"deepspeed:{op}", lambda op=op: check_deepspeed_op(op), ""))
+                    checks.append((f"deepspeed:{op}", lambda op=op, arch=arch_list: check_deepspeed_op(op, arch), ""))
         elif claim["status"] == "skipped":
             checks.append((piece, None, claim.get("reason", "")))
         elif piece == "transformer_engine":
@@ -145,6 +215,8 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
         else:
             modules = EXTENSION_MODULES.get(piece, [piece])
             checks.append((piece, lambda modules=modules: check_modules(modules), ""))
+    if base_has_cuda(manifest):
+        checks.append(("bitsandbytes:cuda", check_bitsandbytes_cuda, ""))
     return checks
 
 
@@ -171,6 +243,9 @@ def main() -> int:
     if as_json:  # libraries log to stdout (DeepSpeed does): keep it for the JSON document alone
         sys.stdout = sys.stderr
     add_extra_claims(manifest, os.environ.get("VERIFY_EXTRA_CLAIMS", ""))
+    if base_has_cuda(manifest):
+        # What DeepSpeed selects on a GPU; a GPU-less build host would otherwise make it pick the CPU accelerator.
+        os.environ.setdefault("DS_ACCELERATOR", "cuda")
     results, failures = [], []
     for name, check, reason in planned_checks(manifest):
         if check is None:

@@ -2,6 +2,8 @@
 
     python scripts/build.py --cuda 12.8            NGC 25.03 base, tags trainkit:0.1.0-cu128-ngc25.03 + latest-cu128
     python scripts/build.py --cpu                  the CPU flavor on a locally made Debian base (no registry)
+    python scripts/build.py --cuda 12.8 --standin --arch-list 9.0
+                                                   the real Dockerfile on a local NGC stand-in (CI): *-standin tags
     python scripts/build.py --all --dry-run        the plan for every CUDA in the matrix, without an engine
 
 Builds run on the engine's BuildKit through `docker compose build` (the docker SDK's build API is the classic
@@ -23,7 +25,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine import UserError, exit_on_user_error, torch_version_in
-from matrix import NGC_REPOSITORY, PIN_ARGS, ROOT, Entry, Matrix, cpu_tags, cuda_tags, dockerfile_defaults, load
+from matrix import (
+    NGC_REPOSITORY,
+    PIN_ARGS,
+    REPOSITORY,
+    ROOT,
+    Entry,
+    Matrix,
+    cpu_tags,
+    cuda_tags,
+    dockerfile_defaults,
+    load,
+    qualify,
+)  # fmt: skip
+from standin_base import has_standin, load_standin, standin_tag
 
 RECORDS_DIR = ROOT / "build" / "records"
 CA_ENV = "TRAINKIT_CA_CERT"
@@ -46,6 +61,7 @@ class Plan:
     tags: list[str]
     build_args: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    standin: bool = False
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +74,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     what.add_argument("--all", action="store_true", help="every CUDA entry of the matrix")
     p.add_argument("--ngc", metavar="YY.MM", help="another NGC PyTorch release as the base")
     p.add_argument("--base", metavar="IMAGE", help="any base image (overrides --ngc)")
-    p.add_argument("--arch", metavar="LIST", help='TORCH_CUDA_ARCH_LIST, e.g. "8.0 9.0+PTX"')
+    p.add_argument("--standin", action="store_true",
+                   help="on a local stand-in for the row's NGC base, made from packages (CI); tags end in -standin")
+    p.add_argument("--arch", "--arch-list", dest="arch", metavar="LIST",
+                   help='TORCH_CUDA_ARCH_LIST, e.g. "8.0 9.0+PTX"')
     p.add_argument("--max-jobs", type=int, metavar="N", help="parallel compile jobs (default: sized to the builder)")
     p.add_argument("--no-cache", action="store_true", help="ignore the layer cache (compiler caches are kept)")
     p.add_argument("--registry", metavar="R", help="prefix tags with R/ (e.g. ghcr.io/me)")
@@ -74,12 +93,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"extra CA certificates (PEM) trusted during the build only; also ${CA_ENV}")
     p.add_argument("--no-host-ca", action="store_true",
                    help="without --ca-cert, do not trust the host's own CA bundle in the build (trusted by default)")
-    p.add_argument("--rebuild-base", action="store_true", help="with --cpu: remake the CPU base image")
+    p.add_argument("--rebuild-base", action="store_true", help="with --cpu or --standin: remake the base image")
     p.add_argument("--verbose", action="store_true", help="stream the whole build output, not just the steps")
     p.add_argument("--dry-run", action="store_true", help="print the plan; needs no Docker engine")
     args = p.parse_args(argv)
     if args.push and not args.registry and not args.tag:
         p.error("--push needs --registry (where to push)")
+    if args.standin and (args.cpu or args.ngc or args.base):
+        p.error("--standin replaces the NGC base: it does not combine with --cpu, --ngc or --base")
     if args.max_jobs is not None and args.max_jobs < 1:
         p.error("--max-jobs must be at least 1")
     return args
@@ -99,7 +120,21 @@ def sanitize(ref: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", ref.rsplit("/", 1)[-1]).strip("-.")[:80]
 
 
+def standin_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
+    """The row's pins and Dockerfile on a local stand-in base; never tagged or labelled as an NGC image."""
+    standin = load_standin(entry)
+    tags = [qualify(f"{REPOSITORY}:{matrix.version}-{entry.cuda_tag}-standin", args.registry),
+            qualify(f"{REPOSITORY}:latest-{entry.cuda_tag}-standin", args.registry)]  # fmt: skip
+    notes = [f"stand-in for NGC {entry.ngc}, not NGC: PyPI torch {standin.torch} (a CUDA build, runs on the CPU), "
+             f"CUDA toolkit {standin.toolkit} from packages, Debian's Python {matrix.cpu.python}"]  # fmt: skip
+    return Plan("cuda", entry.cuda, None, standin_tag(matrix, entry), f"{standin.torch} (PyPI, stand-in)",
+                matrix.cpu.python, args.arch or entry.arch_list, dict(entry.packages), args.tag or tags,
+                notes=notes, standin=True)  # fmt: skip
+
+
 def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
+    if args.standin:
+        return standin_plan(matrix, entry, args)
     ngc, torch, python = entry.ngc, entry.torch, entry.python
     base = entry.base_image
     notes = [] if entry.verified else [f"CUDA {entry.cuda} facts are unverified: {entry.note}"]
@@ -141,6 +176,8 @@ def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
         plan.notes.insert(0, why)
         return [plan]
     entries = list(matrix.entries.values()) if args.all else [matrix.entry(args.cuda or matrix.default_cuda)]
+    if args.all and args.standin:
+        entries = [e for e in entries if has_standin(e)]
     return [cuda_plan(matrix, e, args) for e in entries]
 
 
@@ -150,6 +187,8 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items() if pkg in plan.pins})
     build_args.update(matrix.entry(plan.cuda).skip_args if plan.cuda else {})
     build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
+    if plan.standin:  # no wheel can be fetched here, and a source build takes hours: --build-arg ...=1 forces it
+        build_args["FLASH_ATTN_SOURCE_BUILD"] = "0"
     if args.max_jobs:
         build_args["MAX_JOBS"] = str(args.max_jobs)
     build_args.update(user_build_args(args.build_arg))
@@ -158,6 +197,7 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
 
 def print_plan(plan: Plan, matrix: Matrix) -> None:
     title = f"CUDA {plan.cuda}" if plan.cuda else "CPU flavor"
+    title += " (stand-in base)" if plan.standin else ""
     print(f"plan: trainkit {matrix.version}, {title}")
     ngc = f" (NGC {plan.ngc})" if plan.ngc else ""
     print(f"  base:    {plan.base_image}{ngc}")
@@ -204,7 +244,8 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
     plan.torch = torch_version_in(plan.base_image)  # what the image reports (guard-torch keeps the base's)
     out = {
         "org.opencontainers.image.title": "trainkit",
-        "org.opencontainers.image.description": f"trainkit training image ({plan.flavor})",
+        "org.opencontainers.image.description": f"trainkit training image ({plan.flavor})"
+        + (", on a local stand-in base, not NGC" if plan.standin else ""),
         "org.opencontainers.image.version": matrix.version,
         "org.opencontainers.image.revision": git_revision(),
         "org.opencontainers.image.created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -217,6 +258,7 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
         "org.trainkit.python": plan.python,
         "org.trainkit.cuda": plan.cuda or "none",
         "org.trainkit.ngc": plan.ngc or "none",
+        "org.trainkit.standin": str(plan.standin).lower(),
         "org.trainkit.arch-list": plan.arch_list or "none",
         "org.trainkit.apex-ref": matrix.apex["ref"],
     }

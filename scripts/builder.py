@@ -17,6 +17,7 @@ from cpu_base import ensure_cpu_base, image_exists
 from engine import UserError, connect
 from matrix import ROOT, Matrix
 from rich.console import Console
+from standin_base import ensure_standin_base
 
 STEP = re.compile(r"^#\d+ \[(?P<name>[^\]]+)\] (?P<what>.*)$")
 console = Console(stderr=True)
@@ -103,6 +104,9 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
     if plan.flavor == "cpu" and not args.base:
         with Progress("making the CPU base", args.verbose) as progress:
             ensure_cpu_base(client, matrix.cpu, ca, progress.line, rebuild=args.rebuild_base)
+    if plan.standin:
+        with Progress(f"making the stand-in base for CUDA {plan.cuda}", args.verbose) as progress:
+            ensure_standin_base(client, matrix, matrix.entry(plan.cuda), ca, progress.line, rebuild=args.rebuild_base)
     base = base_reference(client, plan.base_image)
     t_base = time.monotonic() - t0
     spec = BuildSpec(

@@ -1,4 +1,5 @@
-"""Session fixtures shared by every test folder: the Docker engine and the CPU image built from this tree."""
+"""Session fixtures shared by every test folder: the Docker engine, the CPU image and the CUDA stand-in images
+built from this tree."""
 
 from __future__ import annotations
 
@@ -8,9 +9,29 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_IMAGE = "trainkit:latest-cpu"
+# CI's stand-in rows: the oldest and the default CUDA row, one arch (nvcc time grows with every arch).
+STANDIN_ROWS = ("12.1", "12.8")
+STANDIN_ARCH = "9.0"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all-rows", action="store_true",
+                     help="build and test the stand-in image of every CUDA row (default: 12.1 and 12.8)")  # fmt: skip
+
+
+def standin_rows(config: pytest.Config) -> list[str]:
+    if not config.getoption("--all-rows"):
+        return list(STANDIN_ROWS)
+    return list(tomllib.loads((ROOT / "images" / "versions.toml").read_text()).get("standin", {}))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "standin_row" in metafunc.fixturenames:
+        metafunc.parametrize("standin_row", standin_rows(metafunc.config), scope="session")
 
 
 def _engine_missing(reason: str) -> None:
@@ -43,3 +64,42 @@ def cpu_image(docker_client) -> str:
         output = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         pytest.fail(f"`scripts/build.py --cpu` failed (exit {proc.returncode}):\n{output}")
     return CPU_IMAGE
+
+
+_standin_builds: dict[str, subprocess.CompletedProcess] = {}
+
+
+def build_standin(cuda: str, *extra: str) -> subprocess.CompletedProcess:
+    """`scripts/build.py --cuda X.Y --standin --arch-list 9.0 ...` from this tree."""
+    argv = [sys.executable, str(ROOT / "scripts" / "build.py"), "--cuda", cuda, "--standin",
+            "--arch-list", STANDIN_ARCH]  # fmt: skip
+    return subprocess.run([*argv, *extra], cwd=ROOT, capture_output=True, text=True, timeout=5400)
+
+
+@pytest.fixture(scope="session")
+def standin_image(docker_client, standin_row: str) -> str:
+    """The stand-in image of one CUDA row (`trainkit:latest-cuXY-standin`), built at most once per session; its
+    base is built once and then reused by tag, and unchanged layers come from the cache."""
+    return standin_image_of(standin_row)
+
+
+@pytest.fixture(scope="session")
+def standin_default(docker_client) -> str:
+    """The default row's (12.8) stand-in image, shared with `standin_image`'s build of it."""
+    return standin_image_of("12.8")
+
+
+@pytest.fixture(scope="session")
+def standin_build():
+    """`build_standin(cuda, *extra_args)`: run build.py for a stand-in row with extra arguments (e.g. a test tag)."""
+    return build_standin
+
+
+def standin_image_of(standin_row: str) -> str:
+    if standin_row not in _standin_builds:
+        _standin_builds[standin_row] = build_standin(standin_row)
+    proc = _standin_builds[standin_row]
+    if proc.returncode != 0:
+        pytest.fail(f"the CUDA {standin_row} stand-in build failed (exit {proc.returncode}):\n"
+                    f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")  # fmt: skip
+    return f"trainkit:latest-cu{standin_row.replace('.', '')}-standin"

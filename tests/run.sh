@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One command from a fresh machine to a passing test suite:
 #   bash tests/run.sh [pytest args...]
+#   bash tests/run.sh --all-rows      # also every CUDA row's stand-in image (default: 12.1 and 12.8)
 # Sets up what the tests need (Docker Engine, compose v2, debootstrap, a Python venv with the
-# training stack), builds the CPU image once (warm rebuilds take seconds) and runs pytest.
+# training stack), builds the CPU image once (warm rebuilds take seconds) and the CUDA stand-in
+# images of the oldest and the default row with one arch (9.0), each once per run, and runs pytest.
 # Needs root (or sudo) for the engine and debootstrap. Set TRAINKIT_TORCH_INDEX to a CPU wheel
 # index (e.g. https://download.pytorch.org/whl/cpu) where PyPI would give a CUDA torch build.
 set -euo pipefail

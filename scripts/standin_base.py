@@ -1,0 +1,123 @@
+"""Stand-in bases for the CUDA rows: an NGC look-alike made from packages alone, for CI without NGC or a GPU.
+
+`build.py --cuda X.Y --standin` builds `images/standin-base/Dockerfile` once per row (the tag carries a hash of
+its inputs, so a changed input makes a new base and an unchanged one is reused), then the real Dockerfile on it.
+The base: the CPU flavor's Debian root filesystem, the PyPI torch build nearest to the row's torch with the same
+CUDA major, a CUDA toolkit at /usr/local/cuda, and the NGC release's known clashing pins in a constraint file.
+Inputs live in images/versions.toml (`[standin."X.Y"]` next to each row, `[standin_toolkit."X.Y"]`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import docker
+import tomllib
+from buildkit import BuildSpec, run_build
+from cpu_base import build_rootfs, image_exists, rootfs_tag
+from engine import UserError
+from matrix import ROOT, VERSIONS_FILE, Entry, Matrix
+
+SOURCE_DIR = ROOT / "images" / "standin-base"
+WORK_DIR = ROOT / "build" / "standin-base"
+
+
+@dataclass(frozen=True)
+class Standin:
+    """One row's stand-in inputs."""
+
+    cuda: str
+    torch: str
+    toolkit: str
+    packages: tuple[str, ...]
+    constraint_file: bool
+    toolkit_wheels: tuple[str, ...]
+    toolkit_debs: tuple[str, ...]
+    deb_source: str
+
+    @property
+    def constrained(self) -> list[str]:
+        return [p.split("==")[0] for p in self.packages]
+
+    def digest(self, rootfs: str) -> str:
+        recipe = (SOURCE_DIR / "Dockerfile").read_bytes() + (SOURCE_DIR / "cuda_home.py").read_bytes()
+        data = json.dumps([asdict(self), rootfs], sort_keys=True).encode() + recipe
+        return hashlib.sha256(data).hexdigest()[:10]
+
+
+def load_standin(entry: Entry, path: Path = VERSIONS_FILE) -> Standin:
+    """The `[standin."X.Y"]` inputs of `entry`, or a UserError naming the rows that have them."""
+    data = tomllib.loads(path.read_text())
+    rows = data.get("standin", {})
+    if entry.cuda not in rows:
+        raise UserError(
+            f"CUDA {entry.cuda} has no stand-in base; rows with one: {', '.join(rows)}.\n"
+            f"  Add a [standin.\"{entry.cuda}\"] table to images/versions.toml, or build on NGC (without --standin)."
+        )
+    row = rows[entry.cuda]
+    toolkit = data["standin_toolkit"][row["toolkit"]]
+    return Standin(
+        cuda=entry.cuda, torch=row["torch"], toolkit=row["toolkit"], packages=tuple(row.get("packages", [])),
+        constraint_file=row["constraint_file"], toolkit_wheels=tuple(toolkit.get("wheels", [])),
+        toolkit_debs=tuple(toolkit.get("debs", [])), deb_source=toolkit.get("deb_source", ""),
+    )  # fmt: skip
+
+
+def has_standin(entry: Entry, path: Path = VERSIONS_FILE) -> bool:
+    return entry.cuda in tomllib.loads(path.read_text()).get("standin", {})
+
+
+def standin_tag(matrix: Matrix, entry: Entry) -> str:
+    standin = load_standin(entry)
+    return f"trainkit-base:standin-{entry.cuda_tag}-torch{standin.torch}-{standin.digest(rootfs_tag(matrix.cpu))}"
+
+
+def ensure_standin_base(
+    client: docker.DockerClient,
+    matrix: Matrix,
+    entry: Entry,
+    ca_cert: Path | None,
+    on_line: Callable[[str], None],
+    rebuild: bool = False,
+) -> str:
+    """The stand-in base's tag for `entry`, building it (and the Debian root filesystem) first when missing."""
+    standin = load_standin(entry)
+    tag = standin_tag(matrix, entry)
+    if image_exists(client, tag) and not rebuild:
+        return tag
+    if not image_exists(client, rootfs_tag(matrix.cpu)):
+        build_rootfs(client, matrix.cpu, on_line)
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / "images" / "with-ca.sh", WORK_DIR / "with-ca.sh")
+    shutil.copy2(SOURCE_DIR / "cuda_home.py", WORK_DIR / "cuda_home.py")
+    spec = BuildSpec(
+        context=WORK_DIR,
+        dockerfile=SOURCE_DIR / "Dockerfile",
+        tags=[tag],
+        args={
+            "ROOTFS_IMAGE": rootfs_tag(matrix.cpu),
+            "TORCH_VERSION": standin.torch,
+            "PYTHON_PACKAGES": " ".join(standin.packages),
+            "TOOLKIT_WHEELS": " ".join(standin.toolkit_wheels),
+            "TOOLKIT_DEBS": " ".join(standin.toolkit_debs),
+            "TOOLKIT_DEB_SOURCE": standin.deb_source,
+            "CONSTRAINED": " ".join(standin.constrained),
+        },
+        labels={
+            "org.trainkit.standin": "true",
+            "org.trainkit.standin.for-ngc": entry.ngc,
+            "org.trainkit.standin.torch": standin.torch,
+            "org.trainkit.standin.cuda-toolkit": standin.toolkit,
+            "org.trainkit.standin.constraint-file": str(standin.constraint_file).lower(),
+        },
+        ca_cert=ca_cert,
+        target="with-constraint" if standin.constraint_file else "no-constraint",
+    )
+    run_build(spec, on_line)
+    on_line(f"built the stand-in base {tag}")
+    return tag
