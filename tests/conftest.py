@@ -18,9 +18,24 @@ STANDIN_ROWS = ("12.1", "12.8")
 STANDIN_ARCH = "9.0"
 
 
+STANDIN_FIXTURES = {"standin_image", "standin_default", "standin_build", "standin_row"}
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--standin", action="store_true",
+                     help="also build and test the CUDA stand-in images of the oldest and the default row")  # fmt: skip
     parser.addoption("--all-rows", action="store_true",
-                     help="build and test the stand-in image of every CUDA row (default: 12.1 and 12.8)")  # fmt: skip
+                     help="build and test the stand-in image of every CUDA row (implies --standin)")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Stand-in images are opt-in (`--standin`, `--all-rows`): a cold one compiles for about 25 minutes here."""
+    if config.getoption("--standin") or config.getoption("--all-rows"):
+        return
+    standin = [item for item in items if STANDIN_FIXTURES & set(getattr(item, "fixturenames", ()))]
+    if standin:
+        config.hook.pytest_deselected(items=standin)
+        items[:] = [item for item in items if item not in standin]
 
 
 def standin_rows(config: pytest.Config) -> list[str]:

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One command from a fresh machine to a passing test suite:
 #   bash tests/run.sh [pytest args...]
-#   bash tests/run.sh --all-rows      # also every CUDA row's stand-in image (default: 12.1 and 12.8)
-# Sets up what the tests need (Docker Engine, compose v2, debootstrap, a Python venv with the
-# training stack), builds the CPU image once (warm rebuilds take seconds) and the CUDA stand-in
-# images of the oldest and the default row with one arch (9.0), each once per run, and runs pytest.
+#   bash tests/run.sh --standin       # also the CUDA stand-in images of the oldest and the default row (12.1, 12.8)
+#   bash tests/run.sh --all-rows      # also every CUDA row's stand-in image
+# Sets up what the tests need (Docker Engine, compose v2, debootstrap, a local registry, a Python venv
+# with the training stack, and .venv-oldest with the oldest row's stack), builds the CPU image once
+# (warm rebuilds take seconds) and runs pytest. The stand-in images (one arch, 9.0) are built at most
+# once per run; a cold one takes about 25 minutes on 2 cores, so they are opt-in.
 # Needs root (or sudo) for the engine and debootstrap. Set TRAINKIT_TORCH_INDEX to a CPU wheel
 # index (e.g. https://download.pytorch.org/whl/cpu) where PyPI would give a CUDA torch build.
 set -euo pipefail
@@ -17,6 +19,7 @@ need_apt=()
 command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)   # a real local Slurm for the cluster tests
+command -v docker-registry >/dev/null || need_apt+=(docker-registry)   # a real registry on 127.0.0.1 (push/pull)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]} (apt)"
@@ -50,6 +53,9 @@ if ! docker compose version >/dev/null 2>&1; then
   mkdir -p "$HOME/.docker/cli-plugins"
   cp .venv/bin/docker-compose "$HOME/.docker/cli-plugins/docker-compose"
 fi
+
+log "oldest row venv (.venv-oldest: torch 2.1.2, transformers 4.46.3)"
+bash tests/oldest/setup.sh
 
 log "lint"
 .venv/bin/ruff check .
