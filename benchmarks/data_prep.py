@@ -66,19 +66,14 @@ def child_trainkit(data: Path, seq: int, workers: str) -> dict:
             "rss": peak_rss(), "worker_rss": meta["peak_rss_worker_bytes"]}  # fmt: skip
 
 
-def child_baseline(data: Path, seq: int) -> dict:
+def pack_with_datasets_map(data: Path, tok, seq: int, cache_dir: Path | None = None) -> int:
+    """The classic recipe (load_dataset, .map(tokenize), .map(group_texts), in memory); returns tokens packed."""
     from itertools import chain
 
-    import datasets
     from datasets import load_dataset
 
-    from trainer.tokenizer import byte_level_tokenizer
-
-    datasets.disable_progress_bars()
-    tok = byte_level_tokenizer()
-    start = time.perf_counter()
     raw = load_dataset("json", data_files=str(data), split="train", keep_in_memory=True,
-                       cache_dir=str(data.parent / "hf-cache"))  # fmt: skip
+                       cache_dir=str(cache_dir) if cache_dir else None)  # fmt: skip
     tokenized = raw.map(lambda b: tok(b["text"]), batched=True, remove_columns=raw.column_names, keep_in_memory=True)
 
     def group_texts(batch: dict) -> dict:
@@ -88,10 +83,19 @@ def child_baseline(data: Path, seq: int) -> dict:
         out["labels"] = out["input_ids"].copy()
         return out
 
-    packed = tokenized.map(group_texts, batched=True, keep_in_memory=True)
+    return len(tokenized.map(group_texts, batched=True, keep_in_memory=True)) * seq
+
+
+def child_baseline(data: Path, seq: int) -> dict:
+    import datasets
+
+    from trainer.tokenizer import byte_level_tokenizer
+
+    datasets.disable_progress_bars()
+    start = time.perf_counter()
+    tokens = pack_with_datasets_map(data, byte_level_tokenizer(), seq, data.parent / "hf-cache")
     seconds = time.perf_counter() - start
-    return {"tokens": len(packed) * seq, "seconds": seconds, "workers": 0, "cores": 1, "rss": peak_rss(),
-            "worker_rss": 0}  # fmt: skip
+    return {"tokens": tokens, "seconds": seconds, "workers": 0, "cores": 1, "rss": peak_rss(), "worker_rss": 0}
 
 
 def measure(kind: str, data: Path, seq: int, workers: str = "0") -> dict:

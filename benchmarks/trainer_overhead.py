@@ -208,22 +208,9 @@ def train_bpe(data: Path, folder: Path, vocab: int = 8192):
 
 
 def baseline_tokenize_pack(data: Path, tok, seq: int) -> int:
-    from itertools import chain
+    from data_prep import pack_with_datasets_map  # benchmarks/ is this script's folder
 
-    from datasets import load_dataset
-
-    raw = load_dataset("json", data_files=str(data), split="train", keep_in_memory=True)
-    tokenized = raw.map(lambda b: tok(b["text"]), batched=True, remove_columns=raw.column_names, keep_in_memory=True)
-
-    def group_texts(batch):
-        joined = {k: list(chain(*batch[k])) for k in batch}
-        total = len(joined["input_ids"]) // seq * seq
-        out = {k: [v[i : i + seq] for i in range(0, total, seq)] for k, v in joined.items()}
-        out["labels"] = out["input_ids"].copy()
-        return out
-
-    packed = tokenized.map(group_texts, batched=True, keep_in_memory=True)
-    return len(packed) * seq
+    return pack_with_datasets_map(data, tok, seq)
 
 
 def trainkit_tokenize_pack(data: Path, tok, seq: int) -> int:

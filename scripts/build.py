@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine import UserError, exit_on_user_error, torch_version_in
+from engine import UserError, exit_on_user_error, key_values, torch_version_in
 from matrix import (
     NGC_REPOSITORY,
     PIN_ARGS,
@@ -106,16 +106,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def user_build_args(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UserError(f"--build-arg {pair!r} is not KEY=VALUE")
-        out[key] = value
-    return out
-
-
 def sanitize(ref: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", ref.rsplit("/", 1)[-1]).strip("-.")[:80]
 
@@ -191,7 +181,7 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
         build_args["FLASH_ATTN_SOURCE_BUILD"] = "0"
     if args.max_jobs:
         build_args["MAX_JOBS"] = str(args.max_jobs)
-    build_args.update(user_build_args(args.build_arg))
+    build_args.update(key_values(args.build_arg, "--build-arg"))
     plan.build_args = build_args
 
 

@@ -13,7 +13,7 @@ import copy
 import re
 from typing import TYPE_CHECKING
 
-from engine import UserError
+from engine import UserError, key_values
 
 if TYPE_CHECKING:
     from cluster import EnvFile
@@ -63,16 +63,6 @@ def volumes(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
         vols.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}})
         mounts.append({"name": name, "mountPath": path, "readOnly": read_only})
     return vols, mounts
-
-
-def key_values(items: list[str], option: str) -> dict[str, str]:
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"{option} {item!r}: use KEY=VALUE.")
-        pairs[key] = value
-    return pairs
 
 
 def toleration(spec: str) -> dict:

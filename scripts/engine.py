@@ -48,6 +48,17 @@ def torch_version_in(image: str) -> str:
     return out.decode().strip().splitlines()[-1]
 
 
+def key_values(items: list[str], option: str) -> dict[str, str]:
+    """['K=V', ...] given with `option` -> {K: V}; a UserError naming the item that is not KEY=VALUE."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"{option} {item!r}: use KEY=VALUE.")
+        pairs[key] = value
+    return pairs
+
+
 def exit_on_user_error(main):
     """Decorator for script entry points: UserError -> message on stderr, exit 2."""
 
