@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine import UserError, exit_on_user_error, key_values, torch_version_in
+from engine import torch_version_in
+from errors import UserError, exit_on_user_error, key_values
 from matrix import (
     NGC_REPOSITORY,
     PIN_ARGS,
@@ -40,7 +40,6 @@ from matrix import (
 )  # fmt: skip
 from standin_base import has_standin, load_standin, standin_tag
 
-RECORDS_DIR = ROOT / "build" / "records"
 CA_ENV = "TRAINKIT_CA_CERT"
 SOURCE_URL = "https://github.com/trainkit/trainkit"
 NGC_TAG = re.compile(r"^\d{2}\.\d{2}$")
@@ -308,16 +307,6 @@ def save_archive(ref: str, archive: Path) -> None:
 
     apptainer = registry.save(connect(), ref, archive)
     print(f"saved {ref} to {archive}; on a site with Apptainer: {apptainer}")
-
-
-def write_record(plan: Plan, record: dict) -> Path:
-    RECORDS_DIR.mkdir(parents=True, exist_ok=True)
-    # The whole tag, registry included: a pushed build must not overwrite the local build's record.
-    path = RECORDS_DIR / (re.sub(r"[^A-Za-z0-9_.-]+", "-", plan.tags[0].replace(":", "_")) + ".json")
-    record["record_path"] = str(path.relative_to(ROOT))
-    record["plan"] = asdict(plan)
-    path.write_text(json.dumps(record, indent=2) + "\n")
-    return path
 
 
 def now() -> float:

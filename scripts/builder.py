@@ -8,19 +8,22 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import docker
 import registry
 from buildkit import BuildFailed, BuildSpec, run_build
 from cpu_base import ensure_cpu_base, image_exists
-from engine import UserError, connect
+from engine import connect
+from errors import UserError
 from matrix import ROOT, Matrix
 from rich.console import Console
 from standin_base import ensure_standin_base
 
 STEP = re.compile(r"^#\d+ \[(?P<name>[^\]]+)\] (?P<what>.*)$")
 console = Console(stderr=True)
+RECORDS_DIR = ROOT / "build" / "records"
 
 
 class Progress:
@@ -96,8 +99,6 @@ def skipped_pieces(manifest: dict) -> list[dict]:
 
 def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None, make_labels: Callable) -> dict:
     """Build, verify and record one plan; return the record."""
-    from build import write_record
-
     client = connect()
     started = time.time()
     t0 = time.monotonic()
@@ -153,6 +154,16 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         record["pushed"] = registry.push(client, plan.tags)
     write_record(plan, record)
     return record
+
+
+def write_record(plan, record: dict) -> Path:
+    RECORDS_DIR.mkdir(parents=True, exist_ok=True)
+    # The whole tag, registry included: a pushed build must not overwrite the local build's record.
+    path = RECORDS_DIR / (re.sub(r"[^A-Za-z0-9_.-]+", "-", plan.tags[0].replace(":", "_")) + ".json")
+    record["record_path"] = str(path.relative_to(ROOT))
+    record["plan"] = asdict(plan)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
 
 
 class BuildError(UserError):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine import UserError
+from errors import UserError
 
 
 class BuildFailed(Exception):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import cluster_k8s
 import cluster_slurm
-from engine import UserError, exit_missing_package, exit_on_user_error
+from errors import UserError, exit_missing_package, exit_on_user_error
 
 try:
     from trainer.config import parse_settings

@@ -13,7 +13,7 @@ import copy
 import re
 from typing import TYPE_CHECKING
 
-from engine import UserError, key_values
+from errors import UserError, key_values
 
 if TYPE_CHECKING:
     from cluster import EnvFile

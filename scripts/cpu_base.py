@@ -17,7 +17,7 @@ from pathlib import Path
 
 import docker
 from buildkit import BuildSpec, run_build
-from engine import UserError
+from errors import UserError
 from matrix import ROOT, CpuFlavor
 
 ROOTFS_PACKAGES = [

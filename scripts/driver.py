@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from engine import UserError
+from errors import UserError
 from matrix import Entry, Matrix
 
 

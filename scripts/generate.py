@@ -17,11 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matrix
+from errors import exit_missing_package
+
+try:  # the installed project (`pip install -e .`); trainer.config's schema and docs import pydantic only, never torch
+    from trainer.config import docs as train_docs
+except ModuleNotFoundError as missing:
+    exit_missing_package(missing)
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # trainer.config.schema and trainer.config.docs import pydantic only, never torch
-
-from trainer.config import docs as train_docs  # noqa: E402
 
 README = ROOT / "README.md"
 ENV_EXAMPLE = ROOT / ".env.example"

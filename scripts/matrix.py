@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomllib
-from engine import UserError
+from errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS_FILE = ROOT / "images" / "versions.toml"
@@ -192,19 +192,11 @@ def cpu_tags(matrix: Matrix, registry: str | None = None) -> list[str]:
 
 
 def default_image(gpu: bool, cuda: str | None = None) -> str:
-    """The moving tag a user gets: the CPU flavor without GPUs, else CUDA row `cuda` (X.Y, `auto` for the
-    host driver's, or the matrix default)."""
+    """The moving tag a user gets: the CPU flavor without GPUs, else CUDA row `cuda` (X.Y; default: the matrix's)."""
     matrix = load()
     if not gpu:
         return cpu_tags(matrix)[1]
-    if cuda == "auto":
-        from driver import auto_entry
-
-        entry, why = auto_entry(matrix)
-        print(why, file=sys.stderr)
-    else:
-        entry = matrix.entry(cuda or matrix.default_cuda)
-    return cuda_tags(matrix, entry)[1]
+    return cuda_tags(matrix, matrix.entry(cuda or matrix.default_cuda))[1]
 
 
 def readme_table(matrix: Matrix | None = None) -> str:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import docker
-from engine import UserError
+from errors import UserError
 from matrix import REPOSITORY, Matrix
 from rich.console import Console
 

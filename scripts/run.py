@@ -34,8 +34,10 @@ import docker
 import registry
 from docker.errors import APIError, ImageNotFound
 from docker.types import DeviceRequest, Ulimit
-from engine import UserError, connect, exit_missing_package, exit_on_user_error
-from matrix import ROOT, default_image
+from driver import auto_entry
+from engine import connect
+from errors import UserError, exit_missing_package, exit_on_user_error
+from matrix import ROOT, default_image, load
 from registry import DIGEST_REF
 
 try:
@@ -221,7 +223,12 @@ def choose_image_and_gpus(args: argparse.Namespace, client: docker.DockerClient)
     gpus = args.gpus
     if gpus == "auto":
         gpus = "all" if engine_has_gpus(client) and not (args.image or "").endswith("-cpu") else "none"
-    image = args.image or default_image(gpu=gpus != "none", cuda=args.cuda)
+    cuda = args.cuda
+    if cuda == "auto" and gpus != "none" and not args.image:
+        entry, why = auto_entry(load())
+        log(why)
+        cuda = entry.cuda
+    image = args.image or default_image(gpu=gpus != "none", cuda=cuda)
     return image, gpus
 
 

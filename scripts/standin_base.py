@@ -20,7 +20,7 @@ import docker
 import tomllib
 from buildkit import BuildSpec, run_build
 from cpu_base import build_rootfs, image_exists, rootfs_tag
-from engine import UserError
+from errors import UserError
 from matrix import ROOT, VERSIONS_FILE, Entry, Matrix
 
 SOURCE_DIR = ROOT / "images" / "standin-base"

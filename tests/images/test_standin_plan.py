@@ -66,7 +66,7 @@ def test_a_row_without_standin_inputs_is_a_user_error_naming_the_rows_that_have_
     sys.path.insert(0, str(ROOT / "scripts"))
     import matrix
     import standin_base
-    from engine import UserError
+    from errors import UserError
 
     text = (ROOT / "images" / "versions.toml").read_text()
     without = tmp_path / "versions.toml"
