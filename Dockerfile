@@ -129,6 +129,11 @@ RUN mkdir -p /cache/huggingface /cache/torch_extensions /cache/triton /cache/ind
         /cache/matplotlib /home/trainkit /output /data /models && \
     chmod 1777 /cache /cache/* /home/trainkit /output
 
+# The driver floors of this image's CUDA row and of every row, for `doctor`'s driver verdict (build.py sets them).
+ARG TRAINKIT_DRIVER_MIN=""
+ARG TRAINKIT_DRIVER_FLOORS=""
+ENV TRAINKIT_DRIVER_MIN=${TRAINKIT_DRIVER_MIN} TRAINKIT_DRIVER_FLOORS=${TRAINKIT_DRIVER_FLOORS}
+
 # The trainer: the last layers, so editing it rebuilds in seconds.
 COPY pyproject.toml /opt/trainkit/pyproject.toml
 COPY trainer/ /opt/trainkit/trainer/

@@ -176,6 +176,9 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items() if pkg in plan.pins})
     build_args.update(matrix.entry(plan.cuda).skip_args if plan.cuda else {})
     build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
+    if plan.cuda:
+        build_args["TRAINKIT_DRIVER_MIN"] = matrix.entry(plan.cuda).driver_min
+        build_args["TRAINKIT_DRIVER_FLOORS"] = ",".join(f"{e.cuda}={e.driver_min}" for e in matrix.entries.values())
     if plan.standin:  # no wheel can be fetched here, and a source build takes hours: --build-arg ...=1 forces it
         build_args["FLASH_ATTN_SOURCE_BUILD"] = "0"
     if args.max_jobs:

@@ -24,6 +24,7 @@ from trainer.doctor.rows import (
     capability_rows,
     data_row,
     deepspeed_row,
+    driver_floor_row,
     flash_attn_row,
     gpu_rows,
     limits_rows,
@@ -63,6 +64,7 @@ def collect() -> list[Row]:
     return [
         *gpu_rows(hw),
         *torch_rows(hw),
+        driver_floor_row(hw),
         *capability_rows(hw),
         flash_attn_row(hw),
         apex_row(),

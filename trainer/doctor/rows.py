@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.data.discovery import DataSource
+from trainer.doctor import driver
 from trainer.errors import ConfigError
 from trainer.run import hardware
 
@@ -57,6 +58,21 @@ class Row:
 # --- probes -------------------------------------------------------------------------------------
 
 
+def nvidia_smi(field: str) -> str | None:
+    """One `nvidia-smi --query-gpu` field of GPU 0, or None."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    import subprocess
+
+    try:
+        out = subprocess.run([smi, f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10, check=False).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None
+
+
 def driver_version() -> str | None:
     """The NVIDIA kernel driver version, from procfs (visible in containers) or nvidia-smi."""
     try:
@@ -64,24 +80,15 @@ def driver_version() -> str | None:
     except OSError:
         text = ""
     match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
-    if match:
-        return match[1]
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        import subprocess
+    return match[1] if match else nvidia_smi("driver_version")
 
-        try:
-            out = subprocess.run(
-                [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.splitlines()[0].strip() if out.strip() else None
-    return None
+
+def driver_floor_row(hw: hardware.Hardware) -> Row:
+    """This image's driver floor against the host's driver: ok, forward compatibility, or the row to use."""
+    floor, rows = driver.image_floor()
+    status, shown, fix = driver.verdict(driver_version(), hw.gpu_name or nvidia_smi("name"), floor, rows,
+                                        driver.COMPAT_LIBS.is_dir())  # fmt: skip
+    return Row("driver_floor", "Driver vs image", shown, status, fix, {"floor": floor or None, "verdict": status})
 
 
 def gpu_rows(hw: hardware.Hardware) -> list[Row]:
