@@ -148,7 +148,7 @@ def _resume_problems(s: TrainSettings) -> list[str]:
     return []
 
 
-def _writable_dir_problem(name: str, path: str) -> str | None:
+def writable_dir_problem(name: str, path: str) -> str | None:
     """None when `path` is (or can be created as) a writable folder; else why not. Tries a real write: root passes
     every permission check, read-only mounts and files in the way do not."""
     target = Path(path)
@@ -172,7 +172,7 @@ def _writable_dir_problem(name: str, path: str) -> str | None:
 
 
 def _output_problems(s: TrainSettings) -> list[str]:
-    problem = _writable_dir_problem("TRAIN_OUTPUT_DIR", s.output_dir)
+    problem = writable_dir_problem("TRAIN_OUTPUT_DIR", s.output_dir)
     return [problem] if problem else []
 
 
@@ -181,7 +181,7 @@ def _nvme_problems(s: TrainSettings) -> list[str]:
         return []
     if not Path(s.nvme_path).is_dir():
         return [f"TRAIN_NVME_PATH={s.nvme_path}: no such folder; mount a folder on a fast local NVMe disk there"]
-    problem = _writable_dir_problem("TRAIN_NVME_PATH", s.nvme_path)
+    problem = writable_dir_problem("TRAIN_NVME_PATH", s.nvme_path)
     return [problem] if problem else []
 
 

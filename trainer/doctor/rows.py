@@ -13,11 +13,11 @@ import resource
 import runpy
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.config.checks import writable_dir_problem
 from trainer.data.discovery import DataSource
 from trainer.doctor import driver
 from trainer.errors import ConfigError
@@ -327,19 +327,8 @@ def cache_row() -> Row:
 
 
 def writable(path: str) -> bool:
-    """True when a file can be created in `path` (created if missing, then left as it was)."""
-    target = Path(path)
-    created = not target.exists()
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target, prefix=".trainkit-doctor-"):
-            pass
-    except OSError:
-        return False
-    finally:
-        if created and target.is_dir() and not any(target.iterdir()):
-            target.rmdir()
-    return True
+    """The configuration's own rule: `path` is, or can be created as, a folder this user can write."""
+    return writable_dir_problem("path", path) is None
 
 
 def data_row(source: DataSource) -> Row:
