@@ -86,6 +86,10 @@ def pod_template(args: argparse.Namespace, env: EnvFile) -> dict:
         resources["requests"]["cpu"] = str(args.cpus_per_task)
     if args.gpus_per_node:
         resources["limits"] = {"nvidia.com/gpu": args.gpus_per_node}
+    rdma = key_values([args.rdma_resource] if args.rdma_resource else [], "--rdma-resource")
+    for name, count in rdma.items():  # the RDMA device plugin's resource; IPC_LOCK lets NCCL pin its IB buffers
+        resources.setdefault("limits", {})[name] = int(count) if count.isdigit() else count
+        resources.setdefault("requests", {})[name] = resources["limits"][name]
     container = {
         "name": PYTORCHJOB_CONTAINER,
         "image": args.image,
@@ -97,6 +101,8 @@ def pod_template(args: argparse.Namespace, env: EnvFile) -> dict:
         "resources": resources,
         "volumeMounts": mounts,
     }
+    if rdma:
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     spec: dict = {
         # SIGTERM -> checkpoint -> exit 143; the kubelet waits this long before SIGKILL.
         "terminationGracePeriodSeconds": args.grace_period,
@@ -192,6 +198,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("data", "models", "output", "cache"):
         k8s.add_argument(f"--{name}-pvc", help=f"PersistentVolumeClaim mounted at /{name}")
     k8s.add_argument("--namespace")
+    k8s.add_argument("--rdma-resource", metavar="NAME=COUNT",
+                     help="InfiniBand/RDMA device plugin resource per pod, e.g. rdma/ib=1 (adds IPC_LOCK)")
     k8s.add_argument("--secret-name", default="trainkit-secrets", help="Secret holding the .env's secrets")
     k8s.add_argument("--shm-size", default="16Gi", help="size of the memory-backed /dev/shm (added to the request)")
     k8s.add_argument("--grace-period", type=int, default=900, help="seconds between SIGTERM and SIGKILL")

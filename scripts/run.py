@@ -32,8 +32,9 @@ from pathlib import Path
 
 import docker
 import registry
+from devices import device_requests, engine_has_gpus, rdma_passthrough
 from docker.errors import APIError, ImageNotFound
-from docker.types import DeviceRequest, Ulimit
+from docker.types import Ulimit
 from driver import auto_entry
 from engine import connect
 from errors import UserError, exit_missing_package, exit_on_user_error
@@ -214,11 +215,6 @@ def volumes(args: argparse.Namespace) -> dict[str, dict[str, str]]:
 # --- image and GPUs ------------------------------------------------------------------------------
 
 
-def engine_has_gpus(client: docker.DockerClient) -> bool:
-    """The engine can hand GPUs to containers: the NVIDIA runtime (Container Toolkit) is registered."""
-    return "nvidia" in (client.info().get("Runtimes") or {})
-
-
 def choose_image_and_gpus(args: argparse.Namespace, client: docker.DockerClient) -> tuple[str, str]:
     gpus = args.gpus
     if gpus == "auto":
@@ -278,12 +274,6 @@ def ensure_image(client: docker.DockerClient, image: str, build_if_missing: bool
         ) from None
 
 
-def device_requests(gpus: str) -> list[DeviceRequest]:
-    if gpus == "none":
-        return []
-    return [DeviceRequest(count=-1 if gpus == "all" else int(gpus), capabilities=[["gpu"]])]
-
-
 # --- running -------------------------------------------------------------------------------------
 
 
@@ -301,6 +291,7 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
             ipc_mode="host",
             ulimits=ulimits,
             device_requests=device_requests(spec.gpus),
+            **rdma_passthrough(),
         )
         created = api.create_container(
             spec.image,

@@ -172,3 +172,18 @@ def test_elastic_job(tmp_path: Path, schema: dict) -> None:
         done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--image", "x",
                                "--output-pvc", "o", *bad], capture_output=True, text=True)  # fmt: skip
         assert done.returncode == 2 and "--elastic" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rdma_resource_is_requested_with_ipc_lock(tmp_path, schema) -> None:
+    job = manifest(tmp_path, "--nodes", "2", "--gpus-per-node", "8", "--rdma-resource", "rdma/ib=1")
+    validate(schema, job)
+    for pod in pods(job).values():
+        container = pod["containers"][0]
+        assert container["resources"]["limits"]["rdma/ib"] == 1
+        assert container["resources"]["requests"]["rdma/ib"] == 1
+        assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+def test_without_rdma_no_capability_is_added(tmp_path, schema) -> None:
+    job = manifest(tmp_path, "--nodes", "2", "--gpus-per-node", "8")
+    assert all("securityContext" not in pod["containers"][0] for pod in pods(job).values())

@@ -92,3 +92,9 @@ def test_cpu_layer_drops_gpus_and_uses_the_cpu_image(tmp_path):
         assert service["image"] == "trainkit:latest-cpu"
         assert service["build"]["args"]["FLAVOR"] == "cpu"
     assert config["services"]["train"]["ulimits"]["memlock"] == -1
+
+
+def test_infiniband_override_adds_the_devices_and_ipc_lock(tmp_path: Path) -> None:
+    train = resolved(tmp_path, "docker-compose.yml", "docker-compose.ib.yml")["services"]["train"]
+    assert [d["source"] for d in train["devices"]] == ["/dev/infiniband"]
+    assert train["cap_add"] == ["IPC_LOCK"]
