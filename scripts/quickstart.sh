@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TRAINKIT_HOST_VENV:-.venv-host}
-if ! "$VENV/bin/python" -c 'import docker, rich, pydantic_settings' 2>/dev/null; then
+if ! "$VENV/bin/python" -c 'import docker, rich, pydantic_settings, dotenv, hostlist' 2>/dev/null; then
   echo "== preparing the host tools in $VENV (docker SDK, rich; no torch)"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q -e '.[host]'
