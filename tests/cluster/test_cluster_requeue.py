@@ -53,7 +53,7 @@ def wait_for(condition, timeout_s: float, what: str, log: Path) -> None:
 def test_time_limited_job_checkpoints_requeues_and_resumes(tmp_path: Path, local_slurm: LocalSlurm) -> None:
     env_file = tmp_path / ".env"
     env_file.write_text(
-        "TRAIN_MODEL=tiny\nTRAIN_SEQ_LEN=32\nTRAIN_BATCH_SIZE=2\nTRAIN_NUM_WORKERS=0\nTRAIN_MAX_STEPS=1000000\n"
+        "TRAIN_MODEL=tiny\nTRAIN_SEQ_LEN=32\nTRAIN_BATCH_SIZE=2\nTRAIN_MAX_STEPS=1000000\n"
         f"TRAIN_SAVE_STEPS=1000000\nTRAIN_LOG_STEPS=1\nHF_TOKEN={SECRET}\n"
     )
     script = tmp_path / "job.sbatch"

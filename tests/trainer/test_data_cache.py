@@ -113,7 +113,7 @@ def test_waiting_longer_than_the_timeout_is_a_clear_error(tmp_path: Path) -> Non
 def test_two_torchrun_processes_share_one_prepared_cache(tmp_path: Path) -> None:
     tokens = write_corpus(tmp_path / "corpus.jsonl", 20)
     env = env_for(tmp_path, tmp_path / "corpus.jsonl", TRAIN_NPROC_PER_NODE="2", TRAIN_MAX_STEPS="2",
-                  TRAIN_BATCH_SIZE="2", TRAIN_NUM_WORKERS="0", TRAIN_LOG_STEPS="1", TRAIN_MAX_RESTARTS="0")  # fmt: skip
+                  TRAIN_BATCH_SIZE="2", TRAIN_LOG_STEPS="1", TRAIN_MAX_RESTARTS="0")  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "trainer.launch", "train"], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=600, check=False)  # fmt: skip
     output = proc.stdout + proc.stderr
@@ -129,7 +129,7 @@ def test_two_torchrun_processes_share_one_prepared_cache(tmp_path: Path) -> None
 
 def test_sigterm_during_preparation_stops_the_run_cleanly(tmp_path: Path) -> None:
     write_corpus(tmp_path / "corpus.jsonl", 150)
-    env = env_for(tmp_path, tmp_path / "corpus.jsonl", TRAIN_MAX_STEPS="1", TRAIN_NUM_WORKERS="0")
+    env = env_for(tmp_path, tmp_path / "corpus.jsonl", TRAIN_MAX_STEPS="1")
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "train"], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     deadline = time.monotonic() + 300

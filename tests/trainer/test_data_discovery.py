@@ -106,7 +106,6 @@ def test_one_run_scans_the_data_once(tmp_path: Path, command: list[str]) -> None
         "TRAIN_SEQ_LEN": "32",
         "TRAIN_BATCH_SIZE": "2",
         "TRAIN_MAX_STEPS": "1",
-        "TRAIN_NUM_WORKERS": "0",
     }
     assert _count_scans(command, env) == {"scans": 1, "code": 0}
 
