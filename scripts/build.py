@@ -37,6 +37,7 @@ from matrix import (
     dockerfile_defaults,
     load,
     qualify,
+    trainer_pins,
 )  # fmt: skip
 from standin_base import has_standin, load_standin, standin_tag
 
@@ -174,6 +175,7 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     """The Dockerfile build args for `plan`."""
     build_args = dockerfile_defaults(matrix)
     build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items() if pkg in plan.pins})
+    build_args["TRAINER_PINS"] = trainer_pins(plan.pins)
     build_args.update(matrix.entry(plan.cuda).skip_args if plan.cuda else {})
     build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
     if plan.cuda:

@@ -31,6 +31,8 @@ PIN_ARGS = {  # package -> Dockerfile ARG carrying its pinned version
     "flash-attn": "FLASH_ATTN_VERSION",
     "dumb-init": "DUMB_INIT_VERSION",
 }
+# Every pin of a row goes into the build as one more ARG, TRAINER_PINS ("name==version ..."): the trainer's own
+# requirements (pyproject.toml) are installed at these versions, and the build refuses one without a pin.
 SKIP_ARGS = {  # package a row may skip -> Dockerfile ARG carrying the reason (the build records it as the claim)
     "flash-attn": "FLASH_ATTN_SKIP",
 }
@@ -236,9 +238,15 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     entry = matrix.entry(matrix.default_cuda)
     args = {"BASE_IMAGE": entry.base_image, "TORCH_CUDA_ARCH_LIST": entry.arch_list}
     args.update({arg: entry.packages.get(pkg, matrix.packages[pkg]) for pkg, arg in PIN_ARGS.items()})
+    args["TRAINER_PINS"] = trainer_pins(entry.packages)
     args["APEX_REF"] = matrix.apex["ref"]
     args["FLASH_ATTN_WHEEL_URL"] = matrix.flash_attn_wheel_url
     return args
+
+
+def trainer_pins(pins: dict[str, str]) -> str:
+    """The TRAINER_PINS build arg: every pin of a row as `name==version` words."""
+    return " ".join(f"{name}=={version}" for name, version in sorted(pins.items()))
 
 
 def compose_defaults(matrix: Matrix | None = None) -> dict[str, str]:

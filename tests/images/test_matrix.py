@@ -237,3 +237,35 @@ def test_no_gpu_claims_outside_the_generated_table() -> None:
                 if "#" in line]  # fmt: skip
     for generation in CC:
         assert not [c for c in comments if generation in c], generation
+
+
+def trainer_requirements(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "images" / "trainer_requirements.py"), *args],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize("cuda", CUDAS)
+def test_every_trainer_requirement_is_held_to_the_rows_pin(cuda: str) -> None:
+    """What the image build installs for the trainer: each pyproject requirement with `==` the row's pin."""
+    pins = matrix.load().entries[cuda].packages
+    proc = trainer_requirements(str(ROOT / "pyproject.toml"), matrix.trainer_pins(pins))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split()
+    assert "torch" not in " ".join(lines)  # the base owns torch
+    for line in lines:
+        name = re.split(r"[<>=!~\[,]", line, maxsplit=1)[0]
+        assert f"=={pins[name]}" in line, (cuda, line)
+
+
+def test_a_requirement_without_a_pin_fails_naming_it() -> None:
+    proc = trainer_requirements(str(ROOT / "pyproject.toml"), "pydantic==2.14.3")
+    assert proc.returncode == 1
+    assert "no pin for pydantic-settings" in proc.stderr and "images/versions.toml" in proc.stderr
+
+
+def test_the_numpy_1_rows_pin_a_pyarrow_built_for_numpy_1() -> None:
+    """pyarrow 22+ and pandas 3 refuse NumPy 1.x at import (the 12.1 stand-in's verify caught pyarrow 26)."""
+    entries = matrix.load().entries
+    for cuda in ("12.1", "12.4", "12.6"):
+        assert int(entries[cuda].packages["pyarrow"].split(".")[0]) < 22
+        assert int(entries[cuda].packages["pandas"].split(".")[0]) < 3
