@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine import torch_version_in
 from errors import UserError, exit_on_user_error, key_values
 from matrix import (
     NGC_REPOSITORY,
@@ -235,7 +234,7 @@ def git_revision() -> str:
 
 
 def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
-    plan.torch = torch_version_in(plan.base_image)  # what the image reports (guard-torch keeps the base's)
+    """The image's labels; `plan.torch` is what the base reports (read by the builder before it calls this)."""
     out = {
         "org.opencontainers.image.title": "trainkit",
         "org.opencontainers.image.description": f"trainkit training image ({plan.flavor})"

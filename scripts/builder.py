@@ -15,7 +15,7 @@ import docker
 import registry
 from buildkit import BuildFailed, BuildSpec, run_build
 from cpu_base import ensure_cpu_base, image_exists
-from engine import connect
+from engine import connect, torch_version_in
 from errors import UserError
 from matrix import ROOT, Matrix
 from rich.console import Console
@@ -109,6 +109,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         with Progress(f"making the stand-in base for CUDA {plan.cuda}", args.verbose) as progress:
             ensure_standin_base(client, matrix, matrix.entry(plan.cuda), ca, progress.line, rebuild=args.rebuild_base)
     base = base_reference(client, plan.base_image)
+    plan.torch = torch_version_in(plan.base_image)  # what the image will report: guard-torch keeps the base's
     t_base = time.monotonic() - t0
     spec = BuildSpec(
         context=ROOT, dockerfile=ROOT / "Dockerfile", tags=plan.tags, args=plan.build_args,

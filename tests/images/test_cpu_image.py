@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from image_runs import train_tiny_in
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,20 +91,8 @@ def test_runs_as_an_arbitrary_uid_with_writable_caches(cpu_image: str, docker_cl
     assert config["Cmd"] == ["train"]
 
 
-def test_image_trains_the_tiny_preset(cpu_image: str, docker_client, tmp_path: Path) -> None:
-    out_dir = tmp_path / "output"
-    out_dir.mkdir(mode=0o777)
-    out_dir.chmod(0o777)
-    env = {"TRAIN_MODEL": "tiny", "TRAIN_MAX_STEPS": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_LOG_STEPS": "1"}
-    proc = subprocess.run(
-        ["docker", "run", "--rm", *(f"-e{k}={v}" for k, v in env.items()), "-v", f"{out_dir}:/output",
-         cpu_image, "python", "-m", "trainer"],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (out_dir / "final").is_dir()
-    steps = [json.loads(line)["step"] for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1] == 2
+def test_image_trains_the_tiny_preset(cpu_image: str, tmp_path: Path) -> None:
+    assert train_tiny_in(cpu_image, tmp_path / "output", "python", "-m", "trainer")[-1] == 2
 
 
 def test_no_ca_or_secret_in_history_or_filesystem(cpu_image: str, docker_client) -> None:

@@ -177,16 +177,13 @@ def test_torch_strings_carry_ngcs_suffix(cuda: str) -> None:
 
 
 @pytest.mark.docker
-def test_labels_carry_the_torch_the_image_reports(cpu_image: str) -> None:
-    import build
-
-    plan = build.Plan("cpu", None, None, cpu_image, "what versions.toml expects", "3.11", "", {}, [cpu_image])
-    labels = build.labels(plan, matrix.load(), "sha256:0")
+def test_labels_carry_the_torch_the_image_reports(cpu_image: str, docker_client) -> None:
+    """The built image's label (build.py reads torch inside the base, before labelling) is what torch reports."""
     probe = "import torch; print(torch.__version__)"
     argv = ["docker", "run", "--rm", "--entrypoint", "python", cpu_image, "-c", probe]
-    inside = subprocess.run(argv, capture_output=True, text=True, check=True)
-    assert labels["org.trainkit.torch"] == inside.stdout.strip() == plan.torch
-    assert inside.stdout.strip().endswith("+cpu")
+    inside = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    assert docker_client.images.get(cpu_image).labels["org.trainkit.torch"] == inside
+    assert inside.endswith("+cpu")
 
 
 # -- issue 12 defect 7: which GPUs a row covers follows from its arch list -------------------------------------

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
+from image_runs import train_tiny_in
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -52,16 +52,4 @@ def test_verify_refuses_an_arch_without_machine_code(standin_default: str) -> No
 
 
 def test_12_8_stand_in_trains_the_tiny_preset_on_cpu(standin_default: str, tmp_path: Path) -> None:
-    out_dir = tmp_path / "output"
-    out_dir.mkdir(mode=0o777)
-    out_dir.chmod(0o777)
-    env = {"TRAIN_MODEL": "tiny", "TRAIN_MAX_STEPS": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_LOG_STEPS": "1"}
-    proc = subprocess.run(
-        ["docker", "run", "--rm", *(f"-e{k}={v}" for k, v in env.items()), "-v", f"{out_dir}:/output",
-         standin_default, "train"],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (out_dir / "final").is_dir()
-    steps = [json.loads(line)["step"] for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1] == 2
+    assert train_tiny_in(standin_default, tmp_path / "output", "train")[-1] == 2
