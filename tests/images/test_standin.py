@@ -83,8 +83,9 @@ def test_the_image_owns_its_constraints(standin_row: str, standin_image: str, do
     constraints = run_in(docker_client, standin_image, "echo $PIP_CONSTRAINT; cat $PIP_CONSTRAINT")
     lines = constraints.splitlines()
     assert lines[0] == "/etc/trainkit/constraints.txt"
-    torch = record(standin_row)["versions_inside"]["torch"]
-    assert f"torch=={torch}" in lines
+    # The distribution's version: PyPI's wheels say 2.1.2 where torch.__version__ says 2.1.2+cu121.
+    probe = "python -c 'import importlib.metadata as m; print(m.version(\"torch\"))'"
+    assert f"torch=={run_in(docker_client, standin_image, probe).strip()}" in lines
     assert any(line.startswith("nvidia-cudnn-cu12==") for line in lines)
     assert any(line.startswith("numpy==") for line in lines)
     assert not [line for line in lines if line.startswith(("pyarrow", "dill", "fsspec=="))]
