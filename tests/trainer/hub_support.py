@@ -50,3 +50,19 @@ def marker(checkpoint: Path) -> dict:
 
 def run_config(output: Path) -> dict:
     return json.loads((output / "run_config.json").read_text())
+
+
+def save_bpe_tokenizer(folder: Path) -> dict[str, bytes]:
+    """A real tokenizer (BPE, up to 400 tokens) trained on a few sentences, saved as a Hub repository holds it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    lines = [f"line {i}: the quick brown fox jumps over the lazy dog." for i in range(200)]
+    backend.train_from_iterator(lines, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer.save_pretrained(folder)
+    return folder_files(folder)
