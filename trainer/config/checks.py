@@ -11,6 +11,7 @@ from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
+from trainer.hub.ids import parse_dataset_id
 from trainer.hub.models import TOKENIZER_FILES, hub_ref, hub_sources
 from trainer.run.hardware import module_available
 
@@ -164,14 +165,21 @@ def _eval_problems(s: TrainSettings) -> list[str]:
             f"TRAIN_KEEP_BEST=1 keeps an evaluated checkpoint, so TRAIN_SAVE_STEPS={s.save_steps} must be a multiple "
             f"of TRAIN_EVAL_STEPS={s.eval_steps}; e.g. TRAIN_EVAL_STEPS=0 (evaluate at every save)"
         )
-    if s.eval_data:
+    if s.eval_data and not parse_dataset_id(s.eval_data):
         problems += eval_source_of(s).problems
     return problems
 
 
 def _hub_problems(s: TrainSettings) -> list[str]:
-    """Resolves (and downloads, unless HF_HUB_OFFLINE=1) the Hub IDs; run only when everything else is right."""
-    return list(hub_sources(s).problems)
+    """Resolves (and downloads, unless HF_HUB_OFFLINE=1) the Hub IDs; run only when everything else is right. A Hub
+    dataset's files are checked here, once fetched."""
+    found = hub_sources(s).problems_of
+    problems = [*found.get("model", ()), *found.get("tokenizer", ())]
+    if parse_dataset_id(s.data):
+        problems += source_of(s).problems
+    if parse_dataset_id(s.eval_data):
+        problems += eval_source_of(s).problems
+    return problems
 
 
 def _resume_problems(s: TrainSettings) -> list[str]:
@@ -234,6 +242,8 @@ def _readable(path: Path) -> bool:
 
 
 def _data_problems(s: TrainSettings) -> list[str]:
+    if parse_dataset_id(s.data):
+        return []  # a Hub dataset is scanned after it is fetched (_hub_problems)
     return list(source_of(s).problems)
 
 

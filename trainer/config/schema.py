@@ -63,8 +63,9 @@ class TrainSettings(BaseSettings):
         "/data",
         "paths",
         "Training data: a file, folder or glob of .txt, .jsonl/.json (also .gz/.zst/.bz2/.xz), .parquet, .arrow, "
-        ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder. Missing or "
-        "empty default: a small embedded corpus.",
+        ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder; or a Hub dataset "
+        "hf://datasets/org/name[@revision][/config-folder or file glob] (its data files are fetched into HF_HOME, "
+        "then read like a local folder: the train split). Missing or empty default: a small embedded corpus.",
     )
     output_dir: str = _f("/output", "paths", "Where checkpoints, the final model, metrics and logs go.")
     text_field: str = _f("text", "paths", "Field holding the text in .jsonl/.json/.parquet/.csv data.")

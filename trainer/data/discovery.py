@@ -74,9 +74,28 @@ def source_of(settings: Any) -> DataSource:
     """The scan of `settings.data`, made once per settings object and then passed along with it."""
     source = getattr(settings, _SOURCE_ATTR, None)
     if source is None or source.spec != settings.data:
-        source = discover(settings.data, settings.text_field, settings.data_max_bad_lines)
+        source = _hub_source(settings, "data", "train") or discover(
+            settings.data, settings.text_field, settings.data_max_bad_lines
+        )
         setattr(settings, _SOURCE_ATTR, source)
     return source
+
+
+def _hub_source(settings: Any, key: str, split: str) -> DataSource | None:
+    """The scan of a Hub dataset's snapshot (downloaded by trainer.hub on first use); None for local data."""
+    from trainer.hub.datasets import describe, local_data_spec
+    from trainer.hub.ids import parse_dataset_id
+    from trainer.hub.models import hub_sources
+
+    spec = getattr(settings, key)
+    if parse_dataset_id(spec) is None:
+        return None
+    sources = hub_sources(settings)
+    snap = getattr(sources, key)
+    if snap is None:
+        return DataSource(spec, problems=tuple(sources.problems_of.get(key, ())))
+    found = discover(local_data_spec(snap.path, snap.ref), settings.text_field, settings.data_max_bad_lines, split)
+    return dataclasses.replace(found, spec=spec, reason=f"{describe(snap)}: {found.reason}")
 
 
 def eval_source_of(settings: Any) -> DataSource:
@@ -84,7 +103,9 @@ def eval_source_of(settings: Any) -> DataSource:
     object; its problems name TRAIN_EVAL_DATA."""
     source = getattr(settings, _EVAL_SOURCE_ATTR, None)
     if source is None or source.spec != settings.eval_data:
-        source = discover(settings.eval_data, settings.text_field, settings.data_max_bad_lines, split="eval")
+        source = _hub_source(settings, "eval_data", "eval") or discover(
+            settings.eval_data, settings.text_field, settings.data_max_bad_lines, split="eval"
+        )
         renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
                         else p for p in source.problems)  # fmt: skip
         source = dataclasses.replace(source, problems=renamed)

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import ConfigError
+from trainer.hub.datasets import data_patterns, no_files_problem
 from trainer.hub.download import Snapshot, snapshot
-from trainer.hub.ids import HubRef, parse_model_id
+from trainer.hub.ids import HubRef, parse_dataset_id, parse_model_id
 
 log = logging.getLogger("trainer")
 
@@ -33,18 +34,27 @@ class HubSources:
 
     model: Snapshot | None = None
     tokenizer: Snapshot | None = None
+    data: Snapshot | None = None
+    eval_data: Snapshot | None = None
     pinned: dict[str, str] = field(default_factory=dict)  # key -> the checkpoint that pinned its commit
-    problems: list[str] = field(default_factory=list)
+    problems_of: dict[str, list[str]] = field(default_factory=dict)  # key -> what went wrong
+
+    @property
+    def problems(self) -> list[str]:
+        return [p for key in KEYS if key in self.problems_of for p in self.problems_of[key]]
 
     def snapshots(self) -> dict[str, Snapshot]:
         """{variable: snapshot} for every setting that named the Hub."""
-        found = {"TRAIN_MODEL": self.model, "TRAIN_TOKENIZER": self.tokenizer}
+        found = {f"TRAIN_{key.upper()}": getattr(self, key) for key in KEYS}
         return {name: snap for name, snap in found.items() if snap is not None}
 
     def record(self) -> dict[str, Any]:
         """The `hub` entry of run_config.json and of every checkpoint's marker."""
-        found = {"model": self.model, "tokenizer": self.tokenizer}
+        found = {key: getattr(self, key) for key in KEYS}
         return {key: snap.record() for key, snap in found.items() if snap is not None}
+
+
+KEYS = ("model", "tokenizer", "data", "eval_data")  # settings that may name the Hub
 
 
 def hub_ref(spec: str) -> HubRef | None:
@@ -75,19 +85,32 @@ def tokenizer_folder(settings: Any) -> str:
     return str(snap.path) if snap else settings.tokenizer
 
 
+def _ref_of(key: str, spec: str) -> HubRef | None:
+    return parse_dataset_id(spec) if key in ("data", "eval_data") else hub_ref(spec)
+
+
+def _allowed(key: str, ref: HubRef) -> tuple[str, ...] | None:
+    return {"tokenizer": TOKENIZER_PATTERNS, "data": data_patterns(ref), "eval_data": data_patterns(ref)}.get(key)
+
+
 def _resolve(settings: Any) -> HubSources:
     sources = HubSources()
     pins = _checkpoint_pins(settings)
-    for key, variable in (("model", "TRAIN_MODEL"), ("tokenizer", "TRAIN_TOKENIZER")):
-        ref = hub_ref(getattr(settings, key))
+    for key in KEYS:
+        variable = f"TRAIN_{key.upper()}"
+        ref = _ref_of(key, getattr(settings, key))
         if ref is None:
             continue
         pin = pins.get(key, {})
         revision = pin.get("sha") if pin.get("repo_id") == ref.repo_id else None
         try:
-            snap = snapshot(ref, variable, revision=revision, allow=TOKENIZER_PATTERNS if key == "tokenizer" else None)
+            snap = snapshot(ref, variable, revision=revision, allow=_allowed(key, ref))
         except ConfigError as exc:
-            sources.problems.extend(exc.problems)
+            sources.problems_of[key] = exc.problems
+            continue
+        empty = no_files_problem(variable, snap.path, ref, snap.sha) if key in ("data", "eval_data") else None
+        if empty:
+            sources.problems_of[key] = [empty]
             continue
         setattr(sources, key, snap)
         if revision:
