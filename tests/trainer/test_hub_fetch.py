@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hub_support import MODEL_ID, online, run_config, run_env
+from hub_support import MODEL_ID, TOKEN, online, run_config, run_env
 
 
 def test_fetch_fills_an_empty_cache_then_an_offline_run_trains(run_trainer, tmp_path: Path, hub) -> None:
     env = run_env(tmp_path, model=MODEL_ID)
     cache = Path(env["HF_HOME"]) / "hub"
     assert not cache.exists()
-    fetched = run_trainer(["fetch"], env=online(env, hub))
+    fetched = run_trainer(["fetch"], env={**online(env, hub), "HF_TOKEN": TOKEN})
     assert fetched.returncode == 0, fetched.stderr
+    assert TOKEN not in fetched.stdout + fetched.stderr
+    stored = [p for p in Path(env["HOME"]).rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+    assert stored == [], "HF_TOKEN is used, never stored"
     sha = hub.repo(MODEL_ID).refs["main"]
     assert f"fetched: TRAIN_MODEL={MODEL_ID}@main -> commit {sha}" in fetched.stdout
     assert f"cache: {cache}" in fetched.stdout and "HF_HUB_OFFLINE=1" in fetched.stdout

@@ -29,9 +29,14 @@ def test_hub_id_trains_offline_from_a_populated_cache(run_trainer, tmp_path: Pat
     assert (out / "final" / "model.safetensors").is_file()
 
 
-def test_offline_without_the_model_in_the_cache_exits_2_naming_it(run_trainer, tmp_path: Path) -> None:
-    result = run_trainer(["train"], env={**run_env(tmp_path, model=f"{MODEL_ID}@v1"), "HF_HUB_OFFLINE": "1"})
+def test_offline_without_the_model_in_the_cache_exits_2_naming_it(
+    run_trainer, tmp_path: Path, imported_modules
+) -> None:
+    env = {**run_env(tmp_path, model=f"{MODEL_ID}@v1"), "HF_HUB_OFFLINE": "1"}
+    result = run_trainer(["train"], env=env, python_args=["-X", "importtime"])
     assert result.returncode == 2, result.stderr
+    modules = imported_modules(result.stderr)
+    assert "huggingface_hub" in modules and "torch" not in modules, "the Hub is asked before torch is imported"
     assert f"TRAIN_MODEL={MODEL_ID}@v1" in result.stderr and "HF_HUB_OFFLINE=1" in result.stderr
     assert "python -m trainer fetch" in result.stderr and "Traceback" not in result.stderr
 
