@@ -1,4 +1,5 @@
-"""Tokenizers: the model folder's own one, or a byte-level tokenizer that needs no download.
+"""Tokenizers: TRAIN_TOKENIZER's (a folder or a Hub ID, trainer.hub), the model folder's own one, or a byte-level
+tokenizer that needs no download.
 
 The byte-level tokenizer maps each UTF-8 byte to the id of that byte (0-255) and adds three
 special tokens (bos, eos, pad). It is what the presets train with, and what a local model folder

@@ -27,6 +27,8 @@ def test_hub_id_trains_offline_from_a_populated_cache(run_trainer, tmp_path: Pat
     assert marker(out / "final")["hub"]["model"]["sha"] == sha
     assert f"snapshots/{sha}" in run_config(out)["decisions"]["model"]["value"]
     assert (out / "final" / "model.safetensors").is_file()
+    shown = run_trainer(["config"], env={**env, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    assert shown.returncode == 0 and f"{MODEL_ID} │ main     │ {sha}" in shown.stdout, shown.stdout[-3000:]
 
 
 def test_offline_without_the_model_in_the_cache_exits_2_naming_it(
