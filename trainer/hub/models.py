@@ -1,4 +1,5 @@
-"""TRAIN_MODEL and TRAIN_TOKENIZER given as Hub IDs: resolved once per settings object, into HF_HOME's cache.
+"""TRAIN_MODEL, TRAIN_TOKENIZER (org/name[@revision]) and TRAIN_DATA, TRAIN_EVAL_DATA (hf://datasets/...) given as
+Hub IDs: resolved once per settings object, into HF_HOME's cache.
 
 A run that resumes uses the commit its checkpoint recorded (the `hub` entry of the checkpoint's completion marker),
 even if the branch has moved since; a fresh run resolves the revision asked for. The result is what the checks
@@ -21,6 +22,7 @@ from trainer.hub.ids import HubRef, parse_dataset_id, parse_model_id
 log = logging.getLogger("trainer")
 
 _ATTR = "_trainkit_hub_sources"
+KEYS = ("model", "tokenizer", "data", "eval_data")  # the settings that may name the Hub
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # any one: a tokenizer
 TOKENIZER_PATTERNS = (
     "tokenizer*", "vocab*", "merges.txt", "special_tokens_map.json", "added_tokens.json", "*.model", "*.tiktoken",
@@ -30,7 +32,8 @@ TOKENIZER_PATTERNS = (
 
 @dataclass
 class HubSources:
-    """What TRAIN_MODEL and TRAIN_TOKENIZER resolved to on the Hub (None: not a Hub ID), and what went wrong."""
+    """What TRAIN_MODEL, TRAIN_TOKENIZER, TRAIN_DATA and TRAIN_EVAL_DATA resolved to on the Hub (None: not a Hub
+    ID), and what went wrong, per setting."""
 
     model: Snapshot | None = None
     tokenizer: Snapshot | None = None
@@ -54,9 +57,6 @@ class HubSources:
         return {key: snap.record() for key, snap in found.items() if snap is not None}
 
 
-KEYS = ("model", "tokenizer", "data", "eval_data")  # settings that may name the Hub
-
-
 def hub_ref(spec: str) -> HubRef | None:
     """The Hub reference in a TRAIN_MODEL/TRAIN_TOKENIZER value; None for presets, empty values and existing paths."""
     if not spec or Path(spec).exists():
@@ -65,7 +65,7 @@ def hub_ref(spec: str) -> HubRef | None:
 
 
 def hub_sources(settings: Any) -> HubSources:
-    """The resolution of settings.model and settings.tokenizer, made once per settings object (downloads here)."""
+    """The resolution of every Hub ID in the settings, made once per settings object (downloads happen here)."""
     found = getattr(settings, _ATTR, None)
     if found is None:
         found = _resolve(settings)
