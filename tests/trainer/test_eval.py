@@ -68,3 +68,22 @@ def test_eval_mistakes_exit_2(run_trainer, tmp_path: Path, train: dict, message:
     result = run_trainer(["train"], env=run_env(tmp_path, **train))
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_keep_best_survives_a_resume(run_trainer, tmp_path: Path) -> None:
+    """The best checkpoint is named by its published folder (never the staging one), so a resumed run still finds
+    it, keeps it out of rotation and makes it final/."""
+    env = run_env(tmp_path, eval_split=0.1, keep_best=1, max_steps=4, save_steps=2, save_total_limit=1, lr=0.01)
+    first = run_trainer(["train"], env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = tmp_path / "output"
+    best_before = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["best_model_checkpoint"]
+    assert Path(best_before).parent == out and Path(best_before).is_dir()
+    resumed = run_trainer(["train"], env={**env, "TRAIN_MAX_STEPS": "8"})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "continuing from" in resumed.stderr and "recorded in the resumed state does not" not in resumed.stderr
+    evals = _eval_lines(out)
+    assert [e["step"] for e in evals] == [2, 4, 6, 8]
+    best = out / f"checkpoint-{min(evals, key=lambda e: e['eval_loss'])['step']}"
+    assert best.is_dir()
+    assert_same_weights(out / "final", best)
