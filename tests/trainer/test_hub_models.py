@@ -93,3 +93,15 @@ def test_missing_model_and_refused_token_exit_2_saying_which(run_trainer, tmp_pa
     assert "unauthorized (401)" in refused.stderr and "HF_TOKEN is set" in refused.stderr
     assert expired not in refused.stderr
     assert all("Traceback" not in r.stderr for r in (missing, revision, refused))
+
+
+def test_two_workers_read_what_the_launcher_fetched(run_trainer, tmp_path: Path, hub) -> None:
+    """torchrun workers get HF_HUB_OFFLINE=1 once the launcher has fetched the node's copy: one Hub lookup per node,
+    the same commit on every rank."""
+    env = {**online(run_env(tmp_path, model=MODEL_ID), hub), "TRAIN_NPROC_PER_NODE": "2"}
+    result = run_trainer(["train"], env=env, module="trainer.launch", timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lookups = [r for r in hub.requests if r.startswith(f"GET /api/models/{MODEL_ID}/revision/")]
+    assert len(lookups) == 1, hub.requests
+    assert run_config(tmp_path / "output")["hub"]["model"]["sha"] == hub.repo(MODEL_ID).refs["main"]
+    assert run_config(tmp_path / "output")["environment"]["HF_HUB_OFFLINE"] == "1"
