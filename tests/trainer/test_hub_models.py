@@ -105,3 +105,17 @@ def test_two_workers_read_what_the_launcher_fetched(run_trainer, tmp_path: Path,
     assert len(lookups) == 1, hub.requests
     assert run_config(tmp_path / "output")["hub"]["model"]["sha"] == hub.repo(MODEL_ID).refs["main"]
     assert run_config(tmp_path / "output")["environment"]["HF_HUB_OFFLINE"] == "1"
+
+
+def test_credentials_in_hf_endpoint_are_masked(run_trainer, tmp_path: Path, hub) -> None:
+    """A mirror given with credentials (HF_ENDPOINT=http://user:password@host) is masked in messages and
+    run_config.json."""
+    endpoint = hub.url.replace("http://", "http://mirror-user:s3cretPassw0rd@")
+    env = {**online(run_env(tmp_path), hub), "HF_ENDPOINT": endpoint}
+    missing = run_trainer(["train"], env={**env, "TRAIN_MODEL": "org/no-such-model"})
+    assert missing.returncode == 2 and "not found on the Hub (http://***@127.0.0.1" in missing.stderr
+    trained = run_trainer(["train"], env={**env, "TRAIN_MODEL": MODEL_ID})
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "s3cretPassw0rd" not in missing.stderr + trained.stderr + trained.stdout
+    assert run_config(tmp_path / "output")["environment"]["HF_ENDPOINT"].startswith("http://***@127.0.0.1:")
+    assert not [p for p in (tmp_path / "output").rglob("*") if p.is_file() and b"s3cretPassw0rd" in p.read_bytes()]

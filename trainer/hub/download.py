@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trainer.errors import ConfigError
 from trainer.hub.ids import HubRef
+from trainer.secrets import mask_url_credentials
 
 # Weights in formats the trainer never loads (the original checkpoint of Llama repos, GGUF, ONNX, TF, Flax...).
 MODEL_IGNORE = (
@@ -75,14 +76,15 @@ def _explain(exc: Exception, ref: HubRef, variable: str, revision: str) -> str:
         RevisionNotFoundError,
     )
 
+    endpoint = mask_url_credentials(constants.ENDPOINT)
     name = f"{variable}={ref}"
-    page = f"{constants.ENDPOINT}/{'datasets/' if ref.repo_type == 'dataset' else ''}{ref.repo_id}"
+    page = f"{endpoint}/{'datasets/' if ref.repo_type == 'dataset' else ''}{ref.repo_id}"
     token = "HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "HF_TOKEN is not set"
     if isinstance(exc, GatedRepoError):
         return (f"{name}: gated repository: accept its conditions at {page} with your account, then pass a token of "
                 f"that account with read access in HF_TOKEN ({token})")  # fmt: skip
     if isinstance(exc, RepositoryNotFoundError):
-        return (f"{name}: not found on the Hub ({constants.ENDPOINT}) and no such local folder: check the spelling, "
+        return (f"{name}: not found on the Hub ({endpoint}) and no such local folder: check the spelling, "
                 f"or, for a private repository, pass a token that may read it in HF_TOKEN ({token})")  # fmt: skip
     if isinstance(exc, RevisionNotFoundError):
         return f"{name}: the repository has no revision {revision!r}; use a branch, tag or commit sha listed at {page}"
@@ -90,10 +92,11 @@ def _explain(exc: Exception, ref: HubRef, variable: str, revision: str) -> str:
         return _not_cached(name, revision, exc)
     if isinstance(exc, HfHubHTTPError) and exc.response is not None and exc.response.status_code in (401, 403):
         return (f"{name}: unauthorized ({exc.response.status_code}): the Hub refused HF_TOKEN (invalid, expired or "
-                f"without read access); create a read token at {constants.ENDPOINT}/settings/tokens "
+                f"without read access); create a read token at {endpoint}/settings/tokens "
                 f"({token})")  # fmt: skip
     if isinstance(exc, HfHubHTTPError):
-        return f"{name}: the Hub answered {exc.response.status_code if exc.response is not None else '?'}: {exc}"
+        status = exc.response.status_code if exc.response is not None else "?"
+        return f"{name}: the Hub answered {status}: {mask_url_credentials(str(exc))}"
     if isinstance(exc, OSError):
         return f"{name}: cannot write the cache {cache_dir()} ({exc}); make HF_HOME a writable folder"
     raise exc
