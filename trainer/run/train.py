@@ -207,6 +207,7 @@ def _run(cfg: Any, stop: Any) -> int:
     from trainer.data.cache import Stopped
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer
+    from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
     from trainer.tokenizer import tokenizer_for
@@ -220,11 +221,9 @@ def _run(cfg: Any, stop: Any) -> int:
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
+        dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return _interrupted(stop, None)
-    from trainer.run.evaluation import EvalMetricsCallback, split_datasets
-
-    dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
     resume = _resume_from(s, args)
