@@ -7,6 +7,7 @@
 #   train [ARGS...]   (default) python -m trainer.launch train: one process, or torchrun per GPU
 #   doctor [--json]   python -m trainer doctor: what this machine can do
 #   bench [ARGS...]   python -m trainer bench
+#   fetch [--json]    python -m trainer fetch: download the configured Hub model/tokenizer/data into /cache
 #   shell [ARGS...]   bash
 #   -ANYTHING ...     arguments for train
 #   CMD [ARGS...]     any other command, run as given (e.g. `python my_script.py`)
@@ -39,6 +40,7 @@ case "$cmd" in
     train) set -- python -m trainer.launch train "$@"; what="python -m trainer.launch train" ;;
     doctor) set -- python -m trainer doctor "$@"; what="python -m trainer doctor" ;;
     bench) set -- python -m trainer bench "$@"; what="python -m trainer bench" ;;
+    fetch) set -- python -m trainer fetch "$@"; what="python -m trainer fetch" ;;
     shell) set -- bash "$@"; what="bash" ;;
     *) set -- "$cmd" "$@"; what="$cmd" ;;
 esac

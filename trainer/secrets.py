@@ -17,6 +17,12 @@ NOT_SECRET = frozenset(
 )
 MASK = "***"
 _HF_TOKEN_RE = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
+_URL_CREDENTIALS_RE = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")  # https://user:password@host
+
+
+def mask_url_credentials(text: str) -> str:
+    """`https://user:password@mirror/...` -> `https://***@mirror/...` (HF_ENDPOINT, proxies, mirrors)."""
+    return _URL_CREDENTIALS_RE.sub(rf"\1{MASK}@", text)
 
 
 def is_secret_name(name: str) -> bool:
@@ -36,7 +42,7 @@ def mask_args(args: Sequence[str]) -> list[str]:
         elif secret_flag and "=" in arg:
             masked.append(arg.split("=", 1)[0] + "=" + MASK)
         else:
-            masked.append(_HF_TOKEN_RE.sub(MASK, arg))
+            masked.append(mask_url_credentials(_HF_TOKEN_RE.sub(MASK, arg)))
         hide_next = secret_flag and "=" not in arg
     return masked
 
@@ -55,5 +61,7 @@ def mask_secrets(data: Any, key: str = "") -> Any:
     if is_secret_name(key) and data not in (None, "", False):
         return MASK
     if isinstance(data, str):
-        return mask_args_text(data) if "--" in data or _HF_TOKEN_RE.search(data) else data
+        if "--" in data or _HF_TOKEN_RE.search(data):
+            return mask_args_text(data)
+        return mask_url_credentials(data)
     return data

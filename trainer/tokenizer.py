@@ -1,4 +1,5 @@
-"""Tokenizers: the model folder's own one, or a byte-level tokenizer that needs no download.
+"""Tokenizers: TRAIN_TOKENIZER's (a folder or a Hub ID, trainer.hub), the model folder's own one, or a byte-level
+tokenizer that needs no download.
 
 The byte-level tokenizer maps each UTF-8 byte to the id of that byte (0-255) and adds three
 special tokens (bos, eos, pad). It is what the presets train with, and what a local model folder
@@ -9,14 +10,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from trainer.hub.models import TOKENIZER_FILES
 
 log = logging.getLogger("trainer")
 
 BYTE_TOKENIZER_MARKER = "trainkit-byte-level"
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _byte_to_printable() -> dict[int, str]:
@@ -56,6 +59,13 @@ def is_byte_level(tok: PreTrainedTokenizerBase) -> bool:
 def has_tokenizer(folder: str | Path) -> bool:
     path = Path(folder)
     return path.is_dir() and any((path / name).exists() for name in TOKENIZER_FILES)
+
+
+def tokenizer_for(settings: Any) -> PreTrainedTokenizerBase:
+    """TRAIN_TOKENIZER's tokenizer when it is set, else TRAIN_MODEL's own (or the byte-level one)."""
+    from trainer.hub.models import model_folder, tokenizer_folder
+
+    return load_tokenizer(tokenizer_folder(settings) or model_folder(settings))
 
 
 def load_tokenizer(model: str) -> PreTrainedTokenizerBase:

@@ -60,6 +60,9 @@ def test_the_secret_rule_and_its_exceptions() -> None:
     assert mask_args(["--hub_token", "abc", "--lr", "1", "--hub-token=xyz", "hf_abcdefgh1234"]) == [
         "--hub_token", "***", "--lr", "1", "--hub-token=***", "***"
     ]  # fmt: skip
+    mirror = {"HF_ENDPOINT": "https://user:pa55@mirror.example/hf", "TRAIN_DATA": "hf://datasets/org/name@v1/en"}
+    assert mask_secrets(mirror) == {"HF_ENDPOINT": "https://***@mirror.example/hf", "TRAIN_DATA": mirror["TRAIN_DATA"]}
+    assert mask_args(["--endpoint", "http://u:p@h/x"]) == ["--endpoint", "http://***@h/x"]
 
 
 def test_run_py_shows_values_that_merely_contain_a_secret_word() -> None:

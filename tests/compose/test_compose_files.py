@@ -98,3 +98,12 @@ def test_infiniband_override_adds_the_devices_and_ipc_lock(tmp_path: Path) -> No
     train = resolved(tmp_path, "docker-compose.yml", "docker-compose.ib.yml")["services"]["train"]
     assert [d["source"] for d in train["devices"]] == ["/dev/infiniband"]
     assert train["cap_add"] == ["IPC_LOCK"]
+
+
+def test_fetch_service_fills_the_cache_volume_without_gpus(tmp_path):
+    for files in (("docker-compose.yml",), ("docker-compose.yml", "docker-compose.cpu.yml")):
+        fetch = resolved(tmp_path, *files)["services"]["fetch"]
+        assert fetch["command"] == ["fetch"] and fetch["profiles"] == ["fetch"]
+        assert "deploy" not in fetch or not fetch["deploy"].get("resources"), "fetch needs no GPU"
+        assert any(v.get("target") == "/cache" and v.get("type") == "volume" for v in fetch["volumes"])
+        assert "HF_TOKEN" in fetch["environment"] and fetch["environment"]["HF_TOKEN"] is None

@@ -175,3 +175,17 @@ def test_build_if_missing_runs_the_build(tmp_path, cpu_image):
     Asking for a tag that build doesn't make proves the build ran and that its result is checked."""
     result = run_py("--image", "trainkit:0.0.0-cpu", "--build-if-missing", "train", cwd=tmp_path, timeout=1800)
     assert_user_error(result, "running `python scripts/build.py --cpu`", "made no trainkit:0.0.0-cpu")
+
+
+@pytest.mark.docker
+def test_fetch_runs_in_the_image(run_project, cpu_image, engine_memlock):
+    """`run.py fetch` reaches `python -m trainer fetch` through the entrypoint: with presets there is nothing to
+    download; offline, a Hub model missing from the cache volume is exit 2 naming it and the fix."""
+    result = run_py(*base_args(cpu_image, engine_memlock), "fetch", cwd=run_project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "nothing to fetch" in result.stdout + result.stderr
+    offline = ["-e", "TRAIN_MODEL=org/not-fetched", "-e", "HF_HUB_OFFLINE=1"]
+    result = run_py(*base_args(cpu_image, engine_memlock), *offline, "fetch", cwd=run_project)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert "TRAIN_MODEL=org/not-fetched: revision 'main' is not in the cache /cache/huggingface/hub" in output

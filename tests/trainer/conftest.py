@@ -15,11 +15,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hub_server import HubServer
+from hub_support import GATED_ID, MODEL_ID, TOKEN, save_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -137,3 +139,30 @@ def text_file(tmp_path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200)))
     return path
+
+
+# ---- the stand-in Hugging Face Hub (tests/trainer/hub_server.py, hub_support.py) ----
+
+
+@pytest.fixture(scope="session")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_files_v2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """Other weights: a later commit on the same branch."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model-v2"), seed=1)
+
+
+@pytest.fixture
+def hub(tiny_files: dict[str, bytes]) -> Iterator[HubServer]:
+    """The stand-in Hub with MODEL_ID (open) and GATED_ID (readable with TOKEN only)."""
+    server = HubServer().start()
+    server.repo(MODEL_ID).commit(tiny_files)
+    gated = server.repo(GATED_ID)
+    gated.commit(tiny_files)
+    gated.gated_token = TOKEN
+    gated.refused_tokens = ("hf_expiredTokenThatTheHubRefuses1",)
+    yield server
+    server.stop()

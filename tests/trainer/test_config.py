@@ -39,6 +39,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "nvme").mkdir()
     (root / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_batch_size": "auto"}))
     (root / "home").mkdir()
+    from trainer.tokenizer import byte_level_tokenizer
+
+    byte_level_tokenizer().save_pretrained(root / "tokenizer")
     return root
 
 
@@ -109,6 +112,15 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_ZERO_OFFLOAD": "cpu",
         },
         "fsdp": {"TRAIN_DATA": data, "TRAIN_FSDP": "shard_grad_op", "TRAIN_GRAD_CKPT": "1"},
+        "eval": {
+            "TRAIN_DATA": data,
+            "TRAIN_EVAL_DATA": data,
+            "TRAIN_EVAL_STEPS": "3",
+            "TRAIN_SAVE_STEPS": "6",
+            "TRAIN_KEEP_BEST": "1",
+            "TRAIN_TOKENIZER": str(root / "tokenizer"),
+        },
+        "eval-split": {"TRAIN_DATA": data, "TRAIN_EVAL_SPLIT": "0.05"},
     }
     return {**_base(root, name), **envs[name]}
 
@@ -127,6 +139,26 @@ def scenario(workdir: Path, config_json) -> Callable[[str], dict[str, Any]]:
 
 # (variable, scenario, check(resolved config json) -> bool)
 MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
+    ("TRAIN_TOKENIZER", "eval", lambda c: c["settings"]["TRAIN_TOKENIZER"]["value"].endswith("tokenizer")),
+    (
+        "TRAIN_EVAL_DATA",
+        "eval",
+        lambda c: c["training_arguments"]["eval_strategy"] == "steps"
+        and c["training_arguments"]["prediction_loss_only"] is True,
+    ),
+    ("TRAIN_EVAL_STEPS", "eval", lambda c: c["training_arguments"]["eval_steps"] == 3),
+    (
+        "TRAIN_KEEP_BEST",
+        "eval",
+        lambda c: c["training_arguments"]["load_best_model_at_end"] is True
+        and c["training_arguments"]["metric_for_best_model"] == "eval_loss"
+        and c["training_arguments"]["greater_is_better"] is False,
+    ),
+    (
+        "TRAIN_EVAL_SPLIT",
+        "eval-split",
+        lambda c: c["training_arguments"]["eval_strategy"] == "steps" and c["training_arguments"]["eval_steps"] == 200,
+    ),
     ("TRAIN_MODEL", "full", lambda c: c["decisions"]["model"]["value"] == "125m"),
     ("TRAIN_DATA", "full", lambda c: c["decisions"]["data"]["value"].endswith("corpus.txt")),
     ("TRAIN_OUTPUT_DIR", "full", lambda c: c["training_arguments"]["output_dir"].endswith("out-full")),

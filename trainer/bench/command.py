@@ -24,6 +24,7 @@ from trainer.bench.runner import RunPlan
 from trainer.bench.session import Bench, Context, recommended_env
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError, exit_code_for_signal, signal_of_exit_code
+from trainer.hub.models import hub_ref
 
 # ---- command line ---------------------------------------------------------------------------------
 
@@ -175,7 +176,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     settings = load_settings()
     work_dir = bench_dir_for(settings.output_dir)
     info = machine()
-    ctx = Context(settings.model, Path(settings.model).is_dir(), settings.seq_len, settings.batch_size,
+    pretrained = Path(settings.model).is_dir() or hub_ref(settings.model) is not None  # a folder or a Hub ID
+    ctx = Context(settings.model, pretrained, settings.seq_len, settings.batch_size,
                   info["on_gpu"], args.max_batch)
     plan = RunPlan(args.warmup, args.steps, float(args.row_timeout), work_dir)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

@@ -9,8 +9,10 @@ from pathlib import Path
 from trainer import compat
 from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
-from trainer.data.discovery import source_of
+from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
+from trainer.hub.ids import parse_dataset_id
+from trainer.hub.models import TOKENIZER_FILES, hub_ref, hub_sources
 from trainer.run.hardware import module_available
 
 
@@ -123,19 +125,61 @@ def _train_args_problems(s: TrainSettings) -> list[str]:
 
 
 def _model_problems(s: TrainSettings) -> list[str]:
-    if s.model in MODEL_PRESETS:
+    if s.model in MODEL_PRESETS or hub_ref(s.model) is not None:
         return []
     folder = Path(s.model)
     if not folder.exists():
         return [
-            f"TRAIN_MODEL={s.model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) nor an existing folder; "
-            "mount the model (e.g. -v /path/to/model:/models/name:ro) or use a preset"
+            f"TRAIN_MODEL={s.model!r} is neither a preset ({', '.join(MODEL_PRESETS)}), an existing folder nor a "
+            "Hub ID (org/name[@revision]); mount the model (e.g. -v /path/to/model:/models/name:ro), name it by "
+            "Hub ID, or use a preset"
         ]
     if not (folder / "config.json").is_file():
         return [f"TRAIN_MODEL={s.model}: the folder has no config.json; point it at a Hugging Face model folder"]
     if not _readable(folder / "config.json"):
         return [f"TRAIN_MODEL={s.model}: cannot read config.json; check the file's permissions"]
     return []
+
+
+def _tokenizer_problems(s: TrainSettings) -> list[str]:
+    if not s.tokenizer or hub_ref(s.tokenizer) is not None:
+        return []
+    folder = Path(s.tokenizer)
+    if not folder.is_dir():
+        return [f"TRAIN_TOKENIZER={s.tokenizer!r} is neither an existing folder nor a Hub ID (org/name[@revision])"]
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return [f"TRAIN_TOKENIZER={s.tokenizer}: the folder has none of {', '.join(TOKENIZER_FILES)}"]
+    return []
+
+
+def _eval_problems(s: TrainSettings) -> list[str]:
+    has_eval = bool(s.eval_data) or s.eval_split > 0
+    problems = []
+    if s.eval_data and s.eval_split > 0:
+        problems.append(f"TRAIN_EVAL_DATA and TRAIN_EVAL_SPLIT={s.eval_split} both choose evaluation data; set one")
+    if not has_eval and (s.eval_steps or s.keep_best):
+        what = "TRAIN_KEEP_BEST=1" if s.keep_best else f"TRAIN_EVAL_STEPS={s.eval_steps}"
+        problems.append(f"{what} needs evaluation data: set TRAIN_EVAL_DATA or TRAIN_EVAL_SPLIT (e.g. 0.05)")
+    if s.keep_best and s.eval_steps and s.save_steps % s.eval_steps:
+        problems.append(
+            f"TRAIN_KEEP_BEST=1 keeps an evaluated checkpoint, so TRAIN_SAVE_STEPS={s.save_steps} must be a multiple "
+            f"of TRAIN_EVAL_STEPS={s.eval_steps}; e.g. TRAIN_EVAL_STEPS=0 (evaluate at every save)"
+        )
+    if s.eval_data and not parse_dataset_id(s.eval_data):
+        problems += eval_source_of(s).problems
+    return problems
+
+
+def _hub_problems(s: TrainSettings) -> list[str]:
+    """Resolves (and downloads, unless HF_HUB_OFFLINE=1) the Hub IDs; run only when everything else is right. A Hub
+    dataset's files are checked here, once fetched."""
+    found = hub_sources(s).problems_of
+    problems = [*found.get("model", ()), *found.get("tokenizer", ())]
+    if parse_dataset_id(s.data):
+        problems += source_of(s).problems
+    if parse_dataset_id(s.eval_data):
+        problems += eval_source_of(s).problems
+    return problems
 
 
 def _resume_problems(s: TrainSettings) -> list[str]:
@@ -198,6 +242,8 @@ def _readable(path: Path) -> bool:
 
 
 def _data_problems(s: TrainSettings) -> list[str]:
+    if parse_dataset_id(s.data):
+        return []  # a Hub dataset is scanned after it is fetched (_hub_problems)
     return list(source_of(s).problems)
 
 
@@ -209,13 +255,16 @@ STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
     _deepspeed_config_problems,
     _train_args_problems,
     _model_problems,
+    _tokenizer_problems,
     _resume_problems,
     _nvme_problems,
     _output_problems,
     _data_problems,
+    _eval_problems,
 )
 
 
 def static_problems(settings: TrainSettings) -> list[str]:
-    """Every problem that can be found without torch, in a stable order."""
-    return [problem for check in STATIC_CHECKS for problem in check(settings)]
+    """Every problem that can be found without torch, in a stable order; the Hub is asked only when there is none."""
+    problems = [problem for check in STATIC_CHECKS for problem in check(settings)]
+    return problems or _hub_problems(settings)

@@ -49,7 +49,8 @@ def _text(value: object) -> str:
 
 
 def print_config(data: dict) -> None:
-    """The resolved configuration as rich tables: settings (with their source), decisions, Transformers, DeepSpeed."""
+    """The resolved configuration as rich tables: settings (with their source), decisions, the Hub commits,
+    Transformers, DeepSpeed."""
     from rich.console import Console
 
     console = Console()
@@ -57,6 +58,9 @@ def print_config(data: dict) -> None:
     console.print(_table("Settings (TRAIN_*)", ("variable", "value", "source"), settings))
     decisions = [(name, _text(d["value"]), d["reason"]) for name, d in data["decisions"].items()]
     console.print(_table("Decisions", ("what", "value", "why"), decisions))
+    if data.get("hub"):
+        hub = [(key, e["repo_id"], e["revision"], e["sha"]) for key, e in data["hub"].items()]
+        console.print(_table("Hugging Face Hub (HF_HOME cache)", ("what", "repository", "revision", "commit"), hub))
     arguments = [(k, _text(v)) for k, v in data["training_arguments"].items() if k != "deepspeed"]
     console.print(_table("TrainingArguments", ("argument", "value"), arguments))
     if data["deepspeed"]:

@@ -17,6 +17,7 @@ from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
+from trainer.hub.models import hub_sources, model_folder
 from trainer.launch.gpus import NprocError, processes_per_node
 from trainer.run.hardware import module_available
 
@@ -224,7 +225,7 @@ def decide_deepspeed(s: TrainSettings, precision: str) -> tuple[dict[str, Any] |
         )
     if s.zero_stage == 0:
         return None, _decide(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
-    largest = deepspeed.largest_tensor_elements(s.model) if s.zero_offload == "nvme" else 0
+    largest = deepspeed.largest_tensor_elements(model_folder(s)) if s.zero_offload == "nvme" else 0
     ds = deepspeed.generate(s.zero_stage, s.zero_offload, s.nvme_path, precision, largest)
     return ds, _decide(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")
 
@@ -257,6 +258,17 @@ def _resume_reason(resume: str) -> str:
     }.get(resume, "resume from this checkpoint")
 
 
+def decide_model(s: TrainSettings, preset: bool) -> Decision[str]:
+    """The folder (or preset name) the run loads: a Hub ID's value is its snapshot in HF_HOME's cache."""
+    sources = hub_sources(s)
+    snap = sources.model
+    if snap is None:
+        return _decide(s.model, "preset, trained from scratch" if preset else "local folder, loaded offline")
+    pinned = sources.pinned.get("model")
+    how = f"pinned by {pinned} (resume)" if pinned else f"revision {snap.ref.wanted_revision!r}"
+    return _decide(str(snap.path), f"Hub model {snap.ref.repo_id}, {how}: commit {snap.sha}, in the HF_HOME cache")
+
+
 def _fsdp_reason(s: TrainSettings) -> str:
     if s.fsdp == "none":
         return "TRAIN_FSDP=none"
@@ -279,7 +291,7 @@ def decide_all(
     alloc_value, alloc_decision = alloc_conf_decision(environ)
     parts: dict[str, Decision] = {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
-        "model": _decide(s.model, "preset, trained from scratch" if preset else "local folder, loaded offline"),
+        "model": decide_model(s, preset),
         "precision": precision,
         "tf32": decide(decide_tf32, s, hw, fallback=_decide(False, "refused")),
         "deepspeed": deepspeed_decision,

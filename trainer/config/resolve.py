@@ -11,6 +11,7 @@ from trainer.config.decisions import ALLOC_CONF, ALLOC_CONF_DEFAULT, decide_all
 from trainer.config.run_config import RunConfig
 from trainer.config.schema import TrainSettings
 from trainer.config.training_arguments import apply_user_arguments, derived_training_arguments
+from trainer.hub.models import hub_sources
 
 if TYPE_CHECKING:
     from trainer.run.hardware import Hardware
@@ -35,7 +36,8 @@ def resolve(
     derived = derived_training_arguments(settings, hw, decisions, ds)
     arguments, args_decision = apply_user_arguments(settings, derived, parse=import_heavy)
     decisions = dataclasses.replace(decisions, args=args_decision)
-    return RunConfig(settings, hw, decisions, arguments, ds, env={ALLOC_CONF: alloc_value})
+    hub = hub_sources(settings).record()
+    return RunConfig(settings, hw, decisions, arguments, ds, env={ALLOC_CONF: alloc_value}, hub=hub)
 
 
 def apply_process_defaults(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:

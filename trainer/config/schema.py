@@ -27,6 +27,7 @@ GROUPS = {
     "speed": "Speed: compile and attention",
     "adapters": "LoRA / QLoRA",
     "schedule": "Schedule, checkpoints and resume",
+    "eval": "Evaluation",
     "debug": "Profiling and reproducibility",
     "launch": "Launch",
 }
@@ -48,15 +49,23 @@ class TrainSettings(BaseSettings):
     model: str = _f(
         "tiny",
         "paths",
-        "A local Hugging Face model folder (loaded offline), or a preset for training from "
-        "scratch: tiny, 125m, 350m, 1b (Llama architecture).",
+        "A preset for training from scratch: tiny, 125m, 350m, 1b (Llama architecture); a local Hugging Face "
+        "model folder; or a Hub ID org/name[@revision], downloaded into HF_HOME (HF_TOKEN for gated and private "
+        "models; with HF_HUB_OFFLINE=1 only the cache is used). The resolved commit is recorded and kept on resume.",
+    )
+    tokenizer: str = _f(
+        "",
+        "paths",
+        "Tokenizer: a folder or Hub ID org/name[@revision] (only its tokenizer files are fetched). Empty: the model "
+        "folder's own tokenizer, else the byte-level one (presets).",
     )
     data: str = _f(
         "/data",
         "paths",
         "Training data: a file, folder or glob of .txt, .jsonl/.json (also .gz/.zst/.bz2/.xz), .parquet, .arrow, "
-        ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder. Missing or "
-        "empty default: a small embedded corpus.",
+        ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder; or a Hub dataset "
+        "hf://datasets/org/name[@revision][/config-folder or file glob] (its data files are fetched into HF_HOME, "
+        "then read like a local folder: the train split). Missing or empty default: a small embedded corpus.",
     )
     output_dir: str = _f("/output", "paths", "Where checkpoints, the final model, metrics and logs go.")
     text_field: str = _f("text", "paths", "Field holding the text in .jsonl/.json/.parquet/.csv data.")
@@ -146,6 +155,31 @@ class TrainSettings(BaseSettings):
         "they win over values trainkit derives.",
     )
 
+    # evaluation
+    eval_data: str = _f(
+        "",
+        "eval",
+        "Evaluation data, in any form TRAIN_DATA takes (a hub-style folder or Hub dataset gives its validation "
+        "split). Eval loss and perplexity go to metrics.jsonl and TensorBoard.",
+    )
+    eval_split: float = _f(
+        0.0,
+        "eval",
+        "Hold out this fraction of the training data's packed sequences (the last ones) for evaluation; 0: none. "
+        "Use either this or TRAIN_EVAL_DATA.",
+        ge=0,
+        lt=0.5,
+    )
+    eval_steps: int = _f(
+        0, "eval", "Evaluate every N optimizer steps; 0: every TRAIN_SAVE_STEPS (needs evaluation data).", ge=0
+    )
+    keep_best: bool = _f(
+        False,
+        "eval",
+        "Keep the checkpoint with the lowest eval loss (never rotated away) and make it final/ at the end "
+        "(Transformers' load_best_model_at_end with metric_for_best_model=eval_loss).",
+    )
+
     # debug
     deterministic: bool = _f(False, "debug", "Deterministic algorithms (slower; for bisecting).")
     profile: bool = _f(False, "debug", "torch.profiler traces under OUTPUT_DIR/profile, viewable in TensorBoard.")
@@ -186,8 +220,10 @@ def field_of_env(name: str) -> str | None:
 # What each free-text field accepts, for error messages and the docs (Literal, bool and number fields say it
 # through their type).
 TEXT_ALLOWED = {
-    "model": "a preset (" + ", ".join(MODEL_PRESETS) + ") or a model folder with config.json",
-    "data": "a file, folder or glob",
+    "model": "a preset (" + ", ".join(MODEL_PRESETS) + "), a model folder with config.json or a Hub ID",
+    "tokenizer": "empty, a tokenizer folder or a Hub ID",
+    "eval_data": "empty, a file, folder, glob or Hub dataset",
+    "data": "a file, folder, glob or Hub dataset (hf://datasets/org/name[@revision][/path])",
     "output_dir": "a writable folder",
     "text_field": "a column name",
     "optim": "auto or a Transformers optimizer name",

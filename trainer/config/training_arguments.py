@@ -36,6 +36,22 @@ def _checkpointing_arguments(s: TrainSettings) -> dict[str, Any]:
     return args
 
 
+def _eval_arguments(s: TrainSettings) -> dict[str, Any]:
+    """Transformers' own evaluation schedule; TRAIN_KEEP_BEST is load_best_model_at_end on eval_loss, which also
+    keeps the best checkpoint out of rotation. Only the loss is computed (logits are not gathered)."""
+    if not (s.eval_data or s.eval_split > 0):
+        return {"eval_strategy": "no"}
+    args: dict[str, Any] = {
+        "eval_strategy": "steps",
+        "eval_steps": s.eval_steps or s.save_steps,
+        "per_device_eval_batch_size": s.batch_size,
+        "prediction_loss_only": True,
+    }
+    if s.keep_best:
+        args.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
+    return args
+
+
 def _compile_arguments(s: TrainSettings) -> dict[str, Any]:
     # Transformers turns torch_compile on when a backend or mode is given, so pass them only when compiling.
     if not s.compile:
@@ -87,6 +103,7 @@ def derived_training_arguments(
         **_checkpointing_arguments(s),
         **_compile_arguments(s),
         **_fsdp_arguments(s),
+        **_eval_arguments(s),
     }
     # Keep what this Transformers version has (v5 dropped save_safetensors and logging_dir, for instance).
     return {k: v for k, v in args.items() if not fields or k in fields}

@@ -22,11 +22,11 @@ def main() -> int:
     from trainer.config import load_settings
     from trainer.data.dataset import build_dataset
     from trainer.data.shards import peak_rss_bytes
-    from trainer.tokenizer import load_tokenizer
+    from trainer.tokenizer import tokenizer_for
 
     try:
         settings = load_settings()
-        dataset = build_dataset(settings, load_tokenizer(settings.model))
+        dataset = build_dataset(settings, tokenizer_for(settings))
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USER

@@ -118,3 +118,34 @@ def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None, 
     return load_or_prepare(
         source, tokenizer, settings.seq_len, settings.text_field, folder, settings.data_max_bad_lines, should_stop
     )
+
+
+class BlockRange:
+    """Blocks [start, stop) of a ShardedDataset: the training part, or the held-out part, of TRAIN_EVAL_SPLIT."""
+
+    def __init__(self, dataset: ShardedDataset, start: int, stop: int) -> None:
+        self.dataset, self.start, self.stop = dataset, start, stop
+        self.meta, self.seq_len = dataset.meta, dataset.seq_len
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.dataset[self.start + i]
+
+
+def hold_out(dataset: ShardedDataset, fraction: float) -> tuple[BlockRange, BlockRange]:
+    """(training blocks, the last `fraction` of the blocks) for TRAIN_EVAL_SPLIT; ConfigError when either is empty.
+
+    The held-out blocks are the same on every rank and every run (the cache is deterministic); training never
+    sees them."""
+    held = round(len(dataset) * fraction)
+    if held < 1 or held >= len(dataset):
+        raise ConfigError(
+            f"TRAIN_EVAL_SPLIT={fraction}: {len(dataset)} packed sequences leave {held} for evaluation; use a larger "
+            "fraction or more data, or TRAIN_EVAL_DATA"
+        )
+    cut = len(dataset) - held
+    return BlockRange(dataset, 0, cut), BlockRange(dataset, cut, len(dataset))

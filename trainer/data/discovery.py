@@ -11,6 +11,7 @@ and a dangling symlink or an unreadable file is a problem that names the file (n
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 from dataclasses import dataclass
@@ -24,7 +25,9 @@ EMBEDDED_CORPUS = Path(__file__).resolve().parents[1] / "assets" / "corpus.txt"
 SAVED_DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 MAX_FILES_CHECKED = 1000  # beyond this, the reader reports problems as it meets them
 SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
+EVAL_SPLITS = ("validation", "valid", "dev", "eval", "test")  # the first one a folder has is the evaluation data
 _SOURCE_ATTR = "_trainkit_data_source"
+_EVAL_SOURCE_ATTR = "_trainkit_eval_data_source"
 
 
 @dataclass(frozen=True)
@@ -71,24 +74,60 @@ def source_of(settings: Any) -> DataSource:
     """The scan of `settings.data`, made once per settings object and then passed along with it."""
     source = getattr(settings, _SOURCE_ATTR, None)
     if source is None or source.spec != settings.data:
-        source = discover(settings.data, settings.text_field, settings.data_max_bad_lines)
+        source = _hub_source(settings, "data", "train") or discover(
+            settings.data, settings.text_field, settings.data_max_bad_lines
+        )
         setattr(settings, _SOURCE_ATTR, source)
     return source
 
 
-def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0) -> DataSource:
-    """Scan TRAIN_DATA: a file, a folder (plain, hub-style or save_to_disk) or a glob. Never raises."""
+def _hub_source(settings: Any, key: str, split: str) -> DataSource | None:
+    """The scan of a Hub dataset's snapshot (downloaded by trainer.hub on first use); None for local data."""
+    from trainer.hub.datasets import describe, local_data_spec
+    from trainer.hub.ids import parse_dataset_id
+    from trainer.hub.models import hub_sources
+
+    spec = getattr(settings, key)
+    if parse_dataset_id(spec) is None:
+        return None
+    sources = hub_sources(settings)
+    snap = getattr(sources, key)
+    if snap is None:
+        return DataSource(spec, problems=tuple(sources.problems_of.get(key, ())))
+    found = discover(local_data_spec(snap.path, snap.ref), settings.text_field, settings.data_max_bad_lines, split)
+    return dataclasses.replace(found, spec=spec, reason=f"{describe(snap)}: {found.reason}")
+
+
+def eval_source_of(settings: Any) -> DataSource:
+    """The scan of `settings.eval_data` (a hub-style folder gives its validation split), made once per settings
+    object; its problems name TRAIN_EVAL_DATA."""
+    source = getattr(settings, _EVAL_SOURCE_ATTR, None)
+    if source is None or source.spec != settings.eval_data:
+        source = _hub_source(settings, "eval_data", "eval") or discover(
+            settings.eval_data, settings.text_field, settings.data_max_bad_lines, split="eval"
+        )
+        renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
+                        else p for p in source.problems)  # fmt: skip
+        source = dataclasses.replace(source, problems=renamed)
+        setattr(settings, _EVAL_SOURCE_ATTR, source)
+    return source
+
+
+def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split: str = "train") -> DataSource:
+    """Scan TRAIN_DATA: a file, a folder (plain, hub-style or save_to_disk) or a glob. Never raises.
+
+    In a hub-style folder `split` picks the files: "train", or "eval" for the first of EVAL_SPLITS it has."""
     path = Path(spec)
     if path.is_dir() and _is_saved_dataset(path):
         return DataSource(spec, saved_dataset=path, reason="a datasets.save_to_disk folder")
     if not _is_glob(spec) and (path.is_file() or path.is_symlink()) and file_kind(path) is None:
         return DataSource(spec, problems=(f"TRAIN_DATA={spec}: unsupported file type; use one of {SUPPORTED}",))
     candidates, exists = _candidates(spec)
-    files, left_out = _train_split(candidates, path if path.is_dir() else None)
+    files, left_out, chosen = _pick_split(candidates, path if path.is_dir() else None, split)
     non_empty = tuple(p for p in files if not p.exists() or p.stat().st_size > 0)
     if not non_empty:
         return _no_data(spec, exists, bool(files))
-    reason = f"{len(non_empty)} data file(s)" + (f", split 'train' ({len(left_out)} other-split files left out)"
+    reason = f"{len(non_empty)} data file(s)" + (f", split {chosen!r} ({len(left_out)} other-split files left out)"
                                                   if left_out else "")  # fmt: skip
     problems = tuple(_file_problems(non_empty, text_field, max_bad_lines))
     return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason)
@@ -137,14 +176,20 @@ def _split_of(path: Path, root: Path | None) -> str | None:
     return None
 
 
-def _train_split(files: list[Path], root: Path | None) -> tuple[list[Path], tuple[Path, ...]]:
-    """In a hub-style folder (files named by split), train on the train split; the others are named as left out."""
+def _pick_split(
+    files: list[Path], root: Path | None, split: str = "train"
+) -> tuple[list[Path], tuple[Path, ...], str]:
+    """In a hub-style folder (files named by split), the files of `split` ("eval": the first of EVAL_SPLITS there);
+    the others are named as left out. Returns (files, left out, the split chosen)."""
     if root is None:
-        return files, ()
+        return files, (), split
     splits = {p: _split_of(p, root) for p in files}
-    if "train" not in splits.values() or set(splits.values()) == {"train"}:
-        return files, ()
-    return [p for p in files if splits[p] == "train"], tuple(p for p in files if splits[p] not in ("train", None))
+    present = set(splits.values())
+    wanted = next((s for s in EVAL_SPLITS if s in present), split) if split == "eval" else split
+    if wanted not in present or present == {wanted}:
+        return files, (), wanted
+    return ([p for p in files if splits[p] == wanted], tuple(p for p in files if splits[p] not in (wanted, None)),
+            wanted)  # fmt: skip
 
 
 def _no_data(spec: str, exists: bool, has_files: bool) -> DataSource:

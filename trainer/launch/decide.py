@@ -94,11 +94,13 @@ def worker_env(env: Mapping[str, str]) -> dict[str, str]:
 # ---------------------------------------------------------------- settings
 
 
-def _launch_settings(env: Mapping[str, str]) -> tuple[int, int]:
-    """max_restarts and rdzv_timeout. Every torch-free check of the trainer (TRAIN_* names and values, data, output
-    folder) runs here first, so a mistake is one message and exit 2 instead of one per worker and restart."""
+def _launch_settings(env: Mapping[str, str]) -> tuple[int, int, bool]:
+    """max_restarts, rdzv_timeout, and whether Hub IDs were fetched. Every torch-free check of the trainer (TRAIN_*
+    names and values, data, output folder, Hub IDs: downloaded here, once per node) runs here first, so a mistake is
+    one message and exit 2 instead of one per worker and restart."""
     from trainer.config import load_settings
     from trainer.errors import ConfigError
+    from trainer.hub.models import hub_sources
 
     try:
         settings = load_settings(env)
@@ -107,7 +109,7 @@ def _launch_settings(env: Mapping[str, str]) -> tuple[int, int]:
     max_restarts = settings.max_restarts
     if "TRAIN_MAX_RESTARTS" not in env and env.get("PET_MAX_RESTARTS", "").strip():
         max_restarts = int_var(env, "PET_MAX_RESTARTS")
-    return max_restarts, settings.rdzv_timeout
+    return max_restarts, settings.rdzv_timeout, bool(hub_sources(settings).snapshots())
 
 
 def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decision:
@@ -127,7 +129,9 @@ def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decisio
     if placement.single_node and nproc == 1:
         # the trainer checks its settings itself within a second; no need to do it twice
         return Decision(placement, 1, nproc_reason, 0, [python, *trainer_cmd], clean, False, cleared, supervised=True)
-    max_restarts, rdzv_timeout = _launch_settings(env)
+    max_restarts, rdzv_timeout, fetched = _launch_settings(env)
+    if fetched:  # the workers (and their restarts) read the node's cache: same commits, no Hub calls per rank
+        clean["HF_HUB_OFFLINE"] = "1"
     run = [python, "-m", "torch.distributed.run", *torchrun_args(placement, nproc, max_restarts, rdzv_timeout)]
     command_line = [*run, *trainer_cmd]
     return Decision(

@@ -151,6 +151,7 @@ def _atomic_trainer_class() -> type:
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
 
         _staging_dir: str | None = None
+        checkpoint_info: dict[str, Any] = {}  # noqa: RUF012 - set per run (train.py): what each marker records
 
         def get_train_dataloader(self) -> Any:
             from trainer.run.signals import shield_workers
@@ -177,15 +178,26 @@ def _atomic_trainer_class() -> type:
                 super()._save_checkpoint(model, trial, *more, **named)
             finally:
                 self._staging_dir = None
+            final = run_dir / f"checkpoint-{step}"
+            self._best_outside_staging(staging, final)
             time.sleep(_test_save_delay(step))
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
-                final = run_dir / f"checkpoint-{step}"
-                publish(staging / final.name, final, {"step": step})
+                publish(staging / final.name, final, {**self.checkpoint_info, "step": step})
                 shutil.rmtree(staging, ignore_errors=True)
                 rotate_checkpoints(self, str(run_dir))
                 log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
             self.accelerator.wait_for_everyone()
+
+        def _best_outside_staging(self, staging: Path, final: Path) -> None:
+            """Transformers names the best checkpoint (TRAIN_KEEP_BEST) by the folder it saved into, the staging one:
+            point it at the published folder, in the state and in the trainer_state.json being published."""
+            best = self.state.best_model_checkpoint
+            if not best or Path(best).parent != staging:
+                return
+            self.state.best_model_checkpoint = str(final.parent / Path(best).name)
+            if self.args.should_save:
+                self.state.save_to_json(str(staging / final.name / "trainer_state.json"))
 
         def save_final(self, output_dir: Path, tokenizer: Any) -> None:
             """Model + tokenizer to `output_dir`, published atomically like a checkpoint.
@@ -206,7 +218,7 @@ def _atomic_trainer_class() -> type:
                 self.save_model(str(staging))
             if self.args.should_save:
                 tokenizer.save_pretrained(str(staging))
-                publish(staging, output_dir, {"step": self.state.global_step, "final": True})
+                publish(staging, output_dir, {**self.checkpoint_info, "step": self.state.global_step, "final": True})
             self.accelerator.wait_for_everyone()
 
         def _can_merge_lora(self) -> bool:

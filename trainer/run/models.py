@@ -117,8 +117,10 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
             )
         log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
     else:
-        model = _load_pretrained(s.model, attn, s.quant, precision, sharded)
-        log.info("model: loaded %s offline (attention=%s)", s.model, attn)
+        folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.models)
+        model = _load_pretrained(folder, attn, s.quant, precision, sharded)
+        log.info("model: loaded %s offline (attention=%s)", s.model if s.model == folder else f"{s.model} ({folder})",
+                 attn)  # fmt: skip
         _fit_embeddings(model, tokenizer)
     if s.lora:
         model = apply_lora(model, s)

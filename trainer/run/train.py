@@ -207,9 +207,10 @@ def _run(cfg: Any, stop: Any) -> int:
     from trainer.data.cache import Stopped
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer
+    from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
-    from trainer.tokenizer import load_tokenizer
+    from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
     out = Path(s.output_dir)
@@ -217,9 +218,10 @@ def _run(cfg: Any, stop: Any) -> int:
     if args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         cfg.write_run_config(out)
-    tokenizer = load_tokenizer(s.model)
+    tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
+        dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return _interrupted(stop, None)
     set_seed(s.seed)  # the same initial weights for the same seed
@@ -232,11 +234,15 @@ def _run(cfg: Any, stop: Any) -> int:
         model=model,
         args=args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         data_collator=default_data_collator,
         processing_class=tokenizer,
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
+    trainer.checkpoint_info = {"hub": cfg.hub} if cfg.hub else {}  # commits a resumed run keeps (trainer.hub.models)
+    if eval_dataset is not None:
+        EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
     trainer.train(resume_from_checkpoint=resume)

@@ -1,0 +1,71 @@
+"""Evaluation: the eval dataset (TRAIN_EVAL_DATA or TRAIN_EVAL_SPLIT), and its loss and perplexity in metrics.jsonl
+and TensorBoard. When and how often is Transformers' own (eval_strategy/eval_steps, load_best_model_at_end for
+TRAIN_KEEP_BEST: trainer.config.training_arguments)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+log = logging.getLogger("trainer")
+
+
+def split_datasets(settings: Any, tokenizer: Any, train: Any, should_stop: Any) -> tuple[Any, Any | None]:
+    """(training dataset, eval dataset or None) per TRAIN_EVAL_DATA / TRAIN_EVAL_SPLIT."""
+    from trainer.data import cache
+    from trainer.data.dataset import hold_out, load_or_prepare
+    from trainer.data.discovery import eval_source_of
+    from trainer.errors import ConfigError
+
+    if settings.eval_split > 0:
+        train, held = hold_out(train, settings.eval_split)
+        log.info("eval: %d packed sequences held out (TRAIN_EVAL_SPLIT=%g), %d train", len(held),
+                 settings.eval_split, len(train))  # fmt: skip
+        return train, held
+    if not settings.eval_data:
+        return train, None
+    source = eval_source_of(settings)
+    if source.problems:
+        raise ConfigError(*source.problems)
+    folder = cache.default_cache_dir(settings.output_dir)
+    evaluation = load_or_prepare(source, tokenizer, settings.seq_len, settings.text_field, folder,
+                                 settings.data_max_bad_lines, should_stop)  # fmt: skip
+    log.info("eval: %s (%s), %d packed sequences", source.describe(), source.reason, len(evaluation))
+    return train, evaluation
+
+
+class EvalMetricsCallback(TrainerCallback):
+    """Each evaluation: perplexity added to the logs (so TensorBoard shows eval/perplexity) and one line in
+    metrics.jsonl: {"step", "epoch", "eval_loss", "eval_perplexity", "eval_runtime_s", "eval_samples_per_s", "time"}.
+    It must run before the TensorBoard callback: `install` puts it first."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def install(self, trainer: Any) -> None:
+        trainer.callback_handler.callbacks.insert(0, self)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not logs or "eval_loss" not in logs:
+            return
+        loss = float(logs["eval_loss"])
+        logs["eval_perplexity"] = math.exp(loss) if loss < 700 else math.inf
+        if not state.is_world_process_zero:
+            return
+        record = {
+            "step": state.global_step,
+            "epoch": logs.get("epoch", state.epoch),
+            "eval_loss": loss,
+            "eval_perplexity": logs["eval_perplexity"] if math.isfinite(logs["eval_perplexity"]) else None,
+            "eval_runtime_s": logs.get("eval_runtime"),
+            "eval_samples_per_s": logs.get("eval_samples_per_second"),
+            "time": time.time(),
+        }
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
