@@ -1,24 +1,27 @@
 """Overhead of `python -m trainer` against a plain Transformers `Trainer` script, and tokenize+pack throughput.
 
-    .venv/bin/python benchmarks/trainer_overhead.py [--steps 40] [--batch 8] [--seq 128] [--repeats 2]
+    .venv/bin/python benchmarks/trainer_overhead.py [--steps 30] [--batch 8] [--seq 128] [--repeats 3]
 
 Part 1 trains the same tiny Llama (the `tiny` preset's config, byte-level tokenizer) on the same JSONL data with
-the same steps, batch, sequence length, optimizer and precision, twice:
+the same steps, batch, sequence length, optimizer and precision:
   A. a minimal plain script: datasets.map tokenize + group_texts, `Trainer`, save the model;
-  B. `python -m trainer` (checkpoints, metrics.jsonl, signal handling, run_config.json...).
-Both run as subprocesses, alternating A/B `--repeats` times. Reported:
+  B. `python -m trainer` (checkpoints, metrics.jsonl, signal handling, run_config.json...);
+each in one process, and in two processes over gloo: A under `torchrun --nproc-per-node 2`, B through its own
+launcher (`python -m trainer.launch`, TRAIN_NPROC_PER_NODE=2, which runs torchrun). Every repeat runs the four
+in turn (the plain/trainkit order alternates from one repeat to the next), so a change in the machine's load
+falls on both sides. Reported, for one and two processes:
   - wall: the whole process, start to exit (imports, data, training, saves), best of the repeats;
-  - steady step: the median optimizer-step time after the first 3 steps, timed the same way in both
+  - steady step: the median optimizer-step time (rank 0) after the first 3 steps, timed the same way in both
     (between consecutive step ends), best of the repeats;
-  - CPU time: user+sys seconds of the whole process, best of the repeats. On a machine shared with other work,
-    wall times swing with the load; CPU time barely does, so it is the steadier overhead measure there.
-The ratio B/A is the overhead (goal <= 1.03). Both get OMP_NUM_THREADS=--threads (default 1: less sensitive
-to other load).
+  - CPU time: user+sys seconds of the whole process tree, best of the repeats. On a machine shared with other
+    work, wall times swing with the load; CPU time barely does, so it is the steadier overhead measure there.
+The ratio B/A is the overhead (goal <= 1.01). Both get OMP_NUM_THREADS=--threads per process (default 1: less
+sensitive to other load). The load average is printed before and after.
 
-Part 2 times tokenize+pack of the same JSONL (in this process): `trainer.data.shards.prepare` against the
-classic `datasets.load_dataset` + `.map(tokenize, batched=True)` + `.map(group_texts, batched=True)` (in memory,
-no cache files), with the byte-level tokenizer and with a BPE tokenizer trained here on the data. The ratio is
-ours/baseline in tokens per second (goal >= 1.0).
+Part 2 (skip with --skip-tokenize) times tokenize+pack of the same JSONL (in this process):
+`trainer.data.shards.prepare` against the classic `datasets.load_dataset` + `.map(tokenize, batched=True)` +
+`.map(group_texts, batched=True)` (in memory, no cache files), with the byte-level tokenizer and with a BPE
+tokenizer trained here on the data. The ratio is ours/baseline in tokens per second (goal >= 1.0).
 """
 
 from __future__ import annotations
@@ -49,8 +52,7 @@ BASELINE = textwrap.dedent(
     cfg = json.loads(sys.argv[1])
     tok = AutoTokenizer.from_pretrained(cfg["tokenizer"])
     seq = cfg["seq"]
-    raw = load_dataset("json", data_files=cfg["data"], split="train")
-    tokenized = raw.map(lambda b: tok(b["text"]), batched=True, remove_columns=raw.column_names)
+    args = TrainingArguments(output_dir=cfg["out"], save_strategy="steps", save_steps=10**9, **cfg["args"])
 
     def group_texts(batch):
         joined = {k: list(chain(*batch[k])) for k in batch}
@@ -59,8 +61,11 @@ BASELINE = textwrap.dedent(
         out["labels"] = out["input_ids"].copy()
         return out
 
-    # No attention_mask column: all ones anyway, and trainkit's packed blocks have none (same compute path).
-    train = tokenized.map(group_texts, batched=True).remove_columns(["attention_mask"])
+    with args.main_process_first(desc="tokenize"):  # as Transformers' examples do: rank 0 maps, the others load
+        raw = load_dataset("json", data_files=cfg["data"], split="train")
+        tokenized = raw.map(lambda b: tok(b["text"]), batched=True, remove_columns=raw.column_names)
+        # No attention_mask column: all ones anyway, and trainkit's packed blocks have none (same compute path).
+        train = tokenized.map(group_texts, batched=True).remove_columns(["attention_mask"])
     set_seed(cfg["args"]["seed"])
     model = AutoModelForCausalLM.from_config(
         LlamaConfig.from_pretrained(cfg["model_config"]), attn_implementation=cfg["attn"])
@@ -72,12 +77,12 @@ BASELINE = textwrap.dedent(
             now = time.perf_counter(); StepTimes.times.append(now - StepTimes.last); StepTimes.last = now
         def on_save(self, *a, **k): StepTimes.last = time.perf_counter()
 
-    args = TrainingArguments(output_dir=cfg["out"], save_strategy="steps", save_steps=10**9, **cfg["args"])
     trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=default_data_collator,
                       processing_class=tok, callbacks=[StepTimes()])
     trainer.train()
     trainer.save_model(cfg["out"] + "/final")
-    print("STEP_TIMES " + json.dumps(StepTimes.times))
+    if args.process_index == 0:
+        print("STEP_TIMES " + json.dumps(StepTimes.times))
     """
 )
 
@@ -153,22 +158,33 @@ def steady(times: list[float]) -> float:
     return statistics.median(times[3:] if len(times) > 6 else times)
 
 
-def run_plain(script: Path, inputs: dict, data: Path, out: Path, threads: int) -> tuple[float, float, float]:
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node"]
+
+
+def run_plain(script: Path, inputs: dict, data: Path, out: Path, a: argparse.Namespace, nproc: int) -> tuple:
     cfg = {**inputs, "data": str(data), "out": str(out)}
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc, wall, cpu = run_measured([sys.executable, str(script), json.dumps(cfg)], env)
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
+    launch = [sys.executable] if nproc == 1 else [*TORCHRUN, str(nproc)]
+    proc, wall, cpu = run_measured([*launch, str(script), json.dumps(cfg)], env)
     if proc.returncode != 0:
-        sys.exit(f"plain Trainer script failed:\n{proc.stderr[-4000:]}")
+        sys.exit(f"plain Trainer script ({nproc} process(es)) failed:\n{proc.stderr[-4000:]}")
     times = json.loads(proc.stdout.split("STEP_TIMES ", 1)[1].splitlines()[0])
     return wall, steady(times), cpu
 
 
-def run_trainkit(env: dict[str, str]) -> tuple[float, float, float]:
-    proc, wall, cpu = run_measured([sys.executable, "-m", "trainer"], env)
+def run_trainkit(data: Path, out: Path, a: argparse.Namespace, nproc: int) -> tuple:
+    env = trainer_env(data, out, a)
+    if nproc > 1:
+        env["TRAIN_NPROC_PER_NODE"] = str(nproc)
+    proc, wall, cpu = run_measured([sys.executable, "-m", "trainer" if nproc == 1 else "trainer.launch"], env)
     if proc.returncode != 0:
-        sys.exit(f"python -m trainer failed:\n{proc.stderr[-4000:]}")
-    rows = [json.loads(x) for x in (Path(env["TRAIN_OUTPUT_DIR"]) / "metrics.jsonl").read_text().splitlines()]
+        sys.exit(f"python -m trainer ({nproc} process(es)) failed:\n{proc.stderr[-4000:]}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return wall, steady([r["step_time_s"] for r in rows if r["step_time_s"] is not None]), cpu
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def overhead(a: argparse.Namespace, tmp: Path, data: Path) -> None:
@@ -176,21 +192,32 @@ def overhead(a: argparse.Namespace, tmp: Path, data: Path) -> None:
     inputs = prepare_baseline_inputs(tmp, a, config)
     script = tmp / "plain_trainer.py"
     script.write_text(BASELINE)
-    plain, ours = [], []
+    results: dict[tuple[str, int], list[tuple]] = {}
+    print(f"before: {load()}", flush=True)
     for r in range(a.repeats):
-        plain.append(run_plain(script, inputs, data, tmp / f"plain-{r}", a.threads))
-        ours.append(run_trainkit(trainer_env(data, tmp / f"trainkit-{r}", a)))
-        for label, (wall, step, cpu) in (("plain   ", plain[-1]), ("trainkit", ours[-1])):
-            print(f"  repeat {r + 1} {label}: wall {wall:.2f}s  step {step * 1e3:.1f}ms  cpu {cpu:.2f}s", flush=True)
-    pw, ps, pc = (min(p[i] for p in plain) for i in range(3))
-    tw, ts, tc = (min(t[i] for t in ours) for i in range(3))
+        for nproc in a.nprocs:
+            sides = [("plain", run_plain, (script, inputs, data)), ("trainkit", run_trainkit, (data,))]
+            for side, fn, first in sides if r % 2 == 0 else sides[::-1]:
+                wall, step, cpu = result = fn(*first, tmp / f"{side}-{nproc}-{r}", a, nproc)
+                results.setdefault((side, nproc), []).append(result)
+                print(f"  repeat {r + 1} {nproc} proc {side:8s}: wall {wall:6.2f}s  step {step * 1e3:6.1f}ms  "
+                      f"cpu {cpu:6.2f}s  ({load()})", flush=True)  # fmt: skip
+    print(f"after: {load()}")
     precision = config["decisions"]["precision"]["value"]
-    print(f"\nTraining overhead ({a.steps} steps, batch {a.batch}, seq {a.seq}, {precision}, "
-          f"optim {inputs['args'].get('optim')}; best of {a.repeats}):")  # fmt: skip
-    print(f"  wall time (whole process)      plain {pw:8.2f}s   trainkit {tw:8.2f}s   ratio {tw / pw:.3f}")
-    print(f"  steady-state step (median)     plain {ps * 1e3:7.1f}ms   trainkit {ts * 1e3:7.1f}ms   ratio {ts / ps:.3f}"
-          "   (goal <= 1.03)")  # fmt: skip
-    print(f"  CPU time (whole process)       plain {pc:8.2f}s   trainkit {tc:8.2f}s   ratio {tc / pc:.3f}")
+    print(
+        f"\nTraining overhead ({a.steps} steps, batch {a.batch} per process, seq {a.seq}, {precision}, "
+        f"optim {inputs['args'].get('optim')}; best of {a.repeats}; ratio trainkit/plain, goal <= 1.01):"
+    )
+    for nproc in a.nprocs:
+        (pw, ps, pc), (tw, ts, tc) = (
+            tuple(min(x[i] for x in results[(side, nproc)]) for i in range(3)) for side in ("plain", "trainkit")
+        )
+        what = "1 process" if nproc == 1 else f"{nproc} processes (gloo)"
+        print(f"  {what}:")
+        print(f"    steady-state step (median)   plain {ps * 1e3:7.1f}ms   trainkit {ts * 1e3:7.1f}ms   "
+              f"ratio {ts / ps:.3f}")  # fmt: skip
+        print(f"    wall time (whole process)    plain {pw:8.2f}s   trainkit {tw:8.2f}s   ratio {tw / pw:.3f}")
+        print(f"    CPU time (whole process)     plain {pc:8.2f}s   trainkit {tc:8.2f}s   ratio {tc / pc:.3f}")
 
 
 def train_bpe(data: Path, folder: Path, vocab: int = 8192):
@@ -250,10 +277,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of both training processes")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--nprocs", default="1,2", help="process counts to compare, e.g. 1 or 1,2")
     p.add_argument("--data-mb", type=float, default=20.0, help="size of the JSONL for the tokenize benchmark")
     p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--skip-tokenize", action="store_true")
     a = p.parse_args()
+    a.nprocs = [int(n) for n in a.nprocs.split(",")]
     with tempfile.TemporaryDirectory(prefix="trainkit-overhead-") as name:
         tmp = Path(name)
         train_data = tmp / "train.jsonl"
@@ -261,9 +291,10 @@ def main() -> None:
         print(f"machine: {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
         if not a.skip_training:
             overhead(a, tmp, train_data)
-        tok_data = tmp / "tokenize.jsonl"
-        write_jsonl(tok_data, a.data_mb)
-        tokenize_throughput(a, tmp, tok_data)
+        if not a.skip_tokenize:
+            tok_data = tmp / "tokenize.jsonl"
+            write_jsonl(tok_data, a.data_mb)
+            tokenize_throughput(a, tmp, tok_data)
 
 
 if __name__ == "__main__":

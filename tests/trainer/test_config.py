@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trainer import config
+from trainer import compat, config
 from trainer.config import docs
 from trainer.config import train_args as training_args
 from trainer.config.deepspeed import AIO_DEFAULTS
@@ -247,7 +247,9 @@ def test_cpu_auto_decisions(scenario) -> None:
     d, ta = c["decisions"], c["training_arguments"]
     assert d["precision"]["value"] == "fp32" and "no CUDA GPU" in d["precision"]["reason"]
     assert d["tf32"]["value"] is False
-    assert d["optim"]["value"] == "adamw_torch" == ta["optim"]
+    # Transformers' own default where torch has the fused CPU kernel (no per-tensor step-counter reads)
+    expected_optim = "adamw_torch_fused" if compat.stack().fused_adamw_on_cpu else "adamw_torch"
+    assert d["optim"]["value"] == expected_optim == ta["optim"]
     assert d["attn"]["value"] == "sdpa"
     assert d["pin_memory"]["value"] is False and ta["dataloader_pin_memory"] is False
     assert d["nproc_per_node"]["value"] == 1

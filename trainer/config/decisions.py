@@ -108,7 +108,9 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
     if s.optim == "auto":
         if hw.is_gpu:
             return _decide("adamw_torch_fused", "auto: fused CUDA AdamW (one kernel for all parameters)")
-        return _decide("adamw_torch", "auto: no CUDA GPU")
+        if compat.stack().fused_adamw_on_cpu:
+            return _decide("adamw_torch_fused", "auto: torch's fused CPU AdamW (Transformers' own default)")
+        return _decide("adamw_torch", "auto: no CUDA GPU, and this torch has no fused CPU AdamW")
     cpu_problem = None if hw.is_gpu else compat.cpu_optimizer_problem(s.optim)
     if cpu_problem:
         raise ConfigError(cpu_problem)

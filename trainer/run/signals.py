@@ -146,6 +146,7 @@ class StopAgreement:
 
                 self.group = dist.new_group(backend="gloo")  # every rank calls this at the same point
                 self._flag = torch.zeros(1, dtype=torch.int64)
+                self._host = self._flag.numpy()  # the flag's own memory: read and written without a tensor op
 
     def poll(self, local_signum: int | None) -> int:
         """At the end of a step: the agreed signal number, or 0 to go on. Ranks call this once per step each."""
@@ -157,9 +158,9 @@ class StopAgreement:
         if self._pending is not None:
             self._pending.wait()  # started one step ago: finished long since
             self._pending = None
-            agreed = int(self._flag[0])
+            agreed = int(self._host[0])
         if not agreed:
-            self._flag[0] = local_signum or 0
+            self._host[0] = local_signum or 0
             self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return agreed
 
