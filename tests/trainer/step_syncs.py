@@ -33,9 +33,6 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
 MAX_STEPS, SEQ, BATCH = 8, 32, 2
 READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
 COLLECTIVES = (

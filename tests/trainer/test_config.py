@@ -143,7 +143,12 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_LR", "defaults", lambda c: c["training_arguments"]["learning_rate"] == 3e-4),
     ("TRAIN_BATCH_SIZE", "full", lambda c: c["training_arguments"]["per_device_train_batch_size"] == 3),
     ("TRAIN_GRAD_ACCUM", "full", lambda c: c["training_arguments"]["gradient_accumulation_steps"] == 4),
-    ("TRAIN_AUTO_BATCH", "full", lambda c: c["training_arguments"]["auto_find_batch_size"] is True),
+    (
+        "TRAIN_AUTO_BATCH",
+        "full",  # trainkit searches before training; Transformers' shrink-only retry loop stays off
+        lambda c: "searched on the GPU" in c["decisions"]["batch_size"]["reason"]
+        and c["training_arguments"]["auto_find_batch_size"] is False,
+    ),
     ("TRAIN_NUM_WORKERS", "full", lambda c: c["training_arguments"]["dataloader_num_workers"] == 0),
     ("TRAIN_PIN_MEMORY", "full", lambda c: c["training_arguments"]["dataloader_pin_memory"] is True),
     (
