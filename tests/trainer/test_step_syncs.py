@@ -3,8 +3,9 @@
 A real run of each side, one process and two (torchrun over gloo), counted by tests/trainer/step_syncs.py (its
 docstring says what a step's window holds and what is counted). A plain Transformers `Trainer` script is the
 reference: its own loop reads the loss (the NaN/Inf filter) and, with several ranks, gathers the token count
-every step; trainkit must count exactly the same per step. On a GPU every host read is a synchronization, so equal
-reads means no added synchronization (tests/gpu/test_step_syncs_gpu.py checks it with CUDA's own sync debug mode).
+every step (transformers 5); trainkit must count exactly the same per step. On a GPU every host read is a
+synchronization, so equal reads means no added synchronization (tests/gpu/test_step_syncs_gpu.py checks it with
+CUDA's own sync debug mode).
 The one addition allowed is the stop agreement's all-reduce, on its own CPU gloo group, once per step.
 """
 
@@ -46,6 +47,6 @@ def test_a_step_reads_and_collects_what_plain_transformers_does(nproc: int, tmp_
             stop_agreement = mine.pop("collective:other", 0)
             assert mine == plain[step], f"rank {rank} step {step}: trainkit {ours[step]}, plain {plain[step]}"
             assert stop_agreement == (1 if nproc > 1 else 0), ours[step]
-        if nproc > 1:
-            assert all(plain[s].get("collective:default") for s in COUNTED_STEPS)  # the counting sees collectives
-        assert all(plain[s].get("read") for s in COUNTED_STEPS)  # and host reads (the loss's NaN/Inf filter)
+        # the counting sees host reads (plain's NaN/Inf filter reads the loss); the stop agreement's all-reduce above
+        # shows it sees collectives (plain's own per-step token-count gather exists from transformers 4.5x on)
+        assert all(plain[s].get("read") for s in COUNTED_STEPS)
