@@ -71,13 +71,13 @@ def test_auto_batch_on_a_cpu_keeps_the_batch_and_says_why(run_trainer, trainer_e
     output = Path(trainer_env["TRAIN_OUTPUT_DIR"])
     env = {
         **trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_AUTO_BATCH": "1", "TRAIN_BATCH_SIZE": "3",
-        "TRAIN_SEQ_LEN": "32", "TRAIN_MAX_STEPS": "2", "TRAIN_LOG_STEPS": "1", "TRAIN_PROFILE": "1",
+        "TRAIN_SEQ_LEN": "32", "TRAIN_MAX_STEPS": "2", "TRAIN_LOG_STEPS": "1", "TRAIN_SAVE_STEPS": "2",
+        "TRAIN_PROFILE": "1",
     }  # fmt: skip
     result = run_trainer([], env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     decision = json.loads((output / "run_config.json").read_text())["decisions"]["batch_size"]
     assert decision["value"] == 3 and "needs a GPU" in decision["reason"]
-    state = json.loads((output / "final" / "trainer_state.json").read_text()) if (
-        output / "final" / "trainer_state.json").is_file() else None  # fmt: skip
     assert result.stderr.count("profile: recording steps") == 1  # one profiler for the run
-    assert state is None or state["train_batch_size"] == 3
+    state = json.loads((output / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["train_batch_size"] == 3
