@@ -168,8 +168,13 @@ def installed_optimizer_names() -> frozenset[str]:
 # ---- argument names ---------------------------------------------------------------------------------------------
 
 
-def fsdp_arguments(strategy: str, wrap_layer: str | None, grad_ckpt: bool, st: Stack | None = None) -> dict[str, Any]:
-    """TrainingArguments' fsdp/fsdp_config for a TRAIN_FSDP strategy, in this transformers version's own keys."""
+def fsdp_arguments(
+    strategy: str, wrap_layer: str | None, grad_ckpt: bool, st: Stack | None = None, *, from_folder: bool = False
+) -> dict[str, Any]:
+    """TrainingArguments' fsdp/fsdp_config for a TRAIN_FSDP strategy, in this transformers version's own keys.
+
+    `from_folder`: a model folder is read by local rank 0 only; the other ranks start from empty weights and get
+    rank 0's by broadcast when FSDP wraps the model (`cpu_ram_efficient_loading`, the same key from 4.46 on)."""
     st = st or stack()
     if st.transformers_5:
         if strategy in FSDP2_RESHARD:
@@ -185,6 +190,8 @@ def fsdp_arguments(strategy: str, wrap_layer: str | None, grad_ckpt: bool, st: S
         config["transformer_layer_cls_to_wrap"] = [wrap_layer]
     if grad_ckpt:
         config["activation_checkpointing"] = True
+    if from_folder:
+        config["cpu_ram_efficient_loading"] = True
     return {"fsdp": fsdp, "fsdp_config": config}
 
 
@@ -194,6 +201,14 @@ def model_dtype_kwargs(dtype: Any, st: Stack | None = None) -> dict[str, Any]:
 
 
 # ---- adapters for calls that changed ----------------------------------------------------------------------------
+
+
+def out_of_memory_error() -> type[BaseException]:
+    """The exception a device allocation that does not fit raises: torch.OutOfMemoryError from torch 2.5 (which
+    torch.cuda.OutOfMemoryError names too), torch.cuda.OutOfMemoryError before."""
+    import torch
+
+    return getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
 def cuda_bf16_supported() -> bool:

@@ -162,3 +162,17 @@ def test_profile_and_memory_snapshot(tmp_path: Path) -> None:
     out, _ = train(tmp_path, profile=1, memory_snapshot=1, max_steps=6)
     assert list((out / "profile").glob("*.pt.trace.json*"))
     assert (out / "memory_snapshot.pickle").stat().st_size > 0
+
+
+@needs_bf16
+def test_auto_batch_searches_up_to_a_real_out_of_memory(tmp_path: Path) -> None:
+    """TRAIN_AUTO_BATCH=1 doubles from TRAIN_BATCH_SIZE until CUDA runs out of memory, bisects, and trains at the
+    batch found (the CPU tests stand in for the memory limit; here it is the GPU's own)."""
+    data = tmp_path / "data.txt"
+    data.write_text("".join(f"line {i}: a sentence long enough to fill many blocks of tokens.\n" for i in range(40000)))
+    out, proc = train(tmp_path, model="125m", seq_len=1024, batch_size=4, auto_batch=1, data=data, precision="bf16")
+    decision = decisions(out)["batch_size"]
+    assert decision["value"] > 4 and "out of memory" in decision["reason"], decision
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["train_batch_size"] == decision["value"]
+    assert "auto batch:" in proc.stderr

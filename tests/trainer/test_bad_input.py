@@ -99,6 +99,7 @@ PRE_TORCH_CASES = [
     ("quant-without-lora", _fixed({"TRAIN_QUANT": "4bit"}), ["TRAIN_QUANT=4bit needs TRAIN_LORA=1"]),
     ("compile-zero3", _fixed({"TRAIN_COMPILE": "1", "TRAIN_ZERO_STAGE": "3"}), ["ZeRO-3", "torch.compile"]),
     ("auto-batch-zero", _fixed({"TRAIN_AUTO_BATCH": "1", "TRAIN_ZERO_STAGE": "2"}), ["TRAIN_AUTO_BATCH=1"]),
+    ("auto-batch-fsdp", _fixed({"TRAIN_AUTO_BATCH": "1", "TRAIN_FSDP": "full_shard"}), ["TRAIN_AUTO_BATCH=1", "FSDP"]),
     ("deepspeed-config-missing", _ds_missing, ["TRAIN_DEEPSPEED_CONFIG=", "no such file"]),
     ("deepspeed-config-not-json", _ds_not_json, ["TRAIN_DEEPSPEED_CONFIG=", "not valid JSON", "line 1"]),
     ("unknown-optimizer", _fixed({"TRAIN_OPTIM": "adamw_torhc"}), ["TRAIN_OPTIM='adamw_torhc'", "adamw_torch?"]),

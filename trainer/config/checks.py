@@ -69,6 +69,11 @@ def _combination_problems(s: TrainSettings) -> list[str]:
             "TRAIN_AUTO_BATCH=1 does not work with DeepSpeed (its batch size is fixed at initialization); "
             "set TRAIN_BATCH_SIZE yourself or TRAIN_ZERO_STAGE=0"
         )
+    if s.auto_batch and s.fsdp != "none":
+        problems.append(
+            f"TRAIN_AUTO_BATCH=1 does not work with TRAIN_FSDP={s.fsdp} (the search probes the whole model on each "
+            "GPU, before FSDP shards it); set TRAIN_BATCH_SIZE yourself or TRAIN_FSDP=none"
+        )
     return problems
 
 

@@ -49,6 +49,7 @@ class Decisions:
     optim: Decision[str]  # a Transformers optimizer name, adamw_apex_fused, or "deepspeed"
     attn: Decision[str]  # the attn_implementation given to Transformers
     pin_memory: Decision[bool]
+    batch_size: Decision[int]  # per device; TRAIN_AUTO_BATCH=1 replaces it when training starts (run.batch_search)
     nproc_per_node: Decision[int]
     compile: Decision[bool]
     quant: Decision[str]  # none, 4bit, 8bit
@@ -109,7 +110,9 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
     if s.optim == "auto":
         if hw.is_gpu:
             return _decide("adamw_torch_fused", "auto: fused CUDA AdamW (one kernel for all parameters)")
-        return _decide("adamw_torch", "auto: no CUDA GPU")
+        if compat.stack().fused_adamw_on_cpu:
+            return _decide("adamw_torch_fused", "auto: torch's fused CPU AdamW (Transformers' own default)")
+        return _decide("adamw_torch", "auto: no CUDA GPU, and this torch has no fused CPU AdamW")
     cpu_problem = None if hw.is_gpu else compat.cpu_optimizer_problem(s.optim)
     if cpu_problem:
         raise ConfigError(cpu_problem)
@@ -118,6 +121,16 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
             "TRAIN_OPTIM=adamw_apex_fused needs a CUDA GPU (apex FusedAdam is CUDA only); use adamw_torch"
         )
     return _decide(s.optim, "set by TRAIN_OPTIM")
+
+
+def decide_batch_size(s: TrainSettings) -> Decision:
+    if not s.auto_batch:
+        return _decide(s.batch_size, "set by TRAIN_BATCH_SIZE")
+    return _decide(
+        s.batch_size,
+        "TRAIN_AUTO_BATCH=1: searched on the GPU when training starts, from TRAIN_BATCH_SIZE up or down; "
+        "run_config.json in the output folder records the batch chosen",
+    )
 
 
 def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
@@ -298,6 +311,7 @@ def decide_all(
         "optim": decide(decide_optim, s, hw, ds, fallback=_decide("adamw_torch", "refused")),
         "attn": decide(decide_attn, s, hw, precision.value, fallback=_decide("sdpa", "refused")),
         "pin_memory": decide_pin_memory(s, hw),
+        "batch_size": decide_batch_size(s),
         "nproc_per_node": decide(decide_nproc, s, hw, fallback=_decide(1, "refused")),
         "compile": decide(decide_compile, s, hw, import_heavy, fallback=_decide(False, "refused")),
         "quant": decide(decide_quant, s, hw, fallback=_decide("none", "refused")),

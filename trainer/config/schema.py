@@ -88,13 +88,14 @@ class TrainSettings(BaseSettings):
         "auto",
         "optim",
         "Any optimizer name Transformers accepts (adamw_torch, adamw_torch_fused, adamw_apex_fused, "
-        "adamw_bnb_8bit, adafactor, ...). auto: adamw_torch_fused on GPUs, adamw_torch on CPU.",
+        "adamw_bnb_8bit, adafactor, ...). auto: adamw_torch_fused (on CPU: where torch has it, else adamw_torch).",
     )
     lr: float = _f(3e-4, "optim", "Peak learning rate.", gt=0)
     batch_size: int = _f(8, "optim", "Per-device micro-batch size (sequences).", ge=1)
     grad_accum: int = _f(1, "optim", "Gradient accumulation steps.", ge=1)
     auto_batch: bool = _f(
-        False, "optim", "Find the largest per-device batch that fits, starting from TRAIN_BATCH_SIZE."
+        False, "optim", "Before training, search the largest per-device batch that fits in GPU memory, from "
+        "TRAIN_BATCH_SIZE up or down (all ranks agree; run_config.json records it). No effect on CPU."
     )
     num_workers: int = _f(2, "optim", "DataLoader worker processes.", ge=0)
     pin_memory: Toggle = _f("auto", "optim", "Pin DataLoader memory. auto: on when a GPU is used.")

@@ -22,8 +22,8 @@ DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min
 def _fsdp_arguments(s: TrainSettings) -> dict[str, Any]:
     if s.fsdp == "none":
         return {}
-    wrap = "LlamaDecoderLayer" if s.model in MODEL_PRESETS else None
-    return compat.fsdp_arguments(s.fsdp, wrap, s.grad_ckpt)
+    preset = s.model in MODEL_PRESETS
+    return compat.fsdp_arguments(s.fsdp, "LlamaDecoderLayer" if preset else None, s.grad_ckpt, from_folder=not preset)
 
 
 def _checkpointing_arguments(s: TrainSettings) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def derived_training_arguments(
         "output_dir": s.output_dir,
         "per_device_train_batch_size": s.batch_size,
         "gradient_accumulation_steps": s.grad_accum,
-        "auto_find_batch_size": s.auto_batch,
+        "auto_find_batch_size": False,  # TRAIN_AUTO_BATCH searches before training (trainer.run.batch_search)
         "learning_rate": s.lr,
         "max_steps": s.max_steps,
         "num_train_epochs": s.epochs,

@@ -83,22 +83,34 @@ def _quantization_config(quant: str, precision: str, sharded: bool) -> Any:
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-def pretrained_kwargs(attn: str, quant: str, precision: str, sharded: bool) -> dict[str, Any]:
+def base_weights_dtype(quant: str, lora: bool, precision: str, sharded: bool) -> torch.dtype:
+    """The dtype a model folder's weights load in.
+
+    Full fine-tuning keeps fp32 master weights (mixed precision computes in bf16/fp16 under autocast and updates
+    fp32 weights). LoRA freezes the base weights: they are only read, so they load in the compute dtype, half the
+    memory; PEFT keeps the adapters themselves in fp32 (`autocast_adapter_dtype`). Under FSDP the base stays fp32:
+    FSDP flattens a wrapped block's parameters into one tensor of one dtype, and the fp32 adapters share it."""
+    if quant != "none" or (lora and not sharded):
+        return _compute_dtype(precision)
+    return torch.float32
+
+
+def pretrained_kwargs(attn: str, quant: str, precision: str, sharded: bool, lora: bool = False) -> dict[str, Any]:
     """from_pretrained's arguments. A quantized model is placed on this rank's GPU, except under FSDP, which
     places (and shards) it itself; ZeRO-3 with quantization is refused at configuration time."""
     kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
+    kwargs.update(model_dtype_kwargs(base_weights_dtype(quant, lora, precision, sharded)))
     if quant != "none":
         kwargs["quantization_config"] = _quantization_config(quant, precision, sharded)
-        kwargs.update(model_dtype_kwargs(_compute_dtype(precision)))
         if not sharded:
             kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
-    else:
-        kwargs.update(model_dtype_kwargs(torch.float32))
     return kwargs
 
 
-def _load_pretrained(path: str, attn: str, quant: str, precision: str, sharded: bool) -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(path, **pretrained_kwargs(attn, quant, precision, sharded))
+def _load_pretrained(
+    path: str, attn: str, quant: str, precision: str, sharded: bool, lora: bool = False
+) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(path, **pretrained_kwargs(attn, quant, precision, sharded, lora))
 
 
 def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -118,9 +130,9 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
         log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
     else:
         folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.models)
-        model = _load_pretrained(folder, attn, s.quant, precision, sharded)
-        log.info("model: loaded %s offline (attention=%s)", s.model if s.model == folder else f"{s.model} ({folder})",
-                 attn)  # fmt: skip
+        model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora)
+        name = s.model if s.model == folder else f"{s.model} ({folder})"
+        log.info("model: loaded %s offline (attention=%s, weights %s)", name, attn, model.dtype)
         _fit_embeddings(model, tokenizer)
     if s.lora:
         model = apply_lora(model, s)
@@ -162,7 +174,11 @@ def apply_lora(model: PreTrainedModel, s: Any) -> PreTrainedModel:
         r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
     )
     log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s", s.lora_r, s.lora_alpha, s.lora_dropout, s.lora_targets)
-    return get_peft_model(model, lora)
+    model = get_peft_model(model, lora)
+    for p in model.parameters():  # the adapters train in fp32 on a bf16/fp16 base (as PEFT's autocast does)
+        if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
+            p.data = p.data.float()
+    return model
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -131,21 +131,35 @@ def shield_workers(dataloader: Any) -> Any:
 # ---- agreement across ranks ---------------------------------------------------------------------------------------
 
 
+_CONTROL_GROUP: list[Any] = []
+
+
+def control_group(world_size: int) -> Any:
+    """This process's CPU (gloo) group of all ranks, for agreements that must not touch the device (None: one
+    process). Made by the first call, which every rank makes at the same point of the run."""
+    if world_size <= 1:
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if not _CONTROL_GROUP:
+        _CONTROL_GROUP.append(dist.new_group(backend="gloo"))
+    return _CONTROL_GROUP[0]
+
+
 class StopAgreement:
     """The signal every rank agrees to stop for; one process decides alone."""
 
     def __init__(self, world_size: int) -> None:
-        self.group: Any = None
         self._flag: Any = None
         self._pending: Any = None
-        if world_size > 1:
-            import torch.distributed as dist
+        self.group = control_group(world_size)
+        if self.group is not None:
+            import torch
 
-            if dist.is_available() and dist.is_initialized():
-                import torch
-
-                self.group = dist.new_group(backend="gloo")  # every rank calls this at the same point
-                self._flag = torch.zeros(1, dtype=torch.int64)
+            self._flag = torch.zeros(1, dtype=torch.int64)
+            self._host = self._flag.numpy()  # the flag's own memory: read and written without a tensor op
 
     def poll(self, local_signum: int | None) -> int:
         """At the end of a step: the agreed signal number, or 0 to go on. Ranks call this once per step each."""
@@ -157,9 +171,9 @@ class StopAgreement:
         if self._pending is not None:
             self._pending.wait()  # started one step ago: finished long since
             self._pending = None
-            agreed = int(self._flag[0])
+            agreed = int(self._host[0])
         if not agreed:
-            self._flag[0] = local_signum or 0
+            self._host[0] = local_signum or 0
             self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return agreed
 

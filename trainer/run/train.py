@@ -184,23 +184,6 @@ def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
     return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
-def _log_auto_batch(args: Any) -> None:
-    """TRAIN_AUTO_BATCH is Transformers' auto_find_batch_size (accelerate's find_executable_batch_size).
-
-    It searches from above: the first step runs at TRAIN_BATCH_SIZE; each out-of-memory error restarts the loop
-    with 90% of the batch, until a step fits. So TRAIN_BATCH_SIZE is the upper bound of the search, and the result
-    is the largest batch (within 10%) that fits with the real optimizer state, ZeRO/FSDP sharding, LoRA and
-    activation checkpointing; a separate doubling probe could not see those and would leave fragmented memory.
-    """
-    if args.auto_find_batch_size:
-        log.info(
-            "auto batch: trying %d per device first; each out-of-memory error retries with 90%% of the batch until "
-            "a step fits (TRAIN_BATCH_SIZE is the upper bound; the batch used is logged in metrics.jsonl throughputs "
-            "and trainer_state.json)",
-            args.per_device_train_batch_size,
-        )
-
-
 def _run(cfg: Any, stop: Any) -> int:
     from transformers import default_data_collator, set_seed
 
@@ -229,7 +212,10 @@ def _run(cfg: Any, stop: Any) -> int:
     resume = _resume_from(s, args)
     if resume and args.should_save:
         truncate_after(out / "metrics.jsonl", _checkpoint_step(resume))
-    _log_auto_batch(args)
+    if s.auto_batch:
+        from trainer.run.batch_search import apply_auto_batch
+
+        apply_auto_batch(cfg, args, model, len(dataset), resume)
     trainer = AtomicCheckpointTrainer(
         model=model,
         args=args,

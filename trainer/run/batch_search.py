@@ -1,0 +1,183 @@
+"""TRAIN_AUTO_BATCH: the largest per-device batch that fits, found before training, the same on every rank.
+
+The probe. One real forward and backward pass of the model at a candidate batch (random token ids, TRAIN_SEQ_LEN
+long, under the run's autocast and activation checkpointing), with the optimizer's state held aside as one
+allocation of its size (AdamW: two fp32 values per trainable parameter; with several ranks, one more for DDP's
+gradient buckets). It reports whether the device ran out of memory, and frees everything it allocated.
+
+The search. From TRAIN_BATCH_SIZE it doubles while the probe fits (up to the ceiling: the blocks one rank gets, at
+most MAX_BATCH), or halves while it does not; then it bisects between the largest size that fit and the smallest
+that did not. The result is the largest batch that fits. Each verdict is agreed by every rank before the next
+size is chosen (a MIN all-reduce over the CPU gloo group of the stop agreement): all ranks probe the same sizes
+and end on the same batch, and a rank that runs out of memory never leaves the others waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("trainer")
+
+MAX_BATCH = 4096
+Probe = Callable[[int], bool]
+
+
+@dataclass
+class Search:
+    """The chosen batch (0: not even 1 fits) and every (size, fits) probed, in order."""
+
+    batch: int = 0
+    probes: list[tuple[int, bool]] = field(default_factory=list)
+
+    def reason(self, ceiling: int) -> str:
+        tried = ", ".join(f"{size} {'fits' if ok else 'out of memory'}" for size, ok in self.probes)
+        bound = " (the ceiling: a larger batch was not tried)" if self.batch == ceiling else ""
+        return f"TRAIN_AUTO_BATCH=1: largest per-device batch that fits{bound}; probed {tried}"
+
+
+def search_largest(fits: Probe, start: int, ceiling: int) -> Search:
+    """The largest size in 1..ceiling for which `fits` holds, assuming that a size that fits means every smaller one
+    does; `fits` is called with one size at a time, the same sequence wherever it returns the same verdicts."""
+    found = Search()
+
+    def probe(size: int) -> bool:
+        ok = fits(size)
+        found.probes.append((size, ok))
+        return ok
+
+    start = max(1, min(start, ceiling))
+    if probe(start):
+        good, bad = start, ceiling + 1
+        while good < ceiling:
+            size = min(good * 2, ceiling)
+            if not probe(size):
+                bad = size
+                break
+            good = size
+    else:
+        good, bad = 0, start
+        while bad > 1:
+            size = bad // 2
+            if probe(size):
+                good = size
+                break
+            bad = size
+    while bad - good > 1:
+        size = (good + bad) // 2
+        if probe(size):
+            good = size
+        else:
+            bad = size
+    found.batch = good
+    return found
+
+
+def agreed(fits: Probe, group: Any) -> Probe:
+    """`fits` as every rank of `group` sees it: true only where it fit on all of them (None: this process alone)."""
+    if group is None:
+        return fits
+
+    def every_rank(size: int) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if fits(size) else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        return bool(flag.numpy()[0])
+
+    return every_rank
+
+
+def optimizer_state_bytes(model: Any, world_size: int) -> int:
+    """Bytes the optimizer state (and DDP's gradient buckets) will take on the device once training starts."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable * (8 + (4 if world_size > 1 else 0))
+
+
+def memory_probe(model: Any, seq_len: int, vocab_size: int, device: Any, precision: str, reserve: int) -> Probe:
+    """fits(batch): one forward and backward pass at `batch` on `device` ran without running out of memory."""
+    import torch
+
+    from trainer.compat import out_of_memory_error
+
+    oom = out_of_memory_error()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def fits(batch: int) -> bool:
+        held = ids = loss = None
+        try:
+            held = torch.empty(reserve, dtype=torch.uint8, device=device)
+            ids = torch.randint(0, vocab_size, (batch, seq_len), device=device)
+            autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+            with autocast:
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            return True
+        except oom:
+            return False
+        finally:
+            del held, ids, loss
+            model.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    return fits
+
+
+def choose_batch(model: Any, args: Any, settings: Any, precision: str, blocks: int, group: Any) -> Any:
+    """The Decision for the per-device batch; `model` is moved to args.device (where Trainer would put it)."""
+    from trainer.config.decisions import Decision
+    from trainer.errors import ConfigError
+
+    ceiling = max(1, min(MAX_BATCH, blocks // max(args.world_size, 1)))
+    if args.device.type != "cuda":
+        reason = "TRAIN_AUTO_BATCH=1 needs a GPU (a CPU has no out-of-memory error to search against); TRAIN_BATCH_SIZE"
+        log.warning("auto batch: no GPU, so the batch stays TRAIN_BATCH_SIZE=%d", settings.batch_size)
+        return Decision(settings.batch_size, reason)
+    if not (getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)):
+        model.to(args.device)
+    checkpointing = settings.grad_ckpt and not model.is_gradient_checkpointing
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    vocab = model.get_input_embeddings().weight.shape[0]
+    fits = memory_probe(model, settings.seq_len, vocab, args.device, precision,
+                        optimizer_state_bytes(model, args.world_size))  # fmt: skip
+    found = search_largest(agreed(fits, group), settings.batch_size, ceiling)
+    if checkpointing:
+        model.gradient_checkpointing_disable()  # Trainer switches it on again from TrainingArguments
+    if found.batch == 0:
+        raise ConfigError(
+            f"TRAIN_AUTO_BATCH=1: not even a batch of 1 fits in GPU memory at TRAIN_SEQ_LEN={settings.seq_len}; "
+            "lower TRAIN_SEQ_LEN, or use TRAIN_GRAD_CKPT=1, TRAIN_LORA=1 or sharding (TRAIN_FSDP, TRAIN_ZERO_STAGE)"
+        )
+    log.info("auto batch: %d per device (%s)", found.batch, found.reason(ceiling))
+    return Decision(found.batch, found.reason(ceiling))
+
+
+def apply_auto_batch(cfg: Any, args: Any, model: Any, blocks: int, resume: str | None) -> None:
+    """TRAIN_AUTO_BATCH=1: the batch the ranks agreed on replaces TRAIN_BATCH_SIZE in `args`, and the decision
+    (with the sizes probed) goes to cfg.decisions and run_config.json. A resumed run keeps its checkpoint's batch,
+    so the samples it skips are the ones it trained on."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from trainer.config.decisions import Decision
+    from trainer.run.signals import control_group
+
+    previous = json.loads((Path(resume) / "trainer_state.json").read_text()).get("train_batch_size") if resume else None
+    if previous:
+        decision = Decision(int(previous), f"TRAIN_AUTO_BATCH=1: the batch of the checkpoint resumed from ({resume})")
+        log.info("auto batch: %d per device, as in %s", decision.value, resume)
+    else:
+        precision = cfg.decisions.precision.value
+        decision = choose_batch(model, args, cfg.settings, precision, blocks, control_group(args.world_size))
+    args.per_device_train_batch_size = decision.value
+    cfg.decisions = dataclasses.replace(cfg.decisions, batch_size=decision)
+    if args.should_save:
+        cfg.write_run_config(cfg.settings.output_dir)
