@@ -100,6 +100,10 @@ def check_deepspeed_op(op: str, arch_list: str | None = None) -> str:
     compatible = getattr(git_version_info, "compatible_ops", {}).get(op, builder.is_compatible(verbose=False))
     if not compatible:
         raise Failed(f"DeepSpeed reports op {op} as incompatible")
+    compiled_for, running = getattr(git_version_info, "accelerator_name", None), get_accelerator()._name
+    if compiled_for is not None and compiled_for != running:  # DeepSpeed's load() would JIT-compile: say so now
+        raise Failed(f"DeepSpeed op {op} would be JIT-compiled: it was built for accelerator {compiled_for!r}, "
+                     f"this image runs {running!r}")  # fmt: skip
     with tempfile.TemporaryDirectory() as jit_dir:
         os.environ["TORCH_EXTENSIONS_DIR"] = jit_dir
         module = builder.load(verbose=False)

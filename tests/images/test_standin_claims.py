@@ -39,6 +39,10 @@ def test_verify_refuses_ops_compiled_for_the_cpu_accelerator(standin_default: st
     assert "deepspeed:accelerator: DeepSpeed's ops were compiled for accelerator 'cpu', the image needs 'cuda'" in (
         proc.stderr
     )
+    # Each op says it would be JIT-compiled, without compiling it (DeepSpeed loads a prebuilt op only for its own
+    # accelerator).
+    jit = "deepspeed:fused_adam: DeepSpeed op fused_adam would be JIT-compiled: it was built for accelerator 'cpu'"
+    assert jit in proc.stderr
 
 
 def test_verify_refuses_an_arch_without_machine_code(standin_default: str) -> None:
