@@ -9,13 +9,17 @@ inside an image they are the image's own (images/versions.toml is not there).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
 
 
@@ -60,6 +64,13 @@ class Stack:
     def fused_adamw_on_cpu(self) -> bool:
         """torch.optim.AdamW(fused=True) has a CPU kernel from torch 2.4."""
         return self.torch is None or self.torch >= (2, 4)
+
+    @property
+    def refuses_torch_load(self) -> bool:
+        """transformers 4.52+ refuses every torch.load on torch < 2.6 (CVE-2025-32434: `weights_only` can be
+        bypassed there), a resume's optimizer, scheduler and RNG state included: the 12.4 row (NGC 24.05, torch 2.4)."""
+        return (self.transformers is not None and self.transformers >= (4, 52)
+                and self.torch is not None and self.torch < (2, 6))  # fmt: skip
 
     @property
     def bf16_emulation_flag(self) -> bool:
@@ -245,3 +256,24 @@ def rotate_checkpoints(trainer: Any, run_dir: str) -> None:
         )
     else:
         trainer._rotate_checkpoints(use_mtime=False, output_dir=run_dir)
+
+
+@contextlib.contextmanager
+def resuming_from(checkpoint: str | None, st: Stack | None = None) -> Iterator[None]:
+    """Around `trainer.train(resume_from_checkpoint=...)`: where transformers refuses torch.load on this torch
+    (`refuses_torch_load`), every resume would fail, so its guard is lifted for the checkpoint being resumed (one the
+    run's own output dir holds and marked complete, or the folder TRAIN_RESUME names), and said so in the log."""
+    st = st or stack()
+    if checkpoint is None or not st.refuses_torch_load:
+        yield
+        return
+    import transformers.trainer as hf_trainer
+
+    log.warning("resume: %s refuses torch.load on torch < 2.6 (CVE-2025-32434); loading the optimizer, scheduler and "
+                "RNG state of %s anyway: resume only checkpoints you trust", st.describe(), checkpoint)  # fmt: skip
+    guard = hf_trainer.check_torch_load_is_safe
+    hf_trainer.check_torch_load_is_safe = lambda: None
+    try:
+        yield
+    finally:
+        hf_trainer.check_torch_load_is_safe = guard

@@ -74,3 +74,22 @@ def test_auto_attention_never_picks_flash_attention_2_where_the_row_has_flash_at
     monkeypatch.setattr(compat, "stack", lambda: STACKS["12.1"])
     decision = decide_attn(settings, a100, "bf16")
     assert decision.value == "sdpa" and "no flash-attn 2 on this stack" in decision.reason
+
+
+def test_only_the_12_4_row_meets_transformers_refusing_torch_load() -> None:
+    """transformers 4.52+ on torch < 2.6 refuses the optimizer state of every resume (the 12.4 stand-in's resume test
+    failed on it); the adapter lifts that guard for the resumed checkpoint there, and nowhere else."""
+    assert [row for row, st in STACKS.items() if st.refuses_torch_load] == ["12.4"]
+
+
+def test_the_torch_load_guard_is_lifted_only_around_a_resume() -> None:
+    import transformers.trainer as hf_trainer
+
+    guard = hf_trainer.check_torch_load_is_safe
+    with compat.resuming_from("/output/checkpoint-3", STACKS["12.4"]):
+        assert hf_trainer.check_torch_load_is_safe is not guard
+        hf_trainer.check_torch_load_is_safe()  # what transformers calls before torch.load: no refusal
+    assert hf_trainer.check_torch_load_is_safe is guard
+    for checkpoint, st in ((None, STACKS["12.4"]), ("/output/checkpoint-3", STACKS["12.8"])):
+        with compat.resuming_from(checkpoint, st):
+            assert hf_trainer.check_torch_load_is_safe is guard

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
 
 log = logging.getLogger("trainer")
@@ -231,7 +232,8 @@ def _run(cfg: Any, stop: Any) -> int:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
-    trainer.train(resume_from_checkpoint=resume)
+    with resuming_from(resume):
+        trainer.train(resume_from_checkpoint=resume)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         return _interrupted(stop, trainer.state.global_step)
     trainer.save_final(out / "final", tokenizer)
