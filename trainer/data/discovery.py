@@ -26,8 +26,7 @@ SAVED_DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 MAX_FILES_CHECKED = 1000  # beyond this, the reader reports problems as it meets them
 SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
 EVAL_SPLITS = ("validation", "valid", "dev", "eval", "test")  # the first one a folder has is the evaluation data
-_SOURCE_ATTR = "_trainkit_data_source"
-_EVAL_SOURCE_ATTR = "_trainkit_eval_data_source"
+_SOURCE_ATTRS = {"data": "_trainkit_data_source", "eval_data": "_trainkit_eval_data_source"}
 
 
 @dataclass(frozen=True)
@@ -72,12 +71,29 @@ class DataSource:
 
 def source_of(settings: Any) -> DataSource:
     """The scan of `settings.data`, made once per settings object and then passed along with it."""
-    source = getattr(settings, _SOURCE_ATTR, None)
-    if source is None or source.spec != settings.data:
-        source = _hub_source(settings, "data", "train") or discover(
-            settings.data, settings.text_field, settings.data_max_bad_lines
+    return _scan_once(settings, "data")
+
+
+def eval_source_of(settings: Any) -> DataSource:
+    """The scan of `settings.eval_data` (a hub-style folder gives its validation split), made once per settings
+    object; its problems name TRAIN_EVAL_DATA."""
+    return _scan_once(settings, "eval_data")
+
+
+def _scan_once(settings: Any, key: str) -> DataSource:
+    """The scan of the data setting `key` ("data" or "eval_data"), kept on the settings object until it changes."""
+    attr, spec = _SOURCE_ATTRS[key], getattr(settings, key)
+    source = getattr(settings, attr, None)
+    if source is None or source.spec != spec:
+        split = "train" if key == "data" else "eval"
+        source = _hub_source(settings, key, split) or discover(
+            spec, settings.text_field, settings.data_max_bad_lines, split
         )
-        setattr(settings, _SOURCE_ATTR, source)
+        if key == "eval_data":  # discover's messages name TRAIN_DATA
+            renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
+                            else p for p in source.problems)  # fmt: skip
+            source = dataclasses.replace(source, problems=renamed)
+        setattr(settings, attr, source)
     return source
 
 
@@ -96,21 +112,6 @@ def _hub_source(settings: Any, key: str, split: str) -> DataSource | None:
         return DataSource(spec, problems=tuple(sources.problems_of.get(key, ())))
     found = discover(local_data_spec(snap.path, snap.ref), settings.text_field, settings.data_max_bad_lines, split)
     return dataclasses.replace(found, spec=spec, reason=f"{describe(snap)}: {found.reason}")
-
-
-def eval_source_of(settings: Any) -> DataSource:
-    """The scan of `settings.eval_data` (a hub-style folder gives its validation split), made once per settings
-    object; its problems name TRAIN_EVAL_DATA."""
-    source = getattr(settings, _EVAL_SOURCE_ATTR, None)
-    if source is None or source.spec != settings.eval_data:
-        source = _hub_source(settings, "eval_data", "eval") or discover(
-            settings.eval_data, settings.text_field, settings.data_max_bad_lines, split="eval"
-        )
-        renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
-                        else p for p in source.problems)  # fmt: skip
-        source = dataclasses.replace(source, problems=renamed)
-        setattr(settings, _EVAL_SOURCE_ATTR, source)
-    return source
 
 
 def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split: str = "train") -> DataSource:
