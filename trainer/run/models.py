@@ -174,11 +174,7 @@ def apply_lora(model: PreTrainedModel, s: Any) -> PreTrainedModel:
         r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
     )
     log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s", s.lora_r, s.lora_alpha, s.lora_dropout, s.lora_targets)
-    model = get_peft_model(model, lora)
-    for p in model.parameters():  # the adapters train in fp32 on a bf16/fp16 base (as PEFT's autocast does)
-        if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16):
-            p.data = p.data.float()
-    return model
+    return get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
