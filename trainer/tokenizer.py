@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from trainer.hub.models import TOKENIZER_FILES
+from trainer.hub.models import TOKENIZER_FILES, model_folder, tokenizer_folder
 
 log = logging.getLogger("trainer")
 
@@ -63,8 +63,6 @@ def has_tokenizer(folder: str | Path) -> bool:
 
 def tokenizer_for(settings: Any) -> PreTrainedTokenizerBase:
     """TRAIN_TOKENIZER's tokenizer when it is set, else TRAIN_MODEL's own (or the byte-level one)."""
-    from trainer.hub.models import model_folder, tokenizer_folder
-
     return load_tokenizer(tokenizer_folder(settings) or model_folder(settings))
 
 
