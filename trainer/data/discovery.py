@@ -121,7 +121,7 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
     path = Path(spec)
     if path.is_dir() and _is_saved_dataset(path):
         return DataSource(spec, saved_dataset=path, reason="a datasets.save_to_disk folder")
-    if not _is_glob(spec) and (path.is_file() or path.is_symlink()) and file_kind(path) is None:
+    if not is_glob(spec) and (path.is_file() or path.is_symlink()) and file_kind(path) is None:
         return DataSource(spec, problems=(f"TRAIN_DATA={spec}: unsupported file type; use one of {SUPPORTED}",))
     candidates, exists = _candidates(spec)
     files, left_out, chosen = _pick_split(candidates, path if path.is_dir() else None, split)
@@ -134,7 +134,8 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
     return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason)
 
 
-def _is_glob(spec: str) -> bool:
+def is_glob(spec: str) -> bool:
+    """A glob pattern, not a path."""
     return any(ch in spec for ch in "*?[")
 
 
@@ -145,7 +146,7 @@ def _is_saved_dataset(folder: Path) -> bool:
 def _candidates(spec: str) -> tuple[list[Path], bool]:
     """(data files by suffix, whether the spec names anything). Dangling symlinks are kept: they are reported."""
     path = Path(spec)
-    if _is_glob(spec):
+    if is_glob(spec):
         matches = [Path(p) for p in glob.glob(spec, recursive=True)]
     elif path.is_dir():
         matches = list(path.rglob("*"))

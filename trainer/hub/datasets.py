@@ -11,16 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainer.data.discovery import is_glob
 from trainer.data.formats import COMPRESSIBLE, COMPRESSIONS, FORMATS
 from trainer.hub.ids import HubRef
-
-_GLOB = "*?["
 
 
 def data_patterns(ref: HubRef) -> tuple[str, ...]:
     """The allow_patterns of a dataset snapshot: the data files under ref.path, or the file or glob it names."""
     suffixes = [*FORMATS, *(s + c for s, f in FORMATS.items() if f in COMPRESSIBLE for c in COMPRESSIONS)]
-    if ref.path and any(ch in ref.path for ch in _GLOB):
+    if is_glob(ref.path):
         return (ref.path,)
     prefix = f"{ref.path}/" if ref.path else ""
     return tuple([ref.path] if ref.path else []) + tuple(f"{prefix}*{suffix}" for suffix in suffixes)
@@ -36,7 +35,7 @@ def no_files_problem(variable: str, snapshot_path: Path, ref: HubRef, sha: str) 
     import glob
 
     spec = local_data_spec(snapshot_path, ref)
-    found = glob.glob(spec) if any(ch in ref.path for ch in _GLOB) else [spec] if Path(spec).exists() else []
+    found = glob.glob(spec) if is_glob(ref.path) else [spec] if Path(spec).exists() else []
     if found:
         return None
     where = f"at {ref.path!r}" if ref.path else "in the repository"

@@ -15,7 +15,6 @@ _PART = r"[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9_])?"
 _REVISION = r"[\w./-]+"
 _MODEL_RE = re.compile(rf"^(?P<repo>{_PART}/{_PART})(?:@(?P<revision>{_REVISION}))?$")
 _DATASET_RE = re.compile(rf"^(?P<repo>{_PART}/{_PART})(?:@(?P<revision>[\w.-]+))?(?:/(?P<path>[^\s]*))?$")
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 DEFAULT_REVISION = "main"
 
 
@@ -55,7 +54,3 @@ def parse_dataset_id(text: str) -> HubRef | None:
     if match is None or ".." in text:
         return None
     return HubRef(match["repo"], match["revision"] or None, "dataset", (match["path"] or "").strip("/"))
-
-
-def is_commit(revision: str | None) -> bool:
-    return bool(revision) and _COMMIT_RE.match(revision or "") is not None
