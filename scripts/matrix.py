@@ -31,8 +31,6 @@ PIN_ARGS = {  # package -> Dockerfile ARG carrying its pinned version
     "flash-attn": "FLASH_ATTN_VERSION",
     "dumb-init": "DUMB_INIT_VERSION",
 }
-# Every pin of a row goes into the build as one more ARG, TRAINER_PINS ("name==version ..."): the trainer's own
-# requirements (pyproject.toml) are installed at these versions, and the build refuses one without a pin.
 SKIP_ARGS = {  # package a row may skip -> Dockerfile ARG carrying the reason (the build records it as the claim)
     "flash-attn": "FLASH_ATTN_SKIP",
 }
@@ -245,7 +243,8 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
 
 
 def trainer_pins(pins: dict[str, str]) -> str:
-    """The TRAINER_PINS build arg: every pin of a row as `name==version` words."""
+    """The TRAINER_PINS build arg: every pin of a row as `name==version` words. The trainer's own requirements
+    (pyproject.toml) are installed at these versions; images/trainer_requirements.py refuses one without a pin."""
     return " ".join(f"{name}=={version}" for name, version in sorted(pins.items()))
 
 
