@@ -184,8 +184,9 @@ def fsdp_arguments(
 ) -> dict[str, Any]:
     """TrainingArguments' fsdp/fsdp_config for a TRAIN_FSDP strategy, in this transformers version's own keys.
 
-    `from_folder`: a model folder is read by local rank 0 only; the other ranks start from empty weights and get
-    rank 0's by broadcast when FSDP wraps the model (`cpu_ram_efficient_loading`, the same key from 4.46 on)."""
+    `from_folder`: ask for `cpu_ram_efficient_loading` (the same key from 4.46 on), FSDP's broadcast of local rank 0's
+    weights when it wraps the model. By reading their source: transformers 4.x then loads the other ranks on the meta
+    device; 5.23 still reads the weights on every rank. Host RAM per rank was not measured on either."""
     st = st or stack()
     if st.transformers_5:
         if strategy in FSDP2_RESHARD:

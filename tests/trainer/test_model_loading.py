@@ -3,8 +3,9 @@
 - LoRA: the frozen base weights load in the compute dtype (bf16 here, CPU autocast), half of fp32; the adapters
   still train in fp32. Seen in what the run saves: the merged `final/` model holds bf16 weights, the adapter fp32.
 - Full fine-tuning keeps fp32 master weights (mixed precision updates fp32 weights): `final/` holds fp32.
-- FSDP: TrainingArguments carry `cpu_ram_efficient_loading`, so only local rank 0 reads the folder and the others
-  get its weights by broadcast when FSDP wraps the model; a 2-process gloo run trains that way (finite losses).
+- FSDP: TrainingArguments carry `cpu_ram_efficient_loading` (rank 0's weights broadcast when FSDP wraps the model),
+  and a 2-process gloo run trains that way (finite losses). Whether the other ranks skip reading the folder depends
+  on the transformers version (trainer.compat.fsdp_arguments); this test does not measure host RAM.
 """
 
 from __future__ import annotations
