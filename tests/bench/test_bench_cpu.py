@@ -18,7 +18,7 @@ import pytest
 from trainer.config.schema import TrainSettings, field_names
 
 REPO = Path(__file__).resolve().parents[2]
-ROWS = "fp32,bf16,fp16,adamw_torch_fused,grad_ckpt,flash_attention_2,combined"
+ROWS = "fp32,bf16,fp16,auto,adamw_torch_fused,grad_ckpt,flash_attention_2,combined"
 WARMUP, STEPS = 1, 3
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -58,9 +58,18 @@ def test_json_on_stdout_is_the_written_results(bench: dict) -> None:
     written = json.loads((bench["dir"] / "results.json").read_text())
     assert written == bench["stdout"]
     # The catalogue's order, whatever the order given: precision rows first.
-    assert [r["name"] for r in written["rows"]] == ["fp32", "fp16", "bf16", "adamw_torch_fused", "grad_ckpt",
+    assert [r["name"] for r in written["rows"]] == ["fp32", "fp16", "bf16", "auto", "adamw_torch_fused", "grad_ckpt",
                                                       "flash_attention_2", "combined"]
     assert written["meta"]["model"] == "tiny" and written["meta"]["seq_len"] == 64
+
+
+def test_auto_row_runs_the_trainers_defaults_on_the_baseline_and_says_what_they_chose(bench: dict) -> None:
+    auto = next(r for r in bench["stdout"]["rows"] if r["name"] == "auto")
+    assert auto["status"] == "ok" and auto["on_top_of"] == "fp32"
+    assert {auto["env"][k] for k in ("TRAIN_PRECISION", "TRAIN_TF32", "TRAIN_OPTIM", "TRAIN_ATTN")} == {"auto"}
+    decided = json.loads((bench["dir"] / "rows" / "auto" / "run_config.json").read_text())["decisions"]
+    assert decided["precision"]["value"] == "fp32"  # a CPU
+    assert f"optim={decided['optim']['value']}" in auto["note"] and "precision=fp32" in auto["note"]
 
 
 def test_measured_rows_have_numbers_and_their_metrics(bench: dict) -> None:

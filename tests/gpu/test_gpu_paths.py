@@ -161,6 +161,9 @@ def test_qlora_4bit(tmp_path: Path) -> None:
 def test_profile_and_memory_snapshot(tmp_path: Path) -> None:
     out, _ = train(tmp_path, profile=1, memory_snapshot=1, max_steps=6)
     assert list((out / "profile").glob("*.pt.trace.json*"))
+    summary = (out / "profile" / "summary-rank0.txt").read_text()
+    assert "self_device_time_total" in summary or "self_cuda_time_total" in summary
+    assert "CUDA" in summary  # the table's GPU time columns
     assert (out / "memory_snapshot.pickle").stat().st_size > 0
 
 

@@ -27,7 +27,9 @@ import json
 import os
 import sys
 import time
+import traceback
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ class Counts:
 
     def __init__(self) -> None:
         self.open = False
-        self.current: dict[str, int] = {}
+        self.current: dict[str, Any] = {}
 
     def add(self, key: str) -> None:
         if self.open:
@@ -87,7 +89,7 @@ def install_spies() -> None:
         setattr(dist, name, counted)
 
 
-def step_window_callback(log_steps: int, sync_debug: bool, results: dict[int, dict[str, int]]) -> Any:
+def step_window_callback(log_steps: int, sync_debug: bool, results: dict[int, dict[str, Any]]) -> Any:
     from transformers import TrainerCallback
 
     class StepWindows(TrainerCallback):
@@ -95,7 +97,11 @@ def step_window_callback(log_steps: int, sync_debug: bool, results: dict[int, di
 
         def __init__(self) -> None:
             self.warnings_cm: Any = None
-            self.caught: list[Any] = []
+            self.syncs: list[str] = []
+
+        def record(self, message: Any, category: Any, filename: str, lineno: int, *rest: Any) -> None:
+            if "synchronizing" in str(message):
+                self.syncs.append(call_site())
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             step = state.global_step
@@ -104,21 +110,31 @@ def step_window_callback(log_steps: int, sync_debug: bool, results: dict[int, di
                 if sync_debug:
                     torch.cuda.set_sync_debug_mode("default")
                     self.warnings_cm.__exit__(None, None, None)
-                    syncs = [w for w in self.caught if "synchronizing" in str(w.message)]
-                    COUNTS.current["cuda_sync"] = len(syncs)
+                    COUNTS.current["cuda_sync"] = len(self.syncs)
+                    COUNTS.current["sync_sites"] = dict(Counter(self.syncs))  # who called each synchronization
                 results[step] = dict(COUNTS.current)
             logs = step % log_steps == 0 or (step == 1 and args.logging_first_step)
             if logs or control.should_log or control.should_save or step >= state.max_steps:
                 return
             COUNTS.current = {}
             if sync_debug:
-                self.warnings_cm = warnings.catch_warnings(record=True)
-                self.caught = self.warnings_cm.__enter__()
+                self.warnings_cm = warnings.catch_warnings()
+                self.warnings_cm.__enter__()
+                self.syncs = []
                 warnings.simplefilter("always")
+                warnings.showwarning = self.record
                 torch.cuda.set_sync_debug_mode("warn")
             COUNTS.open = True
 
     return StepWindows()
+
+
+def call_site(depth: int = 4) -> str:
+    """The innermost Python frames that led to a warning, as 'file:line < caller:line < ...' (this file's and the
+    warnings machinery's own frames left out)."""
+    frames = [f for f in traceback.extract_stack() if Path(f.filename).name not in ("warnings.py", "step_syncs.py")]
+    return " < ".join(f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.lineno}"
+                      for f in reversed(frames[-depth:]))
 
 
 def sync_errors_around(callbacks: list[Any]) -> list[Any]:
@@ -142,7 +158,7 @@ def sync_errors_around(callbacks: list[Any]) -> list[Any]:
     return [Gate("error"), *callbacks, Gate("warn")]
 
 
-def plain_run(out: Path, cfg: Any, sync_debug: bool) -> dict[int, dict[str, int]]:
+def plain_run(out: Path, cfg: Any, sync_debug: bool) -> dict[int, dict[str, Any]]:
     """A user's script: Transformers' defaults, with trainkit's batch, steps, logging, workers, precision and
     attention (precision and attention decide which kernels run, e.g. fp16's loss scaler)."""
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments, default_data_collator, set_seed
@@ -164,7 +180,7 @@ def plain_run(out: Path, cfg: Any, sync_debug: bool) -> dict[int, dict[str, int]
         logging_first_step=True, save_steps=100, report_to="none", use_cpu=not sync_debug,
         dataloader_num_workers=cfg.settings.num_workers, seed=7, bf16=precision == "bf16", fp16=precision == "fp16",
     )  # fmt: skip
-    results: dict[int, dict[str, int]] = {}
+    results: dict[int, dict[str, Any]] = {}
     callback = step_window_callback(log_steps, sync_debug, results)
     Trainer(
         model=model, args=args, train_dataset=data, data_collator=default_data_collator, callbacks=[callback]
@@ -172,7 +188,7 @@ def plain_run(out: Path, cfg: Any, sync_debug: bool) -> dict[int, dict[str, int]
     return results
 
 
-def trainkit_run(out: Path, data: Path, sync_debug: bool) -> tuple[int, dict[int, dict[str, int]], Any]:
+def trainkit_run(out: Path, data: Path, sync_debug: bool) -> tuple[int, dict[int, dict[str, Any]], Any]:
     """`trainer.run.train.run(cfg)` with the user's defaults but for the short run's size; its exit code too."""
     for key in [k for k in os.environ if k.startswith("TRAIN_")]:
         del os.environ[key]
@@ -186,7 +202,7 @@ def trainkit_run(out: Path, data: Path, sync_debug: bool) -> tuple[int, dict[int
 
     config.apply_process_defaults()
     cfg = config.resolve(config.load_settings())
-    results: dict[int, dict[str, int]] = {}
+    results: dict[int, dict[str, Any]] = {}
     own_callbacks = train._callbacks
 
     def with_probe(*args: Any) -> list[Any]:

@@ -80,6 +80,8 @@ def test_metrics_jsonl_has_exactly_the_contract_keys(finished_run) -> None:
 def test_run_config_tensorboard_logs_and_profiler_trace(finished_run) -> None:
     out, _ = finished_run
     assert list((out / "profile").glob("*.pt.trace.json"))
+    summary = (out / "profile" / "summary-rank0.txt").read_text()
+    assert "self_cpu_time_total" in summary and "aten::" in summary
     config = json.loads((out / "run_config.json").read_text())
     assert config["training_arguments"]["max_steps"] == STEPS
     assert "hf_secretsecretsecret" not in (out / "run_config.json").read_text()

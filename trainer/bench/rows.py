@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 BASELINE = "fp32"
+DEFAULTS = "auto"
 COMBINED = "combined"
 MAX_BATCH = "max_batch"
 GRAD_ACCUM = "grad_accum"
@@ -67,6 +68,17 @@ _OPTIMIZERS = {
 }
 
 
+# The technique variables a user who sets none of them gets: the trainer picks for this machine.
+AUTO_ENV: Mapping[str, str] = {"TRAIN_PRECISION": "auto", "TRAIN_TF32": "auto", "TRAIN_OPTIM": "auto",
+                               "TRAIN_ATTN": "auto"}
+
+
+def _defaults_row() -> list[RowSpec]:
+    doc = ("The trainer's defaults (TRAIN_PRECISION, TRAIN_TF32, TRAIN_OPTIM and TRAIN_ATTN left at auto): what "
+           "a run gets with no tuning. Measured on the baseline, not on top of the fastest precision.")
+    return [RowSpec(DEFAULTS, "defaults", doc, AUTO_ENV)]
+
+
 def _optimizer_rows() -> list[RowSpec]:
     return [RowSpec(name, "optim", doc, {"TRAIN_OPTIM": name}) for name, doc in _OPTIMIZERS.items()]
 
@@ -122,7 +134,7 @@ def _combined_row() -> list[RowSpec]:
 
 def catalogue() -> list[RowSpec]:
     """All rows, in the order they run (precision first: the other rows build on its winner)."""
-    return (_precision_rows() + _optimizer_rows() + _memory_rows() + _speed_rows() + _zero_rows()
+    return (_precision_rows() + _defaults_row() + _optimizer_rows() + _memory_rows() + _speed_rows() + _zero_rows()
             + _adapter_rows() + _combined_row())
 
 

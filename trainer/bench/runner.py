@@ -91,9 +91,9 @@ def run_row(name: str, env: Mapping[str, str], plan: RunPlan, on_step: StepCallb
         started = time.monotonic()
         returncode, timed_out = _run_trainer(child_env, log_dir, output_dir / "metrics.jsonl", plan, on_step)
         wall_s = time.monotonic() - started
-        metrics = output_dir / "metrics.jsonl"
-        if metrics.exists():
-            shutil.copyfile(metrics, log_dir / "metrics.jsonl")
+        for kept in ("metrics.jsonl", "run_config.json"):  # run_config.json: what the trainer decided
+            if (output_dir / kept).exists():
+                shutil.copyfile(output_dir / kept, log_dir / kept)
         stderr = (log_dir / "stderr.log").read_text(errors="replace")
         outcome = classify(returncode, timed_out, stderr, log_dir / "metrics.jsonl", plan)
         return RowOutcome(outcome.status, outcome.reason, outcome.measured, wall_s)

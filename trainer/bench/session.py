@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainer.bench.report import (
     BenchProgress,
@@ -14,6 +17,7 @@ from trainer.bench.rows import (
     BASELINE_ENV,
     COMBINABLE_GROUPS,
     COMBINED,
+    DEFAULTS,
     GRAD_ACCUM,
     MAX_BATCH,
     RowSpec,
@@ -73,6 +77,8 @@ class Bench:
         if spec.group == "precision":
             return self.measure(spec, {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size), **spec.env},
                                 on_top_of=None if spec.name == BASELINE else BASELINE)
+        if spec.name == DEFAULTS:
+            return self.run_defaults(spec)
         ref = self.reference()
         on_top_of = ref.name if ref else BASELINE
         skip = self.skip_reason(spec)
@@ -147,6 +153,16 @@ class Bench:
         best.note = f"largest batch that ran: {best.env['TRAIN_BATCH_SIZE']} (stopped at {stop})"
         return best
 
+    def run_defaults(self, spec: RowSpec) -> RowResult:
+        """The baseline with the technique variables left at auto; the note says what the trainer chose."""
+        row = self.measure(spec, {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size), **spec.env},
+                           on_top_of=BASELINE)
+        chosen = chosen_values(self.plan.work_dir / "rows" / spec.name / "run_config.json", spec.env)
+        if chosen:
+            row.note = "auto chose " + ", ".join(f"{k}={v}" for k, v in chosen.items()) + (
+                f"; {row.note}" if row.note else "")
+        return row
+
     def run_combined(self, spec: RowSpec, on_top_of: str) -> RowResult:
         plan = self.combined_plan()
         if isinstance(plan, str):
@@ -195,6 +211,16 @@ def grad_accum_env(batch_size: int) -> dict[str, str]:
     """The same effective batch in smaller micro-batches: the smallest accumulation factor >= 2 dividing it."""
     accum = next(k for k in range(2, batch_size + 1) if batch_size % k == 0)
     return {"TRAIN_BATCH_SIZE": str(batch_size // accum), "TRAIN_GRAD_ACCUM": str(accum)}
+
+
+def chosen_values(run_config: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """What the trainer decided for each TRAIN_* in `env`, read from a row's run_config.json ({} if absent)."""
+    try:
+        decisions = json.loads(run_config.read_text())["decisions"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    names = (key.removeprefix("TRAIN_").lower() for key in env)
+    return {name: str(decisions[name]["value"]) for name in names if name in decisions}
 
 
 def changes(env: dict[str, str]) -> dict[str, str]:

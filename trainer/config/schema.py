@@ -183,7 +183,12 @@ class TrainSettings(BaseSettings):
 
     # debug
     deterministic: bool = _f(False, "debug", "Deterministic algorithms (slower; for bisecting).")
-    profile: bool = _f(False, "debug", "torch.profiler traces under OUTPUT_DIR/profile, viewable in TensorBoard.")
+    profile: bool = _f(
+        False,
+        "debug",
+        "torch.profiler traces of steps 3-5 under OUTPUT_DIR/profile, viewable in TensorBoard, and "
+        "summary-rank<N>.txt there: the operators that took the most time.",
+    )
     memory_snapshot: bool = _f(
         False, "debug", "Write a CUDA memory snapshot (OUTPUT_DIR/memory_snapshot.pickle) for pytorch.org/memory_viz."
     )
