@@ -43,7 +43,15 @@ LIBRARIES        =+ $(_SPACE_) "-L$(TOP)/lib64/stubs" "-L$(TOP)/lib64"
 CUDAFE_FLAGS    +=
 PTXAS_FLAGS     +=
 """
+# CUDA 13 keeps CCCL (thrust, cub, libcu++) in include/cccl; NVIDIA's own nvcc.profile adds it as a system include,
+# so nvcc finds <thrust/...> while the host compiler alone does not (the same line, our layout has no targets/).
+NVCC_PROFILE_CCCL = 'SYSTEM_INCLUDES +=  "-isystem" "$(TOP)/include/cccl" $(_SPACE_)\n'
 PROBE = "__global__ void probe(float *x) { x[threadIdx.x] *= 2.0f; }\n"
+CCCL_PROBE = """\
+#include <thrust/complex.h>
+#include <cub/cub.cuh>
+__global__ void cccl_probe(float *x) { x[threadIdx.x] = thrust::abs(thrust::complex<float>(x[threadIdx.x], 1.0f)); }
+"""
 
 
 def run(argv: list[str], **kwargs) -> None:
@@ -135,9 +143,31 @@ def finish_layout() -> None:
     # Link-time only (like the toolkit's own stub): the driver provides libcuda.so.1 at run time.
     stub = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stubs / "libcuda.so"), "-x", "c"]
     run([*stub, "/dev/null"])
-    (CUDA_HOME / "bin" / "nvcc.profile").write_text(NVCC_PROFILE)
+    (CUDA_HOME / "bin" / "nvcc.profile").write_text(nvcc_profile())
     if Path("/usr/local/cuda") != CUDA_HOME and not Path("/usr/local/cuda").exists():
         Path("/usr/local/cuda").symlink_to(CUDA_HOME)
+
+
+def nvcc_profile() -> str:
+    """The stand-in's nvcc.profile: NVIDIA's, for this layout, with include/cccl where the toolkit has one (13+)."""
+    return NVCC_PROFILE + (NVCC_PROFILE_CCCL if (CUDA_HOME / "include" / "cccl").is_dir() else "")
+
+
+def prove_cccl(arch: str) -> None:
+    """nvcc compiles thrust and cub includes for `arch`, as torch's headers and DeepSpeed's fused ops need."""
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "cccl_probe.cu").write_text(CCCL_PROBE)
+        argv = [str(CUDA_HOME / "bin" / "nvcc"), "-c", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                "-o", str(Path(tmp, "cccl_probe.o")), str(Path(tmp, "cccl_probe.cu"))]  # fmt: skip
+        print("+", " ".join(argv), flush=True)
+        result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(
+            f"the stand-in toolkit's nvcc cannot compile #include <thrust/complex.h> and <cub/cub.cuh> for sm_{arch}:"
+            f"\n{result.stderr.strip()}\n  CCCL's headers must be on nvcc's default include path: {CUDA_HOME}/include"
+            f" (CUDA 12), or {CUDA_HOME}/include/cccl added by bin/nvcc.profile (CUDA 13)."
+        )
+    print(f"nvcc compiles thrust and cub for sm_{arch}", flush=True)
 
 
 def prove(arch: str) -> None:
@@ -164,7 +194,9 @@ def main() -> None:
         install_deb(deb)
     add_library_headers()
     finish_layout()
-    prove(os.environ.get("STANDIN_PROBE_ARCH", "90"))
+    arch = os.environ.get("STANDIN_PROBE_ARCH", "90")
+    prove(arch)
+    prove_cccl(arch)
 
 
 if __name__ == "__main__":

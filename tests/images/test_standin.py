@@ -28,6 +28,10 @@ def record(row: str) -> dict:
     return json.loads(path.read_text())
 
 
+def cuda_major(row: str) -> str:
+    return row.split(".")[0]
+
+
 def test_tags_labels_and_record_say_stand_in(standin_image: str, standin_row: str, docker_client) -> None:
     image = docker_client.images.get(standin_image)
     xy = standin_row.replace(".", "")
@@ -56,7 +60,8 @@ def test_verify_passed_with_cuda_ops_sass_and_bitsandbytes(standin_row: str, sta
         assert checks[f"deepspeed:{op}"]["status"] == "ok", checks[f"deepspeed:{op}"]
     assert "SASS sm_90" in checks["deepspeed:fused_adam"]["detail"]
     assert checks["bitsandbytes:cuda"]["status"] == "ok"
-    assert checks["bitsandbytes:cuda"]["detail"].startswith("libbitsandbytes_cuda12")
+    # The library for the base torch's CUDA, whose major is the row's (cuda12x for 12.x rows, cuda130 for 13.0).
+    assert checks["bitsandbytes:cuda"]["detail"].startswith(f"libbitsandbytes_cuda{cuda_major(standin_row)}")
 
 
 def test_deepspeed_inside_is_built_for_cuda_with_fused_adam(standin_image: str, docker_client) -> None:
@@ -86,7 +91,7 @@ def test_the_image_owns_its_constraints(standin_row: str, standin_image: str, do
     # The distribution's version: PyPI's wheels say 2.1.2 where torch.__version__ says 2.1.2+cu121.
     probe = "python -c 'import importlib.metadata as m; print(m.version(\"torch\"))'"
     assert f"torch=={run_in(docker_client, standin_image, probe).strip()}" in lines
-    assert any(line.startswith("nvidia-cudnn-cu12==") for line in lines)
+    assert any(line.startswith(f"nvidia-cudnn-cu{cuda_major(standin_row)}==") for line in lines)
     assert any(line.startswith("numpy==") for line in lines)
     assert not [line for line in lines if line.startswith(("pyarrow", "dill", "fsspec=="))]
 
