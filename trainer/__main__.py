@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from trainer.errors import EXIT_USER, ConfigError
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USER
+    except BrokenPipeError:  # the reader went away (`bench --list | head`): stop quietly, as `ls | head` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 1
 
 
 if __name__ == "__main__":

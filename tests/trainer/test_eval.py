@@ -87,3 +87,13 @@ def test_keep_best_survives_a_resume(run_trainer, tmp_path: Path) -> None:
     best = out / f"checkpoint-{min(evals, key=lambda e: e['eval_loss'])['step']}"
     assert best.is_dir()
     assert_same_weights(out / "final", best)
+
+
+def test_a_malformed_line_in_eval_data_names_train_eval_data(run_trainer, tmp_path: Path, text_file: Path) -> None:
+    held = tmp_path / "eval.jsonl"
+    good = [json.dumps({"text": f"held-out sentence {i} about foxes."}) + "\n" for i in range(10)]
+    held.write_text("".join(good) + "{not json\n")  # past the first record: found while the data is read
+    result = run_trainer(["train"], env=run_env(tmp_path, data=text_file, eval_data=held, max_steps=2, eval_steps=2))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"TRAIN_EVAL_DATA: {held}:11: not valid JSON" in result.stderr
+    assert "Traceback" not in result.stderr

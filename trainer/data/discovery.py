@@ -40,6 +40,7 @@ class DataSource:
     left_out: tuple[Path, ...] = ()  # files of other splits in a hub-style folder
     problems: tuple[str, ...] = ()
     reason: str = ""
+    variable: str = "TRAIN_DATA"  # the setting it came from, named in every message about it
 
     @property
     def ok(self) -> bool:
@@ -92,7 +93,7 @@ def _scan_once(settings: Any, key: str) -> DataSource:
         if key == "eval_data":  # discover's messages name TRAIN_DATA
             renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
                             else p for p in source.problems)  # fmt: skip
-            source = dataclasses.replace(source, problems=renamed)
+            source = dataclasses.replace(source, problems=renamed, variable="TRAIN_EVAL_DATA")
         setattr(settings, attr, source)
     return source
 

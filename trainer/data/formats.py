@@ -74,14 +74,15 @@ def bad_line_message(path: str | Path, line: int, reason: str) -> str:
     return f"{path}:{line}: {reason}"
 
 
-def too_many_bad_lines(first: str, count: int, allowed: int) -> str:
-    """The error when the corpus holds more malformed lines than TRAIN_DATA_MAX_BAD_LINES allows."""
+def too_many_bad_lines(first: str, count: int, allowed: int, variable: str = "TRAIN_DATA") -> str:
+    """The error when the corpus that `variable` names holds more malformed lines than TRAIN_DATA_MAX_BAD_LINES
+    allows."""
     if allowed == 0:
         return (
-            f"TRAIN_DATA: {first}; fix or remove that line, or set {BAD_LINES_VARIABLE} to skip up to that many "
+            f"{variable}: {first}; fix or remove that line, or set {BAD_LINES_VARIABLE} to skip up to that many "
             "malformed lines (each skipped line is reported)"
         )
     return (
-        f"TRAIN_DATA: more than {BAD_LINES_VARIABLE}={allowed} malformed lines ({count} so far; the first: {first}); "
+        f"{variable}: more than {BAD_LINES_VARIABLE}={allowed} malformed lines ({count} so far; the first: {first}); "
         f"fix the data or raise {BAD_LINES_VARIABLE}"
     )

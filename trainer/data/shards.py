@@ -316,8 +316,9 @@ def write_json_synced(path: Path, data: dict[str, Any]) -> None:
 class Tally:
     """What the preparation saw besides tokens: records, records without text, malformed lines (bounded)."""
 
-    def __init__(self, max_bad_lines: int) -> None:
+    def __init__(self, max_bad_lines: int, variable: str = "TRAIN_DATA") -> None:
         self.allowed, self.bad_lines, self.records, self.without_text = max_bad_lines, [], 0, 0
+        self.variable = variable
         self.worker_rss = 0
 
     def add(self, piece: Piece) -> None:
@@ -329,14 +330,15 @@ class Tally:
             if len(self.bad_lines) <= BAD_LINES_LOGGED:
                 log.warning("data: skipped malformed line %s", line)
         if len(self.bad_lines) > self.allowed:
-            raise ConfigError(too_many_bad_lines(self.bad_lines[0], len(self.bad_lines), self.allowed))
+            raise ConfigError(too_many_bad_lines(self.bad_lines[0], len(self.bad_lines), self.allowed,
+                                                 self.variable))
 
     def report(self, text_field: str) -> dict[str, Any]:
         if self.without_text:
             log.warning("data: %d record(s) had no %r value (null or missing): no text", self.without_text, text_field)
         if self.bad_lines:
-            log.warning("data: skipped %d malformed line(s) (TRAIN_DATA_MAX_BAD_LINES=%d)", len(self.bad_lines),
-                        self.allowed)  # fmt: skip
+            log.warning("data: %s: skipped %d malformed line(s) (TRAIN_DATA_MAX_BAD_LINES=%d)", self.variable,
+                        len(self.bad_lines), self.allowed)  # fmt: skip
         return {"records": self.records, "records_without_text": self.without_text, "skipped_lines": self.bad_lines,
                 "peak_rss_worker_bytes": self.worker_rss}  # fmt: skip
 
@@ -356,7 +358,7 @@ def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: 
     encoder = Encoder.for_tokenizer(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     workers = worker_count(encoder, corpus_bytes(source)) if workers is None else workers
-    tally = Tally(max_bad_lines)
+    tally = Tally(max_bad_lines, getattr(source, "variable", "TRAIN_DATA"))
     with ShardWriter(folder, seq_len, encoder.dtype, int(pad_id)) as writer:
         for piece in tokenize_all(iter_units(source, text_field), encoder, text_field, workers):
             tally.add(piece)
