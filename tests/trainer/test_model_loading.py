@@ -71,7 +71,7 @@ def test_full_fine_tuning_keeps_fp32_master_weights(run_trainer, trainer_env, mo
 FSDP = "full_shard" if compat.stack().fsdp2 else "hybrid_shard"  # the strategies this stack runs (trainer.compat)
 
 
-def test_fsdp_reads_a_model_folder_on_rank_0_only(config_json, trainer_env, model_folder, text_file):
+def test_fsdp_asks_for_cpu_ram_efficient_loading_of_a_model_folder(config_json, trainer_env, model_folder, text_file):
     folder = config_json(_short_run(trainer_env, model_folder, text_file, fsdp=FSDP))
     assert folder["training_arguments"]["fsdp_config"]["cpu_ram_efficient_loading"] is True
     preset = config_json(_short_run(trainer_env, model_folder, text_file, fsdp=FSDP, model="tiny"))
@@ -79,7 +79,7 @@ def test_fsdp_reads_a_model_folder_on_rank_0_only(config_json, trainer_env, mode
 
 
 @pytest.mark.skipif(not compat.stack().fsdp2, reason="full_shard (FSDP2) needs transformers 5 and torch >= 2.6")
-def test_two_fsdp_ranks_train_a_folder_read_by_rank_0(run_trainer, trainer_env, model_folder, text_file):
+def test_two_fsdp_ranks_train_a_model_folder(run_trainer, trainer_env, model_folder, text_file):
     output = Path(trainer_env["TRAIN_OUTPUT_DIR"])
     env = _short_run(trainer_env, model_folder, text_file, fsdp="full_shard", nproc_per_node="2")
     result = run_trainer([], env=env, timeout=600, module="trainer.launch")
