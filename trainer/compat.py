@@ -186,7 +186,9 @@ def fsdp_arguments(
 
     `from_folder`: ask for `cpu_ram_efficient_loading` (the same key from 4.46 on), FSDP's broadcast of local rank 0's
     weights when it wraps the model. By reading their source: transformers 4.x then loads the other ranks on the meta
-    device; 5.23 still reads the weights on every rank. Host RAM per rank was not measured on either."""
+    device; 5.23 still reads the weights on every rank (its loader has no FSDP branch, and ACCELERATE_USE_FSDP, which
+    its is_fsdp_enabled() needs, is set only when Trainer builds the Accelerator, after the model), while accelerate
+    1.15's FSDP2 loading uses only global rank 0's values. Host RAM per rank was not measured on either."""
     st = st or stack()
     if st.transformers_5:
         if strategy in FSDP2_RESHARD:

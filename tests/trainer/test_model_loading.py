@@ -4,8 +4,9 @@
   still train in fp32. Seen in what the run saves: the merged `final/` model holds bf16 weights, the adapter fp32.
 - Full fine-tuning keeps fp32 master weights (mixed precision updates fp32 weights): `final/` holds fp32.
 - FSDP: TrainingArguments carry `cpu_ram_efficient_loading` (rank 0's weights broadcast when FSDP wraps the model),
-  and a 2-process gloo run trains that way (finite losses). Whether the other ranks skip reading the folder depends
-  on the transformers version (trainer.compat.fsdp_arguments); this test does not measure host RAM.
+  and a 2-process gloo run with TRAIN_FSDP trains. On CPUs accelerate builds no FSDP plugin and runs the ranks as
+  DDP, so that run proves the arguments are accepted, not sharding. Whether the other ranks skip reading the folder
+  depends on the transformers version (trainer.compat.fsdp_arguments); nothing here measures host RAM.
 """
 
 from __future__ import annotations

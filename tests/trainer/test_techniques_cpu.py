@@ -55,7 +55,9 @@ def test_fsdp_in_one_process_runs_as_a_world_of_one(run_trainer, trainer_env, te
     result = run_trainer([], env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "only works in distributed training" not in result.stderr
-    assert json.loads((output / "run_config.json").read_text())["training_arguments"]["fsdp"]
+    config = json.loads((output / "run_config.json").read_text())
+    assert config["training_arguments"]["fsdp"]
+    assert "on CPUs accelerate does not shard" in config["decisions"]["fsdp"]["reason"]  # it says what really runs
     assert [r["step"] for r in _metrics(output)] == [1, 2, 3]
     assert (output / "checkpoint-2" / "trainkit_complete").is_file()
     assert (output / "final" / "config.json").is_file()

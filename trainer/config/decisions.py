@@ -282,12 +282,14 @@ def decide_model(s: TrainSettings, preset: bool) -> Decision[str]:
     return _decide(str(snap.path), f"Hub model {snap.ref.repo_id}, {how}: commit {snap.sha}, in the HF_HOME cache")
 
 
-def _fsdp_reason(s: TrainSettings) -> str:
+def _fsdp_reason(s: TrainSettings, hw: Hardware) -> str:
     if s.fsdp == "none":
         return "TRAIN_FSDP=none"
     wrap = "LlamaDecoderLayer" if s.model in MODEL_PRESETS else "the model's _no_split_modules"
     version = "FSDP2" if s.fsdp in FSDP2_RESHARD else "FSDP1 (deprecated by Transformers; prefer full_shard)"
-    return f"{version} {s.fsdp}, auto-wrapping {wrap}"
+    # accelerate builds its FSDP plugin for GPU (and other accelerator) worlds only; CPU processes get DDP.
+    cpu = "; on CPUs accelerate does not shard: every process trains a whole copy (DDP)" if not hw.is_gpu else ""
+    return f"{version} {s.fsdp}, auto-wrapping {wrap}{cpu}"
 
 
 def decide_all(
@@ -318,7 +320,7 @@ def decide_all(
         "lora": _decide(
             s.lora, f"r={s.lora_r} alpha={s.lora_alpha} targets={s.lora_targets}" if s.lora else "TRAIN_LORA=0"
         ),
-        "fsdp": _decide(s.fsdp, _fsdp_reason(s)),
+        "fsdp": _decide(s.fsdp, _fsdp_reason(s, hw)),
         "grad_ckpt": _decide(s.grad_ckpt, _grad_ckpt_reason(s)),
         **decide(decide_debug, s, hw, fallback={}),
         "report_to": decide_report_to(),
