@@ -64,6 +64,8 @@ def test_config_json_uses_the_rows_transformers_argument_names(standin_image: st
 
 def test_each_unsupported_switch_exits_2_with_the_reason(standin_image: str, standin_row: str, docker_client) -> None:
     unsupported = ROWS[standin_row].get("unsupported", {})
+    if not unsupported:
+        pytest.skip(f"images/versions.toml lists no unsupported switch for the {standin_row} row")
     for switch in unsupported:
         name, _, value = switch.partition("=")
         env = {name: value, "TRAIN_OUTPUT_DIR": "/tmp/out"}
