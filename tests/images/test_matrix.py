@@ -260,9 +260,17 @@ def test_a_requirement_without_a_pin_fails_naming_it() -> None:
     assert "no pin for pydantic-settings" in proc.stderr and "images/versions.toml" in proc.stderr
 
 
-def test_the_numpy_1_rows_pin_a_pyarrow_built_for_numpy_1() -> None:
-    """pyarrow 22+ and pandas 3 refuse NumPy 1.x at import (the 12.1 stand-in's verify caught pyarrow 26)."""
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def test_every_row_pins_a_pyarrow_its_numpy_and_its_datasets_accept() -> None:
+    """pyarrow 26 and pandas 3 refuse NumPy 1.x at import (the 12.1 stand-in's verify caught pyarrow 26; 24 and 25
+    import with NumPy 1.26), and datasets 5 requires pyarrow >= 24 (the 12.6 stand-in's pip refused pyarrow 21)."""
     entries = matrix.load().entries
-    for cuda in ("12.1", "12.4", "12.6"):
-        assert int(entries[cuda].packages["pyarrow"].split(".")[0]) < 22
-        assert int(entries[cuda].packages["pandas"].split(".")[0]) < 3
+    for cuda in ("12.1", "12.4", "12.6"):  # NumPy 1.x in NGC 23.07 to 24.12
+        assert _major(entries[cuda].packages["pyarrow"]) < 26, cuda
+        assert _major(entries[cuda].packages["pandas"]) < 3, cuda
+    for cuda, entry in entries.items():
+        if _major(entry.packages["datasets"]) >= 5:
+            assert _major(entry.packages["pyarrow"]) >= 24, (cuda, entry.packages["pyarrow"])
