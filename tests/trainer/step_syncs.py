@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 MAX_STEPS, SEQ, BATCH = 8, 32, 2
+LOG_STEPS = 100  # past the run: only logging_first_step logs
 READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
 COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list",
@@ -174,34 +175,37 @@ def plain_run(out: Path, cfg: Any, sync_debug: bool) -> dict[int, dict[str, Any]
     )
     blocks = torch.randint(0, len(tok), (64, SEQ))
     data = [{"input_ids": b, "labels": b} for b in blocks]
-    log_steps = 100
     args = TrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=BATCH, max_steps=MAX_STEPS, logging_steps=log_steps,
+        output_dir=str(out), per_device_train_batch_size=BATCH, max_steps=MAX_STEPS, logging_steps=LOG_STEPS,
         logging_first_step=True, save_steps=100, report_to="none", use_cpu=not sync_debug,
         dataloader_num_workers=cfg.settings.num_workers, seed=7, bf16=precision == "bf16", fp16=precision == "fp16",
     )  # fmt: skip
     results: dict[int, dict[str, Any]] = {}
-    callback = step_window_callback(log_steps, sync_debug, results)
+    callback = step_window_callback(LOG_STEPS, sync_debug, results)
     Trainer(
         model=model, args=args, train_dataset=data, data_collator=default_data_collator, callbacks=[callback]
     ).train()
     return results
 
 
-def trainkit_run(out: Path, data: Path, sync_debug: bool) -> tuple[int, dict[int, dict[str, Any]], Any]:
-    """`trainer.run.train.run(cfg)` with the user's defaults but for the short run's size; its exit code too."""
+def trainkit_config(out: Path, data: Path) -> Any:
+    """The resolved configuration of trainkit's run: the user's defaults but for the short run's size."""
     for key in [k for k in os.environ if k.startswith("TRAIN_")]:
         del os.environ[key]
-    log_steps = 100
     os.environ.update(
         TRAIN_OUTPUT_DIR=str(out), TRAIN_DATA=str(data), TRAIN_SEQ_LEN=str(SEQ), TRAIN_BATCH_SIZE=str(BATCH),
-        TRAIN_MAX_STEPS=str(MAX_STEPS), TRAIN_LOG_STEPS=str(log_steps), TRAIN_SAVE_STEPS="100", TRAIN_SEED="7",
+        TRAIN_MAX_STEPS=str(MAX_STEPS), TRAIN_LOG_STEPS=str(LOG_STEPS), TRAIN_SAVE_STEPS="100", TRAIN_SEED="7",
     )  # fmt: skip
     from trainer import config
-    from trainer.run import train
 
     config.apply_process_defaults()
-    cfg = config.resolve(config.load_settings())
+    return config.resolve(config.load_settings())
+
+
+def trainkit_run(cfg: Any, sync_debug: bool) -> tuple[int, dict[int, dict[str, Any]]]:
+    """`trainer.run.train.run(cfg)` with the probe's callbacks; its exit code and counts."""
+    from trainer.run import train
+
     results: dict[int, dict[str, Any]] = {}
     own_callbacks = train._callbacks
 
@@ -209,19 +213,22 @@ def trainkit_run(out: Path, data: Path, sync_debug: bool) -> tuple[int, dict[int
         callbacks = own_callbacks(*args)
         if sync_debug:
             callbacks = sync_errors_around(callbacks)
-        return [*callbacks, step_window_callback(log_steps, sync_debug, results)]
+        return [*callbacks, step_window_callback(LOG_STEPS, sync_debug, results)]
 
     train._callbacks = with_probe
     try:
         code = train.run(cfg)
     finally:
         train._callbacks = own_callbacks
-    return code, results, cfg
+    return code, results
 
 
 def main() -> None:
+    """--side trainkit|plain runs one side only: a process's one-time CUDA set-up (handles, lazy modules) then
+    falls in that side's own steps, as it does for a user, instead of only in whichever side runs first."""
     folder = Path(sys.argv[1])
     sync_debug = "--cuda-sync-debug" in sys.argv
+    side = sys.argv[sys.argv.index("--side") + 1] if "--side" in sys.argv else "both"
     rank = int(os.environ.get("RANK", "0"))
     install_spies()
     data = folder / "data.txt"
@@ -230,9 +237,12 @@ def main() -> None:
     else:
         while not data.is_file():  # rank 0 writes it; the trainer's own barriers start after
             time.sleep(0.05)
-    code, ours, cfg = trainkit_run(folder / "trainkit", data, sync_debug)
-    plain = plain_run(folder / "plain", cfg, sync_debug)
-    out = {"exit_code": code, "plain": plain, "trainkit": ours}
+    cfg = trainkit_config(folder / "trainkit", data)
+    out: dict[str, Any] = {"exit_code": 0}
+    if side in ("both", "trainkit"):
+        out["exit_code"], out["trainkit"] = trainkit_run(cfg, sync_debug)
+    if side in ("both", "plain"):
+        out["plain"] = plain_run(folder / "plain", cfg, sync_debug)
     (folder / f"counts.{rank}.json").write_text(json.dumps(out))
 
 
