@@ -77,9 +77,14 @@ def run_controls(plan: RunPlan, output_dir: Path) -> dict[str, str]:
     }
 
 
+def row_dir(plan: RunPlan, name: str) -> Path:
+    """Where a row's logs, metrics.jsonl and run_config.json are kept."""
+    return plan.work_dir / "rows" / name
+
+
 def run_row(name: str, env: Mapping[str, str], plan: RunPlan, on_step: StepCallback | None = None) -> RowOutcome:
     """Train `plan.max_steps` steps with `env` over the current environment; logs land in work_dir/rows/<name>."""
-    log_dir = plan.work_dir / "rows" / name
+    log_dir = row_dir(plan, name)
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
     tmp_root = plan.work_dir / ".tmp"

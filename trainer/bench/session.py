@@ -22,7 +22,7 @@ from trainer.bench.rows import (
     MAX_BATCH,
     RowSpec,
 )
-from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, run_row
+from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, row_dir, run_row
 from trainer.errors import ConfigError
 
 
@@ -57,11 +57,14 @@ class Bench:
             return max(ran, key=lambda r: r.tokens_per_s or 0.0)
         return self.results.get(BASELINE)
 
+    def baseline_env(self) -> dict[str, str]:
+        return {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size)}
+
     def reference_env(self) -> dict[str, str]:
         ref = self.reference()
         if ref is not None and ref.ok:
             return dict(ref.env)
-        return {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size)}
+        return self.baseline_env()
 
     def run(self) -> list[RowResult]:
         for spec in self.specs:
@@ -75,7 +78,7 @@ class Bench:
 
     def run_spec(self, spec: RowSpec) -> RowResult:
         if spec.group == "precision":
-            return self.measure(spec, {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size), **spec.env},
+            return self.measure(spec, {**self.baseline_env(), **spec.env},
                                 on_top_of=None if spec.name == BASELINE else BASELINE)
         if spec.name == DEFAULTS:
             return self.run_defaults(spec)
@@ -155,9 +158,8 @@ class Bench:
 
     def run_defaults(self, spec: RowSpec) -> RowResult:
         """The baseline with the technique variables left at auto; the note says what the trainer chose."""
-        row = self.measure(spec, {**BASELINE_ENV, "TRAIN_BATCH_SIZE": str(self.ctx.batch_size), **spec.env},
-                           on_top_of=BASELINE)
-        chosen = chosen_values(self.plan.work_dir / "rows" / spec.name / "run_config.json", spec.env)
+        row = self.measure(spec, {**self.baseline_env(), **spec.env}, on_top_of=BASELINE)
+        chosen = chosen_values(row_dir(self.plan, spec.name) / "run_config.json", spec.env)
         if chosen:
             row.note = "auto chose " + ", ".join(f"{k}={v}" for k, v in chosen.items()) + (
                 f"; {row.note}" if row.note else "")

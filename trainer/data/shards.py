@@ -358,7 +358,7 @@ def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: 
     encoder = Encoder.for_tokenizer(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     workers = worker_count(encoder, corpus_bytes(source)) if workers is None else workers
-    tally = Tally(max_bad_lines, getattr(source, "variable", "TRAIN_DATA"))
+    tally = Tally(max_bad_lines, source.variable)
     with ShardWriter(folder, seq_len, encoder.dtype, int(pad_id)) as writer:
         for piece in tokenize_all(iter_units(source, text_field), encoder, text_field, workers):
             tally.add(piece)

@@ -27,15 +27,14 @@ class ProfilerCallback(TrainerCallback):
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
+        on_gpu = torch.cuda.is_available()
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
         worker = f"rank{args.process_index}"
         write_trace = tensorboard_trace_handler(str(self.trace_dir), worker_name=worker)
 
         def on_trace_ready(prof: Any) -> None:
             write_trace(prof)
-            write_summary(prof, self.trace_dir / f"summary-{worker}.txt", on_gpu=len(activities) > 1)
+            write_summary(prof, self.trace_dir / f"summary-{worker}.txt", on_gpu=on_gpu)
 
         self.profiler = profile(
             activities=activities,
