@@ -200,7 +200,9 @@ def _run(cfg: Any, stop: Any) -> int:
     out = Path(s.output_dir)
     args = _training_arguments(cfg)
     if args.should_save:
-        out.mkdir(parents=True, exist_ok=True)
+        from trainer.run.output_lock import acquire_output_lock
+
+        acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
         cfg.write_run_config(out)
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
