@@ -90,6 +90,13 @@ def run(cfg: Any) -> int:
     stop = GracefulStop().install()
     try:
         return _run(cfg, stop)
+    except OSError as exc:
+        from trainer.run.disk_space import DISK_ERRNOS, DiskFull
+
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        where = Path(exc.filename).parent if exc.filename else Path(cfg.settings.output_dir)
+        raise DiskFull(where, exc, f"writing {exc.filename or 'the run outputs'}") from None
     finally:
         stop.restore()
 
@@ -188,9 +195,10 @@ def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
 def _run(cfg: Any, stop: Any) -> int:
     from transformers import default_data_collator, set_seed
 
-    from trainer.data.cache import Stopped
+    from trainer.data.cache import Stopped, default_cache_dir
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer
+    from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
@@ -206,12 +214,15 @@ def _run(cfg: Any, stop: Any) -> int:
         cfg.write_run_config(out)
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
-        dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
+        with full_disk_ends_run(default_cache_dir(s.output_dir), "writing the tokenized data cache"):
+            dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
         dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return _interrupted(stop, None)
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
+    if args.should_save:
+        warn_if_too_small(out, model)
     resume = _resume_from(s, args)
     if resume and args.should_save:
         truncate_after(out / "metrics.jsonl", _checkpoint_step(resume))
