@@ -127,9 +127,8 @@ def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any],
             _fsync_dir(cache_dir)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            message = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-            with contextlib.suppress(OSError):  # the waiting ranks' news; never hide the error itself
-                failed.write_text(json.dumps({"run": _run_id(), "message": message}))
+            if not isinstance(exc, (Stopped, KeyboardInterrupt)):  # a stop is not a failure: the requeue prepares
+                _mark_failed(failed, exc)
             raise
         return meta, True
 
@@ -158,9 +157,29 @@ def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S, shoul
         time.sleep(POLL_S)
 
 
+def _mark_failed(marker: Path, exc: BaseException) -> None:
+    message = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    with contextlib.suppress(OSError):  # the waiting ranks' news; never hide the error itself
+        marker.write_text(json.dumps({"run": _run_id(), "message": message, "time": time.time()}))
+
+
 def _failure(marker: Path) -> str | None:
+    """The message of a failure marker from this torchrun attempt. A requeue keeps the run id (Slurm's job id) and
+    the restart count, so a marker written before this process started is an earlier attempt's, not ours."""
     try:
         data = json.loads(marker.read_text())
     except (OSError, ValueError):
         return None
-    return data.get("message") if data.get("run") == _run_id() else None
+    if data.get("run") != _run_id() or data.get("time", 0) < process_start_time():
+        return None
+    return data.get("message")
+
+
+def process_start_time() -> float:
+    """When this process started (Unix time; Linux's /proc), else 0."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
+    return boot + ticks / os.sysconf("SC_CLK_TCK") - 1.0  # btime is whole seconds
