@@ -103,7 +103,9 @@ def remove_stale_temps(output_dir: str | Path) -> list[Path]:
 
 def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
     """Mark `staged` complete, flush it, and move it to `final` with one rename."""
-    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "time": time.time()}) + "\n")
+    from trainer.run.resume_guard import manifest
+
+    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "files": manifest(staged), "time": time.time()}) + "\n")
     fsync_tree(staged)
     if final.exists():  # e.g. a run restarted with TRAIN_RESUME=never reaches the same step
         old = final.with_name(f"{TMP_PREFIX}old-{final.name}")

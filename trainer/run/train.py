@@ -83,8 +83,9 @@ def run(cfg: Any) -> int:
     setup_logging()
     if cfg.settings.resume not in ("auto", "never"):
         from trainer.run.checkpoint import validate_resume_path
+        from trainer.run.resume_guard import check_whole
 
-        validate_resume_path(cfg.settings.resume)  # before the heavy work: a user mistake exits 2 at once
+        check_whole(validate_resume_path(cfg.settings.resume))  # before the heavy work: a mistake exits 2 at once
     from trainer.run.signals import GracefulStop
 
     stop = GracefulStop().install()
@@ -107,26 +108,51 @@ def _training_arguments(cfg: Any) -> Any:
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _resume_from(settings: Any, args: Any) -> str | None:
-    """The checkpoint to resume from per TRAIN_RESUME; also clears leftovers of a killed save."""
-    from trainer.run.checkpoint import newest_complete_checkpoint, remove_stale_temps, validate_resume_path
+def _resume_from(cfg: Any, args: Any) -> str | None:
+    """The checkpoint to resume from per TRAIN_RESUME: rank 0 decides (a ConfigError there ends every rank) and every
+    rank logs the agreed one, so a rank with a stale view of a network filesystem cannot pick another step."""
+    from trainer.errors import ConfigError
+    from trainer.run.signals import from_rank_0
 
-    mode = settings.resume
-    if args.should_save:
-        remove_stale_temps(settings.output_dir)
+    decided: tuple[str | None, list[str]] = (None, [])
+    if args.process_index == 0:
+        try:
+            decided = (_decide_resume(cfg.settings, args.should_save), [])
+        except ConfigError as exc:
+            decided = (None, exc.problems)
+    resume, problems = from_rank_0(decided, args.world_size)
+    if problems:
+        raise ConfigError(*problems)
+    if args.process_index != 0:
+        log.warning("resume: rank %d %s (rank 0's choice)", args.process_index,
+                    f"continues from {resume}" if resume else "starts from scratch")  # fmt: skip
+    return resume
+
+
+def _decide_resume(settings: Any, should_save: bool) -> str | None:
+    """Rank 0's resume decision; also clears leftovers of a killed save (trainer.run.resume_guard)."""
+    from trainer.run.checkpoint import complete_checkpoints, remove_stale_temps, validate_resume_path
+    from trainer.run.resume_guard import check_drift, check_whole, refuse_or_set_aside, sound_checkpoint
+
+    out, mode = Path(settings.output_dir), settings.resume
+    if should_save:
+        remove_stale_temps(out)
     if mode == "never":
+        refuse_or_set_aside(out, complete_checkpoints(out), settings.start_over)
         log.info("resume: TRAIN_RESUME=never, starting from scratch")
         return None
     if mode == "auto":
-        found = newest_complete_checkpoint(settings.output_dir)
+        found = sound_checkpoint(list(reversed(complete_checkpoints(out))))
         if found is None:
-            log.info("resume: no complete checkpoint in %s, starting from scratch", settings.output_dir)
+            log.info("resume: no complete checkpoint in %s, starting from scratch", out)
             return None
-        log.info("resume: continuing from %s (newest complete checkpoint)", found)
-        return str(found)
-    folder = validate_resume_path(mode)
-    log.info("resume: continuing from %s (TRAIN_RESUME)", folder)
-    return str(folder)
+        why = "newest complete checkpoint"
+    else:
+        found, why = validate_resume_path(mode), "TRAIN_RESUME"
+        check_whole(found)
+    check_drift(found, settings)
+    log.info("resume: continuing from %s (%s)", found, why)
+    return str(found)
 
 
 def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
@@ -202,6 +228,7 @@ def _run(cfg: Any, stop: Any) -> int:
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
+    from trainer.run.resume_guard import recorded_settings
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
@@ -211,6 +238,11 @@ def _run(cfg: Any, stop: Any) -> int:
         from trainer.run.output_lock import acquire_output_lock
 
         acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
+    resume = _resume_from(cfg, args)  # before run_config.json: a refused resume leaves the record as it was
+    if args.should_save:
+        from trainer.run.resume_guard import archive_run_config
+
+        archive_run_config(out)  # every start's record is kept (run_configs/)
         cfg.write_run_config(out)
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
@@ -223,7 +255,6 @@ def _run(cfg: Any, stop: Any) -> int:
     model = build_model(cfg, tokenizer)
     if args.should_save:
         warn_if_too_small(out, model)
-    resume = _resume_from(s, args)
     if resume and args.should_save:
         truncate_after(out / "metrics.jsonl", _checkpoint_step(resume))
     if s.auto_batch:
@@ -240,7 +271,9 @@ def _run(cfg: Any, stop: Any) -> int:
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
-    trainer.checkpoint_info = {"hub": cfg.hub} if cfg.hub else {}  # commits a resumed run keeps (trainer.hub.models)
+    trainer.checkpoint_info = {"settings": recorded_settings(s)}  # what a resume compares (trainer.run.resume_guard)
+    if cfg.hub:
+        trainer.checkpoint_info["hub"] = cfg.hub  # commits a resumed run keeps (trainer.hub.models)
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
