@@ -33,6 +33,7 @@ def test_resume_refuses_changed_runs_and_damaged_checkpoints(tmp_path: Path) -> 
     assert code == 2, err[-3000:]
     assert "TRAIN_LORA was False, now True" in err and "cannot continue with these changes" in err
     assert "TRAIN_RESUME=never with TRAIN_START_OVER=1" in err and "Traceback" not in err
+    assert "output lock" not in err  # refused from the files alone, before torch and the lock
 
     code, err = _run(out, max_steps=6, seq_len=48)
     assert code == 2, err[-3000:]

@@ -114,14 +114,16 @@ def recorded_settings(settings: Any) -> dict[str, Any]:
     return {k: v for k, v in mask_secrets(values).items() if k not in NOT_COMPARED}
 
 
-def check_drift(checkpoint: Path, settings: Any) -> None:
-    """ConfigError when this run's settings differ from the checkpoint's in a way it cannot continue with."""
+def check_drift(checkpoint: Path, settings: Any, quiet: bool = False) -> None:
+    """ConfigError when this run's settings differ from the checkpoint's in a way it cannot continue with; the
+    changes it may continue with are logged (unless `quiet`)."""
     try:
         before = json.loads((checkpoint / COMPLETE_MARKER).read_text()).get("settings")
     except (OSError, ValueError, AttributeError):
         before = None
     if not isinstance(before, dict):
-        log.info("resume: %s recorded no settings (an older trainkit): changes are not checked", checkpoint)
+        if not quiet:
+            log.info("resume: %s recorded no settings (an older trainkit): changes are not checked", checkpoint)
         return
     now = recorded_settings(settings)
     changed = {k: (before[k], now[k]) for k in sorted(before.keys() & now.keys()) if before[k] != now[k]}
@@ -137,7 +139,7 @@ def check_drift(checkpoint: Path, settings: Any) -> None:
             f"these change the training data or its order from what {checkpoint} trained on: restore them, {fresh}, "
             "or set TRAIN_RESUME_CHANGED_DATA=1 to continue on the changed data",
         )
-    if changed:
+    if changed and not quiet:
         log.info("resume: continuing with changed settings: %s", "; ".join(named.values()))
 
 

@@ -81,11 +81,7 @@ def run(cfg: Any) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
     set_single_process_dist_env(cfg)
     setup_logging()
-    if cfg.settings.resume not in ("auto", "never"):
-        from trainer.run.checkpoint import validate_resume_path
-        from trainer.run.resume_guard import check_whole
-
-        check_whole(validate_resume_path(cfg.settings.resume))  # before the heavy work: a mistake exits 2 at once
+    refuse_early(cfg.settings)  # before the heavy work: a mistake exits 2 at once
     from trainer.run.signals import GracefulStop
 
     stop = GracefulStop().install()
@@ -100,6 +96,26 @@ def run(cfg: Any) -> int:
         raise DiskFull(where, exc, f"writing {exc.filename or 'the run outputs'}") from None
     finally:
         stop.restore()
+
+
+def refuse_early(settings: Any) -> None:
+    """The resume refusals known from the files alone, before torch is imported (read-only, on every rank; rank 0
+    decides again in `_decide_resume`): a damaged TRAIN_RESUME path, a changed run, never in a used folder."""
+    from trainer.run.checkpoint import complete_checkpoints, validate_resume_path
+    from trainer.run.resume_guard import check_drift, check_whole, damage, refuse_or_set_aside
+
+    out = Path(settings.output_dir)
+    if settings.resume == "never":
+        if not settings.start_over:
+            refuse_or_set_aside(out, complete_checkpoints(out), start_over=False)
+        return
+    if settings.resume == "auto":
+        folder = next((f for f in reversed(complete_checkpoints(out)) if damage(f) is None), None)
+    else:
+        folder = validate_resume_path(settings.resume)
+        check_whole(folder)
+    if folder is not None:
+        check_drift(folder, settings, quiet=True)
 
 
 def _training_arguments(cfg: Any) -> Any:
