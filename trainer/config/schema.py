@@ -94,10 +94,8 @@ class TrainSettings(BaseSettings):
     batch_size: int = _f(8, "optim", "Per-device micro-batch size (sequences).", ge=1)
     grad_accum: int = _f(1, "optim", "Gradient accumulation steps.", ge=1)
     auto_batch: bool = _f(
-        False,
-        "optim",
-        "Before training, search the largest per-device batch that fits in GPU memory, from "
-        "TRAIN_BATCH_SIZE up or down (all ranks agree; run_config.json records it). No effect on CPU.",
+        False, "optim", "Before training, search the largest per-device batch that fits in GPU memory, from "
+        "TRAIN_BATCH_SIZE up or down (all ranks agree; run_config.json records it). No effect on CPU."
     )
     num_workers: int = _f(2, "optim", "DataLoader worker processes.", ge=0)
     pin_memory: Toggle = _f("auto", "optim", "Pin DataLoader memory. auto: on when a GPU is used.")
@@ -109,7 +107,9 @@ class TrainSettings(BaseSettings):
         "none", "memory", "Offload ZeRO optimizer state (and parameters at stage 3) to CPU or NVMe."
     )
     nvme_path: str = _f("/nvme", "memory", "Folder on a fast local disk for TRAIN_ZERO_OFFLOAD=nvme.")
-    deepspeed_config: str = _f("", "memory", "Path to a DeepSpeed JSON config; wins over the generated one.")
+    deepspeed_config: str = _f(
+        "", "memory", "Path to a DeepSpeed JSON config; wins over the generated one."
+    )
     fsdp: Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = _f(
         "none", "memory", "PyTorch FSDP sharding strategy (with auto-wrap of decoder layers)."
     )
@@ -125,7 +125,9 @@ class TrainSettings(BaseSettings):
     )
 
     # adapters
-    lora: bool = _f(False, "adapters", "Train LoRA adapters instead of all weights (on a model folder or a preset).")
+    lora: bool = _f(
+        False, "adapters", "Train LoRA adapters instead of all weights (on a model folder or a preset)."
+    )
     lora_r: int = _f(16, "adapters", "LoRA rank.", ge=1)
     lora_alpha: int = _f(32, "adapters", "LoRA alpha.", ge=1)
     lora_dropout: float = _f(0.05, "adapters", "LoRA dropout.", ge=0, lt=1)
@@ -206,11 +208,8 @@ class TrainSettings(BaseSettings):
     # launch
     nproc_per_node: str = _f("auto", "launch", "Processes per node. auto: one per visible GPU (one on CPU).")
     max_restarts: int = _f(
-        3,
-        "launch",
-        "Elastic restarts of the worker group (torchrun --max-restarts) before the job fails; "
-        "each restart resumes from the newest checkpoint.",
-        ge=0,
+        3, "launch", "Elastic restarts of the worker group (torchrun --max-restarts) before the job fails; "
+        "each restart resumes from the newest checkpoint.", ge=0
     )
     rdzv_timeout: int = _f(
         600, "launch", "Seconds the nodes of a multi-node job wait for each other at start and after a restart.", ge=1

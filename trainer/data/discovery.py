@@ -205,7 +205,9 @@ def _split_of(path: Path, root: Path | None) -> str | None:
     return None
 
 
-def _pick_split(files: list[Path], root: Path | None, split: str = "train") -> tuple[list[Path], tuple[Path, ...], str]:
+def _pick_split(
+    files: list[Path], root: Path | None, split: str = "train"
+) -> tuple[list[Path], tuple[Path, ...], str]:
     """In a hub-style folder (files named by split), the files of `split` ("eval": the first of EVAL_SPLITS there);
     the others are named as left out. Returns (files, left out, the split chosen)."""
     if root is None:

@@ -85,7 +85,9 @@ def matmul_params(model: Any, trainable_only: bool = False) -> int:
     head = base.get_output_embeddings()
     tied = head is not None and head.weight is emb
     return sum(
-        param_numel(p) for p in base.parameters() if (tied or p is not emb) and (p.requires_grad or not trainable_only)
+        param_numel(p)
+        for p in base.parameters()
+        if (tied or p is not emb) and (p.requires_grad or not trainable_only)
     )
 
 
