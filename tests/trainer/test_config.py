@@ -21,7 +21,7 @@ from trainer.config import train_args as training_args
 from trainer.config.deepspeed import AIO_DEFAULTS
 from trainer.config.schema import TrainSettings, env_name
 from trainer.errors import ConfigError
-from trainer.run.hardware import Hardware
+from trainer.machine.hardware import Hardware
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz123456"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from trainer.machine.peaks import peak_flops
 from trainer.run.checkpoint import COMPLETE_MARKER
-from trainer.run.metrics import METRIC_KEYS, flops_per_token, matmul_params, peak_flops
+from trainer.run.metrics import METRIC_KEYS, flops_per_token, matmul_params
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -188,7 +189,7 @@ def test_one_process_uses_one_gpu(tmp_path: Path) -> None:
 def test_zero_offload_runs_deepspeeds_optimizer_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """With ZeRO offload DeepSpeed's CPU Adam runs; TRAIN_OPTIM=adamw_apex_fused must neither be built nor logged."""
     from trainer import config
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
     from trainer.run.train import _optimizer_override
 
     gpu = Hardware(device="cuda", gpu_count=1, gpu_name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True)

@@ -13,7 +13,7 @@ from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
 from trainer.hub.ids import parse_dataset_id
 from trainer.hub.models import TOKENIZER_FILES, hub_ref, hub_sources
-from trainer.run.hardware import module_available
+from trainer.machine.hardware import module_available
 
 
 def _combination_problems(s: TrainSettings) -> list[str]:

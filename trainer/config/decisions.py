@@ -18,11 +18,11 @@ from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
 from trainer.hub.models import hub_sources, model_folder
-from trainer.launch.gpus import NprocError, processes_per_node
-from trainer.run.hardware import module_available
+from trainer.machine.gpus import NprocError, processes_per_node
+from trainer.machine.hardware import module_available
 
 if TYPE_CHECKING:
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
 
 T = TypeVar("T")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"

@@ -13,7 +13,7 @@ from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
 
 log = logging.getLogger("trainer")
 DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min default

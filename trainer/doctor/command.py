@@ -36,7 +36,7 @@ from trainer.doctor.rows import (
     versions_row,
 )  # fmt: skip
 from trainer.errors import EXIT_OK, EXIT_USER
-from trainer.run import hardware
+from trainer.machine import hardware
 
 
 def register(commands: Any) -> None:

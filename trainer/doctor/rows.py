@@ -21,7 +21,7 @@ from trainer.config.checks import writable_dir_problem
 from trainer.data.discovery import DataSource
 from trainer.doctor import driver
 from trainer.errors import ConfigError
-from trainer.run import hardware
+from trainer.machine import hardware
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 GIB = 1024**3

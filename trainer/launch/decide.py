@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from trainer.launch.gpus import NprocError, resolve_nproc
 from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
+from trainer.machine.gpus import NprocError, resolve_nproc
 from trainer.secrets import mask_args
 
 DISTRIBUTED_COMMANDS = {"train"}

@@ -123,16 +123,15 @@ def _resume_from(settings: Any, args: Any) -> str | None:
 
 
 def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
-    from trainer.run.metrics import MetricsCallback, flops_per_token, peak_flops
+    from trainer.machine.peaks import this_gpu_peak_flops
+    from trainer.run.metrics import MetricsCallback, flops_per_token
     from trainer.run.signals import StopOnSignal
 
     s = cfg.settings
     out = Path(s.output_dir)
     callbacks: list[Any] = [
         StopOnSignal(stop),
-        MetricsCallback(
-            out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), _gpu_peak_flops(peak_flops)
-        ),
+        MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
     ]
     if s.profile:
         from trainer.run.profiling import ProfilerCallback
@@ -143,18 +142,6 @@ def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
 
         callbacks.append(MemorySnapshotCallback(out))
     return callbacks
-
-
-def _gpu_peak_flops(lookup: Any) -> float | None:
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    peak = lookup(name)
-    if peak is None:
-        log.info("metrics: no peak FLOPs known for %s, so mfu is null", name)
-    return peak
 
 
 def fused_adam_kwargs(args: Any) -> dict[str, Any]:
