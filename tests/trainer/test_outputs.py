@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from trainer.machine.peaks import peak_flops
-from trainer.run.checkpoint import COMPLETE_MARKER
 from trainer.run.metrics import METRIC_KEYS, flops_per_token, matmul_params
+from trainer.run.resume import COMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -159,9 +159,9 @@ def test_lora_flops_skip_the_weight_gradients_of_frozen_weights() -> None:
 
 def test_fused_adam_takes_the_adam_flags_of_train_args(tmp_path: Path) -> None:
     """apex FusedAdam (GPU only) gets --adam_beta1/--adam_beta2/--adam_epsilon, not its own defaults."""
+    from trainer.config.train_args import parse_train_args
     from transformers import TrainingArguments
 
-    from trainer.config.train_args import parse_train_args
     from trainer.run.train import fused_adam_kwargs
 
     user = parse_train_args(["--adam_beta2", "0.95", "--adam_epsilon", "1e-6", "--weight_decay", "0.1"])

@@ -24,7 +24,7 @@ from trainer.bench.runner import RunPlan
 from trainer.bench.session import Bench, Context, recommended_env
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError, exit_code_for_signal, signal_of_exit_code
-from trainer.hub.models import hub_ref
+from trainer.hub.sources import hub_ref
 
 # ---- command line ---------------------------------------------------------------------------------
 

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from trainer import compat
+from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed, train_args
+from trainer.config import deepspeed
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
-from trainer.hub.models import hub_sources, model_folder
+from trainer.hub.sources import hub_sources, model_folder
 from trainer.machine.gpus import NprocError, processes_per_node
 from trainer.machine.hardware import module_available
 
@@ -116,7 +115,7 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
     cpu_problem = None if hw.is_gpu else compat.cpu_optimizer_problem(s.optim)
     if cpu_problem:
         raise ConfigError(cpu_problem)
-    if s.optim == train_args.APEX_FUSED and not hw.is_gpu:
+    if s.optim == transformers_names.APEX_FUSED and not hw.is_gpu:
         raise ConfigError(
             "TRAIN_OPTIM=adamw_apex_fused needs a CUDA GPU (apex FusedAdam is CUDA only); use adamw_torch"
         )
@@ -185,7 +184,7 @@ def decide_compile(s: TrainSettings, hw: Hardware, check_backend: bool = True) -
             usual = torch._dynamo.list_backends()  # without debug/experimental ones
             raise ConfigError(
                 f"TRAIN_COMPILE_BACKEND={s.compile_backend!r} is not a torch.compile backend"
-                f"{train_args.did_you_mean(s.compile_backend, usual)}; usual ones: {', '.join(usual)}"
+                f"{transformers_names.did_you_mean(s.compile_backend, usual)}; usual ones: {', '.join(usual)}"
             )
     if s.compile_backend == "inductor":
         if not hw.is_gpu and not hw.cxx_compiler:
@@ -204,9 +203,8 @@ def decide_quant(s: TrainSettings, hw: Hardware) -> Decision:
     if s.quant == "none":
         return _decide("none", "TRAIN_QUANT=none")
     if not hw.is_gpu:
-        version = metadata.version("bitsandbytes")
-        major, minor = (int(x) for x in version.split(".")[:2])
-        if (major, minor) < (0, 46):
+        version = compat.installed_version("bitsandbytes")
+        if not compat.bitsandbytes_quantizes_on_cpu():
             raise ConfigError(
                 f"TRAIN_QUANT={s.quant} on CPU needs bitsandbytes 0.46+ (CPU backend); {version} is installed"
             )

@@ -11,7 +11,7 @@ from trainer.config.decisions import ALLOC_CONF, ALLOC_CONF_DEFAULT, decide_all
 from trainer.config.run_config import RunConfig
 from trainer.config.schema import TrainSettings
 from trainer.config.training_arguments import apply_user_arguments, derived_training_arguments
-from trainer.hub.models import hub_sources
+from trainer.hub.sources import hub_sources
 
 if TYPE_CHECKING:
     from trainer.machine.hardware import Hardware

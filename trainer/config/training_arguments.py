@@ -6,8 +6,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import compat
-from trainer.config import train_args
+from trainer import compat, transformers_names
 from trainer.config.decisions import Decision, Decisions
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.errors import ConfigError
@@ -63,7 +62,7 @@ def derived_training_arguments(
     s: TrainSettings, hw: Hardware, decisions: Decisions, ds: dict[str, Any] | None
 ) -> dict[str, Any]:
     """TrainingArguments kwargs from TRAIN_* and the decisions (before TRAIN_ARGS)."""
-    fields = train_args.training_argument_fields()
+    fields = transformers_names.training_argument_fields()
     precision = decisions.precision.value
     optim = decisions.optim.value
     args: dict[str, Any] = {
@@ -88,7 +87,7 @@ def derived_training_arguments(
         "bf16": precision == "bf16",
         "fp16": precision == "fp16",
         "tf32": decisions.tf32.value if hw.is_gpu else None,
-        "optim": "adamw_torch" if optim in ("deepspeed", train_args.APEX_FUSED) else optim,
+        "optim": "adamw_torch" if optim in ("deepspeed", transformers_names.APEX_FUSED) else optim,
         "dataloader_num_workers": s.num_workers,
         "dataloader_pin_memory": decisions.pin_memory.value,
         "dataloader_persistent_workers": s.num_workers > 0,
@@ -113,10 +112,10 @@ def apply_user_arguments(
     s: TrainSettings, derived: dict[str, Any], parse: bool
 ) -> tuple[dict[str, Any], Decision]:
     """TRAIN_ARGS on top of the derived kwargs: the user's flags win, and the decision says which ones did."""
-    tokens = train_args.split_train_args(s.args)
+    tokens = transformers_names.split_train_args(s.args)
     if not tokens:
         return derived, Decision({}, "TRAIN_ARGS empty")
-    user = train_args.parse_train_args(tokens) if parse else {}
+    user = transformers_names.parse_train_args(tokens) if parse else {}
     overridden = sorted(k for k in user if k in derived and derived[k] != user[k])
     reason = "TrainingArguments flags from TRAIN_ARGS; they win over derived values"
     if overridden:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("trainer")
@@ -159,20 +160,19 @@ def choose_batch(model: Any, args: Any, settings: Any, precision: str, blocks: i
     return Decision(found.batch, found.reason(ceiling))
 
 
-def apply_auto_batch(cfg: Any, args: Any, model: Any, blocks: int, resume: str | None) -> None:
+def apply_auto_batch(cfg: Any, args: Any, model: Any, blocks: int, resume: Path | None) -> None:
     """TRAIN_AUTO_BATCH=1: the batch the ranks agreed on replaces TRAIN_BATCH_SIZE in `args`, and the decision
     (with the sizes probed) goes to cfg.decisions and run_config.json. A resumed run keeps its checkpoint's batch,
     so the samples it skips are the ones it trained on."""
     import dataclasses
-    import json
-    from pathlib import Path
 
     from trainer.config.decisions import Decision
+    from trainer.run.resume import recorded_batch_size
     from trainer.run.signals import control_group
 
-    previous = json.loads((Path(resume) / "trainer_state.json").read_text()).get("train_batch_size") if resume else None
+    previous = recorded_batch_size(resume) if resume else None
     if previous:
-        decision = Decision(int(previous), f"TRAIN_AUTO_BATCH=1: the batch of the checkpoint resumed from ({resume})")
+        decision = Decision(previous, f"TRAIN_AUTO_BATCH=1: the batch of the checkpoint resumed from ({resume})")
         log.info("auto batch: %d per device, as in %s", decision.value, resume)
     else:
         precision = cfg.decisions.precision.value

@@ -40,6 +40,7 @@ METRIC_KEYS = (
     "time",
 )
 
+
 def param_numel(p: Any) -> int:
     """Elements of a parameter: its full size under ZeRO-3 (`ds_numel`; the local shard is empty), and 4-bit
     weights packed two per byte counted as the weights they hold."""

@@ -129,7 +129,7 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
             )
         log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
     else:
-        folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.models)
+        folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.sources)
         model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora)
         name = s.model if s.model == folder else f"{s.model} ({folder})"
         log.info("model: loaded %s offline (attention=%s, weights %s)", name, attn, model.dtype)
