@@ -61,6 +61,12 @@ class Stack:
         return self.transformers_5 and (self.torch is None or self.torch >= (2, 6))
 
     @property
+    def dropped_training_arguments(self) -> frozenset[str]:
+        """TrainingArguments fields transformers 5 removed (safetensors is the only format; TensorBoard writes to
+        OUTPUT_DIR/runs by itself): trainkit passes them to the versions that still have them."""
+        return frozenset({"save_safetensors", "logging_dir"}) if self.transformers_5 else frozenset()
+
+    @property
     def fused_adamw_on_cpu(self) -> bool:
         """torch.optim.AdamW(fused=True) has a CPU kernel from torch 2.4."""
         return self.torch is None or self.torch >= (2, 4)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from trainer import compat, transformers_names
 from trainer.config import deepspeed
-from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.config.presets import MODEL_PRESETS, is_preset
+from trainer.config.schema import TrainSettings
 from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
 from trainer.hub.ids import parse_dataset_id
@@ -131,7 +132,7 @@ def _train_args_problems(s: TrainSettings) -> list[str]:
 
 
 def _model_problems(s: TrainSettings) -> list[str]:
-    if s.model in MODEL_PRESETS or hub_ref(s.model) is not None:
+    if is_preset(s.model) or hub_ref(s.model) is not None:
         return []
     folder = Path(s.model)
     if not folder.exists():

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
 from trainer.config import deepspeed
-from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.config.presets import is_preset
+from trainer.config.schema import TrainSettings
+from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
 from trainer.hub.sources import hub_sources, model_folder
@@ -257,7 +259,7 @@ def decide_report_to() -> Decision:
 def _grad_ckpt_reason(s: TrainSettings) -> str:
     if not s.grad_ckpt:
         return "TRAIN_GRAD_CKPT=0"
-    if s.fsdp != "none":
+    if fsdp_checkpoints_activations(s):
         return "FSDP activation checkpointing (fsdp_config), recomputing activations in the backward pass"
     return "recompute activations in the backward pass (non-reentrant); ~30% slower, much less memory"
 
@@ -281,9 +283,9 @@ def decide_model(s: TrainSettings, preset: bool) -> Decision[str]:
 
 
 def _fsdp_reason(s: TrainSettings, hw: Hardware) -> str:
-    if s.fsdp == "none":
+    if not uses_fsdp(s):
         return "TRAIN_FSDP=none"
-    wrap = "LlamaDecoderLayer" if s.model in MODEL_PRESETS else "the model's _no_split_modules"
+    wrap = fsdp_wrap_class(s) or "the model's _no_split_modules"
     version = "FSDP2" if s.fsdp in FSDP2_RESHARD else "FSDP1 (deprecated by Transformers; prefer full_shard)"
     # accelerate builds its FSDP plugin for GPU (and other accelerator) worlds only; CPU processes get DDP.
     cpu = "; on CPUs accelerate does not shard: every process trains a whole copy (DDP)" if not hw.is_gpu else ""
@@ -298,7 +300,7 @@ def decide_all(
     problems = list(source.problems)
     decide = _Collector(problems)
     data = source.decision()
-    preset = s.model in MODEL_PRESETS
+    preset = is_preset(s.model)
     precision = decide(decide_precision, s, hw, fallback=_decide("fp32", "refused"))
     ds, deepspeed_decision = decide_deepspeed(s, precision.value)
     alloc_value, alloc_decision = alloc_conf_decision(environ)

@@ -8,10 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.config.decisions import Decision, Decisions
-from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.config.presets import is_preset
+from trainer.config.schema import TrainSettings
+from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
     from trainer.machine.hardware import Hardware
 
 log = logging.getLogger("trainer")
@@ -19,15 +22,15 @@ DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min
 
 
 def _fsdp_arguments(s: TrainSettings) -> dict[str, Any]:
-    if s.fsdp == "none":
+    if not uses_fsdp(s):
         return {}
-    preset = s.model in MODEL_PRESETS
-    return compat.fsdp_arguments(s.fsdp, "LlamaDecoderLayer" if preset else None, s.grad_ckpt, from_folder=not preset)
+    wrap, checkpointing = fsdp_wrap_class(s), fsdp_checkpoints_activations(s)
+    return compat.fsdp_arguments(s.fsdp, wrap, checkpointing, from_folder=not is_preset(s.model))
 
 
 def _checkpointing_arguments(s: TrainSettings) -> dict[str, Any]:
-    if s.fsdp != "none" and s.grad_ckpt:
-        return {}  # FSDP checkpoints activations itself (fsdp_config), avoiding redundant all-gathers
+    if fsdp_checkpoints_activations(s):
+        return {}  # in fsdp_config
     name = compat.stack().checkpointing_name
     args: dict[str, Any] = {name: s.grad_ckpt}
     if s.grad_ckpt:
@@ -104,8 +107,29 @@ def derived_training_arguments(
         **_fsdp_arguments(s),
         **_eval_arguments(s),
     }
-    # Keep what this Transformers version has (v5 dropped save_safetensors and logging_dir, for instance).
-    return {k: v for k, v in args.items() if not fields or k in fields}
+    return known_arguments(args, fields)
+
+
+class UnknownTrainingArgument(ValueError):
+    """trainkit derived a TrainingArguments field the installed Transformers does not have: a bug, not a user's
+    mistake (exit 1 with the traceback)."""
+
+
+def known_arguments(args: dict[str, Any], fields: frozenset[str]) -> dict[str, Any]:
+    """`args` less the fields this Transformers version dropped (trainer.compat says which); any other name
+    TrainingArguments does not have (a misspelt key) raises instead of disappearing. No fields: not installed."""
+    if not fields:
+        return args
+    dropped = compat.stack().dropped_training_arguments
+    kept = {k: v for k, v in args.items() if k not in dropped}
+    unknown = sorted(set(kept) - fields)
+    if unknown:
+        version = compat.installed_version("transformers")
+        raise UnknownTrainingArgument(
+            f"TrainingArguments has no field {', '.join(unknown)} in transformers {version}: a misspelt name in "
+            "trainer/config/training_arguments.py, or one this version renamed (say so in trainer.compat)"
+        )
+    return kept
 
 
 def apply_user_arguments(
@@ -123,7 +147,7 @@ def apply_user_arguments(
     return {**derived, **user}, Decision(user, reason)
 
 
-def build_training_arguments(cfg: Any) -> Any:
+def build_training_arguments(cfg: RunConfig) -> Any:
     """transformers.TrainingArguments(**cfg.training_arguments); its refusals become a ConfigError (exit 2)."""
     import copy
 

@@ -18,7 +18,9 @@ from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
 
 if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
     from trainer.run.resume import Resume
+    from trainer.run.signals import GracefulStop
 
 log = logging.getLogger("trainer")
 
@@ -38,13 +40,14 @@ def _rank_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def set_single_process_dist_env(cfg: Any) -> None:
+def set_single_process_dist_env(cfg: RunConfig) -> None:
     """DeepSpeed and FSDP need torch.distributed (DeepSpeed would go looking for MPI; Transformers refuses FSDP
     outside distributed training). A lone `python -m trainer` with ZeRO or FSDP is a world of one: give it the
     env:// variables torchrun would.
     """
-    sharded = bool(cfg.deepspeed) or cfg.settings.fsdp != "none"
-    if not sharded or "WORLD_SIZE" in os.environ:
+    from trainer.config.sharding import needs_process_group
+
+    if not needs_process_group(cfg.settings, cfg.deepspeed) or "WORLD_SIZE" in os.environ:
         return
     import socket
 
@@ -78,7 +81,7 @@ def setup_logging() -> None:
         )
 
 
-def run(cfg: Any) -> int:
+def run(cfg: RunConfig) -> int:
     """Train per the resolved config; the exit code follows docs/architecture.md."""
     set_offline_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
@@ -96,13 +99,13 @@ def run(cfg: Any) -> int:
         stop.restore()
 
 
-def _training_arguments(cfg: Any) -> Any:
+def _training_arguments(cfg: RunConfig) -> Any:
     from trainer.config import build_training_arguments
 
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
+def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop) -> list[Any]:
     from trainer.machine.peaks import this_gpu_peak_flops
     from trainer.run.metrics import MetricsCallback, flops_per_token
     from trainer.run.signals import StopOnSignal
@@ -135,7 +138,7 @@ def fused_adam_kwargs(args: Any) -> dict[str, Any]:
     }
 
 
-def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
+def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
     """Trainer kwargs for an optimizer Transformers does not build itself; logs the optimizer that really runs."""
     from trainer.transformers_names import APEX_FUSED
 
@@ -152,7 +155,7 @@ def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
     return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
-def _run(cfg: Any, stop: Any, resume: Resume) -> int:
+def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     from transformers import default_data_collator, set_seed
 
     from trainer.data.cache import Stopped
@@ -211,7 +214,7 @@ def _run(cfg: Any, stop: Any, resume: Resume) -> int:
     return EXIT_OK
 
 
-def _interrupted(stop: Any, step: int | None) -> int:
+def _interrupted(stop: GracefulStop, step: int | None) -> int:
     import signal
 
     name = signal.Signals(stop.signum).name
