@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.bench.catalogue import BASELINE, UnknownRowError, catalogue, select_rows
 from trainer.bench.machine import machine, versions
 from trainer.bench.report import BenchProgress, BenchResult, fastest_row, fill_relative, print_summary, write_reports
-from trainer.bench.rows import BASELINE, UnknownRowError, catalogue, select_rows
 from trainer.bench.runner import RunPlan
 from trainer.bench.session import Bench, Context, recommended_env
 from trainer.config.schema import TrainSettings
