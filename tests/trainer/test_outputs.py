@@ -159,10 +159,10 @@ def test_lora_flops_skip_the_weight_gradients_of_frozen_weights() -> None:
 
 def test_fused_adam_takes_the_adam_flags_of_train_args(tmp_path: Path) -> None:
     """apex FusedAdam (GPU only) gets --adam_beta1/--adam_beta2/--adam_epsilon, not its own defaults."""
-    from trainer.config.train_args import parse_train_args
     from transformers import TrainingArguments
 
     from trainer.run.train import fused_adam_kwargs
+    from trainer.transformers_names import parse_train_args
 
     user = parse_train_args(["--adam_beta2", "0.95", "--adam_epsilon", "1e-6", "--weight_decay", "0.1"])
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, learning_rate=2e-4, **user)
