@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
     from trainer.config.schema import TrainSettings
 
 COMPLETE_MARKER = "trainkit_complete"  # written last into every published checkpoint (trainer.run.checkpoint)
@@ -123,6 +124,12 @@ def resumable_problems(folder: Path) -> list[str]:
 
 
 # ---- what a checkpoint recorded ------------------------------------------------------------------------------------
+
+
+def to_record(cfg: RunConfig) -> dict[str, Any]:
+    """What every checkpoint's marker records of this run, for a later resume: the Hub commits it loaded (read back
+    by `recorded_hub_commits`). trainer.run.checkpoint adds the step and the time."""
+    return {"hub": cfg.hub} if cfg.hub else {}
 
 
 def _state(folder: Path) -> dict[str, Any]:

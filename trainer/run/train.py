@@ -164,6 +164,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
+    from trainer.run.resume import to_record
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
@@ -199,7 +200,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
-    trainer.checkpoint_info = {"hub": cfg.hub} if cfg.hub else {}  # commits a resumed run keeps (trainer.hub.sources)
+    trainer.checkpoint_info = to_record(cfg)  # what a resumed run reads back (trainer.run.resume)
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
