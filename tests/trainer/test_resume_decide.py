@@ -3,7 +3,6 @@ runs that write and resume from these folders are in test_resume.py and test_sto
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -75,11 +74,10 @@ def test_what_a_checkpoint_recorded(tmp_path: Path) -> None:
 def test_what_a_run_records_is_what_a_resume_reads_back(tmp_path: Path) -> None:
     commit = {"repo_id": "org/model", "revision": "main", "sha": "b" * 40}
     cfg = config.resolve(settings(tmp_path, "auto"), Hardware(device="cpu"), {}, import_heavy=False)
-    assert resume.to_record(cfg) == {}  # no Hub ID: nothing to pin
+    assert resume.to_record(cfg.hub) == {}  # no Hub ID: nothing to pin
     staged = tmp_path / ".tmp-checkpoint-4"
     staged.mkdir()
     (staged / resume.STATE_FILE).write_text(json.dumps({"global_step": 4}))
-    publish(staged, tmp_path / "checkpoint-4", {**resume.to_record(dataclasses.replace(cfg, hub={"model": commit})),
-                                                "step": 4})  # fmt: skip
+    publish(staged, tmp_path / "checkpoint-4", {**resume.to_record({"model": commit}), "step": 4})
     assert resume.decide(settings(tmp_path, "auto")).checkpoint == tmp_path / "checkpoint-4"
     assert resume.recorded_hub_commits(tmp_path / "checkpoint-4") == {"model": commit}

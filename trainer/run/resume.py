@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.config.run_config import RunConfig
     from trainer.config.schema import TrainSettings
 
 COMPLETE_MARKER = "trainkit_complete"  # written last into every published checkpoint (trainer.run.checkpoint)
@@ -126,10 +125,10 @@ def resumable_problems(folder: Path) -> list[str]:
 # ---- what a checkpoint recorded ------------------------------------------------------------------------------------
 
 
-def to_record(cfg: RunConfig) -> dict[str, Any]:
-    """What every checkpoint's marker records of this run, for a later resume: the Hub commits it loaded (read back
-    by `recorded_hub_commits`). trainer.run.checkpoint adds the step and the time."""
-    return {"hub": cfg.hub} if cfg.hub else {}
+def to_record(hub: dict[str, Any]) -> dict[str, Any]:
+    """What every checkpoint's marker records of this run, for a later resume: the Hub commits it loaded (RunConfig's
+    `hub`, read back by `recorded_hub_commits`). trainer.run.checkpoint adds the step and the time."""
+    return {"hub": hub} if hub else {}
 
 
 def _state(folder: Path) -> dict[str, Any]:

@@ -200,7 +200,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
-    trainer.checkpoint_info = to_record(cfg)  # what a resumed run reads back (trainer.run.resume)
+    trainer.checkpoint_info = to_record(cfg.hub)  # what a resumed run reads back (trainer.run.resume)
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
