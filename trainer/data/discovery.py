@@ -25,6 +25,7 @@ from trainer.data.formats import (
     bad_line_message,
     decode_errors,
     file_kind,
+    is_glob,
     long_line_message,
     open_text,
     too_many_bad_lines,
@@ -112,7 +113,7 @@ def _hub_source(settings: Any, key: str, split: str) -> DataSource | None:
     """The scan of a Hub dataset's snapshot (downloaded by trainer.hub on first use); None for local data."""
     from trainer.hub.datasets import describe, local_data_spec
     from trainer.hub.ids import parse_dataset_id
-    from trainer.hub.models import hub_sources
+    from trainer.hub.sources import hub_sources
 
     spec = getattr(settings, key)
     if parse_dataset_id(spec) is None:
@@ -146,11 +147,6 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
         reason += f"; {repeated} more path(s) lead to these same files (symlinks) and are read once"
     problems = tuple(_file_problems(non_empty, text_field, max_bad_lines))
     return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason)
-
-
-def is_glob(spec: str) -> bool:
-    """A glob pattern, not a path."""
-    return any(ch in spec for ch in "*?[")
 
 
 def _is_saved_dataset(folder: Path) -> bool:

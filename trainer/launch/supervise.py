@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from trainer.errors import OUTCOME_DIR_ENV, exit_code_for_signal
-from trainer.launch.decide import Decision
+from trainer.launch.decide import LaunchPlan
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 STOPPED_CODES = tuple(exit_code_for_signal(s) for s in (signal.SIGTERM, signal.SIGINT))  # checkpoint written
@@ -39,7 +39,7 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def supervise(decision: Decision) -> int:
+def supervise(plan: LaunchPlan) -> int:
     """Run the decided command; return the trainer's exit code. After a stop, the trainers' real outcome: torchrun
     itself exits 1 for any failed worker, also after a stop the workers answered with 143, so each trainer writes its
     exit code into a folder named by OUTCOME_DIR_ENV, and a crash or a kill during the stop checkpoint is reported
@@ -49,7 +49,7 @@ def supervise(decision: Decision) -> int:
     trainers: list[int] = []  # the trainer processes the stop went to
     child: subprocess.Popen | None = None
     outcomes = Path(tempfile.mkdtemp(prefix="trainkit-outcomes-"))
-    env = {**decision.env, OUTCOME_DIR_ENV: str(outcomes)}
+    env = {**plan.env, OUTCOME_DIR_ENV: str(outcomes)}
 
     def on_signal(signum: int, _frame: object) -> None:
         if child is None:
@@ -60,16 +60,16 @@ def supervise(decision: Decision) -> int:
             log(f"{signal.Signals(signum).name} again: the trainer is already stopping")
         else:
             stops.append(signum)
-            threading.Thread(target=stop_trainers, args=(child, decision.distributed, signum, trainers),
+            threading.Thread(target=stop_trainers, args=(child, plan.distributed, signum, trainers),
                              daemon=True).start()  # fmt: skip
 
     for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS):  # before the child exists: a stop must never orphan it
         signal.signal(sig, on_signal)
-    child = subprocess.Popen(decision.command, env=env, start_new_session=True, preexec_fn=_prepare_child)
+    child = subprocess.Popen(plan.command, env=env, start_new_session=True, preexec_fn=_prepare_child)
     for signum in pending:
         on_signal(signum, None)
     code = child.wait()
-    if stops and decision.distributed and code != 0:  # torchrun exits 1 for any failed worker, a clean stop too
+    if stops and plan.distributed and code != 0:  # torchrun exits 1 for any failed worker, a clean stop too
         code = outcome_after_stop(trainers, outcomes)
     shutil.rmtree(outcomes, ignore_errors=True)
     if code < 0:  # die the way the child died

@@ -12,10 +12,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
+    from trainer.run.resume import Resume
+    from trainer.run.signals import GracefulStop
 
 log = logging.getLogger("trainer")
 
@@ -35,13 +40,14 @@ def _rank_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def set_single_process_dist_env(cfg: Any) -> None:
+def set_single_process_dist_env(cfg: RunConfig) -> None:
     """DeepSpeed and FSDP need torch.distributed (DeepSpeed would go looking for MPI; Transformers refuses FSDP
     outside distributed training). A lone `python -m trainer` with ZeRO or FSDP is a world of one: give it the
     env:// variables torchrun would.
     """
-    sharded = bool(cfg.deepspeed) or cfg.settings.fsdp != "none"
-    if not sharded or "WORLD_SIZE" in os.environ:
+    from trainer.config.sharding import needs_process_group
+
+    if not needs_process_group(cfg.settings, cfg.deepspeed) or "WORLD_SIZE" in os.environ:
         return
     import socket
 
@@ -75,18 +81,20 @@ def setup_logging() -> None:
         )
 
 
-def run(cfg: Any) -> int:
+def run(cfg: RunConfig) -> int:
     """Train per the resolved config; the exit code follows docs/architecture.md."""
     set_offline_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
     set_single_process_dist_env(cfg)
     setup_logging()
-    refuse_early(cfg.settings)  # before the heavy work: a mistake exits 2 at once
+    from trainer.run.resume import decide
+
+    resume = decide(cfg.settings)  # before the heavy work: a TRAIN_RESUME the run cannot continue from exits 2 at once
     from trainer.run.signals import GracefulStop
 
     stop = GracefulStop().install()
     try:
-        return _run(cfg, stop)
+        return _run(cfg, stop, resume)
     except OSError as exc:
         from trainer.run.disk_space import DISK_ERRNOS, DiskFull
 
@@ -98,90 +106,34 @@ def run(cfg: Any) -> int:
         stop.restore()
 
 
-def refuse_early(settings: Any) -> None:
-    """The resume refusals known from the files alone, before torch is imported (read-only, on every rank; rank 0
-    decides again in `_decide_resume`): a damaged TRAIN_RESUME path, a changed run, never in a used folder."""
-    from trainer.run.checkpoint import complete_checkpoints, validate_resume_path
-    from trainer.run.resume_guard import check_drift, check_whole, damage, refuse_or_set_aside
+def _agreed(resume: Resume, args: Any) -> Resume:
+    """Rank 0's resume decision on every rank (each rank decided alone before torch.distributed was up: one with a
+    stale view of a network filesystem could pick another step); every rank logs the agreed checkpoint."""
+    from trainer.run.signals import from_rank_0
 
-    out = Path(settings.output_dir)
-    if settings.resume == "never":
-        if not settings.start_over:
-            refuse_or_set_aside(out, complete_checkpoints(out), start_over=False)
-        return
-    if settings.resume == "auto":
-        folder = next((f for f in reversed(complete_checkpoints(out)) if damage(f) is None), None)
-    else:
-        folder = validate_resume_path(settings.resume)
-        check_whole(folder)
-    if folder is not None:
-        check_drift(folder, settings, quiet=True)
+    agreed = from_rank_0(resume, args.world_size)
+    if args.process_index != 0:
+        log.warning("resume: rank %d %s (rank 0's choice)", args.process_index,
+                    f"continues from {agreed.checkpoint}" if agreed.checkpoint else "starts from scratch")  # fmt: skip
+    return agreed
 
 
-def _training_arguments(cfg: Any) -> Any:
+def _training_arguments(cfg: RunConfig) -> Any:
     from trainer.config import build_training_arguments
 
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _resume_from(cfg: Any, args: Any) -> str | None:
-    """The checkpoint to resume from per TRAIN_RESUME: rank 0 decides (a ConfigError there ends every rank) and every
-    rank logs the agreed one, so a rank with a stale view of a network filesystem cannot pick another step."""
-    from trainer.errors import ConfigError
-    from trainer.run.signals import from_rank_0
-
-    decided: tuple[str | None, list[str]] = (None, [])
-    if args.process_index == 0:
-        try:
-            decided = (_decide_resume(cfg.settings, args.should_save), [])
-        except ConfigError as exc:
-            decided = (None, exc.problems)
-    resume, problems = from_rank_0(decided, args.world_size)
-    if problems:
-        raise ConfigError(*problems)
-    if args.process_index != 0:
-        log.warning("resume: rank %d %s (rank 0's choice)", args.process_index,
-                    f"continues from {resume}" if resume else "starts from scratch")  # fmt: skip
-    return resume
-
-
-def _decide_resume(settings: Any, should_save: bool) -> str | None:
-    """Rank 0's resume decision; also clears leftovers of a killed save (trainer.run.resume_guard)."""
-    from trainer.run.checkpoint import complete_checkpoints, remove_stale_temps, validate_resume_path
-    from trainer.run.resume_guard import check_drift, check_whole, refuse_or_set_aside, sound_checkpoint
-
-    out, mode = Path(settings.output_dir), settings.resume
-    if should_save:
-        remove_stale_temps(out)
-    if mode == "never":
-        refuse_or_set_aside(out, complete_checkpoints(out), settings.start_over)
-        log.info("resume: TRAIN_RESUME=never, starting from scratch")
-        return None
-    if mode == "auto":
-        found = sound_checkpoint(list(reversed(complete_checkpoints(out))))
-        if found is None:
-            log.info("resume: no complete checkpoint in %s, starting from scratch", out)
-            return None
-        why = "newest complete checkpoint"
-    else:
-        found, why = validate_resume_path(mode), "TRAIN_RESUME"
-        check_whole(found)
-    check_drift(found, settings)
-    log.info("resume: continuing from %s (%s)", found, why)
-    return str(found)
-
-
-def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
-    from trainer.run.metrics import MetricsCallback, flops_per_token, peak_flops
+def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop) -> list[Any]:
+    from trainer.machine.peaks import this_gpu_peak_flops
+    from trainer.run.metrics import MetricsCallback, flops_per_token
     from trainer.run.signals import StopOnSignal
 
     s = cfg.settings
     out = Path(s.output_dir)
     callbacks: list[Any] = [
         StopOnSignal(stop),
-        MetricsCallback(
-            out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), _gpu_peak_flops(peak_flops)
-        ),
+        MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
     ]
     if s.profile:
         from trainer.run.profiling import ProfilerCallback
@@ -192,18 +144,6 @@ def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
 
         callbacks.append(MemorySnapshotCallback(out))
     return callbacks
-
-
-def _gpu_peak_flops(lookup: Any) -> float | None:
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    peak = lookup(name)
-    if peak is None:
-        log.info("metrics: no peak FLOPs known for %s, so mfu is null", name)
-    return peak
 
 
 def fused_adam_kwargs(args: Any) -> dict[str, Any]:
@@ -217,9 +157,9 @@ def fused_adam_kwargs(args: Any) -> dict[str, Any]:
     }
 
 
-def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
+def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
     """Trainer kwargs for an optimizer Transformers does not build itself; logs the optimizer that really runs."""
-    from trainer.config.train_args import APEX_FUSED
+    from trainer.transformers_names import APEX_FUSED
 
     chosen = cfg.decisions.optim
     if chosen.value == "deepspeed":
@@ -234,30 +174,29 @@ def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
     return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
-def _run(cfg: Any, stop: Any) -> int:
+def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     from transformers import default_data_collator, set_seed
 
     from trainer.data.cache import Stopped, default_cache_dir
     from trainer.data.dataset import build_dataset
-    from trainer.run.checkpoint import AtomicCheckpointTrainer
+    from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
     from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
-    from trainer.run.resume_guard import recorded_settings
+    from trainer.run.output_lock import acquire_output_lock
+    from trainer.run.resume import archive_run_config, recorded_settings, set_aside_earlier_run, to_record
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
     out = Path(s.output_dir)
     args = _training_arguments(cfg)
     if args.should_save:
-        from trainer.run.output_lock import acquire_output_lock
-
         acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
-    resume = _resume_from(cfg, args)  # before run_config.json: a refused resume leaves the record as it was
+    resume = _agreed(resume, args)
     if args.should_save:
-        from trainer.run.resume_guard import archive_run_config
-
+        if s.resume == "never" and s.start_over:
+            set_aside_earlier_run(out)
         archive_run_config(out)  # every start's record is kept (run_configs/)
         cfg.write_run_config(out)
     tokenizer = tokenizer_for(s)
@@ -271,12 +210,15 @@ def _run(cfg: Any, stop: Any) -> int:
     model = build_model(cfg, tokenizer)
     if args.should_save:
         warn_if_too_small(out, model)
-    if resume and args.should_save:
-        truncate_after(out / "metrics.jsonl", _checkpoint_step(resume))
+    if args.should_save:
+        remove_stale_temps(s.output_dir)
+    log.info("resume: %s", resume.reason)
+    if resume.checkpoint and args.should_save:
+        truncate_after(out / "metrics.jsonl", resume.step)
     if s.auto_batch:
         from trainer.run.batch_search import apply_auto_batch
 
-        apply_auto_batch(cfg, args, model, len(dataset), resume)
+        apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
     trainer = AtomicCheckpointTrainer(
         model=model,
         args=args,
@@ -287,15 +229,14 @@ def _run(cfg: Any, stop: Any) -> int:
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
-    trainer.checkpoint_info = {"settings": recorded_settings(s)}  # what a resume compares (trainer.run.resume_guard)
-    if cfg.hub:
-        trainer.checkpoint_info["hub"] = cfg.hub  # commits a resumed run keeps (trainer.hub.models)
+    trainer.checkpoint_info = {**to_record(cfg.hub), "settings": recorded_settings(s)}  # read back by run.resume
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
-    with resuming_from(resume):
-        trainer.train(resume_from_checkpoint=resume)
+    checkpoint = str(resume.checkpoint) if resume.checkpoint else None
+    with resuming_from(checkpoint):
+        trainer.train(resume_from_checkpoint=checkpoint)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         return _interrupted(stop, trainer.state.global_step)
     trainer.save_final(out / "final", tokenizer)
@@ -303,13 +244,7 @@ def _run(cfg: Any, stop: Any) -> int:
     return EXIT_OK
 
 
-def _checkpoint_step(path: str) -> int:
-    import json
-
-    return int(json.loads((Path(path) / "trainer_state.json").read_text())["global_step"])
-
-
-def _interrupted(stop: Any, step: int | None) -> int:
+def _interrupted(stop: GracefulStop, step: int | None) -> int:
     import signal
 
     name = signal.Signals(stop.signum).name
