@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.compat import model_dtype_kwargs
+from trainer.run.packed_attention import isolate_records
 
 log = logging.getLogger("trainer")
 
@@ -134,6 +135,7 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
         name = s.model if s.model == folder else f"{s.model} ({folder})"
         log.info("model: loaded %s offline (attention=%s, weights %s)", name, attn, model.dtype)
         _fit_embeddings(model, tokenizer)
+    isolate_records(model, attn)  # use_cache off; attention never crosses packed records
     if s.lora:
         model = apply_lora(model, s)
     log_parameter_counts(model)
