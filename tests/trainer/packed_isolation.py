@@ -42,7 +42,8 @@ def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
     dataset = build_dataset(settings, tokenizer)
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer).eval()
-    batch = collator_for(cfg.decisions.attn.value)([dataset[i] for i in range(min(4, len(dataset)))])
+    items = sorted((dataset[i] for i in range(len(dataset))), key=lambda it: -int((it["position_ids"] == 0).sum()))
+    batch = collator_for(cfg.decisions.attn.value)(items[:4])  # the sequences holding the most records
     with torch.no_grad():
         packed = per_token_loss(model(**batch).logits, batch["labels"]).reshape(-1)
         ids, labels = batch["input_ids"].reshape(-1), batch["labels"].reshape(-1)
