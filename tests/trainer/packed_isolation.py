@@ -11,6 +11,7 @@ per attention implementation: the largest difference, and how many records and t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -47,9 +48,9 @@ def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
     with torch.no_grad():
         packed = per_token_loss(model(**batch).logits, batch["labels"]).reshape(-1)
         ids, labels = batch["input_ids"].reshape(-1), batch["labels"].reshape(-1)
-        starts = (batch["position_ids"].reshape(-1) == 0).nonzero().reshape(-1).tolist() + [len(ids)]
+        starts = [*(batch["position_ids"].reshape(-1) == 0).nonzero().reshape(-1).tolist(), len(ids)]
         worst, records, tokens = 0.0, 0, 0
-        for start, end in zip(starts, starts[1:], strict=False):
+        for start, end in itertools.pairwise(starts):
             if (labels[start:end] == -100).all():
                 continue  # padding
             alone = per_token_loss(model(input_ids=ids[None, start:end]).logits, labels[None, start:end]).reshape(-1)

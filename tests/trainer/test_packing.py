@@ -6,6 +6,7 @@ tokenizer, and a resumed run maps the cache the first run made.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -50,8 +51,8 @@ def segments(dataset: object) -> list[tuple[bytes, list[int]]]:
     for i in range(len(dataset)):
         item = dataset[i]
         ids, labels, positions = (item[k].tolist() for k in ("input_ids", "labels", "position_ids"))
-        starts = [j for j, p in enumerate(positions) if p == 0] + [len(ids)]
-        for a, b in zip(starts, starts[1:], strict=False):
+        starts = [*(j for j, p in enumerate(positions) if p == 0), len(ids)]
+        for a, b in itertools.pairwise(starts):
             out.append((bytes(0 if t == 257 else t for t in ids[a:b] if t != PAD), labels[a:b]))
     return out
 
@@ -172,10 +173,10 @@ def test_bos_follows_the_tokenizer_and_is_never_doubled(tmp_path: Path) -> None:
     ids, labels, positions = (item[k].tolist() for k in ("input_ids", "labels", "position_ids"))
     starts = [i for i, p in enumerate(positions) if p == 0]
     assert len(starts) == 3
-    for start, end in zip(starts, starts[1:], strict=False):
-        record = ids[start:end]
+    for first, end in itertools.pairwise(starts):
+        record = ids[first:end]
         assert record[0] == bos and record.count(bos) == 1 and record[-1] == eos
-        assert labels[start] == labels[start + 1] == -100  # BOS and prompt untrained
+        assert labels[first] == labels[first + 1] == -100  # BOS and prompt untrained
 
 
 def test_the_packing_settings_are_part_of_the_cache_key(tmp_path: Path) -> None:
