@@ -42,7 +42,7 @@ def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
     tokenizer = tokenizer_for(settings)
     dataset = build_dataset(settings, tokenizer)
     torch.manual_seed(0)
-    model = build_model(cfg, tokenizer).eval()
+    model = build_model(cfg, tokenizer).train()  # as Trainer runs it (no dropout in Llama)
     items = sorted((dataset[i] for i in range(len(dataset))), key=lambda it: -int((it["position_ids"] == 0).sum()))
     batch = collator_for(cfg.decisions.attn.value)(items[:4])  # the sequences holding the most records
     with torch.no_grad():
