@@ -179,6 +179,33 @@ def test_bos_follows_the_tokenizer_and_is_never_doubled(tmp_path: Path) -> None:
         assert labels[first] == labels[first + 1] == -100  # BOS and prompt untrained
 
 
+def test_records_mode_keeps_a_txt_document_whole_across_reading_units(tmp_path: Path) -> None:
+    """TRAIN_PACKING=records: a .txt file is one record, even when it is read in several units; too long, it is
+    truncated to one sequence and counted with its full length."""
+    text = "".join(f"line {i}: the quick brown fox\n" for i in range(80_000))  # > 2 MiB: three reading units
+    (tmp_path / "doc.txt").write_text(text)
+    dataset = load_or_prepare(discover(str(tmp_path / "doc.txt")), byte_level_tokenizer(), 64, "text",
+                              tmp_path / "cache", packing=Packing(mode="records"))  # fmt: skip
+    meta = dataset.meta["packing"]
+    assert (meta["records_packed"], meta["records_truncated"], len(dataset)) == (1, 1, 1)
+    assert meta["longest_record"] == len(text.encode()) + 1  # with its EOS
+    assert bytes(dataset[0]["input_ids"].tolist()) == text.encode()[:64]
+
+
+def test_auto_streams_plain_text_and_packs_pairs_whole_in_one_corpus(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl").write_text(
+        "".join(json.dumps({"text": f"plain text {i} " * 9}) + "\n" for i in range(60))
+    )
+    write_pairs(tmp_path / "d" / "b.jsonl", 40)
+    dataset = load_or_prepare(discover(str(tmp_path / "d")), byte_level_tokenizer(), 96, "text", tmp_path / "cache")
+    meta = dataset.meta["packing"]
+    assert meta["stream_blocks"] > 0 and meta["record_blocks"] > 0 and meta["records_packed"] == 40
+    assert meta["stream_tail_dropped_tokens"] > 0  # the stream's last partial window, counted
+    first = dataset[0]  # the plain text comes first: one stream window, positions never restart
+    assert first["position_ids"].tolist() == list(range(96)) and (first["labels"] != -100).all()
+
+
 def test_the_packing_settings_are_part_of_the_cache_key(tmp_path: Path) -> None:
     write_pairs(tmp_path / "pairs.jsonl", 5)
     source, tok = discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer()

@@ -156,22 +156,32 @@ class Packer:
     # ---- records ----
 
     def _records(self, piece: Any) -> None:
-        ids = piece.ids
-        if int(np.sum(piece.lengths)) != len(ids):
-            raise ValueError(f"record lengths {int(np.sum(piece.lengths))} != {len(ids)} tokens in a piece")
-        flags = np.ones(len(ids), np.uint8) if piece.mask is None else piece.mask.astype(np.uint8, copy=False)
-        ends = np.cumsum(piece.lengths).tolist()
-        start = 0
-        for index, end in enumerate(ends):
-            part = (ids[start:end], flags[start:end])
-            last_goes_on = piece.continues and index == len(ends) - 1
-            if self._partial or last_goes_on:
-                self._hold(part)
-                if not last_goes_on:
+        ids, lengths = piece.ids, np.asarray(piece.lengths, np.int64)
+        if int(lengths.sum()) != len(ids):
+            raise ValueError(f"record lengths {int(lengths.sum())} != {len(ids)} tokens in a piece")
+        flags = np.ones(len(ids), np.uint8) if piece.mask is None else piece.mask.astype(np.uint8) & FLAG_TRAINED
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        learnable = self._learnable(flags, starts, lengths)
+        last = len(lengths) - 1
+        for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            goes_on = piece.continues and index == last
+            if self._partial or goes_on:
+                self._hold((ids[start:end], flags[start:end]))
+                if not goes_on:
                     self._record(*self._take_partial())
             else:
-                self._record(*part)
-            start = end
+                self._admit(ids[start:end], flags[start:end], end - start, learnable[index] > 0)
+
+    def _learnable(self, flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[bool]:
+        """Whether each record has a trained token after its first (which is never a target); per piece, vectorized.
+        A truncated record is checked again on what is kept of it (`_admit`)."""
+        if flags.all():
+            return (lengths > 1).tolist()
+        if not lengths.all():  # an empty record: reduceat needs non-empty segments
+            return [bool(flags[a + 1 : a + n].any()) for a, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
+        trained = np.add.reduceat(flags, starts, dtype=np.int64) - flags[starts]
+        return (trained > 0).tolist()
 
     def _hold(self, part: tuple[np.ndarray, np.ndarray]) -> None:
         """Part of a record that spans pieces (a .txt document); only what can still be trained is kept."""
@@ -186,8 +196,12 @@ class Packer:
         length, self._partial, self._partial_len = self._partial_len, [], 0
         return ids, flags, length
 
-    def _record(self, ids: np.ndarray, flags: np.ndarray, length: int | None = None) -> None:
-        length = len(ids) if length is None else length
+    def _record(self, ids: np.ndarray, flags: np.ndarray, length: int) -> None:
+        """A record held across pieces, now complete (`length` tokens, of which `ids` keeps the first seq_len + 1)."""
+        self._admit(ids, flags, length, bool(flags[1 : self.seq_len].any()))
+
+    def _admit(self, ids: np.ndarray, flags: np.ndarray, length: int, learnable: bool) -> None:
+        """Count, truncate or drop one record, then queue it for placing. `flags`: 1 where trained, else 0."""
         if length == 0:
             return
         self.stats.longest_record = max(self.stats.longest_record, length)
@@ -197,7 +211,8 @@ class Packer:
                 return
             ids, flags = ids[: self.seq_len], flags[: self.seq_len]
             self.stats.records_truncated += 1
-        if not (flags[1:] & FLAG_TRAINED).any():  # a record's first token is never a target
+            learnable = bool(flags[1:].any())
+        if not learnable:
             self.stats.records_dropped_untrained += 1
             return
         self._window.append((ids.copy(), flags.copy()))
@@ -222,7 +237,7 @@ class Packer:
             room, serial = self.seq_len, self._new_bin()
         box = self._bins[serial]
         box.ids[box.fill : box.fill + n] = ids
-        box.flags[box.fill : box.fill + n] = flags & FLAG_TRAINED
+        box.flags[box.fill : box.fill + n] = flags
         box.flags[box.fill] |= FLAG_START
         box.fill += n
         if room - n == 0:
