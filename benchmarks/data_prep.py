@@ -1,6 +1,6 @@
 """Data preparation at corpus scale: memory flat in the corpus size, throughput per core, against datasets.map.
 
-    .venv/bin/python benchmarks/data_prep.py [--small-mb 40] [--factor 10] [--seq 512] [--workers 0,auto]
+    .venv/bin/python -m benchmarks.data_prep [--small-mb 40] [--factor 10] [--seq 512] [--workers 0,auto]
 
 Generates a JSONL corpus of --small-mb and one --factor times larger (paragraphs of the embedded corpus, numbered),
 and prepares each with trainkit's streaming preparation (trainer.data.shards.prepare, byte-level tokenizer, the
@@ -12,7 +12,7 @@ run picks). Each run reports the peak resident memory of its main process and of
     + `.map(group_texts, batched=True)` baseline (in memory, same tokenizer, same small corpus) (goal >= 1.0).
 Everything runs in one invocation, side by side, on this machine.
 
-    .venv/bin/python benchmarks/data_prep.py --corpus chat --small-mb 50 --factor 8 --seq 2048
+    .venv/bin/python -m benchmarks.data_prep --corpus chat --small-mb 50 --factor 8 --seq 2048
 
 Records packing (TRAIN_PACKING=records, trainer/data/packing.py) on a generated chat-like corpus: prompt/completion
 records of log-normal lengths (a few longer than --seq, truncated). Printed: the padding share (goal <= 5%), the
@@ -36,7 +36,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def write_jsonl(path: Path, megabytes: float) -> None:
     """Paragraphs of the embedded corpus, numbered, as JSONL records (written in blocks: fast, flat memory)."""
-    sys.path.insert(0, str(REPO))
     from trainer.data.discovery import EMBEDDED_CORPUS
 
     paragraphs = [p for p in EMBEDDED_CORPUS.read_text().split("\n\n") if p.strip()]
@@ -56,7 +55,6 @@ def write_chat_jsonl(path: Path, megabytes: float) -> None:
     numbered, from the embedded corpus's words (written in blocks: fast, flat memory)."""
     import random
 
-    sys.path.insert(0, str(REPO))
     from trainer.data.discovery import EMBEDDED_CORPUS
 
     words = EMBEDDED_CORPUS.read_text().split()
