@@ -159,7 +159,7 @@ def main() -> None:
     p.add_argument("--child", choices=["trainkit", "baseline"], help=argparse.SUPPRESS)
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--corpus", choices=["text", "chat"], default="text",
-                   help="text: plain-text JSONL against datasets.map; chat: prompt/completion records packed whole")  # fmt: skip
+                   help="text: plain text vs datasets.map; chat: prompt/completion packed whole")  # fmt: skip
     p.add_argument("--packing", default="auto", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
