@@ -2,7 +2,7 @@
 
 Sources: images/versions.toml (the image matrix) and trainer/config/schema.py (the TRAIN_* schema).
 Derived: the Dockerfile's ARG defaults, docs/images.md's table, README.md's matrix and variable
-tables, and .env.example.
+tables, .env.example, and the release workflow's job matrix (.github/workflows/release.yml).
 
     python scripts/generate.py           # rewrite what drifted
     python scripts/generate.py --check   # exit 1 naming what drifted
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matrix
+import release_matrix
 from errors import exit_missing_package
 
 try:  # the installed project (`pip install -e .`); trainer.config's schema and docs import pydantic only, never torch
@@ -53,6 +54,7 @@ def rendered() -> dict[Path, str]:
     table = matrix.load()
     for path in matrix.BLOCKS:
         out[path] = matrix.regenerate(path, table)[1]
+    out[release_matrix.WORKFLOW] = release_matrix.regenerate(table)
     return out
 
 
