@@ -42,5 +42,6 @@ def regenerate(matrix: Matrix, path: Path = WORKFLOW) -> str:
         pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
         if not pattern.search(text):
             raise UserError(f"{path} lacks the generated block markers {begin.strip()!r} ... {end.strip()!r}")
-        text = pattern.sub(lambda _m, body=render(matrix): begin + body + end, text)
+        block = begin + render(matrix) + end
+        text = pattern.sub(lambda _m, block=block: block, text)
     return text
