@@ -56,8 +56,10 @@ def first_build_note(image: str, matrix: Matrix) -> str:
     """What the first build of `image` downloads, compiles and takes; estimates, said before it starts."""
     match = LOCAL_TAG.match(image)
     if match and match["major"] is None:
-        return ("first build of the CPU flavor: Debian + CPU torch (about 1.5 GB) and DeepSpeed's CPU ops compiled; "
-                "about 10-15 minutes on 2 cores and 5 GB of disk (measured on a 2-core x86_64 machine)")  # fmt: skip
+        return (
+            "first build of the CPU flavor: a Debian base with CPU torch (1.5 GB), then DeepSpeed's CPU ops "
+            "compiled; about 10-15 minutes on 2 cores, a 2.35 GB image (measured on a 2-core x86_64 machine)"
+        )
     entry = matrix.entries.get(f"{match['major']}.{match['minor']}") if match else None
     if entry is None:
         return "first build: see docs/images.md for what it downloads and compiles"
