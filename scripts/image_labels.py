@@ -15,6 +15,7 @@ import datetime as dt
 import io
 import json
 import re
+import sys
 import tarfile
 
 import docker
@@ -100,10 +101,28 @@ def relabel(client: docker.DockerClient, image: str, labels: dict[str, str], tag
             tar.addfile(info, io.BytesIO(data))
     try:
         client.images.load(archive.getvalue())
-    except docker.errors.APIError as exc:
-        raise UserError(f"could not set the final labels on {image}: {exc.explanation or exc}") from None
+    except docker.errors.APIError as exc:  # an engine that needs the layer data (containerd's image store)
+        return _relabel_on_top(client, attrs["Id"], labels, tags, str(exc.explanation or exc))
     new_id = client.images.get(tags[0]).id
     if new_id != attrs["Id"]:
         with contextlib.suppress(docker.errors.APIError):  # the untagged pre-label config; its layers stay
             client.images.remove(attrs["Id"], noprune=True)
     return new_id
+
+
+def _relabel_on_top(client: docker.DockerClient, image_id: str, labels: dict[str, str], tags: list[str],
+                    why: str) -> str:  # fmt: skip
+    """The fallback: the final values set by a LABEL-only build on top (no new layer); a label cannot be removed
+    that way, so the build tools' labels stay, and the build says so."""
+    try:
+        image, _ = client.images.build(fileobj=io.BytesIO(f"FROM {image_id}\n".encode()), labels=labels, rm=True)
+    except (docker.errors.APIError, docker.errors.BuildError) as exc:
+        raise UserError(f"could not set the final labels ({why}; then {exc})") from None
+    for tag in tags:
+        image.tag(*tag.rsplit(":", 1))
+    print(
+        f"warning: this engine could not load a relabelled config ({why}); the labels name what is inside, but "
+        "compose's own labels (com.docker.compose.*) remain",
+        file=sys.stderr,
+    )
+    return image.id
