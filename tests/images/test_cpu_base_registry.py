@@ -19,6 +19,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import cpu_base  # noqa: E402
 from matrix import load  # noqa: E402
 
+from build import host_ca_bundle  # noqa: E402
+
 TEST_BASE = "trainkit-base:test-registry-path"  # never the shared base tag: the CPU image must not rebuild
 
 
@@ -34,7 +36,7 @@ def debian_ref(registry: str, cpu_image: str, docker_client) -> str:
     assert digest, "the registry confirmed no digest"
     ref = f"{registry}/debian@{digest}"
     docker_client.images.remove(f"{registry}/debian:bookworm-slim", noprune=True)
-    docker_client.images.remove(ref, noprune=True)  # the build must pull it from the registry
+    assert not cpu_base.image_exists(docker_client, ref)  # the build must pull it from the registry
     return ref
 
 
@@ -43,7 +45,8 @@ def test_the_base_builds_from_a_registry_debian_when_one_answers(debian_ref: str
     monkeypatch.setenv(cpu_base.DEBIAN_IMAGE_ENV, debian_ref)
     cpu = load().cpu
     try:
-        tag = cpu_base.ensure_cpu_base(docker_client, cpu, None, lambda _line: None, tag=TEST_BASE)
+        ca = host_ca_bundle()  # as build.py does: the host's CA bundle (a TLS-inspecting proxy's CA)
+        tag = cpu_base.ensure_cpu_base(docker_client, cpu, ca, lambda _line: None, tag=TEST_BASE)
         assert f"CPU base: FROM {debian_ref} (a registry answered)" in capsys.readouterr().err
         labels = docker_client.images.get(tag).labels
         assert labels["org.trainkit.base.from"] == debian_ref
