@@ -8,6 +8,7 @@ cost CI 10-15 minutes."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ TEST_BASE = "trainkit-base:test-registry-path"  # never the shared base tag: the
 
 
 @pytest.fixture(scope="module")
-def debian_ref(registry: str, cpu_image: str, docker_client) -> str:
+def debian_ref(registry: str, cpu_image: str, docker_client) -> Iterator[str]:
     """The session's debootstrap Debian pushed to the local registry; its repo@sha256 reference, not local."""
     rootfs = docker_client.images.get(cpu_base.rootfs_tag(load().cpu))
     rootfs.tag(f"{registry}/debian", "bookworm-slim")
@@ -37,7 +38,9 @@ def debian_ref(registry: str, cpu_image: str, docker_client) -> str:
     ref = f"{registry}/debian@{digest}"
     docker_client.images.remove(f"{registry}/debian:bookworm-slim", noprune=True)
     assert not cpu_base.image_exists(docker_client, ref)  # the build must pull it from the registry
-    return ref
+    yield ref
+    if cpu_base.image_exists(docker_client, ref):
+        docker_client.images.remove(ref, noprune=True)
 
 
 def test_the_base_builds_from_a_registry_debian_when_one_answers(debian_ref: str, docker_client, monkeypatch,
