@@ -7,10 +7,6 @@ without editing the workflow by hand.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
-from errors import UserError
 from matrix import ROOT, Entry, Matrix
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
@@ -30,18 +26,10 @@ def default_row(matrix: Matrix) -> str:
     return "          include:\n" + _row(matrix.entry(matrix.default_cuda), "            ")
 
 
-BLOCKS = {"every row": every_row, "default row": default_row}
+def _markers(name: str) -> tuple[str, str]:
+    return (f"          # BEGIN {name} (scripts/generate.py from images/versions.toml)\n",
+            f"          # END {name}\n")  # fmt: skip
 
 
-def regenerate(matrix: Matrix, path: Path = WORKFLOW) -> str:
-    """The workflow's text with each generated block refreshed."""
-    text = path.read_text()
-    for name, render in BLOCKS.items():
-        begin = f"          # BEGIN {name} (scripts/generate.py from images/versions.toml)\n"
-        end = f"          # END {name}\n"
-        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-        if not pattern.search(text):
-            raise UserError(f"{path} lacks the generated block markers {begin.strip()!r} ... {end.strip()!r}")
-        block = begin + render(matrix) + end
-        text = pattern.sub(lambda _m, block=block: block, text)
-    return text
+# (begin marker, end marker, render) for each generated block of the workflow; scripts/generate.py replaces them.
+BLOCKS = [(*_markers("every row"), every_row), (*_markers("default row"), default_row)]
