@@ -17,7 +17,7 @@ from matrix import REPOSITORY, Matrix, cpu_tags, cuda_tags
 
 REGISTRY_ENV = "TRAINKIT_REGISTRY"
 DEFAULT_REGISTRY = "ghcr.io/trainkit"
-LOCAL_TAG = re.compile(rf"^{REPOSITORY}:(?:[\w.]+-)?(?:cpu|cu(?P<major>\d+)(?P<minor>\d))$")
+LOCAL_TAG = re.compile(rf"^{REPOSITORY}:(?:[\w.]+-)?(?:cpu|cu(?P<major>\d+)(?P<minor>\d)(?:-ngc[\d.]+)?)$")
 
 
 def configured_registry() -> str:
