@@ -48,8 +48,8 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 CHECKSUM_MAX_BYTES = 1 << 20
 CANNOT_CHANGE = ("model", "tokenizer", "lora", "lora_r", "lora_alpha", "lora_targets", "quant", "zero_stage", "fsdp")
 # What the run trains on, and in which order (the sampler's seed, the global batch).
-DATA_CHANGES = ("data", "text_field", "seq_len", "data_max_bad_lines", "seed", "batch_size", "grad_accum",
-                "nproc_per_node")  # fmt: skip
+DATA_CHANGES = ("data", "text_field", "seq_len", "data_max_bad_lines", "packing", "long_records", "seed",
+                "batch_size", "grad_accum", "nproc_per_node")  # fmt: skip
 NOT_COMPARED = ("resume", "output_dir", "resume_changed_data", "start_over")
 PREVIOUS_RUNS = "previous-runs"
 RUN_CONFIG = "run_config.json"
