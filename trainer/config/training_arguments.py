@@ -11,6 +11,7 @@ from trainer.config import train_args
 from trainer.config.decisions import Decision, Decisions
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.errors import ConfigError
+from trainer.trackers.environment import run_name
 
 if TYPE_CHECKING:
     from trainer.run.hardware import Hardware
@@ -83,6 +84,7 @@ def derived_training_arguments(
         "logging_first_step": True,
         "logging_dir": str(Path(s.output_dir) / "runs"),
         "report_to": decisions.report_to.value,
+        "run_name": run_name(s.output_dir),  # the trackers' run name (trainer.trackers)
         "seed": s.seed,
         "full_determinism": s.deterministic,
         "bf16": precision == "bf16",

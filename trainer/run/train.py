@@ -202,6 +202,7 @@ def _run(cfg: Any, stop: Any) -> int:
     if args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         cfg.write_run_config(out)
+    tracker_runs = _prepare_trackers(cfg, args)  # an unreachable tracker exits 2 here, before the heavy work
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
@@ -228,6 +229,10 @@ def _run(cfg: Any, stop: Any) -> int:
         **_optimizer_override(cfg, args),
     )
     trainer.checkpoint_info = {"hub": cfg.hub} if cfg.hub else {}  # commits a resumed run keeps (trainer.hub.models)
+    if tracker_runs is not None:
+        from trainer.trackers.callbacks import install
+
+        install(trainer, cfg, tracker_runs, args.process_index == 0)
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
@@ -238,7 +243,25 @@ def _run(cfg: Any, stop: Any) -> int:
         return _interrupted(stop, trainer.state.global_step)
     trainer.save_final(out / "final", tokenizer)
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
+    if s.push_to_hub and args.process_index == 0:
+        from trainer.hub.push import push_after_run
+
+        return push_after_run(cfg, out)
     return EXIT_OK
+
+
+def _prepare_trackers(cfg: Any, args: Any) -> dict[str, Any] | None:
+    """W&B / MLflow environment and reachability (trainer.trackers); None when neither is chosen."""
+    chosen = cfg.decisions.report_to.value
+    trackers = [t for t in chosen if t in ("wandb", "mlflow")] if isinstance(chosen, list) else []
+    if not trackers:
+        return None
+    from trainer.run.checkpoint import newest_complete_checkpoint
+    from trainer.trackers.environment import prepare
+
+    mode = cfg.settings.resume
+    resume = {"never": None, "auto": newest_complete_checkpoint(cfg.settings.output_dir)}.get(mode, mode)
+    return prepare(cfg, trackers, str(resume) if resume else None, args.process_index == 0)
 
 
 def _checkpoint_step(path: str) -> int:
