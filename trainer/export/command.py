@@ -36,9 +36,13 @@ def register(commands: Any) -> None:
     parser.add_argument("src", metavar="SRC", help="a run folder, a checkpoint-N folder or final/")
     parser.add_argument("out", metavar="OUT", help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--adapter-only", action="store_true", help="keep the LoRA adapter instead of merging it")
-    parser.add_argument("--dtype", choices=list(DTYPE_CHOICES), default="auto",
-                        help="weights' dtype (auto: the run's compute dtype for LoRA, else the weights' own)")  # fmt: skip
-    parser.add_argument("--base", help="the LoRA base model (a folder or org/name@revision) instead of the recorded one")
+    parser.add_argument(
+        "--dtype", choices=list(DTYPE_CHOICES), default="auto",
+        help="weights' dtype (auto: the run's compute dtype for LoRA, else the weights' own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--base", help="the LoRA base model (a folder or org/name@revision) instead of the recorded one"
+    )
     parser.set_defaults(func=main)
 
 

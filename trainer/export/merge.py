@@ -58,8 +58,9 @@ def base_folder(source: Source, override: str | None) -> tuple[str, str]:
     for candidate in candidates:
         if candidate and Path(candidate).is_dir():
             return candidate, f"{candidate} (recorded by the run)"
-    raise ConfigError(f"export {source.folder}: the base model the run recorded ({' or '.join(c for c in candidates if c)}"
-                      ") is not here; pass --base FOLDER or --base org/name@revision")  # fmt: skip
+    recorded = " or ".join(c for c in candidates if c)
+    raise ConfigError(f"export {source.folder}: the base model the run recorded ({recorded}) is not here; pass "
+                      "--base FOLDER or --base org/name@revision")  # fmt: skip
 
 
 def _adapter_base(source: Source) -> str | None:

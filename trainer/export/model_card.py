@@ -61,14 +61,20 @@ def model_card(source: Source, name: str, base_how: str | None, merged_adapter: 
     data = cfg.get("decisions", {}).get("data", {})
     if data:
         lines.append(f"- {data.get('value')}: {data.get('reason')}")
-    lines += [f"- `{r['repo_id']}` at commit `{r['sha']}` ({key})" for key, r in hub.items() if r.get("repo_type") == "dataset"]
+    lines += [
+        f"- `{r['repo_id']}` at commit `{r['sha']}` ({key})"
+        for key, r in hub.items()
+        if r.get("repo_type") == "dataset"
+    ]
     losses = last_losses(source.run_dir, source.step)
     lines += ["", "## Results", ""]
-    lines += [f"- last {k.replace('_', ' ')}: {v:.4f} (step {s})" for k, (v, s) in losses.items()] or ["- no metrics.jsonl"]
-    lines += ["", "## Configuration", "", "The run's resolved TRAIN_* settings (secrets masked):", "", "| variable | value |",
-              "| --- | --- |"]  # fmt: skip
+    lines += [f"- last {k.replace('_', ' ')}: {v:.4f} (step {s})" for k, (v, s) in losses.items()] or [
+        "- no metrics.jsonl"
+    ]
+    lines += ["", "## Configuration", "", "The run's resolved TRAIN_* settings (secrets masked):", "",
+              "| variable | value |", "| --- | --- |"]  # fmt: skip
     lines += [f"| `{k}` | `{v.get('value')}` |" for k, v in settings.items() if v.get("source") == "env"]
     decisions = {k: v.get("value") for k, v in cfg.get("decisions", {}).items()}
-    lines += ["", "<details><summary>Every decision</summary>", "", "```json", json.dumps(decisions, indent=1, default=str),
-              "```", "", "</details>", ""]  # fmt: skip
+    lines += ["", "<details><summary>Every decision</summary>", "", "```json",
+              json.dumps(decisions, indent=1, default=str), "```", "", "</details>", ""]  # fmt: skip
     return "\n".join(lines)

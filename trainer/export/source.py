@@ -58,7 +58,7 @@ def _kind(folder: Path) -> tuple[str, Path | None]:
         return ZERO, None
     if any(p.is_dir() for p in folder.glob("pytorch_model_fsdp_*")):
         return FSDP, None
-    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")):
+    if ((folder / "config.json").is_file() and any(folder.glob("*.safetensors"))) or any(folder.glob("*.bin")):
         return FULL, None
     raise ConfigError(f"export {folder}: no model in it (no adapter_config.json, ZeRO global_step*/ shards, FSDP "
                       "pytorch_model_fsdp_*/ shards, or config.json with weights)")  # fmt: skip
@@ -68,9 +68,11 @@ def resolve_source(src: Path) -> Source:
     """SRC -> Source; ConfigError (exit 2) when it is none of the accepted forms."""
     if not src.is_dir():
         raise ConfigError(f"export {src}: no such folder; give a run folder, a checkpoint-N folder or final/")
-    is_run = (src / "run_config.json").is_file() and not (src / "trainer_state.json").is_file() and not (
-        src / "config.json"
-    ).is_file()
+    is_run = (
+        (src / "run_config.json").is_file()
+        and not (src / "trainer_state.json").is_file()
+        and not (src / "config.json").is_file()
+    )
     folder = _pick_from_run(src) if is_run else src
     run_dir = folder.parent if (folder.parent / "run_config.json").is_file() else None
     kind, adapter = _kind(folder)

@@ -143,8 +143,9 @@ def _explain(exc: Exception, ref: HubRef, variable: str, endpoint: str) -> str:
                 f"token with write access to that namespace ({kept})")  # fmt: skip
     if isinstance(exc, HfHubHTTPError):
         return f"{name}: the Hub answered {status}: {mask_url_credentials(str(exc))} ({kept})"
-    if isinstance(exc, (OSError, ConnectionError)) or "Connect" in type(exc).__name__ or "Timeout" in type(exc).__name__:
-        return f"{name}: the Hub ({endpoint}) cannot be reached ({type(exc).__name__}); check the network or HF_ENDPOINT ({kept})"
+    kind = type(exc).__name__
+    if isinstance(exc, (OSError, ConnectionError)) or "Connect" in kind or "Timeout" in kind:
+        return f"{name}: the Hub ({endpoint}) cannot be reached ({kind}); check the network or HF_ENDPOINT ({kept})"
     raise exc
 
 

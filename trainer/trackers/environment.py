@@ -141,4 +141,6 @@ def _check_reachable(tracker: str, base: str, url: str, hint: str) -> None:
             raise ConfigError(f"{tracker} at {shown} refused the credentials ({exc.code}); check them") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise ConfigError(f"TRAIN_REPORT_TO names {tracker}, but {shown} cannot be reached ({reason}); {hint}") from None
+        raise ConfigError(
+            f"TRAIN_REPORT_TO names {tracker}, but {shown} cannot be reached ({reason}); {hint}"
+        ) from None
