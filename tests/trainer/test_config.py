@@ -93,6 +93,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_NPROC_PER_NODE": "1",
             "TRAIN_MAX_RESTARTS": "5",
             "TRAIN_RDZV_TIMEOUT": "60",
+            "TRAIN_REPORT_TO": "tensorboard, MLflow",
             "HF_TOKEN": SECRET,
             "WANDB_API_KEY": "wandb-secret-value",
         },
@@ -121,6 +122,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_TOKENIZER": str(root / "tokenizer"),
         },
         "eval-split": {"TRAIN_DATA": data, "TRAIN_EVAL_SPLIT": "0.05"},
+        "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
     }
     return {**_base(root, name), **envs[name]}
 
@@ -264,6 +266,16 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
     ("TRAIN_MAX_RESTARTS", "full", lambda c: c["settings"]["TRAIN_MAX_RESTARTS"] == {"value": 5, "source": "env"}),
     ("TRAIN_RDZV_TIMEOUT", "full", lambda c: c["settings"]["TRAIN_RDZV_TIMEOUT"] == {"value": 60, "source": "env"}),
+    (
+        "TRAIN_REPORT_TO",
+        "full",
+        lambda c: (
+            c["training_arguments"]["report_to"] == ["tensorboard", "mlflow"]
+            and c["training_arguments"]["run_name"] == "out-full"
+            and c["settings"]["TRAIN_REPORT_TO"]["value"] == "tensorboard,mlflow"
+        ),
+    ),
+    ("TRAIN_PUSH_TO_HUB", "push", lambda c: c["settings"]["TRAIN_PUSH_TO_HUB"]["value"] == "org/name@v1"),
 ]
 
 
