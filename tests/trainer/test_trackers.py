@@ -105,7 +105,7 @@ def _history_steps(records: list) -> list[int]:
 
 
 def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer, mlflow_server, tmp_path) -> None:
-    env = run_env(tmp_path, report_to="wandb,mlflow", max_steps=2, save_steps=2, num_workers=0,
+    env = run_env(tmp_path, report_to="tensorboard,wandb,mlflow", max_steps=2, save_steps=2, num_workers=0,
                   args=f"--hub_token {SECRET}")  # fmt: skip
     env.update(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="trainkit-test", HF_TOKEN=SECRET,
                HF_ENDPOINT=f"https://user:{PASSWORD}@mirror.example")  # fmt: skip
@@ -130,7 +130,7 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
     history = _api(mlflow_server, "metrics/get-history", run_id=runs["mlflow"]["run_id"], metric_key="loss")["metrics"]
     assert sorted(m["step"] for m in history) == [1, 2, 3, 4]
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
-    assert params["TRAIN_REPORT_TO"] == "wandb,mlflow" and params["TRAIN_ARGS"] == "--hub_token ***"
+    assert params["TRAIN_REPORT_TO"] == "tensorboard,wandb,mlflow" and params["TRAIN_ARGS"] == "--hub_token ***"
     assert params["decision/precision"] == "fp32"
     logged = json.dumps(run)
     assert SECRET not in logged and PASSWORD not in logged
@@ -142,7 +142,8 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
     run_records = [r.run for records in halves for r in records if r.WhichOneof("record_type") == "run"]
     assert {r.run_id for r in run_records} == {runs["wandb"]["run_id"]}
     assert _history_steps(halves[0]) == [1, 2] and _history_steps(halves[1]) == [3, 4]
-    for path in (out / "wandb").rglob("*"):
+    assert any((out / "runs").rglob("events.out.tfevents.*"))
+    for path in [*(out / "wandb").rglob("*"), *(out / "runs").rglob("*"), *(out / "mlruns").rglob("*")]:
         if path.is_file():
             data = path.read_bytes()
             assert SECRET.encode() not in data and PASSWORD.encode() not in data, path

@@ -73,7 +73,7 @@ def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto"
     """Build, write, verify and publish OUT (see the module docstring); returns OUT."""
     from trainer.export.source import resolve_source
 
-    source = resolve_source(src)
+    source = resolve_source(src, adapter_only)
     _check_out(out, replace)
     staging = out.parent / f".tmp-export-{out.name}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -173,3 +173,5 @@ def _copy_adapter(source: Any, staging: Path, name: str) -> None:
     weights = staging / "adapter_model.safetensors"
     if not weights.is_file() or not load_file(str(weights)):
         raise ConfigError(f"export --adapter-only: {source.adapter} holds no adapter_model.safetensors weights")
+    log.info("export: %s holds the LoRA adapter of %s (--adapter-only), %d tensors", name, source.adapter,
+             len(load_file(str(weights))))  # fmt: skip

@@ -49,10 +49,15 @@ def _pick_from_run(run: Path) -> Path:
     return newest
 
 
-def _kind(folder: Path) -> tuple[str, Path | None]:
+def _has_weights(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")))
+
+
+def _kind(folder: Path, adapter_only: bool) -> tuple[str, Path | None]:
     if (folder / "adapter_config.json").is_file():
         return ADAPTER, folder
-    if (folder / "adapter" / "adapter_config.json").is_file():
+    # final/ of a LoRA run the trainer could merge itself: the merged model, and its adapter in adapter/
+    if (folder / "adapter" / "adapter_config.json").is_file() and (adapter_only or not _has_weights(folder)):
         return ADAPTER, folder / "adapter"
     if any(p.is_dir() and any(p.glob("*model_states.pt")) for p in folder.glob("global_step*")):
         return ZERO, None
@@ -64,7 +69,7 @@ def _kind(folder: Path) -> tuple[str, Path | None]:
                       "pytorch_model_fsdp_*/ shards, or config.json with weights)")  # fmt: skip
 
 
-def resolve_source(src: Path) -> Source:
+def resolve_source(src: Path, adapter_only: bool = False) -> Source:
     """SRC -> Source; ConfigError (exit 2) when it is none of the accepted forms."""
     if not src.is_dir():
         raise ConfigError(f"export {src}: no such folder; give a run folder, a checkpoint-N folder or final/")
@@ -75,7 +80,7 @@ def resolve_source(src: Path) -> Source:
     )
     folder = _pick_from_run(src) if is_run else src
     run_dir = folder.parent if (folder.parent / "run_config.json").is_file() else None
-    kind, adapter = _kind(folder)
+    kind, adapter = _kind(folder, adapter_only)
     return Source(
         folder=folder, kind=kind, run_dir=run_dir, adapter=adapter,
         run_config=_read_json(run_dir / "run_config.json") if run_dir else {},
