@@ -149,14 +149,18 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
             assert SECRET.encode() not in data and PASSWORD.encode() not in data, path
 
 
-def test_unreachable_mlflow_server_exits_2_naming_it(run_trainer, tmp_path) -> None:
-    env = run_env(tmp_path, report_to="mlflow", num_workers=0)
-    env["MLFLOW_TRACKING_URI"] = f"http://user:{PASSWORD}@127.0.0.1:{_free_port()}"
-    result = run_trainer([], env=env, timeout=300)
+@pytest.mark.parametrize(
+    ("tracker", "env", "shown"),
+    [("mlflow", {"MLFLOW_TRACKING_URI": f"http://user:{PASSWORD}@127.0.0.1:{{port}}"}, "MLflow, but http://***@127.0.0.1:"),
+     ("wandb", {"WANDB_API_KEY": PASSWORD, "WANDB_BASE_URL": "http://127.0.0.1:{port}"}, "W&B, but http://127.0.0.1:")],
+)  # fmt: skip
+def test_unreachable_tracker_exits_2_naming_it(run_trainer, tmp_path, tracker, env, shown) -> None:
+    port = _free_port()
+    full = {**run_env(tmp_path, report_to=tracker, num_workers=0), **{k: v.format(port=port) for k, v in env.items()}}
+    result = run_trainer([], env=full, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert "TRAIN_REPORT_TO names MLflow, but http://***@127.0.0.1:" in result.stderr
-    assert "cannot be reached" in result.stderr and PASSWORD not in result.stderr
-    assert "Traceback" not in result.stderr
+    assert f"TRAIN_REPORT_TO names {shown}{port}" in result.stderr and "cannot be reached" in result.stderr
+    assert PASSWORD not in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(
