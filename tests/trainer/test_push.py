@@ -43,11 +43,14 @@ def test_push_to_hub_uploads_the_verified_export_privately(run_trainer, hub, tmp
 
 
 def test_failed_push_after_a_finished_run_exits_3_and_keeps_final(run_trainer, hub, tmp_path) -> None:
+    """Through the launcher with two processes (torchrun), as in the image: a failed push must not look like a crashed
+    worker, which torchrun would restart (training again); the launcher exits 3 once every worker is done."""
     hub.write_tokens.add(WRITE)
-    env = online(run_env(tmp_path, push_to_hub="org/refused", num_workers=0), hub)
-    result = run_trainer([], env={**env, "HF_TOKEN": REFUSED}, timeout=600)
+    env = online(run_env(tmp_path, push_to_hub="org/refused", num_workers=0, nproc_per_node=2), hub)
+    result = run_trainer(["train"], env={**env, "HF_TOKEN": REFUSED}, module="trainer.launch", timeout=600)
     assert result.returncode == 3, result.stderr[-4000:]
     assert "refused (403)" in result.stderr and "final/ is kept" in result.stderr
+    assert result.stderr.count("INFO finished: 2 steps") == 1  # trained once: no restart of the worker group
     assert (tmp_path / "output" / "final" / "model.safetensors").is_file()
     assert ("models", "org/refused") not in hub.repos
 

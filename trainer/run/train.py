@@ -246,7 +246,7 @@ def _run(cfg: Any, stop: Any) -> int:
     if s.push_to_hub and args.process_index == 0:
         from trainer.hub.push import push_after_run
 
-        return push_after_run(cfg, out)
+        return push_after_run(cfg, out, args.world_size)
     return EXIT_OK
 
 
