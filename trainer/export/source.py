@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import ConfigError
-from trainer.run.checkpoint import COMPLETE_MARKER, checkpoint_step, newest_complete_checkpoint
+from trainer.run.resume import COMPLETE_MARKER, checkpoint_step, newest_complete_checkpoint
 
 ADAPTER = "adapter"  # a LoRA adapter (a checkpoint, or final/adapter/), merged into its recorded base
 ZERO = "zero"  # DeepSpeed ZeRO shards (global_step*/), consolidated with zero_to_fp32

@@ -1,4 +1,4 @@
-"""`python -m trainer.launch`: decide, print the decision, then supervise `train` (trainer.launch.supervise) or exec
+"""`python -m trainer.launch`: decide, print the plan, then supervise `train` (trainer.launch.supervise) or exec
 any other command."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 import trainer.launch as package
-from trainer.launch.decide import TRAINER_COMMANDS, Decision, decide, describe
+from trainer.launch.decide import TRAINER_COMMANDS, LaunchPlan, decide, describe
 from trainer.launch.placement import LaunchError
 from trainer.launch.supervise import supervise
 from trainer.secrets import mask_args
@@ -45,32 +45,32 @@ def parse_cli(argv: Sequence[str]) -> tuple[bool, bool, str, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     dry_run, json_out, command, args = parse_cli(sys.argv[1:] if argv is None else argv)
     try:
-        decision = decide(command, args, os.environ)
+        plan = decide(command, args, os.environ)
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(describe(decision), file=sys.stderr, flush=True)
+    print(describe(plan), file=sys.stderr, flush=True)
     if dry_run:
         if json_out:
-            added = {k: v for k, v in decision.env.items() if os.environ.get(k) != v}
-            report = {**asdict(decision), "env": added, "command": mask_args(decision.command)}
+            added = {k: v for k, v in plan.env.items() if os.environ.get(k) != v}
+            report = {**asdict(plan), "env": added, "command": mask_args(plan.command)}
             print(json.dumps(report, indent=2))
         return 0
-    if decision.supervised:
-        return push_failed_code(supervise(decision), decision)
-    os.execve(decision.command[0], decision.command, decision.env)
+    if plan.supervised:
+        return push_failed_code(supervise(plan), plan)
+    os.execve(plan.command[0], plan.command, plan.env)
     return 1  # not reached
 
 
-def push_failed_code(code: int, decision: Decision) -> int:
+def push_failed_code(code: int, plan: LaunchPlan) -> int:
     """A multi-process run whose rank 0 finished but could not push (trainer.hub.push.push_after_run) exits 3."""
     from pathlib import Path
 
     from trainer.errors import EXIT_PUSH_FAILED
     from trainer.hub.push import PUSH_FAILED_MARKER
 
-    output = decision.env.get("TRAIN_OUTPUT_DIR", "/output")
-    if code == 0 and decision.distributed and (Path(output) / PUSH_FAILED_MARKER).is_file():
+    output = plan.env.get("TRAIN_OUTPUT_DIR", "/output")
+    if code == 0 and plan.distributed and (Path(output) / PUSH_FAILED_MARKER).is_file():
         print(f"error: the run finished but its push to the Hub failed (see {PUSH_FAILED_MARKER}); final/ is kept; "
               f"exit {EXIT_PUSH_FAILED}", file=sys.stderr)  # fmt: skip
         return EXIT_PUSH_FAILED

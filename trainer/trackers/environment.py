@@ -56,14 +56,16 @@ def previous_runs(output_dir: str, resume: str | None) -> dict[str, dict[str, st
     """The tracker runs a resumed run continues: its checkpoint's marker, else OUTPUT_DIR/trackers.json."""
     if resume is None:
         return {}
-    for path in (Path(resume) / "trainkit_complete", Path(output_dir) / STATE_FILE):
-        try:
-            found = json.loads(path.read_text()).get("trackers")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(found, dict) and found:
-            return found
-    return {}
+    from trainer.run.resume import recorded_tracker_runs
+
+    found = recorded_tracker_runs(Path(resume))
+    if found:
+        return found
+    try:
+        found = json.loads((Path(output_dir) / STATE_FILE).read_text()).get("trackers")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def save_runs(output_dir: str, runs: dict[str, dict[str, str]]) -> None:
