@@ -218,7 +218,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     trainer.save_final(out / "final", tokenizer)
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
     if s.push_to_hub and args.process_index == 0:
-        from trainer.hub.push import push_after_run
+        from trainer.export.publish import push_after_run
 
         return push_after_run(cfg, out, args.world_size)
     return EXIT_OK
@@ -230,10 +230,11 @@ def _prepare_trackers(cfg: RunConfig, args: Any, resume: Resume) -> dict[str, An
     trackers = [t for t in chosen if t in ("wandb", "mlflow")] if isinstance(chosen, list) else []
     if not trackers:
         return None
+    from trainer.run.resume import recorded_tracker_runs
     from trainer.trackers.environment import prepare
 
-    checkpoint = str(resume.checkpoint) if resume.checkpoint else None
-    return prepare(cfg, trackers, checkpoint, args.process_index == 0)
+    recorded = recorded_tracker_runs(resume.checkpoint) if resume.checkpoint else {}
+    return prepare(cfg, trackers, resume.checkpoint is not None, recorded, args.process_index == 0)
 
 
 def _interrupted(stop: GracefulStop, step: int | None) -> int:

@@ -52,15 +52,13 @@ def run_tags(cfg: Any) -> list[str]:
     return tags
 
 
-def previous_runs(output_dir: str, resume: str | None) -> dict[str, dict[str, str]]:
-    """The tracker runs a resumed run continues: its checkpoint's marker, else OUTPUT_DIR/trackers.json."""
-    if resume is None:
+def previous_runs(output_dir: str, resuming: bool, recorded: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The tracker runs a resumed run continues: what its checkpoint's marker recorded (trainer.run.resume reads it),
+    else OUTPUT_DIR/trackers.json; none when the run starts from scratch."""
+    if not resuming:
         return {}
-    from trainer.run.resume import recorded_tracker_runs
-
-    found = recorded_tracker_runs(Path(resume))
-    if found:
-        return found
+    if recorded:
+        return dict(recorded)
     try:
         found = json.loads((Path(output_dir) / STATE_FILE).read_text()).get("trackers")
     except (OSError, ValueError, AttributeError):
@@ -76,10 +74,12 @@ def save_runs(output_dir: str, runs: dict[str, dict[str, str]]) -> None:
     os.replace(tmp, target)
 
 
-def prepare(cfg: Any, trackers: list[str], resume: str | None, main_process: bool) -> dict[str, dict[str, str]]:
+def prepare(
+    cfg: Any, trackers: list[str], resuming: bool, recorded: dict[str, dict[str, str]], main_process: bool
+) -> dict[str, dict[str, str]]:
     """Set each chosen tracker's environment, check that it can be reached; returns the runs continued on resume."""
     out = cfg.settings.output_dir
-    runs = previous_runs(out, resume)
+    runs = previous_runs(out, resuming, recorded)
     if "wandb" in trackers:
         runs["wandb"] = _prepare_wandb(cfg, runs.get("wandb", {}), main_process)
     if "mlflow" in trackers:
