@@ -33,6 +33,7 @@ class LineChunk:
     data: bytes
     first_line: int
     last: bool  # the file's last chunk
+    first: bool = True  # the file's first chunk
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Columns:
     prompts: Any = None
     completions: Any = None
     eos: str = "each"  # after each record; "last": after the last one only; "none"
+    starts_document: bool = True  # False for a .txt chunk after the file's first
     bad: list[str] = field(default_factory=list)  # malformed lines, "path:line: why"
     without_text: int = 0  # records whose text field is null or missing
 
@@ -107,7 +109,7 @@ def _line_chunks(path: Path, fmt: str) -> Iterator[LineChunk]:
             chunk, carry = data[:cut], data[cut:]
             if pending is not None:
                 yield pending
-            pending = LineChunk(str(path), fmt, chunk, line, last=False)
+            pending = LineChunk(str(path), fmt, chunk, line, last=False, first=pending is None)
             line += chunk.count(b"\n")
             if not block:
                 break
@@ -131,7 +133,8 @@ def parse_chunk(chunk: LineChunk, text_field: str) -> Columns:
 
     if chunk.format == "text":
         pieces = _text_pieces(chunk.data)
-        return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none")
+        return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none",
+                       starts_document=chunk.first)  # fmt: skip
     try:
         return _jsonl_arrow(chunk, text_field)
     except pa.ArrowInvalid:
