@@ -8,6 +8,8 @@
 #   doctor [--json]   python -m trainer doctor: what this machine can do
 #   bench [ARGS...]   python -m trainer bench
 #   fetch [--json]    python -m trainer fetch: download the configured Hub model/tokenizer/data into /cache
+#   export SRC OUT    python -m trainer export: a run/checkpoint -> a plain model folder (merged, verified)
+#   push SRC REPO     python -m trainer push: upload a model folder to the Hub
 #   shell [ARGS...]   bash
 #   -ANYTHING ...     arguments for train
 #   CMD [ARGS...]     any other command, run as given (e.g. `python my_script.py`)
@@ -41,6 +43,8 @@ case "$cmd" in
     doctor) set -- python -m trainer doctor "$@"; what="python -m trainer doctor" ;;
     bench) set -- python -m trainer bench "$@"; what="python -m trainer bench" ;;
     fetch) set -- python -m trainer fetch "$@"; what="python -m trainer fetch" ;;
+    export) set -- python -m trainer export "$@"; what="python -m trainer export" ;;
+    push) set -- python -m trainer push "$@"; what="python -m trainer push" ;;
     shell) set -- bash "$@"; what="bash" ;;
     *) set -- "$cmd" "$@"; what="$cmd" ;;
 esac

@@ -76,7 +76,8 @@ def check_pins(manifest: dict) -> str:
             wrong.append(f"{package} {found} (pinned {pinned})")
     if wrong:
         raise Failed("; ".join(wrong))
-    for module in ("transformers", "accelerate", "datasets", "peft", "bitsandbytes", "trainer"):
+    # wandb and mlflow (mlflow-skinny): the trackers TRAIN_REPORT_TO names, imported by Transformers' callbacks
+    for module in ("transformers", "accelerate", "datasets", "peft", "bitsandbytes", "wandb", "mlflow", "trainer"):
         importlib.import_module(module)
     if shutil.which("dumb-init") is None:
         raise Failed("dumb-init is not on PATH")

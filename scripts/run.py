@@ -1,6 +1,6 @@
 """Run trainkit in a container, the way `docker compose up train` does, from any folder.
 
-    python scripts/run.py [options] train|doctor|bench|fetch [ARGS...]
+    python scripts/run.py [options] train|doctor|bench|fetch|export|push [ARGS...]
     python scripts/run.py [options] -- CMD [ARGS...]        (any command inside the image)
 
 run.py's options may also follow the trainer command; other arguments go to the command.
@@ -8,7 +8,8 @@ run.py's options may also follow the trainer command; other arguments go to the 
 Mounts ./data (read-only) at /data, ./models (read-only) at /models, ./output at /output and the
 `trainkit-cache` volume at /cache; runs as your user so ./output belongs to you; host IPC, memlock
 unlimited, 64 MB stack (as the compose file). TRAIN_* settings come from ./.env (or --env-file) and
--e KEY=VALUE; HF_TOKEN is passed from your environment at run time, never written anywhere.
+-e KEY=VALUE; HF_TOKEN and WANDB_API_KEY are passed from your environment at run time, never written anywhere.
+`export /output/checkpoint-200 /output/merged` and `push /output/export org/name` name container paths.
 
 Image rule (without --image): the GPU image (`trainkit:latest-cu<XY>`, the matrix default) when the
 engine has the NVIDIA runtime and --gpus is not `none`, else the CPU image `trainkit:latest-cpu`.
@@ -48,10 +49,10 @@ try:
 except ModuleNotFoundError as missing:
     exit_missing_package(missing)
 
-HOST_PASSTHROUGH = ("HF_TOKEN",)  # taken from this environment when set
+HOST_PASSTHROUGH = ("HF_TOKEN", "WANDB_API_KEY")  # taken from this environment when set
 CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml
 STOP_GRACE_S = 600  # as compose's stop_grace_period: the interruption checkpoint must fit
-TRAINER_COMMANDS = ("train", "doctor", "bench", "fetch")
+TRAINER_COMMANDS = ("train", "doctor", "bench", "fetch", "export", "push")
 STACK_BYTES = 67108864
 
 
@@ -112,7 +113,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="build the chosen image with scripts/build.py when it is not there (first build takes a while)",
     )  # fmt: skip
     parser.add_argument(
-        "command", nargs="?", default="train", help="train (default), doctor, bench, fetch, or -- CMD ..."
+        "command", nargs="?", default="train", help="train (default), doctor, bench, fetch, export, push, or -- CMD ..."
     )
     head, tail = split_at_double_dash(argv)
     args, passed_on = parser.parse_known_args(head)
@@ -145,8 +146,8 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
         return tail
     if command not in TRAINER_COMMANDS:
         raise UserError(
-            f"unknown command {command!r}: use train, doctor, bench, fetch, or `-- CMD ...` to run any command in the "
-            "image"
+            f"unknown command {command!r}: use train, doctor, bench, fetch, export, push, or `-- CMD ...` to run any "
+            "command in the image"
         )
     return [command, *passed_on]
 

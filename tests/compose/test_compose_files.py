@@ -107,3 +107,17 @@ def test_fetch_service_fills_the_cache_volume_without_gpus(tmp_path):
         assert "deploy" not in fetch or not fetch["deploy"].get("resources"), "fetch needs no GPU"
         assert any(v.get("target") == "/cache" and v.get("type") == "volume" for v in fetch["volumes"])
         assert "HF_TOKEN" in fetch["environment"] and fetch["environment"]["HF_TOKEN"] is None
+
+
+def test_export_and_push_services_run_their_command_without_gpus(tmp_path):
+    """`docker compose run --rm export [SRC OUT]` and `... push SRC REPO`: the arguments replace the default ones only;
+    the Hub token and the W&B key pass from the shell, never stored."""
+    for files in (("docker-compose.yml",), ("docker-compose.yml", "docker-compose.cpu.yml")):
+        services = resolved(tmp_path, *files)["services"]
+        export, push = services["export"], services["push"]
+        assert export["entrypoint"][-1] == "export" and export["command"] == ["/output", "/output/export"]
+        assert push["entrypoint"][-1] == "push" and push["command"] == ["/output/export"]
+        for service in (export, push):
+            assert "deploy" not in service or not service["deploy"].get("resources"), "no GPU needed"
+            assert service["environment"]["HF_TOKEN"] is None and service["environment"]["WANDB_API_KEY"] is None
+        assert services["train"]["environment"]["WANDB_API_KEY"] is None

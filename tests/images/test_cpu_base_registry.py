@@ -18,9 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import cpu_base  # noqa: E402
-from matrix import load  # noqa: E402
-
 from build import host_ca_bundle  # noqa: E402
+from matrix import load  # noqa: E402
 
 TEST_BASE = "trainkit-base:test-registry-path"  # never the shared base tag: the CPU image must not rebuild
 

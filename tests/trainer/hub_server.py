@@ -5,6 +5,15 @@ snapshot_download and hf_hub_download call, served from memory on 127.0.0.1 by h
     GET  /api/{models|datasets}/{repo}/tree/{sha}       the file listing (recursive)
     HEAD/GET /[datasets/]{repo}/resolve/{rev}/{path}    a file, with X-Repo-Commit and ETag
 
+and what huggingface_hub's create_repo, create_branch and upload_folder call (huggingface_hub 2.4 and 0.36), for
+tokens in `server.write_tokens`:
+
+    POST /api/repos/create                              {"name", "organization", "visibility"|"private"}
+    POST /api/models/{repo}/branch/{branch}             a branch from main
+    POST /api/validate-yaml                             README.md's metadata (accepted)
+    POST /api/models/{repo}/preupload/{rev}             every file "regular" (its bytes go in the commit)
+    POST /api/models/{repo}/commit/{rev}                ndjson: a header, then base64 files; a new commit on rev
+
 Errors as the Hub answers them: an unknown repository is 404 with `X-Error-Code: RepoNotFound`, a gated one 401 with
 `X-Error-Code: GatedRepo` unless the request carries the accepted token, an unknown revision 404 with
 `X-Error-Code: RevisionNotFound`. Point the library at it with HF_ENDPOINT=server.url. Every request is logged
@@ -13,6 +22,7 @@ Errors as the Hub answers them: an unknown repository is 404 with `X-Error-Code:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import threading
@@ -29,6 +39,7 @@ class Repo:
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)
     refs: dict[str, str] = field(default_factory=dict)
     gated_token: str | None = None  # set: only requests with this bearer token may read it
+    private: bool = False  # only write tokens see it (others get 404, as on the Hub)
     refused_tokens: tuple[str, ...] = ()  # tokens answered 401 "Invalid credentials" (expired, revoked)
 
     def commit(self, files: dict[str, bytes], branch: str = "main") -> str:
@@ -69,6 +80,7 @@ class HubServer:
     def __init__(self) -> None:
         self.repos: dict[tuple[str, str], Repo] = {}  # (models|datasets, org/name) -> Repo
         self.requests: list[str] = []
+        self.write_tokens: set[str] = set()  # bearer tokens that may create repositories and commit
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
@@ -99,6 +111,66 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._serve(body=True)
 
+        def do_POST(self) -> None:
+            hub.requests.append(f"POST {self.path}")
+            data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            parts = [unquote(p) for p in urlparse(self.path).path.strip("/").split("/")]
+            if parts == ["api", "validate-yaml"]:
+                self._send(200, {"errors": [], "warnings": []}, True)
+            elif not self._may_write():
+                return
+            elif parts == ["api", "repos", "create"]:
+                self._create(json.loads(data))
+            elif parts[:2] == ["api", "models"] and len(parts) >= 6:
+                self._write("/".join(parts[2:4]), parts[4], "/".join(parts[5:]), data)
+            else:
+                self._send(404, {"error": "unknown endpoint"}, True, {"X-Error-Code": "EntryNotFound"})
+
+        def _may_write(self) -> bool:
+            token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            if not token:
+                self._send(401, {"error": "Invalid username or password."}, True)
+            elif token not in hub.write_tokens:
+                self._send(403, {"error": "You don't have the rights to write in this namespace"}, True)
+            return token in hub.write_tokens
+
+        def _create(self, payload: dict) -> None:
+            repo_id = f"{payload['organization']}/{payload['name']}"
+            if ("models", repo_id) in hub.repos:
+                self._send(409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo_id}"}, True)
+                return
+            private = payload.get("visibility") == "private" or bool(payload.get("private"))
+            repo = hub.repo(repo_id)
+            repo.private = private
+            repo.commit({".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"})
+            self._send(200, {"url": f"{hub.url}/{repo_id}", "name": repo_id}, True)
+
+        def _write(self, repo_id: str, what: str, revision: str, data: bytes) -> None:
+            repo = hub.repos.get(("models", repo_id))
+            if repo is None:
+                self._send(404, {"error": "Repository not found"}, True, {"X-Error-Code": "RepoNotFound"})
+            elif what == "preupload":
+                files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
+                         for f in json.loads(data)["files"]]  # fmt: skip
+                self._send(200, {"files": files, "commitOid": repo.refs.get(revision)}, True)
+            elif what == "branch":
+                if revision in repo.refs:
+                    self._send(409, {"error": "Reference already exists"}, True)
+                else:
+                    repo.refs[revision] = repo.refs["main"]
+                    self._send(200, {}, True)
+            elif what == "commit" and revision in repo.refs:
+                files = dict(repo.commits[repo.refs[revision]])
+                for line in data.splitlines():
+                    entry = json.loads(line)
+                    if entry["key"] == "file":
+                        files[entry["value"]["path"]] = base64.b64decode(entry["value"]["content"])
+                sha = repo.commit(files, branch=revision)
+                self._send(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{sha}", "commitOid": sha,
+                                 "pullRequestUrl": None}, True)  # fmt: skip
+            else:
+                self._send(404, {"error": "Invalid rev id"}, True, {"X-Error-Code": "RevisionNotFound"})
+
         def _serve(self, body: bool) -> None:
             hub.requests.append(f"{self.command} {self.path}")
             parts = [unquote(p) for p in urlparse(self.path).path.strip("/").split("/")]
@@ -120,6 +192,9 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if self.headers.get("Authorization", "").removeprefix("Bearer ") in repo.refused_tokens:
                 self._send(401, {"error": "Invalid credentials"}, body,
                            {"X-Error-Message": "Invalid credentials in Authorization header"})  # fmt: skip
+                return None
+            if repo.private and self.headers.get("Authorization", "").removeprefix("Bearer ") not in hub.write_tokens:
+                self._send(404, {"error": "Repository not found"}, body, {"X-Error-Code": "RepoNotFound"})
                 return None
             if repo.gated_token and self.headers.get("Authorization") != f"Bearer {repo.gated_token}":
                 self._send(401, {"error": "Access to this model is restricted"}, body, {"X-Error-Code": "GatedRepo"})

@@ -96,6 +96,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_NPROC_PER_NODE": "1",
             "TRAIN_MAX_RESTARTS": "5",
             "TRAIN_RDZV_TIMEOUT": "60",
+            "TRAIN_REPORT_TO": "tensorboard, MLflow",
             "HF_TOKEN": SECRET,
             "WANDB_API_KEY": "wandb-secret-value",
         },
@@ -124,6 +125,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_TOKENIZER": str(root / "tokenizer"),
         },
         "eval-split": {"TRAIN_DATA": data, "TRAIN_EVAL_SPLIT": "0.05"},
+        "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
     }
     return {**_base(root, name), **envs[name]}
 
@@ -272,6 +274,16 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     # read by the run's resume (trainer.run.resume; tests/trainer/test_resume_safety.py)
     ("TRAIN_RESUME_CHANGED_DATA", "full", lambda c: c["settings"]["TRAIN_RESUME_CHANGED_DATA"]["value"] is True),
     ("TRAIN_START_OVER", "full", lambda c: c["settings"]["TRAIN_START_OVER"]["value"] is True),
+    (
+        "TRAIN_REPORT_TO",
+        "full",
+        lambda c: (
+            c["training_arguments"]["report_to"] == ["tensorboard", "mlflow"]
+            and c["training_arguments"]["run_name"] == "out-full"
+            and c["settings"]["TRAIN_REPORT_TO"]["value"] == "tensorboard,mlflow"
+        ),
+    ),
+    ("TRAIN_PUSH_TO_HUB", "push", lambda c: c["settings"]["TRAIN_PUSH_TO_HUB"]["value"] == "org/name@v1"),
 ]
 
 

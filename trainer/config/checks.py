@@ -13,6 +13,7 @@ from trainer.config.schema import TrainSettings
 from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
 from trainer.hub.ids import parse_dataset_id
+from trainer.hub.push import push_problems
 from trainer.hub.sources import TOKENIZER_FILES, hub_ref, hub_sources
 from trainer.machine.hardware import module_available
 from trainer.run import resume
@@ -261,6 +262,7 @@ STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
     _nvme_problems,
     _output_problems,
     _data_problems,
+    push_problems,
     _eval_problems,
 )
 

@@ -250,10 +250,24 @@ def alloc_conf_decision(environ: Mapping[str, str]) -> tuple[str, Decision]:
     return ALLOC_CONF_DEFAULT, _decide(ALLOC_CONF_DEFAULT, "default: fewer out-of-memory errors from fragmentation")
 
 
-def decide_report_to() -> Decision:
-    if module_available("tensorboard") or module_available("tensorboardX"):
-        return _decide(["tensorboard"], "TensorBoard logs in OUTPUT_DIR/runs")
-    return _decide("none", "tensorboard is not installed: no TensorBoard logs (metrics.jsonl is still written)")
+def decide_report_to(s: TrainSettings) -> Decision:
+    """TRAIN_REPORT_TO as Transformers' report_to; a named tracker whose package is missing is a ConfigError (the
+    default TensorBoard, when missing, is dropped with that reason: metrics.jsonl is still written)."""
+    from trainer.trackers.choice import MODULES, PACKAGES, parse_report_to
+
+    chosen = parse_report_to(s.report_to)
+    missing = [t for t in chosen if not any(module_available(m) for m in MODULES[t])]
+    if missing == ["tensorboard"] and "report_to" not in s.model_fields_set:
+        return _decide("none", "tensorboard is not installed: no TensorBoard logs (metrics.jsonl is still written)")
+    if missing:
+        need = ", ".join(PACKAGES[t] for t in missing)
+        raise ConfigError(f"TRAIN_REPORT_TO={s.report_to}: {need} is not installed in this environment (the images "
+                          "have it; outside them: pip install -e '.[train]'), or leave it out of TRAIN_REPORT_TO")
+    if not chosen:
+        return _decide("none", "TRAIN_REPORT_TO=none: no tracker (metrics.jsonl is still written)")
+    where = {"tensorboard": "TensorBoard in OUTPUT_DIR/runs", "wandb": "W&B (WANDB_*)",
+             "mlflow": "MLflow (MLFLOW_TRACKING_URI, default OUTPUT_DIR/mlruns)"}  # fmt: skip
+    return _decide(chosen, "; ".join(where[t] for t in chosen) + "; rank 0 reports")
 
 
 def _grad_ckpt_reason(s: TrainSettings) -> str:
@@ -323,7 +337,7 @@ def decide_all(
         "fsdp": _decide(s.fsdp, _fsdp_reason(s, hw)),
         "grad_ckpt": _decide(s.grad_ckpt, _grad_ckpt_reason(s)),
         **decide(decide_debug, s, hw, fallback={}),
-        "report_to": decide_report_to(),
+        "report_to": decide(decide_report_to, s, fallback=_decide("none", "refused")),
         "resume": _decide(s.resume, _resume_reason(s.resume)),
         "cuda_alloc_conf": alloc_decision,
     }

@@ -29,6 +29,7 @@ GROUPS = {
     "schedule": "Schedule, checkpoints and resume",
     "eval": "Evaluation",
     "debug": "Profiling and reproducibility",
+    "outputs": "Trackers and Hub push",
     "launch": "Launch",
 }
 
@@ -220,6 +221,21 @@ class TrainSettings(BaseSettings):
         False, "debug", "Write a CUDA memory snapshot (OUTPUT_DIR/memory_snapshot.pickle) for pytorch.org/memory_viz."
     )
 
+    # outputs: trackers (trainer/trackers/) and the Hub push (trainer/hub/push.py)
+    report_to: str = _f(
+        "tensorboard",
+        "outputs",
+        "Experiment trackers, a comma list of tensorboard, wandb, mlflow, or none (Transformers' own callbacks; only "
+        "rank 0 reports; params are the resolved TRAIN_* with secrets masked). wandb: offline under OUTPUT_DIR/wandb "
+        "unless WANDB_API_KEY is set; mlflow: MLFLOW_TRACKING_URI (default OUTPUT_DIR/mlruns), MLFLOW_EXPERIMENT_NAME.",
+    )
+    push_to_hub: str = _f(
+        "",
+        "outputs",
+        "org/name[@branch]: at the end of a successful run, export final/ (merged, verified, with a model card) to "
+        "OUTPUT_DIR/export and upload it to this Hub repository (created private). Token: HF_TOKEN or HF_TOKEN_PATH.",
+    )
+
     # launch
     nproc_per_node: str = _f("auto", "launch", "Processes per node. auto: one per visible GPU (one on CPU).")
     max_restarts: int = _f(
@@ -229,6 +245,22 @@ class TrainSettings(BaseSettings):
     rdzv_timeout: int = _f(
         600, "launch", "Seconds the nodes of a multi-node job wait for each other at start and after a restart.", ge=1
     )
+
+    @field_validator("report_to")
+    @classmethod
+    def _tracker_list(cls, value: str) -> str:
+        from trainer.trackers.choice import normalized
+
+        return normalized(value)
+
+    @field_validator("push_to_hub")
+    @classmethod
+    def _hub_repo(cls, value: str) -> str:
+        from trainer.hub.ids import parse_model_id
+
+        if value and parse_model_id(value) is None:
+            raise ValueError("expected org/name or org/name@branch")
+        return value
 
     @field_validator("nproc_per_node")
     @classmethod
@@ -267,6 +299,8 @@ TEXT_ALLOWED = {
     "resume": "auto, never or a checkpoint folder",
     "args": "TrainingArguments flags",
     "nproc_per_node": "auto or a whole number >= 1",
+    "report_to": "a comma list of tensorboard, wandb, mlflow, or none",
+    "push_to_hub": "empty or org/name[@branch]",
 }
 
 

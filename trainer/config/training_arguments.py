@@ -12,6 +12,7 @@ from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.errors import ConfigError
+from trainer.trackers.environment import run_name
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -85,6 +86,7 @@ def derived_training_arguments(
         "logging_first_step": True,
         "logging_dir": str(Path(s.output_dir) / "runs"),
         "report_to": decisions.report_to.value,
+        "run_name": run_name(s.output_dir),  # the trackers' run name (trainer.trackers)
         "seed": s.seed,
         "full_determinism": s.deterministic,
         "bf16": precision == "bf16",

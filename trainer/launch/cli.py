@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 import trainer.launch as package
-from trainer.launch.decide import TRAINER_COMMANDS, decide, describe
+from trainer.launch.decide import TRAINER_COMMANDS, LaunchPlan, decide, describe
 from trainer.launch.placement import LaunchError
 from trainer.launch.supervise import supervise
 from trainer.secrets import mask_args
@@ -57,9 +57,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(report, indent=2))
         return 0
     if plan.supervised:
-        return supervise(plan)
+        return push_failed_code(supervise(plan), plan)
     os.execve(plan.command[0], plan.command, plan.env)
     return 1  # not reached
+
+
+def push_failed_code(code: int, plan: LaunchPlan) -> int:
+    """A multi-process run whose rank 0 finished but could not push (trainer.hub.push.push_after_run) exits 3."""
+    from pathlib import Path
+
+    from trainer.errors import EXIT_PUSH_FAILED
+    from trainer.hub.push import PUSH_FAILED_MARKER
+
+    output = plan.env.get("TRAIN_OUTPUT_DIR", "/output")
+    if code == 0 and plan.distributed and (Path(output) / PUSH_FAILED_MARKER).is_file():
+        print(f"error: the run finished but its push to the Hub failed (see {PUSH_FAILED_MARKER}); final/ is kept; "
+              f"exit {EXIT_PUSH_FAILED}", file=sys.stderr)  # fmt: skip
+        return EXIT_PUSH_FAILED
+    return code
 
 
 if __name__ == "__main__":

@@ -191,6 +191,16 @@ def recorded_hub_commits(folder: Path) -> dict[str, dict[str, str]]:
     return {key: entry for key, entry in recorded.items() if isinstance(entry, dict)}
 
 
+def recorded_tracker_runs(folder: Path) -> dict[str, dict[str, str]]:
+    """{"wandb": {"run_id", ...}, "mlflow": {...}}: the tracker runs the marker recorded ({} when unreadable); a resumed
+    run continues them (trainer.trackers.environment)."""
+    try:
+        recorded = json.loads((Path(folder) / COMPLETE_MARKER).read_text()).get("trackers", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {key: entry for key, entry in recorded.items() if isinstance(entry, dict)}
+
+
 def hub_pins(settings: TrainSettings) -> dict[str, dict[str, str]]:
     """{"model": {repo_id, sha, checkpoint}, ...} from the checkpoint this run will resume from, if any."""
     folder = chosen_checkpoint(settings)

@@ -200,6 +200,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
             set_aside_earlier_run(out)
         archive_run_config(out)  # every start's record is kept (run_configs/)
         cfg.write_run_config(out)
+    tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         with full_disk_ends_run(default_cache_dir(s.output_dir), "writing the tokenized data cache"):
@@ -231,6 +232,10 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         **_optimizer_override(cfg, args),
     )
     trainer.checkpoint_info = {**to_record(cfg.hub), "settings": recorded_settings(s)}  # read back by run.resume
+    if tracker_runs is not None:
+        from trainer.trackers.callbacks import install
+
+        install(trainer, cfg, tracker_runs, args.process_index == 0)
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
@@ -242,7 +247,24 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         return _interrupted(stop, trainer.state.global_step)
     trainer.save_final(out / "final", tokenizer)
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
+    if s.push_to_hub and args.process_index == 0:
+        from trainer.export.publish import push_after_run
+
+        return push_after_run(cfg, out, args.world_size)
     return EXIT_OK
+
+
+def _prepare_trackers(cfg: RunConfig, args: Any, resume: Resume) -> dict[str, Any] | None:
+    """W&B / MLflow environment and reachability (trainer.trackers); None when neither is chosen."""
+    chosen = cfg.decisions.report_to.value
+    trackers = [t for t in chosen if t in ("wandb", "mlflow")] if isinstance(chosen, list) else []
+    if not trackers:
+        return None
+    from trainer.run.resume import recorded_tracker_runs
+    from trainer.trackers.environment import prepare
+
+    recorded = recorded_tracker_runs(resume.checkpoint) if resume.checkpoint else {}
+    return prepare(cfg, trackers, resume.checkpoint is not None, recorded, args.process_index == 0)
 
 
 def _interrupted(stop: GracefulStop, step: int | None) -> int:

@@ -1,0 +1,102 @@
+"""`python -m trainer export`: real runs in, plain Transformers folders out, checked against the source computed
+independently here (base + adapter through PEFT; the weights DeepSpeed gathered into the ZeRO-3 checkpoint).
+
+FSDP consolidation needs a sharded FSDP checkpoint, which accelerate writes only for GPU worlds (on CPUs it trains
+DDP copies: trainer/config/decisions.py); it is exercised in tests/gpu/test_export_fsdp_gpu.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hub_support import run_env, save_tiny_model
+
+PLAIN_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "README.md"}  # fmt: skip
+
+
+def _logits(model, ids):
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
+    """A LoRA run on a model folder: its checkpoint holds the adapter only."""
+    root = tmp_path_factory.mktemp("lora-run")
+    save_tiny_model(root / "base")
+    env = run_env(root, model=root / "base", lora=1, lr=0.01, max_steps=2, save_steps=2, num_workers=0)
+    result = run_trainer([], env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def test_lora_checkpoint_exports_to_a_plain_folder_equal_to_base_plus_adapter(run_trainer, lora_run, tmp_path) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = lora_run / "output" / "checkpoint-2"
+    assert (checkpoint / "adapter_config.json").is_file() and not (checkpoint / "config.json").exists()
+    out = tmp_path / "merged"
+    result = run_trainer(["export", str(checkpoint), str(out)], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = {p.name for p in out.iterdir()}
+    assert names >= PLAIN_FILES and not any(n.startswith("adapter") for n in names)  # loads without peft
+    ids = torch.arange(40).unsqueeze(0)
+    exported = _logits(AutoModelForCausalLM.from_pretrained(out), ids)
+    base = AutoModelForCausalLM.from_pretrained(lora_run / "base")
+    base_logits = _logits(base, ids)
+    reference = _logits(PeftModel.from_pretrained(base, checkpoint), ids)
+    assert torch.allclose(exported, reference, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(exported, base_logits, atol=1e-3)  # the adapter changed something
+    card = (out / "README.md").read_text()
+    assert "LoRA adapter merged into the base" in card and "last loss" in card and "(step 2)" in card
+    assert "TRAIN_LORA" in card
+
+
+def test_export_refuses_an_occupied_out_and_keeps_the_adapter_on_request(run_trainer, lora_run, tmp_path) -> None:
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "mine.txt").write_text("keep me")
+    run = lora_run / "output"
+    refused = run_trainer(["export", str(run), str(occupied)], timeout=300)
+    assert refused.returncode == 2 and "not empty" in refused.stderr and "Traceback" not in refused.stderr
+    assert (occupied / "mine.txt").read_text() == "keep me"
+    kept = run_trainer(["export", str(run / "checkpoint-2"), str(tmp_path / "adapter"), "--adapter-only"], timeout=300)
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= {
+        p.name for p in (tmp_path / "adapter").iterdir()
+    }
+    missing = run_trainer(["export", str(tmp_path / "nothing"), str(tmp_path / "x")], timeout=300)
+    assert missing.returncode == 2 and "no such folder" in missing.stderr
+
+
+def test_zero3_checkpoint_exports_to_loadable_safetensors(run_trainer, run_python, tmp_path) -> None:
+    """A real ZeRO-3 world of one on CPU (gloo); HOME is the machine's, so DeepSpeed's JIT-built communication op is
+    compiled once per machine (as in test_zero3_sizes.py)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    env = run_env(tmp_path, zero_stage=3, max_steps=2, save_steps=2, num_workers=0)
+    env.pop("HOME")
+    result = run_trainer([], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = tmp_path / "output" / "checkpoint-2"
+    assert any((checkpoint / "global_step2").glob("*model_states.pt"))
+    out = tmp_path / "exported"
+    exported = run_trainer(["export", str(checkpoint), str(out)], timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "zero_to_fp32" in exported.stderr
+    model = AutoModelForCausalLM.from_pretrained(out)
+    weights = load_file(out / "model.safetensors")
+    gathered = load_file(checkpoint / "model.safetensors")  # what DeepSpeed gathered at save time
+    shared = sorted(set(weights) & set(gathered))
+    assert len(shared) >= len(gathered) - 1  # the tied lm_head may be stored once
+    assert all(torch.equal(weights[k], gathered[k]) for k in shared)
+    assert model.num_parameters() > 0 and json.loads((out / "config.json").read_text())["model_type"] == "llama"

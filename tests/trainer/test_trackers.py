@@ -1,0 +1,176 @@
+"""TRAIN_REPORT_TO through Transformers' own callbacks, against real trackers: a real `mlflow server` on 127.0.0.1
+(sqlite backend, from the installed package; read back through its REST API) and W&B in offline mode (its run files
+read back with the wandb package). One run and its resume feed both."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hub_support import run_env
+
+SECRET = "hf_trackerSecretTokenValue123456"
+PASSWORD = "s3cretPassw0rd"
+BLOCK = 32768
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`mlflow server` with a sqlite store; its start time is printed (pytest -s) for the docs."""
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    started = time.monotonic()
+    log = open(root / "server.log", "w")  # noqa: SIM115 - the server writes it until the fixture ends
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", str(root / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while time.monotonic() - started < 180:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2).close()
+                break
+            except OSError:
+                assert server.poll() is None, (root / "server.log").read_text()[-3000:]
+                time.sleep(0.5)
+        print(f"mlflow server answered after {time.monotonic() - started:.1f}s")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def _api(url: str, path: str, **query: str) -> dict:
+    with urllib.request.urlopen(f"{url}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(query)}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _log_payloads(path: Path) -> Iterator[bytes]:
+    """The records of a .wandb file: W&B's LevelDB-style log (a 7-byte file header, 32 KiB blocks, each record a
+    7-byte header: checksum, length, type FULL/FIRST/MIDDLE/LAST). wandb 0.31 reads it in its Go core only."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header is padding
+            pos += BLOCK - pos % BLOCK
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 0 and length == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            yield pending
+
+
+def _wandb_records(run_dir: Path) -> list:
+    """Every record of an offline run's .wandb file, decoded with the wandb package's own protobuf classes."""
+    from wandb.proto import wandb_internal_pb2
+
+    records = []
+    for payload in _log_payloads(next(run_dir.glob("*.wandb"))):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        records.append(record)
+    return records
+
+
+def _history_steps(records: list) -> list[int]:
+    steps = []
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+            if "train/loss" in items:
+                steps.append(int(json.loads(items["train/global_step"])))
+    return steps
+
+
+def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer, mlflow_server, tmp_path) -> None:
+    env = run_env(tmp_path, report_to="tensorboard,wandb,mlflow", max_steps=2, save_steps=2, num_workers=0,
+                  args=f"--hub_token {SECRET}")  # fmt: skip
+    env.update(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="trainkit-test", HF_TOKEN=SECRET,
+               HF_ENDPOINT=f"https://user:{PASSWORD}@mirror.example")  # fmt: skip
+    first = run_trainer([], env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "W&B: offline (no WANDB_API_KEY)" in first.stderr
+    second = run_trainer([], env={**env, "TRAIN_MAX_STEPS": "4"}, timeout=600)
+    assert second.returncode == 0, second.stderr[-4000:]
+    out = tmp_path / "output"
+    runs = json.loads((out / "trackers.json").read_text())["trackers"]
+    assert json.loads((out / "checkpoint-4" / "trainkit_complete").read_text())["trackers"] == runs
+
+    # MLflow: one run, continued; the loss of every step; no secret in its params or tags
+    experiment = _api(mlflow_server, "experiments/get-by-name", experiment_name="trainkit-test")["experiment"]
+    found = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"{mlflow_server}/api/2.0/mlflow/runs/search", data=json.dumps(
+            {"experiment_ids": [experiment["experiment_id"]]}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=10).read())["runs"]  # fmt: skip
+    assert [r["info"]["run_id"] for r in found] == [runs["mlflow"]["run_id"]]
+    run = _api(mlflow_server, "runs/get", run_id=runs["mlflow"]["run_id"])["run"]
+    assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == f"{tmp_path.name}-output"
+    history = _api(mlflow_server, "metrics/get-history", run_id=runs["mlflow"]["run_id"], metric_key="loss")["metrics"]
+    assert sorted(m["step"] for m in history) == [1, 2, 3, 4]
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["TRAIN_REPORT_TO"] == "tensorboard,wandb,mlflow" and params["TRAIN_ARGS"] == "--hub_token ***"
+    assert params["decision/precision"] == "fp32"
+    logged = json.dumps(run)
+    assert SECRET not in logged and PASSWORD not in logged
+
+    # W&B: offline run files under the output folder, both halves with the same run id (wandb sync joins them)
+    offline = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.endswith(runs["wandb"]["run_id"]) for p in offline)
+    halves = [_wandb_records(p) for p in offline]
+    run_records = [r.run for records in halves for r in records if r.WhichOneof("record_type") == "run"]
+    assert {r.run_id for r in run_records} == {runs["wandb"]["run_id"]}
+    assert _history_steps(halves[0]) == [1, 2] and _history_steps(halves[1]) == [3, 4]
+    assert any((out / "runs").rglob("events.out.tfevents.*"))
+    for path in [*(out / "wandb").rglob("*"), *(out / "runs").rglob("*"), *(out / "mlruns").rglob("*")]:
+        if path.is_file():
+            data = path.read_bytes()
+            assert SECRET.encode() not in data and PASSWORD.encode() not in data, path
+
+
+@pytest.mark.parametrize(
+    ("tracker", "env", "shown"),
+    [("mlflow", {"MLFLOW_TRACKING_URI": f"http://user:{PASSWORD}@127.0.0.1:{{port}}"}, "MLflow, but http://***@127.0.0.1:"),
+     ("wandb", {"WANDB_API_KEY": PASSWORD, "WANDB_BASE_URL": "http://127.0.0.1:{port}"}, "W&B, but http://127.0.0.1:")],
+)  # fmt: skip
+def test_unreachable_tracker_exits_2_naming_it(run_trainer, tmp_path, tracker, env, shown) -> None:
+    port = _free_port()
+    full = {**run_env(tmp_path, report_to=tracker, num_workers=0), **{k: v.format(port=port) for k, v in env.items()}}
+    result = run_trainer([], env=full, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"TRAIN_REPORT_TO names {shown}{port}" in result.stderr and "cannot be reached" in result.stderr
+    assert PASSWORD not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("tensorboard,comet", "unknown tracker 'comet'"), ("none,wandb", "none cannot be combined"),
+     ("wandb,wandb", "wandb named twice"), ("mlflow,", "empty entry")],
+)  # fmt: skip
+def test_bad_report_to_exits_2_before_torch(run_trainer, imported_modules, tmp_path, value, expected) -> None:
+    env = run_env(tmp_path, report_to=value)
+    result = run_trainer(["config"], env=env, python_args=["-X", "importtime"])
+    assert result.returncode == 2
+    assert f"TRAIN_REPORT_TO={value!r}" in result.stderr and expected in result.stderr
+    assert "torch" not in imported_modules(result.stderr)

@@ -1,0 +1,188 @@
+"""`python -m trainer export SRC OUT [--adapter-only] [--dtype D] [--base B]`: a plain Transformers model folder.
+
+OUT gets safetensors weights, config.json, generation_config.json, the run's tokenizer (with its chat template) and a
+README.md model card. It is written to a staging folder next to OUT, loaded back with AutoModelForCausalLM (no peft)
+and its logits on a probe input compared with the reference (base + adapter through PEFT, or the unsharded model);
+only then is it renamed to OUT. A mismatch exits 1 naming the difference; a wrong SRC or OUT exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import EXIT_CRASH, EXIT_OK, ConfigError
+
+log = logging.getLogger("trainer")
+DTYPE_CHOICES = {"auto": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def register(commands: Any) -> None:
+    """Add `export` to `python -m trainer`'s subcommands."""
+    parser = commands.add_parser(
+        "export",
+        help="turn a run, a checkpoint or final/ into a plain Transformers model folder (LoRA merged, shards joined)",
+        description="Write OUT: a model folder for from_pretrained (safetensors, config, generation config, the run's "
+        "tokenizer and chat template, a README model card). SRC is a run folder (its final/, else its newest "
+        "complete checkpoint), a checkpoint-N folder or final/. A LoRA adapter is merged into the base the run "
+        "recorded (a quantized base is loaded unquantized in the run's compute dtype); ZeRO and FSDP shards are "
+        "consolidated. The result is verified (its logits equal the source's) before it is published.",
+    )
+    parser.add_argument("src", metavar="SRC", help="a run folder, a checkpoint-N folder or final/")
+    parser.add_argument("out", metavar="OUT", help="the folder to write (must not exist, or be empty)")
+    parser.add_argument("--adapter-only", action="store_true", help="keep the LoRA adapter instead of merging it")
+    parser.add_argument(
+        "--dtype", choices=list(DTYPE_CHOICES), default="auto",
+        help="weights' dtype (auto: the run's compute dtype for LoRA, else the weights' own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--base", help="the LoRA base model (a folder or org/name@revision) instead of the recorded one"
+    )
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from trainer.export.verify import ExportMismatch
+
+    _log_to_stderr()
+    try:
+        out = export(Path(args.src), Path(args.out), args.adapter_only, args.dtype, args.base)
+    except ExportMismatch as exc:
+        print(f"error: export not verified: {exc}", flush=True)
+        log.error("export not verified: %s", exc)
+        return EXIT_CRASH
+    print(f"exported {out}")
+    return EXIT_OK
+
+
+def _log_to_stderr() -> None:
+    """The `trainer` logger's INFO lines on stderr, as the run shows them."""
+    import sys
+
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(logging.INFO)
+
+
+def _check_out(out: Path, replace: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"export OUT={out}: a file is in the way; give a folder")
+    if out.is_dir() and any(out.iterdir()) and not replace:
+        raise ConfigError(f"export OUT={out}: the folder is not empty; give a new folder (nothing was overwritten)")
+
+
+def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto", base: str | None = None,
+           replace: bool = False) -> Path:  # fmt: skip
+    """Build, write, verify and publish OUT (see the module docstring); returns OUT."""
+    from trainer.export.source import resolve_source
+
+    source = resolve_source(src, adapter_only)
+    _check_out(out, replace)
+    staging = out.parent / f".tmp-export-{out.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _build(source, staging, adapter_only, dtype, base, out.name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    os.rename(staging, out)
+    return out
+
+
+def _tokenizer(*folders: Path | str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    for folder in folders:
+        if folder and (Path(folder) / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(str(folder))
+    return None
+
+
+def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str | None, name: str) -> None:
+    from trainer.export import consolidate, merge, model_card, verify
+    from trainer.export.source import ADAPTER, FSDP, ZERO
+
+    if adapter_only and source.kind != ADAPTER:
+        raise ConfigError(f"export --adapter-only: {source.folder} holds no LoRA adapter")
+    if adapter_only:
+        return _copy_adapter(source, staging, name)
+    base_how = None
+    if source.kind == ADAPTER:
+        folder, base_how = merge.base_folder(source, base)
+        tokenizer = _tokenizer(source.folder, source.adapter, folder)
+        dtype_name = DTYPE_CHOICES[dtype] or merge.compute_dtype_name(source)
+        reference_model = merge.with_adapter(merge.load_base(folder, merge.compute_dtype_name(source)),
+                                             source.adapter, tokenizer)  # fmt: skip
+        log.info("export: merging the adapter %s into %s", source.adapter, base_how)
+        model = merge.merged(reference_model)
+    elif source.kind in (ZERO, FSDP):
+        state = consolidate.zero_state_dict(source.folder) if source.kind == ZERO else consolidate.fsdp_state_dict(
+            source.folder)  # fmt: skip
+        model = consolidate.model_from_state_dict(source.folder, state)
+        reference_model = _unsharded_reference(source.folder) or model
+        tokenizer = _tokenizer(source.folder)
+        dtype_name = DTYPE_CHOICES[dtype] or "float32"
+    else:
+        reference_model = model = _load_full(source.folder)
+        tokenizer = _tokenizer(source.folder)
+        dtype_name = DTYPE_CHOICES[dtype] or str(model.dtype).removeprefix("torch.")
+    ids = verify.probe_ids(tokenizer, model.config.vocab_size)
+    reference = verify.logits(reference_model, ids)
+    _save(model, tokenizer, staging, dtype_name)
+    (staging / "README.md").write_text(model_card.model_card(source, name, base_how, source.kind == ADAPTER))
+    diff = verify.verify(staging, reference, ids, dtype_name)
+    log.info("export: %s (%s, %s) loads without peft; logits within %.2g of the reference", name, source.kind,
+             dtype_name, diff)  # fmt: skip
+
+
+def _unsharded_reference(folder: Path) -> Any:
+    """The 16-bit weights DeepSpeed gathered into the checkpoint (stage3_gather_16bit_weights_on_model_save), if any:
+    an independent reference for the consolidated fp32 master weights."""
+    if not any(folder.glob("model*.safetensors")):
+        return None
+    return _load_full(folder)
+
+
+def _load_full(folder: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder))
+
+
+def _save(model: Any, tokenizer: Any, staging: Path, dtype_name: str) -> None:
+    import torch
+
+    model = model.to(getattr(torch, dtype_name))
+    model.save_pretrained(str(staging))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(staging))
+
+
+def _copy_adapter(source: Any, staging: Path, name: str) -> None:
+    from safetensors.torch import load_file
+
+    from trainer.export import model_card
+
+    for file in ADAPTER_FILES:
+        if (source.adapter / file).is_file():
+            shutil.copy2(source.adapter / file, staging / file)
+    tokenizer = _tokenizer(source.folder, source.adapter)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(staging))
+    (staging / "README.md").write_text(model_card.model_card(source, name, None, False))
+    weights = staging / "adapter_model.safetensors"
+    if not weights.is_file() or not load_file(str(weights)):
+        raise ConfigError(f"export --adapter-only: {source.adapter} holds no adapter_model.safetensors weights")
+    log.info("export: %s holds the LoRA adapter of %s (--adapter-only), %d tensors", name, source.adapter,
+             len(load_file(str(weights))))  # fmt: skip

@@ -1,0 +1,99 @@
+"""A LoRA adapter merged into the base its run recorded.
+
+The base is, in order: `--base`; the Hub commit the checkpoint's marker (or run_config.json) pinned, from HF_HOME's
+cache or downloaded; the run's model folder; the adapter's own base_model_name_or_path. A quantized base (QLoRA) is
+loaded unquantized in the run's compute dtype, so the merged weights are plain tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from trainer.config.schema import MODEL_PRESETS
+from trainer.errors import ConfigError
+from trainer.export.source import Source
+from trainer.hub.ids import HubRef, parse_model_id
+
+log = logging.getLogger("trainer")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def compute_dtype_name(source: Source) -> str:
+    """The run's compute dtype (its precision decision); fp32 when nothing was recorded."""
+    precision = source.run_config.get("decisions", {}).get("precision", {}).get("value", "fp32")
+    return DTYPES.get(precision, "float32")
+
+
+def _recorded_hub_model(source: Source) -> dict[str, Any] | None:
+    return (source.marker.get("hub") or {}).get("model") or (source.run_config.get("hub") or {}).get("model")
+
+
+def _snapshot(repo_id: str, revision: str, what: str) -> str:
+    from trainer.hub.download import snapshot
+
+    return str(snapshot(HubRef(repo_id, revision), what, revision=revision).path)
+
+
+def base_folder(source: Source, override: str | None) -> tuple[str, str]:
+    """(folder, how it was found): the base model the adapter was trained on."""
+    if override:
+        ref = None if Path(override).is_dir() else parse_model_id(override)
+        if ref is not None:
+            return _snapshot(ref.repo_id, ref.wanted_revision, "--base"), f"--base {override}"
+        if not Path(override).is_dir():
+            raise ConfigError(f"export --base {override}: no such folder, and not a Hub ID org/name[@revision]")
+        return override, f"--base {override}"
+    hub = _recorded_hub_model(source)
+    if hub:
+        folder = _snapshot(hub["repo_id"], hub["sha"], "export base (recorded TRAIN_MODEL)")
+        return folder, f"Hub {hub['repo_id']}@{hub['sha']} (recorded by the run)"
+    model = source.run_config.get("settings", {}).get("TRAIN_MODEL", {}).get("value")
+    if model in MODEL_PRESETS:
+        raise ConfigError(f"export {source.folder}: the run trained LoRA on the preset {model!r}, whose base weights "
+                          "were initialized at random and saved nowhere but in the run's final/ (merged); export "
+                          "final/ instead")  # fmt: skip
+    candidates = [model, _adapter_base(source)]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir():
+            return candidate, f"{candidate} (recorded by the run)"
+    recorded = " or ".join(c for c in candidates if c)
+    raise ConfigError(f"export {source.folder}: the base model the run recorded ({recorded}) is not here; pass "
+                      "--base FOLDER or --base org/name@revision")  # fmt: skip
+
+
+def _adapter_base(source: Source) -> str | None:
+    import json
+
+    try:
+        return json.loads((source.adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def load_base(folder: str, dtype_name: str) -> Any:
+    """The base in `dtype_name`, never quantized (a QLoRA run's bitsandbytes settings are not applied)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.compat import model_dtype_kwargs
+
+    return AutoModelForCausalLM.from_pretrained(folder, **model_dtype_kwargs(getattr(torch, dtype_name)))
+
+
+def with_adapter(base: Any, adapter: Path, tokenizer: Any) -> Any:
+    """base + adapter through PEFT (unmerged): the reference the export is checked against."""
+    from peft import PeftModel
+
+    from trainer.run.models import _fit_embeddings
+
+    _fit_embeddings(base, tokenizer)  # as the run did before adding the adapter
+    return PeftModel.from_pretrained(base, str(adapter))
+
+
+def merged(peft_model: Any) -> Any:
+    """A copy of the PEFT model with the adapter folded into the weights (the reference stays unmerged)."""
+    import copy
+
+    return copy.deepcopy(peft_model).merge_and_unload()

@@ -1,0 +1,80 @@
+"""README.md of an exported model: base model, data (with Hub commits), the resolved config (masked), last losses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.export.source import Source
+from trainer.secrets import mask_secrets
+
+
+def last_losses(run_dir: Path | None, step: int | None) -> dict[str, Any]:
+    """The last train loss and eval loss in metrics.jsonl at or before `step`."""
+    found: dict[str, Any] = {}
+    path = run_dir / "metrics.jsonl" if run_dir else None
+    if path is None or not path.is_file():
+        return found
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if step is not None and record.get("step", 0) > step:
+            continue
+        for key in ("loss", "eval_loss"):
+            if record.get(key) is not None:
+                found[key] = (record[key], record.get("step"))
+    return found
+
+
+def _front_matter(base: str | None, datasets: list[str], tags: list[str]) -> str:
+    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation"]
+    if base:
+        lines.append(f"base_model: {base}")
+    if datasets:
+        lines += ["datasets:", *(f"- {d}" for d in datasets)]
+    lines += ["tags:", *(f"- {t}" for t in tags), "---", ""]
+    return "\n".join(lines)
+
+
+def model_card(source: Source, name: str, base_how: str | None, merged_adapter: bool) -> str:
+    cfg = mask_secrets(source.run_config)
+    hub = cfg.get("hub") or {}
+    settings = cfg.get("settings", {})
+    model = hub.get("model")
+    base_id = model["repo_id"] if model else None
+    datasets = sorted({r["repo_id"] for key, r in hub.items() if r.get("repo_type") == "dataset"})
+    tags = ["trainkit", *(["lora", "merged"] if merged_adapter else [])]
+    lines = [_front_matter(base_id, datasets, tags), f"# {name}", "",
+             f"Trained with trainkit; exported by `python -m trainer export` from `{source.folder.name}`"
+             + (f" (step {source.step})." if source.step is not None else "."), ""]  # fmt: skip
+    lines += ["## Base model", ""]
+    if model:
+        lines.append(f"- `{model['repo_id']}` at commit `{model['sha']}` (revision `{model.get('revision')}`)")
+    elif settings:
+        lines.append(f"- `{settings.get('TRAIN_MODEL', {}).get('value')}`")
+    if base_how:
+        lines.append(f"- LoRA adapter merged into the base: {base_how}")
+    lines += ["", "## Data", ""]
+    data = cfg.get("decisions", {}).get("data", {})
+    if data:
+        lines.append(f"- {data.get('value')}: {data.get('reason')}")
+    lines += [
+        f"- `{r['repo_id']}` at commit `{r['sha']}` ({key})"
+        for key, r in hub.items()
+        if r.get("repo_type") == "dataset"
+    ]
+    losses = last_losses(source.run_dir, source.step)
+    lines += ["", "## Results", ""]
+    lines += [f"- last {k.replace('_', ' ')}: {v:.4f} (step {s})" for k, (v, s) in losses.items()] or [
+        "- no metrics.jsonl"
+    ]
+    lines += ["", "## Configuration", "", "The run's resolved TRAIN_* settings (secrets masked):", "",
+              "| variable | value |", "| --- | --- |"]  # fmt: skip
+    lines += [f"| `{k}` | `{v.get('value')}` |" for k, v in settings.items() if v.get("source") == "env"]
+    decisions = {k: v.get("value") for k, v in cfg.get("decisions", {}).items()}
+    lines += ["", "<details><summary>Every decision</summary>", "", "```json",
+              json.dumps(decisions, indent=1, default=str), "```", "", "</details>", ""]  # fmt: skip
+    return "\n".join(lines)

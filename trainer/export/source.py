@@ -1,0 +1,88 @@
+"""What `export` was given: a run folder (its final/, else its newest complete checkpoint), a checkpoint, or final/;
+and what that folder holds. Reads only JSON and file names (no torch)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import ConfigError
+from trainer.run.resume import COMPLETE_MARKER, checkpoint_step, newest_complete_checkpoint
+
+ADAPTER = "adapter"  # a LoRA adapter (a checkpoint, or final/adapter/), merged into its recorded base
+ZERO = "zero"  # DeepSpeed ZeRO shards (global_step*/), consolidated with zero_to_fp32
+FSDP = "fsdp"  # FSDP sharded state dict (pytorch_model_fsdp_*/, torch DCP), consolidated with accelerate
+FULL = "full"  # a whole model already (config.json + weights)
+
+
+@dataclass
+class Source:
+    folder: Path  # the checkpoint or final/ folder read
+    kind: str
+    run_dir: Path | None  # the run folder holding run_config.json and metrics.jsonl, when known
+    run_config: dict[str, Any] = field(default_factory=dict)
+    marker: dict[str, Any] = field(default_factory=dict)
+    adapter: Path | None = None  # where the adapter lives for ADAPTER
+
+    @property
+    def step(self) -> int | None:
+        return self.marker.get("step", checkpoint_step(self.folder))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _pick_from_run(run: Path) -> Path:
+    final = run / "final"
+    if (final / COMPLETE_MARKER).is_file():
+        return final
+    newest = newest_complete_checkpoint(run)
+    if newest is None:
+        raise ConfigError(f"export {run}: a run folder without final/ or a complete checkpoint-N/ (with its "
+                          f"{COMPLETE_MARKER} marker); give a checkpoint folder instead")  # fmt: skip
+    return newest
+
+
+def _has_weights(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")))
+
+
+def _kind(folder: Path, adapter_only: bool) -> tuple[str, Path | None]:
+    if (folder / "adapter_config.json").is_file():
+        return ADAPTER, folder
+    # final/ of a LoRA run the trainer could merge itself: the merged model, and its adapter in adapter/
+    if (folder / "adapter" / "adapter_config.json").is_file() and (adapter_only or not _has_weights(folder)):
+        return ADAPTER, folder / "adapter"
+    if any(p.is_dir() and any(p.glob("*model_states.pt")) for p in folder.glob("global_step*")):
+        return ZERO, None
+    if any(p.is_dir() for p in folder.glob("pytorch_model_fsdp_*")):
+        return FSDP, None
+    if ((folder / "config.json").is_file() and any(folder.glob("*.safetensors"))) or any(folder.glob("*.bin")):
+        return FULL, None
+    raise ConfigError(f"export {folder}: no model in it (no adapter_config.json, ZeRO global_step*/ shards, FSDP "
+                      "pytorch_model_fsdp_*/ shards, or config.json with weights)")  # fmt: skip
+
+
+def resolve_source(src: Path, adapter_only: bool = False) -> Source:
+    """SRC -> Source; ConfigError (exit 2) when it is none of the accepted forms."""
+    if not src.is_dir():
+        raise ConfigError(f"export {src}: no such folder; give a run folder, a checkpoint-N folder or final/")
+    is_run = (
+        (src / "run_config.json").is_file()
+        and not (src / "trainer_state.json").is_file()
+        and not (src / "config.json").is_file()
+    )
+    folder = _pick_from_run(src) if is_run else src
+    run_dir = folder.parent if (folder.parent / "run_config.json").is_file() else None
+    kind, adapter = _kind(folder, adapter_only)
+    return Source(
+        folder=folder, kind=kind, run_dir=run_dir, adapter=adapter,
+        run_config=_read_json(run_dir / "run_config.json") if run_dir else {},
+        marker=_read_json(folder / COMPLETE_MARKER),
+    )  # fmt: skip

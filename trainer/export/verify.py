@@ -1,0 +1,56 @@
+"""The written folder must load with plain Transformers (no adapter, no peft) and compute what the reference does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 0123456789"
+# Largest |exported - reference| allowed, relative to the largest |reference logit| (plus 1): each dtype's rounding.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 4e-2, "float16": 8e-3}
+
+
+class ExportMismatch(Exception):
+    """The exported folder does not load or does not compute what its source does: exit 1."""
+
+
+def probe_ids(tokenizer: Any, vocab_size: int) -> Any:
+    import torch
+
+    ids = tokenizer(PROBE_TEXT, return_tensors="pt")["input_ids"] if tokenizer is not None else None
+    if ids is None or ids.numel() == 0 or int(ids.max()) >= vocab_size:
+        ids = torch.arange(min(32, vocab_size)).unsqueeze(0)
+    return ids
+
+
+def logits(model: Any, ids: Any) -> Any:
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids.to(model.device)).logits.float().cpu()
+
+
+def verify(folder: Path, reference_logits: Any, ids: Any, dtype_name: str) -> float:
+    """Load `folder` as a plain model and compare its logits; returns the relative difference, or raises."""
+    from transformers import AutoModelForCausalLM
+
+    if (folder / "adapter_config.json").exists():
+        raise ExportMismatch(f"{folder} holds adapter_config.json: it would load through peft, not as a plain model")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder))
+    except Exception as exc:  # any refusal means the folder is not usable
+        raise ExportMismatch(f"{folder} does not load with AutoModelForCausalLM.from_pretrained: {exc}") from None
+    lora = [name for name, _ in model.named_parameters() if "lora_" in name]
+    if lora:
+        raise ExportMismatch(f"{folder} still holds LoRA weights ({lora[0]}, ...): the adapter was not merged")
+    got = logits(model, ids)
+    if got.shape != reference_logits.shape:
+        raise ExportMismatch(f"logits shape {tuple(got.shape)} differs from the reference's "
+                             f"{tuple(reference_logits.shape)}")  # fmt: skip
+    scale = float(reference_logits.abs().max()) + 1.0
+    diff = float((got - reference_logits).abs().max()) / scale
+    if not diff <= TOLERANCE[dtype_name]:
+        raise ExportMismatch(f"logits differ from the reference by {diff:.3g} (relative to the largest logit), above "
+                             f"the {dtype_name} tolerance {TOLERANCE[dtype_name]:g}")  # fmt: skip
+    return diff
