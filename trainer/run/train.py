@@ -86,10 +86,13 @@ def run(cfg: Any) -> int:
 
         validate_resume_path(cfg.settings.resume)  # before the heavy work: a user mistake exits 2 at once
     from trainer.run.signals import GracefulStop
+    from trainer.run.startup import StartupClock
 
+    clock = StartupClock()
+    clock.mark("imports_and_config")
     stop = GracefulStop().install()
     try:
-        return _run(cfg, stop)
+        return _run(cfg, stop, clock)
     finally:
         stop.restore()
 
@@ -122,14 +125,16 @@ def _resume_from(settings: Any, args: Any) -> str | None:
     return str(folder)
 
 
-def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
+def _callbacks(cfg: Any, model: Any, stop: Any, clock: Any) -> list[Any]:
     from trainer.run.metrics import MetricsCallback, flops_per_token, peak_flops
     from trainer.run.signals import StopOnSignal
+    from trainer.run.startup import StartupCallback
 
     s = cfg.settings
     out = Path(s.output_dir)
     callbacks: list[Any] = [
         StopOnSignal(stop),
+        StartupCallback(clock, cfg, compiled=cfg.decisions.compile.value),
         MetricsCallback(
             out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), _gpu_peak_flops(peak_flops)
         ),
@@ -185,7 +190,7 @@ def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
     return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
-def _run(cfg: Any, stop: Any) -> int:
+def _run(cfg: Any, stop: Any, clock: Any) -> int:
     from transformers import default_data_collator, set_seed
 
     from trainer.data.cache import Stopped
@@ -202,18 +207,21 @@ def _run(cfg: Any, stop: Any) -> int:
     if args.should_save:
         out.mkdir(parents=True, exist_ok=True)
         cfg.write_run_config(out)
+    clock.mark("libraries")
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
         dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return _interrupted(stop, None)
+    clock.mark("data")
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
+    clock.mark("model")
     resume = _resume_from(s, args)
     if resume and args.should_save:
         truncate_after(out / "metrics.jsonl", _checkpoint_step(resume))
-    if s.auto_batch:
+    if cfg.decisions.auto_batch.value:
         from trainer.run.batch_search import apply_auto_batch
 
         apply_auto_batch(cfg, args, model, len(dataset), resume)
@@ -224,7 +232,7 @@ def _run(cfg: Any, stop: Any) -> int:
         eval_dataset=eval_dataset,
         data_collator=default_data_collator,
         processing_class=tokenizer,
-        callbacks=_callbacks(cfg, model, stop),
+        callbacks=_callbacks(cfg, model, stop, clock),
         **_optimizer_override(cfg, args),
     )
     trainer.checkpoint_info = {"hub": cfg.hub} if cfg.hub else {}  # commits a resumed run keeps (trainer.hub.models)
