@@ -157,7 +157,7 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
         folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.models)
         model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora, device)
         name = s.model if s.model == folder else f"{s.model} ({folder})"
-        log.info("model: loaded %s offline (attention=%s, weights %s)", name, attn, model.dtype)
+        log.info("model: loaded %s offline (attention=%s, weights %s on %s)", name, attn, model.dtype, model.device)
         _fit_embeddings(model, tokenizer)
     if s.lora:
         model = apply_lora(model, s)
