@@ -176,7 +176,7 @@ def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
     untested = f"; not measured on {generation} GPUs yet (docs/benchmarks.md)" if generation else ""
     if _flash_problem("flash_attention_2", hw, precision) is None:
         return Decision("flash_attention_2", f"auto: flash_attn is installed and the GPU is Ampere or newer{untested}")
-    has_fa2 = hw.libraries.get("flash_attn", False)
+    has_fa2 = hw.libraries.get("flash_attn", False) and compat.flash_attention_2_possible()
     why = "no flash-attn 2 on this stack" if not has_fa2 else "needs an Ampere+ GPU and fp16/bf16"
     return Decision("sdpa", f"auto: PyTorch scaled_dot_product_attention ({why}){untested}")
 
