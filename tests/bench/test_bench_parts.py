@@ -230,3 +230,12 @@ def test_a_torchrun_workers_config_error_is_a_skip_too() -> None:
 def test_a_torchrun_workers_oom_is_out_of_memory() -> None:
     stderr = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB\n"
     assert failure_reason(1, stderr)[0] == OOM
+
+
+def test_a_kept_combined_row_is_measured_again_when_its_winners_changed() -> None:
+    rows, auto = _auto_based_rows()
+    stale = _measured("combined", "combined", {**auto, "TRAIN_COMPILE": "1", "TRAIN_BATCH_SIZE": "32"}, 500.0, DEFAULTS)
+    bench = _bench_with(rows)
+    assert not bench.still_valid(stale)  # adafactor beat the defaults since: the stack differs
+    current = _measured("combined", "combined", bench.combined_plan()[0], 510.0, DEFAULTS)
+    assert bench.still_valid(current) and bench.still_valid(rows[3])

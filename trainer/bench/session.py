@@ -80,7 +80,7 @@ class Bench:
 
     def run(self) -> list[RowResult]:
         for spec in self.specs:
-            if spec.name in self.reused:
+            if spec.name in self.reused and self.still_valid(self.results[spec.name]):
                 continue
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 self.left = [s.name for s in self.specs if s.name not in self.results]
@@ -97,6 +97,13 @@ class Bench:
         """Every result, this call's and the kept ones, in the catalogue's order."""
         order = {spec.name: index for index, spec in enumerate(catalogue())}
         return sorted(self.results.values(), key=lambda row: order.get(row.name, len(order)))
+
+    def still_valid(self, kept: RowResult) -> bool:
+        """A kept row stands, but `combined`, whose winners may have changed, only if it stacks the same rows."""
+        if kept.name != COMBINED:
+            return True
+        plan = self.combined_plan()
+        return kept.ok and not isinstance(plan, str) and plan[0] == kept.env
 
     def run_spec(self, spec: RowSpec) -> RowResult:
         if spec.group == "precision":
