@@ -1,8 +1,8 @@
 """Startup overhead: seconds from `docker compose up train` to the first training step, side by side with
 `docker run IMAGE python -c pass` (container start + interpreter, the floor) in the same run.
 
-    python benchmarks/startup.py [--cpu] [--repeat 5] [--image IMAGE]
-    python benchmarks/startup.py --build [--presets tiny,125m,350m]   # no Docker: the model build on the host
+    python -m benchmarks.startup [--cpu] [--repeat 5] [--image IMAGE]
+    python -m benchmarks.startup --build [--presets tiny,125m,350m]   # no Docker: the model build on the host
 
 `--build` measures the trainer's own preset build (trainer.run.models.build_preset), each in a fresh process:
 built on the CPU in fp32 (what a GPU run did before: a host copy, then moved), and built where it trains, with the
@@ -31,7 +31,6 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 GOAL_S = 3.0
 TORCH = "import torch"
 IMPORTS = "import torch; from transformers import Trainer"
@@ -121,6 +120,14 @@ def engine_has_gpus() -> bool:
     return "nvidia" in info.stdout
 
 
+def default_image(gpu: bool) -> str:
+    """The moving tag a user gets, as scripts/matrix.py names it (a host tool, run as one)."""
+    flavor = "gpu" if gpu else "cpu"
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "matrix.py"), "--default-image", flavor],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return out.stdout.strip()
+
+
 BUILD = """
 import json, resource, sys, time
 from trainer.run.models import build_preset, preset_config
@@ -171,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
         build_report(args.presets.split(","), args.repeat)
         return 0
     cpu = args.cpu or not engine_has_gpus()
-    from matrix import default_image
-
     image = args.image or default_image(gpu=not cpu)
     name = f"tkbench{uuid.uuid4().hex[:8]}"
     rows: dict[str, list[float]] = {"floor": [], "compose_floor": [], "torch": [], "imports": [], "up": [], "step": []}

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.bench.report import BenchResult, RowResult, env_lines, fastest_row, fill_relative
-from trainer.bench.rows import (
+from trainer.bench.catalogue import (
     AUTO_ENV,
     BASELINE,
     BASELINE_ENV,
@@ -18,6 +17,7 @@ from trainer.bench.rows import (
     row_names,
     select_rows,
 )
+from trainer.bench.report import BenchResult, RowResult, env_lines, fastest_row, fill_relative
 from trainer.bench.runner import (
     ERROR,
     OOM,

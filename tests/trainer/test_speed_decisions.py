@@ -14,8 +14,8 @@ import pytest
 from trainer import compat, config
 from trainer.config import speed
 from trainer.errors import ConfigError
+from trainer.machine.hardware import Hardware
 from trainer.run.batch_search import split_effective
-from trainer.run.hardware import Hardware
 
 H100 = Hardware(
     device="cuda", gpu_count=1, gpu_name="NVIDIA H100 80GB HBM3", capability=(9, 0), total_memory_bytes=80 * 2**30,

@@ -29,7 +29,7 @@ def machine() -> dict:
 
 def describe_machine() -> dict:
     """Run in a child by machine(): what the report says about this machine."""
-    from trainer.run.hardware import probe
+    from trainer.machine.hardware import probe
 
     hw = probe()
     device = hw.describe() if hw.is_gpu else f"CPU: {_cpu_name()}, {hw.cpu_count} cores"
@@ -43,7 +43,7 @@ def long_run_compiles(hw: Any) -> bool:
     (the bench's rows are too short for auto to compile them; the `auto` row is measured as a real run would be)."""
     import os
 
-    from trainer.bench.rows import AUTO_ENV, BASELINE_ENV
+    from trainer.bench.catalogue import AUTO_ENV, BASELINE_ENV
     from trainer.config import parse_settings
     from trainer.config.speed import decide_compile
     from trainer.errors import ConfigError

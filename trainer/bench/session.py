@@ -8,11 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.bench.report import (
-    BenchProgress,
-    RowResult,
-)
-from trainer.bench.rows import (
+from trainer.bench.catalogue import (
     ADAPTER_ROWS,
     AUTO_ENV,
     BASELINE,
@@ -24,6 +20,10 @@ from trainer.bench.rows import (
     MAX_BATCH,
     RowSpec,
     catalogue,
+)
+from trainer.bench.report import (
+    BenchProgress,
+    RowResult,
 )
 from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, row_dir, run_row
 from trainer.errors import ConfigError

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainer import compat
-from trainer.config import train_args
+from trainer import compat, transformers_names
 from trainer.config.decisions import Decision
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
 
 # A run this short pays the compilation (tens of seconds to minutes) without earning it back.
 COMPILE_MIN_STEPS = 200
@@ -100,7 +99,7 @@ def _check_backend(backend: str) -> None:
         usual = torch._dynamo.list_backends()  # without debug/experimental ones
         raise ConfigError(
             f"TRAIN_COMPILE_BACKEND={backend!r} is not a torch.compile backend"
-            f"{train_args.did_you_mean(backend, usual)}; usual ones: {', '.join(usual)}"
+            f"{transformers_names.did_you_mean(backend, usual)}; usual ones: {', '.join(usual)}"
         )
 
 
