@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed
+from trainer.config import deepspeed, speed
+from trainer.config.decision import Decision
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
@@ -25,17 +26,8 @@ from trainer.machine.hardware import module_available
 if TYPE_CHECKING:
     from trainer.machine.hardware import Hardware
 
-T = TypeVar("T")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_DEFAULT = "expandable_segments:True"
-
-
-@dataclass(frozen=True)
-class Decision(Generic[T]):
-    """One decided value and why."""
-
-    value: T
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -68,7 +60,7 @@ class Decisions:
     report_to: Decision[Any]
     resume: Decision[str]
     cuda_alloc_conf: Decision[str]
-    args: Decision[dict[str, Any]] = Decision({}, "TRAIN_ARGS empty")
+    args: Decision[dict[str, Any]] = field(default_factory=lambda: Decision({}, "TRAIN_ARGS empty"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -242,7 +234,6 @@ def decide_all(
     s: TrainSettings, hw: Hardware, environ: Mapping[str, str], import_heavy: bool = True
 ) -> tuple[Decisions, dict[str, Any] | None, str]:
     """(decisions, DeepSpeed config or None, PYTORCH_CUDA_ALLOC_CONF value); ConfigError naming every problem."""
-    from trainer.config import speed  # it builds on Decision, defined here
     source = source_of(s)
     problems = list(source.problems)
     decide = _Collector(problems)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
-from trainer.config.decisions import Decision
+from trainer.config.decision import Decision
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 
