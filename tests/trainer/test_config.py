@@ -58,6 +58,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_TEXT_FIELD": "body",
             "TRAIN_DATA_MAX_BAD_LINES": "3",
             "TRAIN_SEQ_LEN": "64",
+            "TRAIN_PACKING": "records",
+            "TRAIN_LONG_RECORDS": "drop",
             "TRAIN_PRECISION": "bf16",
             "TRAIN_TF32": "0",
             "TRAIN_OPTIM": "adafactor",
@@ -86,6 +88,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_LOG_STEPS": "1",
             "TRAIN_SEED": "7",
             "TRAIN_RESUME": str(root / "checkpoint-5"),
+            "TRAIN_RESUME_CHANGED_DATA": "1",
+            "TRAIN_START_OVER": "1",
             "TRAIN_ARGS": f"--weight_decay 0.1 --lr_scheduler_type cosine --learning_rate 0.002 --hub_token {SECRET}",
             "TRAIN_DETERMINISTIC": "1",
             "TRAIN_PROFILE": "1",
@@ -168,6 +172,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         lambda c: c["settings"]["TRAIN_DATA_MAX_BAD_LINES"] == {"value": 3, "source": "env"},
     ),
     ("TRAIN_SEQ_LEN", "full", lambda c: c["settings"]["TRAIN_SEQ_LEN"] == {"value": 64, "source": "env"}),
+    ("TRAIN_PACKING", "full", lambda c: c["settings"]["TRAIN_PACKING"] == {"value": "records", "source": "env"}),
+    ("TRAIN_LONG_RECORDS", "full", lambda c: c["settings"]["TRAIN_LONG_RECORDS"] == {"value": "drop", "source": "env"}),
     ("TRAIN_PRECISION", "full", lambda c: c["training_arguments"]["bf16"] and not c["training_arguments"]["fp16"]),
     ("TRAIN_TF32", "full", lambda c: c["decisions"]["tf32"] == {"value": False, "reason": "set by TRAIN_TF32"}),
     ("TRAIN_OPTIM", "full", lambda c: c["training_arguments"]["optim"] == "adafactor"),
@@ -269,6 +275,9 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
     ("TRAIN_MAX_RESTARTS", "full", lambda c: c["settings"]["TRAIN_MAX_RESTARTS"] == {"value": 5, "source": "env"}),
     ("TRAIN_RDZV_TIMEOUT", "full", lambda c: c["settings"]["TRAIN_RDZV_TIMEOUT"] == {"value": 60, "source": "env"}),
+    # read by the run's resume (trainer.run.resume; tests/trainer/test_resume_safety.py)
+    ("TRAIN_RESUME_CHANGED_DATA", "full", lambda c: c["settings"]["TRAIN_RESUME_CHANGED_DATA"]["value"] is True),
+    ("TRAIN_START_OVER", "full", lambda c: c["settings"]["TRAIN_START_OVER"]["value"] is True),
 ]
 
 
