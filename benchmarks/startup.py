@@ -2,6 +2,12 @@
 `docker run IMAGE python -c pass` (container start + interpreter, the floor) in the same run.
 
     python -m benchmarks.startup [--cpu] [--repeat 5] [--image IMAGE]
+    python -m benchmarks.startup --build [--presets tiny,125m,350m]   # no Docker: the model build on the host
+
+`--build` measures the trainer's own preset build (trainer.run.models.build_preset), each in a fresh process:
+built on the CPU in fp32 (what a GPU run did before: a host copy, then moved), and built where it trains, with the
+`meta` device standing in for the GPU (what the host does when the model is built on its GPU: nothing in host
+memory, no initialisation on the host). Printed: seconds and the growth of the process's peak resident memory.
 
 The run trains the `tiny` preset (TRAIN_SEQ_LEN=64, one step logged per step) on a small corpus in a
 temporary project folder; the first line of output/metrics.jsonl marks the first finished step.
@@ -122,12 +128,55 @@ def default_image(gpu: bool) -> str:
     return out.stdout.strip()
 
 
+BUILD = """
+import json, resource, sys, time
+from trainer.run.models import build_preset, preset_config
+from trainer.tokenizer import byte_level_tokenizer
+preset, device = sys.argv[1:3]
+tokenizer = byte_level_tokenizer()
+config = preset_config(preset, len(tokenizer), 2048, tokenizer)
+peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.perf_counter()
+model = build_preset(config, "sdpa", device)
+seconds = time.perf_counter() - started
+growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
+params = sum(p.numel() for p in model.parameters())
+print(json.dumps({"seconds": seconds, "rss_growth_mib": growth / 1024, "params": params}))
+"""
+
+
+def build_seconds(preset: str, device: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    done = subprocess.run([sys.executable, "-c", BUILD, preset, device], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"building {preset} on {device} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def build_report(presets: list[str], repeat: int) -> None:
+    print(f"preset build (trainer.run.models.build_preset), median of {repeat}, each in a fresh process:")
+    print(f"  {'preset':8} {'parameters':>13}  {'on the CPU, fp32':>26}  {'where it trains (meta)':>26}")
+    for preset in presets:
+        runs = {device: [build_seconds(preset, device) for _ in range(repeat)] for device in ("cpu", "meta")}
+        cells = []
+        for device in ("cpu", "meta"):
+            seconds = statistics.median(r["seconds"] for r in runs[device])
+            growth = statistics.median(r["rss_growth_mib"] for r in runs[device])
+            cells.append(f"{seconds:7.2f} s, {growth:8.1f} MiB RSS")
+        print(f"  {preset:8} {runs['cpu'][0]['params']:>13,}  {cells[0]:>26}  {cells[1]:>26}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="the CPU flavor (default without the NVIDIA runtime)")
     parser.add_argument("--image", help="image to measure (default: the matrix's default for the flavor)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--build", action="store_true", help="measure the preset build on the host (no Docker)")
+    parser.add_argument("--presets", default="tiny,125m,350m", help="presets for --build (default tiny,125m,350m)")
     args = parser.parse_args(argv)
+    if args.build:
+        build_report(args.presets.split(","), args.repeat)
+        return 0
     cpu = args.cpu or not engine_has_gpus()
     image = args.image or default_image(gpu=not cpu)
     name = f"tkbench{uuid.uuid4().hex[:8]}"

@@ -138,6 +138,10 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
         )
     elif st.flash_attn is not None and st.flash_attn < (2,):
         out["TRAIN_ATTN=flash_attention_2"] = "the installed flash-attn is 1.x; use TRAIN_ATTN=sdpa"
+    if not st.transformers_5:
+        out["TRAIN_ATTN=flash_attention_4"] = (
+            "flash_attention_4 is an attention implementation of transformers 5 (flash-attn-4); use TRAIN_ATTN=sdpa"
+        )
     if not st.fsdp2:
         why = "transformers 5" if not st.transformers_5 else "torch >= 2.6"
         for strategy in FSDP2_RESHARD:
@@ -151,6 +155,16 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
 def flash_attention_2_possible(st: Stack | None = None) -> bool:
     """False where flash-attn 2 cannot run whatever the GPU (e.g. NGC 23.07: flash-attn 1 is installed, torch 2.1)."""
     return "TRAIN_ATTN=flash_attention_2" not in unsupported(st)
+
+
+def compile_default_problem(st: Stack | None = None) -> str | None:
+    """Why TRAIN_COMPILE=auto keeps torch.compile off on this stack (None: compiling a Llama is known to work here).
+    From torch 2.6 (the rows with transformers 5) the presets compile without graph breaks; before, set
+    TRAIN_COMPILE=1 to try it."""
+    st = st or stack()
+    if st.torch is not None and st.torch < (2, 6):
+        return f"{st.describe()}: torch.compile is on by default from torch 2.6; TRAIN_COMPILE=1 to try it here"
+    return None
 
 
 def unsupported_problems(settings: Any, st: Stack | None = None) -> list[str]:

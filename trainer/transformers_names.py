@@ -83,6 +83,7 @@ DECIDED_FLAGS = {
     "fsdp": "TRAIN_FSDP",
     "fsdp_config": "TRAIN_FSDP",
     "dataloader_pin_memory": "TRAIN_PIN_MEMORY",
+    "use_liger_kernel": "TRAIN_LIGER",
     "full_determinism": "TRAIN_DETERMINISTIC",
 }
 

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from trainer.bench.catalogue import BASELINE, BASELINE_ENV, UnknownRowError, catalogue, row_names, select_rows
+from trainer.bench.catalogue import (
+    AUTO_ENV,
+    BASELINE,
+    BASELINE_ENV,
+    DEFAULTS,
+    UnknownRowError,
+    catalogue,
+    row_names,
+    select_rows,
+)
 from trainer.bench.report import BenchResult, RowResult, env_lines, fastest_row, fill_relative
 from trainer.bench.runner import (
     ERROR,
@@ -18,7 +27,7 @@ from trainer.bench.runner import (
     failure_reason,
     summarize_metrics,
 )
-from trainer.bench.session import Bench, Context, changes, grad_accum_env
+from trainer.bench.session import Bench, Context, changes, grad_accum_env, recommendable
 from trainer.config.schema import field_names
 
 
@@ -35,18 +44,18 @@ def test_row_names_are_unique_and_cover_the_issue() -> None:
     for wanted in ("fp32", "tf32", "fp16", "bf16", "adamw_torch", "adamw_torch_fused", "adamw_apex_fused",
                    "adamw_bnb_8bit", "adafactor", "grad_ckpt", "grad_accum", "max_batch", "compile", "eager",
                    "sdpa", "flash_attention_2", "zero1", "zero2", "zero3", "zero1_offload", "zero2_offload",
-                   "zero3_offload", "lora", "qlora", "combined"):
+                   "zero3_offload", "lora", "qlora", "combined", "auto", "flash_attention_4", "liger"):
         assert wanted in names
 
 
-def test_selection_keeps_catalogue_order_and_always_adds_the_baseline() -> None:
+def test_selection_keeps_catalogue_order_and_always_adds_the_baseline_and_the_defaults() -> None:
     rows = select_rows("grad_ckpt, bf16")
-    assert [r.name for r in rows] == [BASELINE, "bf16", "grad_ckpt"]
+    assert [r.name for r in rows] == [BASELINE, "bf16", DEFAULTS, "grad_ckpt"]
 
 
 def test_selection_by_group() -> None:
-    assert [r.name for r in select_rows("zero")] == [BASELINE, "zero1", "zero1_offload", "zero2", "zero2_offload",
-                                                       "zero3", "zero3_offload"]
+    assert [r.name for r in select_rows("zero")] == [BASELINE, DEFAULTS, "zero1", "zero1_offload", "zero2",
+                                                       "zero2_offload", "zero3", "zero3_offload"]
 
 
 def test_unknown_row_names_the_culprit_and_the_valid_names() -> None:
@@ -154,32 +163,61 @@ def _bench_with(rows: list[RowResult]) -> Bench:
     return bench
 
 
-def test_combined_stacks_the_winners_over_the_fastest_precision() -> None:
+def _auto_based_rows() -> tuple[list[RowResult], dict[str, str]]:
+    """A GPU table: the baseline, bf16 on it (fast, but with the baseline's TF32=0 and adamw_torch), the defaults,
+    and technique rows on top of the defaults."""
     base = {**BASELINE_ENV, "TRAIN_BATCH_SIZE": "8"}
-    bf16 = {**base, "TRAIN_PRECISION": "bf16"}
-    bench = _bench_with([
+    auto = {**base, **AUTO_ENV}
+    rows = [
         _measured("fp32", "precision", base, 100.0, None),
-        _measured("tf32", "precision", {**base, "TRAIN_TF32": "1"}, 150.0, "fp32"),
-        _measured("bf16", "precision", bf16, 300.0, "fp32"),
-        _measured("adamw_torch_fused", "optim", {**bf16, "TRAIN_OPTIM": "adamw_torch_fused"}, 320.0, "bf16"),
-        _measured("adafactor", "optim", {**bf16, "TRAIN_OPTIM": "adafactor"}, 310.0, "bf16"),
-        _measured("eager", "attn", {**bf16, "TRAIN_ATTN": "eager"}, 200.0, "bf16"),
-        _measured("grad_ckpt", "memory", {**bf16, "TRAIN_GRAD_CKPT": "1"}, 999.0, "bf16"),
-        _measured("max_batch", "batch", {**bf16, "TRAIN_BATCH_SIZE": "32"}, 400.0, "bf16"),
-    ])
-    env, names = bench.combined_plan()
-    assert names == ["bf16", "tf32", "adamw_torch_fused", "max_batch"]
-    # tf32 adds TRAIN_TF32 only (not its fp32 precision); grad_ckpt is never stacked, eager was slower.
-    assert env == {**bf16, "TRAIN_TF32": "1", "TRAIN_OPTIM": "adamw_torch_fused", "TRAIN_BATCH_SIZE": "32"}
+        _measured("bf16", "precision", {**base, "TRAIN_PRECISION": "bf16"}, 300.0, "fp32"),
+        _measured(DEFAULTS, "defaults", auto, 290.0, "fp32"),
+        _measured("adamw_torch", "optim", {**auto, "TRAIN_OPTIM": "adamw_torch"}, 280.0, DEFAULTS),
+        _measured("adafactor", "optim", {**auto, "TRAIN_OPTIM": "adafactor"}, 295.0, DEFAULTS),
+        _measured("eager", "attn", {**auto, "TRAIN_ATTN": "eager"}, 200.0, DEFAULTS),
+        _measured("compile", "compile", {**auto, "TRAIN_COMPILE": "1"}, 420.0, DEFAULTS),
+        _measured("grad_ckpt", "memory", {**auto, "TRAIN_GRAD_CKPT": "1"}, 999.0, DEFAULTS),
+        _measured("max_batch", "batch", {**auto, "TRAIN_BATCH_SIZE": "32"}, 400.0, DEFAULTS),
+    ]
+    return rows, auto
+
+
+def test_technique_rows_build_on_the_defaults() -> None:
+    rows, auto = _auto_based_rows()
+    bench = _bench_with(rows)
+    assert bench.reference() is rows[2]
+    assert bench.reference_env() == auto
+
+
+def test_the_recommendation_is_auto_plus_what_measured_faster() -> None:
+    """bf16 on the baseline beat the defaults here, but recommending it would turn TF32 off and choose adamw_torch,
+    undoing auto's choices (the 125m H100 table of issue 27): only the defaults and the rows on them compete."""
+    rows, auto = _auto_based_rows()
+    rows = [r for r in rows if r.name != "grad_ckpt"]  # a memory row: the fastest here only to test the pool
+    best = fastest_row(recommendable(rows))
+    assert best is not None and best.name == "compile"
+    assert best.env == {**auto, "TRAIN_COMPILE": "1"}
+    assert {best.env[k] for k in ("TRAIN_PRECISION", "TRAIN_TF32", "TRAIN_OPTIM", "TRAIN_ATTN")} == {"auto"}
+    assert fastest_row(recommendable(rows[:2])).name == "bf16"  # no defaults row: every row competes
+
+
+def test_combined_stacks_the_winners_over_the_defaults() -> None:
+    rows, auto = _auto_based_rows()
+    env, names = _bench_with(rows).combined_plan()
+    assert names == [DEFAULTS, "adafactor", "compile", "max_batch"]
+    # grad_ckpt is never stacked, eager and adamw_torch were slower than the defaults
+    assert env == {**auto, "TRAIN_OPTIM": "adafactor", "TRAIN_COMPILE": "1", "TRAIN_BATCH_SIZE": "32"}
 
 
 def test_combined_needs_two_winners() -> None:
     base = {**BASELINE_ENV, "TRAIN_BATCH_SIZE": "8"}
+    auto = {**base, **AUTO_ENV}
     bench = _bench_with([
         _measured("fp32", "precision", base, 100.0, None),
-        _measured("adamw_torch_fused", "optim", {**base, "TRAIN_OPTIM": "adamw_torch_fused"}, 120.0, "fp32"),
+        _measured(DEFAULTS, "defaults", auto, 110.0, "fp32"),
+        _measured("adamw_torch_fused", "optim", {**auto, "TRAIN_OPTIM": "adamw_torch_fused"}, 120.0, DEFAULTS),
     ])
-    assert bench.combined_plan() == "only `adamw_torch_fused` beat `fp32`: nothing to combine"
+    assert bench.combined_plan() == "only `adamw_torch_fused` beat `auto`: nothing to combine"
 
 
 def test_a_torchrun_workers_config_error_is_a_skip_too() -> None:
@@ -192,3 +230,12 @@ def test_a_torchrun_workers_config_error_is_a_skip_too() -> None:
 def test_a_torchrun_workers_oom_is_out_of_memory() -> None:
     stderr = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1 GiB\n"
     assert failure_reason(1, stderr)[0] == OOM
+
+
+def test_a_kept_combined_row_is_measured_again_when_its_winners_changed() -> None:
+    rows, auto = _auto_based_rows()
+    stale = _measured("combined", "combined", {**auto, "TRAIN_COMPILE": "1", "TRAIN_BATCH_SIZE": "32"}, 500.0, DEFAULTS)
+    bench = _bench_with(rows)
+    assert not bench.still_valid(stale)  # adafactor beat the defaults since: the stack differs
+    current = _measured("combined", "combined", bench.combined_plan()[0], 510.0, DEFAULTS)
+    assert bench.still_valid(current) and bench.still_valid(rows[3])

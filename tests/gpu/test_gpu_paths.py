@@ -62,14 +62,15 @@ def train(tmp_path: Path, timeout: int = 600, **train_vars: object) -> tuple[Pat
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
     base = {"output_dir": out, "seq_len": 128, "batch_size": 4, "max_steps": 4, "log_steps": 1, "save_steps": 1000}
-    env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train_vars}.items()})
+    # a value of None leaves the variable unset (the trainer's default)
+    env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train_vars}.items() if v is not None})
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
         [sys.executable, "-m", "trainer"], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-4000:]}"
     steps = int(env["TRAIN_MAX_STEPS"])
-    assert (out / "final").is_dir() and (out / f"checkpoint-{steps}").is_dir()
+    assert (out / "final").is_dir() and (steps < 0 or (out / f"checkpoint-{steps}").is_dir())
     return out, proc
 
 
@@ -169,13 +170,29 @@ def test_profile_and_memory_snapshot(tmp_path: Path) -> None:
 
 @needs_bf16
 def test_auto_batch_searches_up_to_a_real_out_of_memory(tmp_path: Path) -> None:
-    """TRAIN_AUTO_BATCH=1 doubles from TRAIN_BATCH_SIZE until CUDA runs out of memory, bisects, and trains at the
-    batch found (the CPU tests stand in for the memory limit; here it is the GPU's own)."""
+    """TRAIN_AUTO_BATCH=1 with no TRAIN_BATCH_SIZE doubles from the default until CUDA runs out of memory, bisects,
+    and trains at the batch found (the CPU tests stand in for the memory limit; here it is the GPU's own); the
+    effective batch it chose is logged."""
     data = tmp_path / "data.txt"
     data.write_text("".join(f"line {i}: a sentence long enough to fill many blocks of tokens.\n" for i in range(40000)))
-    out, proc = train(tmp_path, model="125m", seq_len=1024, batch_size=4, auto_batch=1, data=data, precision="bf16")
+    out, proc = train(tmp_path, model="125m", seq_len=1024, batch_size=None, auto_batch=1, data=data, precision="bf16")
     decision = decisions(out)["batch_size"]
-    assert decision["value"] > 4 and "out of memory" in decision["reason"], decision
+    assert decision["value"] > 8 and "out of memory" in decision["reason"], decision
+    assert decisions(out)["grad_accum"]["value"] == 1
     state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["train_batch_size"] == decision["value"]
-    assert "auto batch:" in proc.stderr
+    assert "TRAIN_BATCH_SIZE was not set, so the search chose it" in proc.stderr
+
+
+@needs_bf16
+def test_auto_batch_keeps_the_effective_batch_the_user_set(tmp_path: Path) -> None:
+    """TRAIN_BATCH_SIZE=2 x TRAIN_GRAD_ACCUM=16: the search (on by default on a GPU) raises the micro-batch and
+    lowers the accumulation, keeping 32 sequences per optimizer step."""
+    out, proc = train(tmp_path, model="125m", seq_len=512, batch_size=2, grad_accum=16, precision="bf16")
+    chosen = decisions(out)
+    assert chosen["auto_batch"]["value"] is True and chosen["auto_batch"]["reason"].startswith("auto: on")
+    micro, accum = chosen["batch_size"]["value"], chosen["grad_accum"]["value"]
+    assert micro * accum == 32 and micro > 2, chosen
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["train_batch_size"] == micro
+    assert "effective batch 32 sequences per step" in proc.stderr

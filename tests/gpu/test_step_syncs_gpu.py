@@ -4,8 +4,9 @@ tests/trainer/step_syncs.py runs a plain Transformers `Trainer` script and train
 in each step whose window holds no logging or saving, the synchronizations that
 `torch.cuda.set_sync_debug_mode("warn")` reports. Transformers' own loop synchronizes (its loss NaN/Inf filter
 reads the loss every step), so "zero" cannot be asserted of the whole step: the claim is that trainkit's counts
-equal the plain script's, step by step. In the same windows trainkit's own callbacks run with the mode at
-"error": one synchronization in them raises, the run crashes and this test fails.
+are at most the plain script's, step by step (on a GPU trainkit turns that filter off: issue 27). In the same
+windows trainkit's own callbacks run with the mode at "error": one synchronization in them raises, the run crashes
+and this test fails.
 Skipped with a reason where no CUDA GPU is visible; run with `.venv/bin/python -m pytest -q tests/gpu -rs`.
 """
 
@@ -43,6 +44,7 @@ def test_trainkit_adds_no_synchronization_to_a_step(tmp_path: Path) -> None:
     ours, plain = _counts(tmp_path / "trainkit", "trainkit"), _counts(tmp_path / "plain", "plain")
     assert set(plain) == set(ours) == {str(step) for step in range(3, 9)}, (ours, plain)
     for step in plain:  # sync_sites (who called each synchronization) is in the message when they differ
-        assert ours[step].get("cuda_sync", 0) == plain[step].get("cuda_sync", 0), (step, ours[step], plain[step])
-        assert ours[step].get("read", 0) == plain[step].get("read", 0), (step, ours[step], plain[step])
-    print("syncs per step (plain = trainkit):", {s: plain[s].get("cuda_sync", 0) for s in sorted(plain, key=int)})
+        assert ours[step].get("cuda_sync", 0) <= plain[step].get("cuda_sync", 0), (step, ours[step], plain[step])
+        assert ours[step].get("read", 0) <= plain[step].get("read", 0), (step, ours[step], plain[step])
+    counts = {s: (plain[s].get("cuda_sync", 0), ours[s].get("cuda_sync", 0)) for s in sorted(plain, key=int)}
+    print("syncs per step (plain, trainkit):", counts)

@@ -237,6 +237,12 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_COMPILE_BACKEND", "full", lambda c: c["training_arguments"]["torch_compile_backend"] == "inductor"),
     ("TRAIN_COMPILE_MODE", "full", lambda c: c["training_arguments"]["torch_compile_mode"] == "reduce-overhead"),
     ("TRAIN_ATTN", "full", lambda c: c["decisions"]["attn"]["value"] == "eager"),
+    (
+        "TRAIN_LIGER",
+        "defaults",
+        lambda c: c["training_arguments"]["use_liger_kernel"] is False
+        and c["decisions"]["liger"] == {"value": False, "reason": "auto: off (no GPU)"},
+    ),
     ("TRAIN_LORA", "full", lambda c: c["decisions"]["lora"]["value"] is True),
     ("TRAIN_LORA_R", "full", lambda c: "r=4" in c["decisions"]["lora"]["reason"]),
     ("TRAIN_LORA_ALPHA", "full", lambda c: "alpha=8" in c["decisions"]["lora"]["reason"]),

@@ -26,6 +26,7 @@ BASELINE_ENV: Mapping[str, str] = {
     "TRAIN_GRAD_ACCUM": "1",
     "TRAIN_AUTO_BATCH": "0",
     "TRAIN_COMPILE": "0",
+    "TRAIN_LIGER": "0",
     "TRAIN_ZERO_STAGE": "0",
     "TRAIN_ZERO_OFFLOAD": "none",
     "TRAIN_DEEPSPEED_CONFIG": "",
@@ -35,7 +36,7 @@ BASELINE_ENV: Mapping[str, str] = {
 }
 
 # Groups whose fastest row (when it beats its reference) goes into the `combined` row.
-COMBINABLE_GROUPS = ("optim", "attn", "compile", "batch")
+COMBINABLE_GROUPS = ("optim", "attn", "compile", "kernels", "batch")
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,16 @@ _OPTIMIZERS = {
 }
 
 
-# The technique variables a user who sets none of them gets: the trainer picks for this machine.
+# The technique variables a user who sets none of them gets: the trainer picks for this machine. With the baseline's
+# other values (no checkpointing, accumulation, ZeRO, FSDP, adapters), this is a run with the trainer's defaults.
 AUTO_ENV: Mapping[str, str] = {"TRAIN_PRECISION": "auto", "TRAIN_TF32": "auto", "TRAIN_OPTIM": "auto",
-                               "TRAIN_ATTN": "auto"}
+                               "TRAIN_ATTN": "auto", "TRAIN_COMPILE": "auto", "TRAIN_AUTO_BATCH": "auto",
+                               "TRAIN_LIGER": "auto"}
 
 
 def _defaults_row() -> list[RowSpec]:
-    doc = ("The trainer's defaults (TRAIN_PRECISION, TRAIN_TF32, TRAIN_OPTIM and TRAIN_ATTN left at auto): what "
-           "a run gets with no tuning. Measured on the baseline, not on top of the fastest precision.")
+    doc = ("The trainer's defaults (every technique variable at auto; TRAIN_COMPILE as auto decides for a long run): "
+           "what a run gets with no tuning. The rows after it are measured on top of it.")
     return [RowSpec(DEFAULTS, "defaults", doc, AUTO_ENV)]
 
 
@@ -96,6 +99,7 @@ _ATTENTION = {
     "eager": "Attention in plain PyTorch ops (materializes the score matrix).",
     "sdpa": "torch.nn.functional.scaled_dot_product_attention (the baseline attention).",
     "flash_attention_2": "FlashAttention-2 kernels (needs flash-attn installed, fp16/bf16, Ampere or newer).",
+    "flash_attention_4": "FlashAttention-4 kernels (needs flash-attn-4 installed, fp16/bf16, Hopper or newer).",
 }
 
 
@@ -103,6 +107,8 @@ def _speed_rows() -> list[RowSpec]:
     rows = [RowSpec("compile", "compile", "torch.compile (inductor); the first steps compile, they are warm-up.",
                     {"TRAIN_COMPILE": "1"})]
     rows += [RowSpec(name, "attn", doc, {"TRAIN_ATTN": name}) for name, doc in _ATTENTION.items()]
+    rows.append(RowSpec("liger", "kernels", "Liger's fused RMSNorm, SwiGLU, RoPE and cross-entropy (needs "
+                                            "liger-kernel and a GPU).", {"TRAIN_LIGER": "1"}))  # fmt: skip
     return rows
 
 
@@ -127,8 +133,8 @@ def _adapter_rows() -> list[RowSpec]:
 
 
 def _combined_row() -> list[RowSpec]:
-    doc = ("The fastest precision plus the fastest tf32, optimizer, attention, compile and batch rows that beat it, "
-           "measured together.")
+    doc = ("The defaults (`auto`) plus the fastest optimizer, attention, compile, kernels and batch rows that beat "
+           "them, measured together.")
     return [RowSpec(COMBINED, "combined", doc)]
 
 
@@ -153,7 +159,8 @@ class UnknownRowError(ValueError):
 def select_rows(selection: str | None) -> list[RowSpec]:
     """Rows named in a comma-separated selection of row or group names (None or 'all': every row).
 
-    The baseline is always included (every relative column divides by it); the catalogue order is kept.
+    The baseline (every relative column divides by it) and the defaults row (the other rows build on it) are always
+    included; the catalogue order is kept.
     """
     rows = catalogue()
     if selection is None or selection.strip().lower() == "all":
@@ -166,5 +173,5 @@ def select_rows(selection: str | None) -> list[RowSpec]:
             f"unknown bench row(s): {', '.join(unknown)}. Valid rows: {', '.join(row_names())}; "
             f"or groups: {', '.join(group_names())} (see `python -m trainer bench --list`)."
         )
-    wanted.add(BASELINE)
+    wanted.update((BASELINE, DEFAULTS))
     return [row for row in rows if row.name in wanted or row.group in wanted]

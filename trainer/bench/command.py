@@ -20,8 +20,9 @@ from typing import Any
 from trainer.bench.catalogue import BASELINE, UnknownRowError, catalogue, select_rows
 from trainer.bench.machine import machine, versions
 from trainer.bench.report import BenchProgress, BenchResult, fastest_row, fill_relative, print_summary, write_reports
+from trainer.bench.resume import earlier_rows
 from trainer.bench.runner import RunPlan
-from trainer.bench.session import Bench, Context, recommended_env
+from trainer.bench.session import Bench, Context, recommendable, recommended_env
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError, exit_code_for_signal, signal_of_exit_code
 from trainer.hub.sources import hub_ref
@@ -45,6 +46,11 @@ def register(commands: Any) -> None:
                         help="stop a row that runs longer than this (default 1800)")
     parser.add_argument("--max-batch", type=_positive_int, default=1024,
                         help="upper bound for the largest-batch probe (default 1024)")
+    parser.add_argument("--time-limit", type=_positive_int, metavar="SECONDS",
+                        help="start no row after this many seconds; the same command again measures the rest")
+    parser.add_argument("--fresh", action="store_true",
+                        help="measure every selected row again (default: keep the rows results.json holds for the "
+                        "same model, data, sequence length, batch, steps, device and versions)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     parser.add_argument("--list", action="store_true", help="list the rows and exit")
     parser.set_defaults(func=main)
@@ -155,7 +161,7 @@ def measure_rows(bench: Bench, total: int) -> int:
 
 def report(result: BenchResult, work_dir: Path, as_json: bool) -> None:
     fill_relative(result)
-    best = fastest_row(result.rows)
+    best = fastest_row(recommendable(result.rows))
     if best is not None:
         result.recommended, result.recommended_env = best.name, recommended_env(best)
     paths = write_reports(result, work_dir)
@@ -178,21 +184,25 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     info = machine()
     pretrained = Path(settings.model).is_dir() or hub_ref(settings.model) is not None  # a folder or a Hub ID
     ctx = Context(settings.model, pretrained, settings.seq_len, settings.batch_size,
-                  info["on_gpu"], args.max_batch)
+                  info["on_gpu"], args.max_batch, auto_compile=info.get("auto_compile", False))
     plan = RunPlan(args.warmup, args.steps, float(args.row_timeout), work_dir)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    shutil.rmtree(work_dir / "rows", ignore_errors=True)  # logs of an earlier bench would not match its results
-    bench = Bench(specs, ctx, plan, ui=None)
+    meta = build_meta(settings, info, plan, argv, load_before)
+    earlier, note = earlier_rows(work_dir, meta, args.fresh)
+    print(f"bench: {note}", file=sys.stderr)
+    bench = Bench(specs, ctx, plan, ui=None, earlier=earlier, time_limit_s=args.time_limit)
     try:
         code = measure_rows(bench, len(specs))
     finally:
         remove_scratch(work_dir)
-    meta = build_meta(settings, info, plan, argv, load_before)
     if code:
         done = f"{len(bench.results)} of {len(specs)} rows"
         meta["interrupted"] = f"stopped by signal {signal_of_exit_code(code)} after {done}"
         print(f"interrupted: {meta['interrupted']}; writing the results so far", file=sys.stderr)
-    report(BenchResult(meta, BASELINE, list(bench.results.values())), work_dir, args.json)
+    if bench.left:
+        meta["left"] = f"--time-limit {args.time_limit} s reached; not measured yet: {', '.join(bench.left)}"
+        print(f"bench: {meta['left']}; run the same command again to measure them", file=sys.stderr)
+    report(BenchResult(meta, BASELINE, bench.ordered()), work_dir, args.json)
     return code
 
 

@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from trainer.bench.runner import error_line
 
@@ -34,7 +35,24 @@ def describe_machine() -> dict:
     device = hw.describe() if hw.is_gpu else f"CPU: {_cpu_name()}, {hw.cpu_count} cores"
     if hw.is_gpu and hw.cuda_version:
         device += f", CUDA {hw.cuda_version}"
-    return {"on_gpu": hw.is_gpu, "device": device, "torch": hw.torch_version}
+    return {"on_gpu": hw.is_gpu, "device": device, "torch": hw.torch_version, "auto_compile": long_run_compiles(hw)}
+
+
+def long_run_compiles(hw: Any) -> bool:
+    """Whether TRAIN_COMPILE=auto compiles a long run of the user's configuration with the trainer's defaults here
+    (the bench's rows are too short for auto to compile them; the `auto` row is measured as a real run would be)."""
+    import os
+
+    from trainer.bench.catalogue import AUTO_ENV, BASELINE_ENV
+    from trainer.config import parse_settings
+    from trainer.config.speed import decide_compile
+    from trainer.errors import ConfigError
+
+    try:
+        settings = parse_settings({**os.environ, **BASELINE_ENV, **AUTO_ENV, "TRAIN_MAX_STEPS": "-1"})
+        return bool(decide_compile(settings, hw, None, check_backend=False).value)
+    except ConfigError:
+        return False
 
 
 def _cpu_name() -> str:

@@ -186,6 +186,7 @@ def markdown(result: BenchResult) -> str:
         f"- peak memory: {meta.get('memory', 'peak memory')}",
         f"- load average before the bench: {meta.get('load_before', 'unknown')}",
         *([f"- **interrupted**: {meta['interrupted']}"] if meta.get("interrupted") else []),
+        *([f"- **incomplete**: {meta['left']}; the same command again measures them"] if meta.get("left") else []),
         *baseline_warning(result),
         "",
         "| " + " | ".join(TABLE_HEADERS) + " |",

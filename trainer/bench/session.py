@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.bench.catalogue import (
     ADAPTER_ROWS,
+    AUTO_ENV,
     BASELINE,
     BASELINE_ENV,
     COMBINABLE_GROUPS,
@@ -17,6 +19,7 @@ from trainer.bench.catalogue import (
     GRAD_ACCUM,
     MAX_BATCH,
     RowSpec,
+    catalogue,
 )
 from trainer.bench.report import (
     BenchProgress,
@@ -36,6 +39,7 @@ class Context:
     batch_size: int
     on_gpu: bool
     max_batch: int
+    auto_compile: bool = False  # what TRAIN_COMPILE=auto decides for a long run here (bench rows are short)
 
 
 # ---- running the rows ----------------------------------------------------------------------------
@@ -43,15 +47,23 @@ class Context:
 class Bench:
     """Runs the selected rows in order, keeping each result and the reference the next rows build on."""
 
-    def __init__(self, specs: list[RowSpec], ctx: Context, plan: RunPlan, ui: BenchProgress | None) -> None:
+    def __init__(self, specs: list[RowSpec], ctx: Context, plan: RunPlan, ui: BenchProgress | None,
+                 earlier: list[RowResult] | None = None, time_limit_s: float | None = None) -> None:
         self.specs = specs
         self.ctx = ctx
         self.plan = plan
         self.ui = ui
-        self.results: dict[str, RowResult] = {}
+        self.results: dict[str, RowResult] = {row.name: row for row in earlier or []}  # kept, not measured again
+        self.reused = set(self.results)
+        self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self.left: list[str] = []  # rows not started because the time limit was reached
 
-    # The reference for non-precision rows: the fastest precision row that ran (else the baseline).
+    # The reference for the technique rows: the trainer's defaults (`auto`) when they ran, else the fastest
+    # precision row that ran, else the baseline.
     def reference(self) -> RowResult | None:
+        auto = self.results.get(DEFAULTS)
+        if auto is not None and auto.ok:
+            return auto
         ran = [r for r in self.results.values() if r.group == "precision" and r.ok]
         if ran:
             return max(ran, key=lambda r: r.tokens_per_s or 0.0)
@@ -68,13 +80,30 @@ class Bench:
 
     def run(self) -> list[RowResult]:
         for spec in self.specs:
+            if spec.name in self.reused and self.still_valid(self.results[spec.name]):
+                continue
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self.left = [s.name for s in self.specs if s.name not in self.results]
+                break
             result = self.run_spec(spec)
             self.results[spec.name] = result
             if self.ui:
                 self.ui.row_done(result)
             if spec.name == BASELINE and result.status == SKIPPED:
                 raise ConfigError(f"the baseline row cannot run with this configuration: {result.reason}")
-        return list(self.results.values())
+        return self.ordered()
+
+    def ordered(self) -> list[RowResult]:
+        """Every result, this call's and the kept ones, in the catalogue's order."""
+        order = {spec.name: index for index, spec in enumerate(catalogue())}
+        return sorted(self.results.values(), key=lambda row: order.get(row.name, len(order)))
+
+    def still_valid(self, kept: RowResult) -> bool:
+        """A kept row stands, but `combined`, whose winners may have changed, only if it stacks the same rows."""
+        if kept.name != COMBINED:
+            return True
+        plan = self.combined_plan()
+        return kept.ok and not isinstance(plan, str) and plan[0] == kept.env
 
     def run_spec(self, spec: RowSpec) -> RowResult:
         if spec.group == "precision":
@@ -92,8 +121,8 @@ class Bench:
         if spec.name == COMBINED:
             return self.run_combined(spec, on_top_of)
         env = {**self.reference_env(), **spec.env}
-        if spec.name == GRAD_ACCUM:
-            env.update(grad_accum_env(self.ctx.batch_size))
+        if spec.name == GRAD_ACCUM:  # the batch search would merge the micro-batches again
+            env.update(grad_accum_env(self.ctx.batch_size), TRAIN_AUTO_BATCH="0")
         return self.measure(spec, env, on_top_of)
 
     def skip_reason(self, spec: RowSpec) -> str:
@@ -156,9 +185,13 @@ class Bench:
         best.note = f"largest batch that ran: {best.env['TRAIN_BATCH_SIZE']} (stopped at {stop})"
         return best
 
+    def defaults_env(self) -> dict[str, str]:
+        """The trainer's defaults; TRAIN_COMPILE as auto decides for a long run (a row's few steps turn it off)."""
+        return {**self.baseline_env(), **AUTO_ENV, "TRAIN_COMPILE": "1" if self.ctx.auto_compile else "auto"}
+
     def run_defaults(self, spec: RowSpec) -> RowResult:
         """The baseline with the technique variables left at auto; the note says what the trainer chose."""
-        row = self.measure(spec, {**self.baseline_env(), **spec.env}, on_top_of=BASELINE)
+        row = self.measure(spec, self.defaults_env(), on_top_of=BASELINE)
         chosen = chosen_values(row_dir(self.plan, spec.name) / "run_config.json", spec.env)
         if chosen:
             row.note = "auto chose " + ", ".join(f"{k}={v}" for k, v in chosen.items()) + (
@@ -178,11 +211,10 @@ class Bench:
         """(env, the rows it stacks) for the `combined` row, or why there is nothing to combine."""
         ref = self.reference()
         if ref is None or not ref.ok:
-            return "no precision row ran, nothing to build on"
-        candidates = [self.tf32_winner(ref), *(self.group_winner(group, ref) for group in COMBINABLE_GROUPS)]
-        winners = [w for w in candidates if w is not None]
+            return "neither the defaults nor a precision row ran, nothing to build on"
+        winners = [w for w in (self.group_winner(group, ref) for group in COMBINABLE_GROUPS) if w is not None]
         if not winners:
-            return f"no tf32, optimizer, attention, compile or batch row beat `{ref.name}`"
+            return f"no optimizer, attention, compile, kernels or batch row beat `{ref.name}`"
         if len(winners) == 1:
             return f"only `{winners[0].name}` beat `{ref.name}`: nothing to combine"
         env = dict(ref.env)
@@ -195,13 +227,6 @@ class Bench:
         base = self.results.get(row.on_top_of or BASELINE)
         base_env = base.env if base is not None and base.ok else self.reference_env()
         return {k: v for k, v in row.env.items() if base_env.get(k) != v}
-
-    def tf32_winner(self, ref: RowResult) -> RowResult | None:
-        """The tf32 row when it beat fp32: mixed precision keeps some matmuls in fp32, which TF32 speeds up too."""
-        tf32, base = self.results.get("tf32"), self.results.get(BASELINE)
-        if ref.name not in ("fp16", "bf16") or tf32 is None or base is None or not (tf32.ok and base.ok):
-            return None
-        return tf32 if (tf32.tokens_per_s or 0) > (base.tokens_per_s or 0) else None
 
     def group_winner(self, group: str, ref: RowResult) -> RowResult | None:
         faster = [r for r in self.results.values()
@@ -233,6 +258,16 @@ def changes(env: dict[str, str]) -> dict[str, str]:
 def copy_measurement(source: RowResult, target: RowResult) -> None:
     for key in ("tokens_per_s", "samples_per_s", "step_time_s", "mfu", "peak_mem_bytes", "measured_steps"):
         setattr(target, key, getattr(source, key))
+
+
+def recommendable(rows: list[RowResult]) -> list[RowResult]:
+    """The rows a recommendation may come from: the defaults (`auto`) and the rows measured on top of them, so the
+    recommendation is auto plus what measured faster, never a value an auto choice was turned back to. Only when
+    the defaults did not run, every row."""
+    auto = next((r for r in rows if r.name == DEFAULTS and r.ok), None)
+    if auto is None:
+        return rows
+    return [r for r in rows if r is auto or r.on_top_of == DEFAULTS]
 
 
 def recommended_env(row: RowResult) -> dict[str, str]:

@@ -62,17 +62,17 @@ def _combination_problems(s: TrainSettings) -> list[str]:
         problems.append(
             f"TRAIN_QUANT={s.quant} needs TRAIN_LORA=1: quantized weights are frozen, only LoRA adapters train (QLoRA)"
         )
-    if s.compile and s.zero_stage == 3:
+    if s.compile == "1" and s.zero_stage == 3:
         problems.append(
             "TRAIN_COMPILE=1 with TRAIN_ZERO_STAGE=3: ZeRO-3 gathers parameters in hooks that break torch.compile "
             "graphs; use TRAIN_ZERO_STAGE=2 or TRAIN_COMPILE=0"
         )
-    if s.auto_batch and uses_deepspeed:
+    if s.auto_batch == "1" and uses_deepspeed:
         problems.append(
             "TRAIN_AUTO_BATCH=1 does not work with DeepSpeed (its batch size is fixed at initialization); "
             "set TRAIN_BATCH_SIZE yourself or TRAIN_ZERO_STAGE=0"
         )
-    if s.auto_batch and s.fsdp != "none":
+    if s.auto_batch == "1" and s.fsdp != "none":
         problems.append(
             f"TRAIN_AUTO_BATCH=1 does not work with TRAIN_FSDP={s.fsdp} (the search probes the whole model on each "
             "GPU, before FSDP shards it); set TRAIN_BATCH_SIZE yourself or TRAIN_FSDP=none"

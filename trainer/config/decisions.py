@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed
+from trainer.config import deepspeed, speed
+from trainer.config.decision import Decision
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
@@ -25,17 +26,8 @@ from trainer.machine.hardware import module_available
 if TYPE_CHECKING:
     from trainer.machine.hardware import Hardware
 
-T = TypeVar("T")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_CONF_DEFAULT = "expandable_segments:True"
-
-
-@dataclass(frozen=True)
-class Decision(Generic[T]):
-    """One decided value and why."""
-
-    value: T
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -50,9 +42,14 @@ class Decisions:
     optim: Decision[str]  # a Transformers optimizer name, adamw_apex_fused, or "deepspeed"
     attn: Decision[str]  # the attn_implementation given to Transformers
     pin_memory: Decision[bool]
-    batch_size: Decision[int]  # per device; TRAIN_AUTO_BATCH=1 replaces it when training starts (run.batch_search)
+    auto_batch: Decision[bool]
+    batch_size: Decision[int]  # per device; the TRAIN_AUTO_BATCH search replaces it when training starts
+    grad_accum: Decision[int]  # the search may change it too, keeping the effective batch (run.batch_search)
     nproc_per_node: Decision[int]
     compile: Decision[bool]
+    liger: Decision[bool]
+    non_blocking: Decision[bool]  # asynchronous host-to-GPU copies of each batch
+    nan_inf_filter: Decision[bool]  # Transformers' per-step NaN/Inf read of the loss
     quant: Decision[str]  # none, 4bit, 8bit
     lora: Decision[bool]
     fsdp: Decision[str]
@@ -63,7 +60,7 @@ class Decisions:
     report_to: Decision[Any]
     resume: Decision[str]
     cuda_alloc_conf: Decision[str]
-    args: Decision[dict[str, Any]] = Decision({}, "TRAIN_ARGS empty")
+    args: Decision[dict[str, Any]] = field(default_factory=lambda: Decision({}, "TRAIN_ARGS empty"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -124,40 +121,6 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
     return _decide(s.optim, "set by TRAIN_OPTIM")
 
 
-def decide_batch_size(s: TrainSettings) -> Decision:
-    if not s.auto_batch:
-        return _decide(s.batch_size, "set by TRAIN_BATCH_SIZE")
-    return _decide(
-        s.batch_size,
-        "TRAIN_AUTO_BATCH=1: searched on the GPU when training starts, from TRAIN_BATCH_SIZE up or down; "
-        "run_config.json in the output folder records the batch chosen",
-    )
-
-
-def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
-    has_flash = hw.libraries.get("flash_attn", False) and compat.flash_attention_2_possible()
-    if s.attn == "flash_attention_2":
-        if not has_flash:
-            raise ConfigError(
-                "TRAIN_ATTN=flash_attention_2 needs the flash_attn package, which is not installed; "
-                "use TRAIN_ATTN=sdpa (or auto), or an image built with flash-attn"
-            )
-        if not hw.ampere_or_newer:
-            raise ConfigError(
-                f"TRAIN_ATTN=flash_attention_2 needs an Ampere or newer GPU; this is {hw.describe()}; use sdpa"
-            )
-        if precision == "fp32":
-            raise ConfigError(
-                "TRAIN_ATTN=flash_attention_2 works in fp16/bf16 only; set TRAIN_PRECISION=bf16 or use sdpa"
-            )
-    if s.attn != "auto":
-        return _decide(s.attn, "set by TRAIN_ATTN")
-    if has_flash and hw.ampere_or_newer and precision != "fp32":
-        return _decide("flash_attention_2", "auto: flash_attn is installed and the GPU is Ampere or newer")
-    why = "no flash-attn 2 on this stack" if not has_flash else "needs an Ampere+ GPU and fp16/bf16"
-    return _decide("sdpa", f"auto: PyTorch scaled_dot_product_attention ({why})")
-
-
 def decide_pin_memory(s: TrainSettings, hw: Hardware) -> Decision:
     if s.pin_memory != "auto":
         note = "" if hw.is_gpu or s.pin_memory == "0" else " (no effect without a GPU)"
@@ -174,31 +137,6 @@ def decide_nproc(s: TrainSettings, hw: Hardware) -> Decision:
     except NprocError as exc:
         raise ConfigError(str(exc)) from None
     return _decide(count, reason)
-
-
-def decide_compile(s: TrainSettings, hw: Hardware, check_backend: bool = True) -> Decision:
-    if not s.compile:
-        return _decide(False, "TRAIN_COMPILE=0")
-    if check_backend:
-        import torch._dynamo
-
-        if s.compile_backend not in torch._dynamo.list_backends(exclude_tags=()):
-            usual = torch._dynamo.list_backends()  # without debug/experimental ones
-            raise ConfigError(
-                f"TRAIN_COMPILE_BACKEND={s.compile_backend!r} is not a torch.compile backend"
-                f"{transformers_names.did_you_mean(s.compile_backend, usual)}; usual ones: {', '.join(usual)}"
-            )
-    if s.compile_backend == "inductor":
-        if not hw.is_gpu and not hw.cxx_compiler:
-            raise ConfigError(
-                "TRAIN_COMPILE=1 on CPU: inductor needs a C++ compiler (g++), none found; set TRAIN_COMPILE=0"
-            )
-        if hw.is_gpu and not hw.libraries.get("triton", False):
-            raise ConfigError("TRAIN_COMPILE=1 on GPU: inductor needs triton, which is not installed; TRAIN_COMPILE=0")
-    note = ""
-    if s.compile_mode == "reduce-overhead" and not hw.is_gpu:
-        note = "; CUDA graphs are skipped on CPU, so reduce-overhead behaves like default"
-    return _decide(True, f"set by TRAIN_COMPILE (backend {s.compile_backend}, mode {s.compile_mode}){note}")
 
 
 def decide_quant(s: TrainSettings, hw: Hardware) -> Decision:
@@ -317,6 +255,8 @@ def decide_all(
     preset = is_preset(s.model)
     precision = decide(decide_precision, s, hw, fallback=_decide("fp32", "refused"))
     ds, deepspeed_decision = decide_deepspeed(s, precision.value)
+    pin_memory = decide_pin_memory(s, hw)
+    auto_batch = speed.decide_auto_batch(s, hw, ds)
     alloc_value, alloc_decision = alloc_conf_decision(environ)
     parts: dict[str, Decision] = {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
@@ -325,11 +265,16 @@ def decide_all(
         "tf32": decide(decide_tf32, s, hw, fallback=_decide(False, "refused")),
         "deepspeed": deepspeed_decision,
         "optim": decide(decide_optim, s, hw, ds, fallback=_decide("adamw_torch", "refused")),
-        "attn": decide(decide_attn, s, hw, precision.value, fallback=_decide("sdpa", "refused")),
-        "pin_memory": decide_pin_memory(s, hw),
-        "batch_size": decide_batch_size(s),
+        "attn": decide(speed.decide_attn, s, hw, precision.value, fallback=_decide("sdpa", "refused")),
+        "pin_memory": pin_memory,
+        "auto_batch": auto_batch,
+        "batch_size": speed.decide_batch_size(s, auto_batch.value),
+        "grad_accum": speed.decide_grad_accum(s),
         "nproc_per_node": decide(decide_nproc, s, hw, fallback=_decide(1, "refused")),
-        "compile": decide(decide_compile, s, hw, import_heavy, fallback=_decide(False, "refused")),
+        "compile": decide(speed.decide_compile, s, hw, ds, import_heavy, fallback=_decide(False, "refused")),
+        "liger": decide(speed.decide_liger, s, hw, fallback=_decide(False, "refused")),
+        "non_blocking": speed.decide_non_blocking(hw, pin_memory.value),
+        "nan_inf_filter": speed.decide_nan_inf_filter(hw),
         "quant": decide(decide_quant, s, hw, fallback=_decide("none", "refused")),
         "lora": _decide(
             s.lora, f"r={s.lora_r} alpha={s.lora_alpha} targets={s.lora_targets}" if s.lora else "TRAIN_LORA=0"

@@ -33,6 +33,7 @@ class RunConfig:
     deepspeed: dict[str, Any] | None = None
     env: dict[str, str] = field(default_factory=dict)  # process environment the run sets (before torch)
     hub: dict[str, Any] = field(default_factory=dict)  # Hub IDs resolved to commits (trainer.hub), also in checkpoints
+    startup: dict[str, Any] = field(default_factory=dict)  # seconds per start-up phase (trainer.run.startup)
 
     def to_dict(self, masked: bool = True, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         source = self.settings.model_fields_set
@@ -46,6 +47,7 @@ class RunConfig:
             "training_arguments": self.training_arguments,
             "deepspeed": self.deepspeed,
             "hub": self.hub,
+            "startup": self.startup,
             "environment": {**recorded_environment(os.environ if environ is None else environ), **self.env},
         }
         data = json.loads(json.dumps(data, default=str))

@@ -109,9 +109,11 @@ class TrainSettings(BaseSettings):
     lr: float = _f(3e-4, "optim", "Peak learning rate.", gt=0)
     batch_size: int = _f(8, "optim", "Per-device micro-batch size (sequences).", ge=1)
     grad_accum: int = _f(1, "optim", "Gradient accumulation steps.", ge=1)
-    auto_batch: bool = _f(
-        False, "optim", "Before training, search the largest per-device batch that fits in GPU memory, from "
-        "TRAIN_BATCH_SIZE up or down (all ranks agree; run_config.json records it). No effect on CPU."
+    auto_batch: Toggle = _f(
+        "auto", "optim", "Before training, search the largest per-device batch that fits in GPU memory (all ranks "
+        "agree; run_config.json records it). If TRAIN_BATCH_SIZE or TRAIN_GRAD_ACCUM is set, their product (the "
+        "effective batch) is kept by gradient accumulation. auto: on with one GPU per process (no DeepSpeed, FSDP or "
+        "quantization); off on CPU."
     )
     num_workers: int = _f(2, "optim", "DataLoader worker processes.", ge=0)
     pin_memory: Toggle = _f("auto", "optim", "Pin DataLoader memory. auto: on when a GPU is used.")
@@ -131,13 +133,22 @@ class TrainSettings(BaseSettings):
     )
 
     # speed
-    compile: bool = _f(False, "speed", "torch.compile the model.")
+    compile: Toggle = _f(
+        "auto", "speed", "torch.compile the model. auto: on for a GPU run of TRAIN_MAX_STEPS -1 (epochs) or at "
+        "least 200 steps, on a stack where it is known to work; off on CPU."
+    )
     compile_backend: str = _f("inductor", "speed", "torch.compile backend.")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _f(
         "default", "speed", "torch.compile mode."
     )
-    attn: Literal["auto", "sdpa", "flash_attention_2", "eager"] = _f(
-        "auto", "speed", "Attention implementation. auto: flash_attention_2 when installed and supported, else sdpa."
+    attn: Literal["auto", "sdpa", "flash_attention_2", "flash_attention_4", "eager"] = _f(
+        "auto", "speed", "Attention implementation (flash_attention_4: the flash-attn-4 package, Hopper and newer). "
+        "auto: the measured best for the GPU generation (trainer.config.speed), else flash_attention_2 when "
+        "installed and supported, else sdpa."
+    )
+    liger: Toggle = _f(
+        "auto", "speed", "Liger fused kernels (RMSNorm, SwiGLU, RoPE, fused cross-entropy) through Transformers' "
+        "use_liger_kernel; needs liger-kernel and a GPU. auto: on where measured faster (none yet: off)."
     )
 
     # adapters

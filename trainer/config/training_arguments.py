@@ -55,11 +55,22 @@ def _eval_arguments(s: TrainSettings) -> dict[str, Any]:
     return args
 
 
-def _compile_arguments(s: TrainSettings) -> dict[str, Any]:
+def _compile_arguments(s: TrainSettings, decisions: Decisions) -> dict[str, Any]:
     # Transformers turns torch_compile on when a backend or mode is given, so pass them only when compiling.
-    if not s.compile:
+    if not decisions.compile.value:
         return {"torch_compile": False}
     return {"torch_compile": True, "torch_compile_backend": s.compile_backend, "torch_compile_mode": s.compile_mode}
+
+
+def _speed_arguments(decisions: Decisions) -> dict[str, Any]:
+    """Liger's kernels, and the host-device syncs a step need not make (trainer.config.speed)."""
+    args: dict[str, Any] = {
+        "use_liger_kernel": decisions.liger.value,
+        "logging_nan_inf_filter": decisions.nan_inf_filter.value,
+    }
+    if decisions.non_blocking.value:
+        args["accelerator_config"] = {"non_blocking": True}
+    return args
 
 
 def derived_training_arguments(
@@ -72,7 +83,7 @@ def derived_training_arguments(
     args: dict[str, Any] = {
         "output_dir": s.output_dir,
         "per_device_train_batch_size": s.batch_size,
-        "gradient_accumulation_steps": s.grad_accum,
+        "gradient_accumulation_steps": decisions.grad_accum.value,
         "auto_find_batch_size": False,  # TRAIN_AUTO_BATCH searches before training (trainer.run.batch_search)
         "learning_rate": s.lr,
         "max_steps": s.max_steps,
@@ -105,7 +116,8 @@ def derived_training_arguments(
         "neftune_noise_alpha": s.neftune_alpha or None,
         "deepspeed": ds,
         **_checkpointing_arguments(s),
-        **_compile_arguments(s),
+        **_compile_arguments(s, decisions),
+        **_speed_arguments(decisions),
         **_fsdp_arguments(s),
         **_eval_arguments(s),
     }

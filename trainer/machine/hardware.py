@@ -74,12 +74,16 @@ LIBRARIES = {
     "peft": "peft",
     "triton": "triton",
     "tensorboard": "tensorboard",
+    "liger_kernel": "liger_kernel",
 }
 
 
 def probe_libraries() -> dict[str, bool]:
     libs = {name: module_available(mod) for name, mod in LIBRARIES.items()}
     libs["apex_fused"] = apex_fused_available()
+    # flash-attn (2) and flash-attn-4 both install the module flash_attn: the distribution tells them apart
+    libs["flash_attn"] = libs["flash_attn"] and package_version("flash-attn") is not None
+    libs["flash_attn_4"] = package_version("flash-attn-4") is not None
     return libs
 
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 
 MAX_BATCH = 4096
+HEADROOM = 0.05  # of the GPU's memory, kept free beyond what the probe uses (allocator fragmentation, workspaces)
 Probe = Callable[[int], bool]
 
 
@@ -42,7 +43,7 @@ class Search:
     def reason(self, ceiling: int) -> str:
         tried = ", ".join(f"{size} {'fits' if ok else 'out of memory'}" for size, ok in self.probes)
         bound = " (the ceiling: a larger batch was not tried)" if self.batch == ceiling else ""
-        return f"TRAIN_AUTO_BATCH=1: largest per-device batch that fits{bound}; probed {tried}"
+        return f"TRAIN_AUTO_BATCH: largest per-device batch that fits{bound}; probed {tried}"
 
 
 def search_largest(fits: Probe, start: int, ceiling: int) -> Search:
@@ -137,13 +138,20 @@ def memory_probe(model: Any, seq_len: int, vocab_size: int, device: Any, precisi
 
 
 def choose_batch(
-    model: Any, args: Any, settings: TrainSettings, precision: str, blocks: int, group: Any
+    model: Any,
+    args: Any,
+    settings: TrainSettings,
+    precision: str,
+    blocks: int,
+    group: Any,
+    effective: int | None = None,
 ) -> Decision[int]:
-    """The Decision for the per-device batch; `model` is moved to args.device (where Trainer would put it)."""
+    """The Decision for the per-device batch (at most `effective` when given); `model` is moved to args.device
+    (where Trainer would put it)."""
     from trainer.config.decisions import Decision
     from trainer.errors import ConfigError
 
-    ceiling = max(1, min(MAX_BATCH, blocks // max(args.world_size, 1)))
+    ceiling = max(1, min(MAX_BATCH, blocks // max(args.world_size, 1), effective or MAX_BATCH))
     if args.device.type != "cuda":
         reason = "TRAIN_AUTO_BATCH=1 needs a GPU (a CPU has no out-of-memory error to search against); TRAIN_BATCH_SIZE"
         log.warning("auto batch: no GPU, so the batch stays TRAIN_BATCH_SIZE=%d", settings.batch_size)
@@ -155,8 +163,11 @@ def choose_batch(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     vocab = model.get_input_embeddings().weight.shape[0]
+    import torch
+
+    headroom = int(HEADROOM * torch.cuda.get_device_properties(args.device).total_memory)
     fits = memory_probe(model, settings.seq_len, vocab, args.device, precision,
-                        optimizer_state_bytes(model, args.world_size))  # fmt: skip
+                        optimizer_state_bytes(model, args.world_size) + headroom)  # fmt: skip
     found = search_largest(agreed(fits, group), settings.batch_size, ceiling)
     if checkpointing:
         model.gradient_checkpointing_disable()  # Trainer switches it on again from TrainingArguments
@@ -169,24 +180,47 @@ def choose_batch(
     return Decision(found.batch, found.reason(ceiling))
 
 
+def split_effective(effective: int, largest: int) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) whose product is `effective`, with the largest micro-batch <= `largest`."""
+    micro = next(size for size in range(max(1, min(largest, effective)), 0, -1) if effective % size == 0)
+    return micro, effective // micro
+
+
 def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume: Path | None) -> None:
-    """TRAIN_AUTO_BATCH=1: the batch the ranks agreed on replaces TRAIN_BATCH_SIZE in `args`, and the decision
-    (with the sizes probed) goes to cfg.decisions and run_config.json. A resumed run keeps its checkpoint's batch,
-    so the samples it skips are the ones it trained on."""
+    """The TRAIN_AUTO_BATCH search: the batch the ranks agreed on replaces TRAIN_BATCH_SIZE in `args`; when the user
+    set TRAIN_BATCH_SIZE or TRAIN_GRAD_ACCUM, gradient accumulation keeps their product (the effective batch). The
+    decisions (with the sizes probed) go to cfg.decisions and run_config.json, and the log says the effective batch.
+    A resumed run keeps its checkpoint's batch, so the samples it skips are the ones it trained on."""
     import dataclasses
 
     from trainer.config.decisions import Decision
+    from trainer.config.speed import effective_batch_set
     from trainer.run.resume import recorded_batch_size
     from trainer.run.signals import control_group
 
+    s = cfg.settings
+    effective = s.batch_size * s.grad_accum if effective_batch_set(s) else None
     previous = recorded_batch_size(resume) if resume else None
     if previous:
-        decision = Decision(previous, f"TRAIN_AUTO_BATCH=1: the batch of the checkpoint resumed from ({resume})")
+        decision = Decision(previous, f"TRAIN_AUTO_BATCH: the batch of the checkpoint resumed from ({resume})")
         log.info("auto batch: %d per device, as in %s", decision.value, resume)
     else:
         precision = cfg.decisions.precision.value
-        decision = choose_batch(model, args, cfg.settings, precision, blocks, control_group(args.world_size))
-    args.per_device_train_batch_size = decision.value
-    cfg.decisions = dataclasses.replace(cfg.decisions, batch_size=decision)
+        group = control_group(args.world_size)
+        decision = choose_batch(model, args, s, precision, blocks, group, effective)
+    micro, accum = split_effective(effective, decision.value) if effective else (decision.value, s.grad_accum)
+    if effective:
+        why = f"TRAIN_BATCH_SIZE x TRAIN_GRAD_ACCUM = {effective} kept: {micro} x {accum} accumulation steps"
+        decision = Decision(micro, f"{decision.reason}; {why}")
+        accum_decision = Decision(accum, f"TRAIN_AUTO_BATCH: {why}")
+    else:
+        accum_decision = Decision(accum, "set by TRAIN_GRAD_ACCUM (TRAIN_BATCH_SIZE not set: the search may change the "
+                                         "effective batch)")  # fmt: skip
+    log.info("auto batch: effective batch %d sequences per step (%d per device x %d accumulation x %d processes)%s",
+             micro * accum * args.world_size, micro, accum, args.world_size,
+             "" if effective else "; TRAIN_BATCH_SIZE was not set, so the search chose it")  # fmt: skip
+    args.per_device_train_batch_size = micro
+    args.gradient_accumulation_steps = accum
+    cfg.decisions = dataclasses.replace(cfg.decisions, batch_size=decision, grad_accum=accum_decision)
     if args.should_save:
         cfg.write_run_config(cfg.settings.output_dir)

@@ -79,22 +79,48 @@ def base_weights_dtype(quant: str, lora: bool, precision: str, sharded: bool) ->
     return torch.float32
 
 
-def pretrained_kwargs(attn: str, quant: str, precision: str, sharded: bool, lora: bool = False) -> dict[str, Any]:
-    """from_pretrained's arguments. A quantized model is placed on this rank's GPU, except under FSDP, which
-    places (and shards) it itself; ZeRO-3 with quantization is refused at configuration time."""
+def pretrained_kwargs(
+    attn: str, quant: str, precision: str, sharded: bool, lora: bool = False, device: torch.device | None = None
+) -> dict[str, Any]:
+    """from_pretrained's arguments. The weights are read straight onto `device` when it is a GPU (build_device);
+    a quantized model is placed on this rank's GPU, except under FSDP, which places (and shards) it itself; ZeRO-3
+    with quantization is refused at configuration time."""
     kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
     kwargs.update(model_dtype_kwargs(base_weights_dtype(quant, lora, precision, sharded)))
     if quant != "none":
         kwargs["quantization_config"] = _quantization_config(quant, precision, sharded)
         if not sharded:
             kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    elif device is not None and device.type == "cuda":
+        kwargs["device_map"] = {"": device.index or 0}
     return kwargs
 
 
 def _load_pretrained(
-    path: str, attn: str, quant: str, precision: str, sharded: bool, lora: bool = False
+    path: str,
+    attn: str,
+    quant: str,
+    precision: str,
+    sharded: bool,
+    lora: bool = False,
+    device: torch.device | None = None,
 ) -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(path, **pretrained_kwargs(attn, quant, precision, sharded, lora))
+    kwargs = pretrained_kwargs(attn, quant, precision, sharded, lora, device)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def build_device(cfg: Any) -> torch.device:
+    """Where the model is built: this process's GPU when one trains the whole model (no fp32 host copy to move
+    there); the CPU with DeepSpeed or FSDP, which place and shard the model themselves, and on CPU machines."""
+    if not cfg.hardware.is_gpu or cfg.deepspeed or cfg.settings.fsdp != "none":
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def build_preset(config: LlamaConfig, attn: str, device: torch.device | str) -> PreTrainedModel:
+    """A preset with fresh weights, allocated and initialised on `device` (fp32: the master weights)."""
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn, **model_dtype_kwargs(torch.float32))
 
 
 def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -103,20 +129,19 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
     attn = cfg.decisions.attn.value
     precision = cfg.decisions.precision.value
     sharded = uses_fsdp(s)  # FSDP places and shards the weights itself
+    device = build_device(cfg)
     if is_preset(s.model):
         config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
         if s.quant != "none":
             model = _quantized_preset(config, attn, s.quant, precision, sharded)
         else:
-            model = AutoModelForCausalLM.from_config(
-                config, attn_implementation=attn, **model_dtype_kwargs(torch.float32)
-            )
-        log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
+            model = build_preset(config, attn, device)
+        log.info("model: preset %r from scratch (Llama, attention=%s), built on %s", s.model, attn, model.device)
     else:
         folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.sources)
-        model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora)
+        model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora, device)
         name = s.model if s.model == folder else f"{s.model} ({folder})"
-        log.info("model: loaded %s offline (attention=%s, weights %s)", name, attn, model.dtype)
+        log.info("model: loaded %s offline (attention=%s, weights %s on %s)", name, attn, model.dtype, model.device)
         _fit_embeddings(model, tokenizer)
     isolate_records(model, attn)  # use_cache off; attention never crosses packed records
     if s.lora:

@@ -91,10 +91,13 @@ def run(cfg: RunConfig) -> int:
 
     resume = decide(cfg.settings)  # before the heavy work: a TRAIN_RESUME the run cannot continue from exits 2 at once
     from trainer.run.signals import GracefulStop
+    from trainer.run.startup import StartupClock
 
+    clock = StartupClock()
+    clock.mark("imports_and_config")
     stop = GracefulStop().install()
     try:
-        return _run(cfg, stop, resume)
+        return _run(cfg, stop, resume, clock)
     except OSError as exc:
         from trainer.run.disk_space import DISK_ERRNOS, DiskFull
 
@@ -124,15 +127,17 @@ def _training_arguments(cfg: RunConfig) -> Any:
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop) -> list[Any]:
+def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any) -> list[Any]:
     from trainer.machine.peaks import this_gpu_peak_flops
     from trainer.run.metrics import MetricsCallback, flops_per_token
     from trainer.run.signals import StopOnSignal
+    from trainer.run.startup import StartupCallback
 
     s = cfg.settings
     out = Path(s.output_dir)
     callbacks: list[Any] = [
         StopOnSignal(stop),
+        StartupCallback(clock, cfg, compiled=cfg.decisions.compile.value),
         MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
     ]
     if s.profile:
@@ -174,7 +179,7 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
     return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
-def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
+def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from transformers import set_seed
 
     from trainer.data.cache import Stopped, default_cache_dir
@@ -201,6 +206,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         archive_run_config(out)  # every start's record is kept (run_configs/)
         cfg.write_run_config(out)
     tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
+    clock.mark("libraries")
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         with full_disk_ends_run(default_cache_dir(s.output_dir), "writing the tokenized data cache"):
@@ -208,8 +214,10 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return _interrupted(stop, None)
+    clock.mark("data")
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
+    clock.mark("model")
     if args.should_save:
         warn_if_too_small(out, model)
     if args.should_save:
@@ -217,7 +225,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     log.info("resume: %s", resume.reason)
     if resume.checkpoint and args.should_save:
         truncate_after(out / "metrics.jsonl", resume.step)
-    if s.auto_batch:
+    if cfg.decisions.auto_batch.value:
         from trainer.run.batch_search import apply_auto_batch
 
         apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
@@ -228,7 +236,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         eval_dataset=eval_dataset,
         data_collator=collator_for(cfg.decisions.attn.value),
         processing_class=tokenizer,
-        callbacks=_callbacks(cfg, model, stop),
+        callbacks=_callbacks(cfg, model, stop, clock),
         **_optimizer_override(cfg, args),
     )
     trainer.checkpoint_info = {**to_record(cfg.hub), "settings": recorded_settings(s)}  # read back by run.resume

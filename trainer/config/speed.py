@@ -1,0 +1,222 @@
+"""The fast path's decisions: torch.compile, the micro-batch search, attention, Liger kernels and host-device syncs.
+
+Each `auto` here is on only where it pays on this machine, and its reason says why (or why not). What is chosen by
+measurement is kept in the two tables below, filled from the bench on that GPU generation (docs/benchmarks.md);
+a generation that is not in a table keeps the safe choice, and the reason says it has not been measured.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainer import compat, transformers_names
+from trainer.config.decision import Decision
+from trainer.config.schema import TrainSettings
+from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.machine.hardware import Hardware
+
+# A run this short pays the compilation (tens of seconds to minutes) without earning it back.
+COMPILE_MIN_STEPS = 200
+# GPU generation -> the attention implementation measured fastest there (bench's attn rows). Empty until measured:
+# auto keeps flash_attention_2 where installed, else sdpa.
+MEASURED_ATTENTION: dict[str, str] = {}
+# GPU generations where TRAIN_LIGER=1 measured faster than without it (bench's liger row). Empty until measured.
+MEASURED_LIGER: frozenset[str] = frozenset()
+GENERATIONS = ((10, "blackwell"), (9, "hopper"), (8, "ampere"), (7, "volta/turing"))
+
+
+def gpu_generation(hw: Hardware) -> str | None:
+    """hopper, ampere, ... of GPU 0 (None on CPU); Ada (8.9) counts as ampere, Blackwell (10.x, 12.x) as blackwell."""
+    if not hw.is_gpu or hw.capability is None:
+        return None
+    major = hw.capability[0]
+    return next((name for floor, name in GENERATIONS if major >= floor), "pre-volta")
+
+
+def _needs_whole_model(s: TrainSettings, ds: dict[str, Any] | None) -> str:
+    """Why a speed auto stays off: DeepSpeed, FSDP or quantization, which it was not measured with ('' if none)."""
+    if ds is not None or s.zero_stage > 0:
+        return "DeepSpeed"
+    if s.fsdp != "none":
+        return f"TRAIN_FSDP={s.fsdp}"
+    return f"TRAIN_QUANT={s.quant}" if s.quant != "none" else ""
+
+
+# ---- torch.compile ------------------------------------------------------------------------------------------------
+
+
+def _compile_auto_off(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> str:
+    """Why auto leaves torch.compile off here ('' when it turns it on)."""
+    if not hw.is_gpu:
+        return "no GPU: on CPU compiling takes longer than it saves in most runs"
+    problem = compat.compile_default_problem()
+    if problem:
+        return problem
+    if not hw.libraries.get("triton", False):
+        return "inductor needs triton, which is not installed"
+    if hw.capability is not None and hw.capability < (7, 0):
+        return f"{hw.gpu_name}: triton needs compute capability 7.0+"
+    other = _needs_whole_model(s, ds)
+    if other:
+        return f"not measured with {other}"
+    if 0 <= s.max_steps < COMPILE_MIN_STEPS:
+        return f"a run of {s.max_steps} steps (< {COMPILE_MIN_STEPS}) does not earn back the compilation"
+    return ""
+
+
+def decide_compile(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None, check_backend: bool = True) -> Decision:
+    if s.compile == "0":
+        return Decision(False, "TRAIN_COMPILE=0")
+    if s.compile == "auto":
+        off = _compile_auto_off(s, hw, ds)
+        if off:
+            return Decision(False, f"auto: off ({off})")
+    if check_backend:
+        _check_backend(s.compile_backend)
+    if s.compile_backend == "inductor":
+        if not hw.is_gpu and not hw.cxx_compiler:
+            raise ConfigError(
+                "TRAIN_COMPILE=1 on CPU: inductor needs a C++ compiler (g++), none found; set TRAIN_COMPILE=0"
+            )
+        if hw.is_gpu and not hw.libraries.get("triton", False):
+            raise ConfigError("TRAIN_COMPILE=1 on GPU: inductor needs triton, which is not installed; TRAIN_COMPILE=0")
+    how = f"backend {s.compile_backend}, mode {s.compile_mode}"
+    if s.compile == "auto":
+        steps = "epochs" if s.max_steps < 0 else f"{s.max_steps} steps"
+        return Decision(True, f"auto: a GPU run ({steps}) on {compat.stack().describe()}: inductor fuses the "
+                              f"elementwise work ({how}); the compile time is logged apart")  # fmt: skip
+    note = "; CUDA graphs are skipped on CPU, so reduce-overhead behaves like default" if (
+        s.compile_mode == "reduce-overhead" and not hw.is_gpu) else ""  # fmt: skip
+    return Decision(True, f"set by TRAIN_COMPILE ({how}){note}")
+
+
+def _check_backend(backend: str) -> None:
+    import torch._dynamo
+
+    if backend not in torch._dynamo.list_backends(exclude_tags=()):
+        usual = torch._dynamo.list_backends()  # without debug/experimental ones
+        raise ConfigError(
+            f"TRAIN_COMPILE_BACKEND={backend!r} is not a torch.compile backend"
+            f"{transformers_names.did_you_mean(backend, usual)}; usual ones: {', '.join(usual)}"
+        )
+
+
+# ---- the micro-batch ----------------------------------------------------------------------------------------------
+
+
+def decide_auto_batch(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> Decision:
+    if s.auto_batch != "auto":
+        return Decision(s.auto_batch == "1", f"set by TRAIN_AUTO_BATCH={s.auto_batch}")
+    if not hw.is_gpu:
+        return Decision(False, "auto: off (no GPU: a CPU has no out-of-memory error to search against)")
+    other = _needs_whole_model(s, ds)
+    if other:
+        return Decision(False, f"auto: off ({other}: the search probes the whole model on one GPU)")
+    return Decision(True, "auto: on (a GPU): the largest micro-batch that fits is searched before training")
+
+
+def effective_batch_set(s: TrainSettings) -> bool:
+    """True when the user set TRAIN_BATCH_SIZE or TRAIN_GRAD_ACCUM: their product is the batch the search keeps."""
+    return bool({"batch_size", "grad_accum"} & s.model_fields_set)
+
+
+def decide_grad_accum(s: TrainSettings) -> Decision:
+    set_by = "set by TRAIN_GRAD_ACCUM" if "grad_accum" in s.model_fields_set else "default TRAIN_GRAD_ACCUM"
+    return Decision(s.grad_accum, set_by)
+
+
+def decide_batch_size(s: TrainSettings, auto_batch: bool) -> Decision:
+    if not auto_batch:
+        return Decision(s.batch_size, "set by TRAIN_BATCH_SIZE")
+    if effective_batch_set(s):
+        keeps = (f"keeping the effective batch TRAIN_BATCH_SIZE x TRAIN_GRAD_ACCUM = {s.batch_size * s.grad_accum} "
+                 "per device through gradient accumulation")  # fmt: skip
+    else:
+        keeps = "with no accumulation (TRAIN_BATCH_SIZE and TRAIN_GRAD_ACCUM not set: the effective batch changes)"
+    return Decision(s.batch_size, f"TRAIN_AUTO_BATCH: searched on the GPU when training starts, {keeps}; "
+                                  "run_config.json in the output folder records the batch chosen")  # fmt: skip
+
+
+# ---- attention ----------------------------------------------------------------------------------------------------
+
+
+def _flash_problem(attn: str, hw: Hardware, precision: str) -> str | None:
+    """Why TRAIN_ATTN=flash_attention_2/4 cannot run here, or None."""
+    if attn == "flash_attention_4":
+        if not hw.libraries.get("flash_attn_4", False):
+            return ("TRAIN_ATTN=flash_attention_4 needs the flash-attn-4 package, which is not installed; use "
+                    "TRAIN_ATTN=sdpa (or auto), or `pip install flash-attn-4`")  # fmt: skip
+        if hw.capability is None or hw.capability < (9, 0):
+            return f"TRAIN_ATTN=flash_attention_4 needs a Hopper or newer GPU; this is {hw.describe()}; use sdpa"
+    else:
+        if not (hw.libraries.get("flash_attn", False) and compat.flash_attention_2_possible()):
+            return ("TRAIN_ATTN=flash_attention_2 needs the flash_attn package, which is not installed; "
+                    "use TRAIN_ATTN=sdpa (or auto), or an image built with flash-attn")  # fmt: skip
+        if not hw.ampere_or_newer:
+            return f"TRAIN_ATTN=flash_attention_2 needs an Ampere or newer GPU; this is {hw.describe()}; use sdpa"
+    if precision == "fp32":
+        return f"TRAIN_ATTN={attn} works in fp16/bf16 only; set TRAIN_PRECISION=bf16 or use sdpa"
+    return None
+
+
+def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
+    if s.attn in ("flash_attention_2", "flash_attention_4"):
+        problem = _flash_problem(s.attn, hw, precision)
+        if problem:
+            raise ConfigError(problem)
+    if s.attn != "auto":
+        return Decision(s.attn, "set by TRAIN_ATTN")
+    generation = gpu_generation(hw)
+    measured = MEASURED_ATTENTION.get(generation or "")
+    if measured and (measured == "sdpa" or _flash_problem(measured, hw, precision) is None):
+        return Decision(measured, f"auto: measured fastest on {generation} GPUs (docs/benchmarks.md)")
+    untested = f"; not measured on {generation} GPUs yet (docs/benchmarks.md)" if generation else ""
+    if _flash_problem("flash_attention_2", hw, precision) is None:
+        return Decision("flash_attention_2", f"auto: flash_attn is installed and the GPU is Ampere or newer{untested}")
+    has_fa2 = hw.libraries.get("flash_attn", False) and compat.flash_attention_2_possible()
+    why = "no flash-attn 2 on this stack" if not has_fa2 else "needs an Ampere+ GPU and fp16/bf16"
+    return Decision("sdpa", f"auto: PyTorch scaled_dot_product_attention ({why}){untested}")
+
+
+# ---- Liger kernels ------------------------------------------------------------------------------------------------
+
+
+def decide_liger(s: TrainSettings, hw: Hardware) -> Decision:
+    installed = hw.libraries.get("liger_kernel", False)
+    if s.liger == "0":
+        return Decision(False, "TRAIN_LIGER=0")
+    if s.liger == "1":
+        if not installed:
+            raise ConfigError("TRAIN_LIGER=1 needs the liger-kernel package, which is not installed; "
+                              "`pip install liger-kernel` or TRAIN_LIGER=0")  # fmt: skip
+        if not hw.is_gpu:
+            raise ConfigError("TRAIN_LIGER=1 needs a CUDA GPU (Liger's kernels are triton kernels); set TRAIN_LIGER=0")
+        return Decision(True, "set by TRAIN_LIGER: Liger's fused RMSNorm, SwiGLU, RoPE and cross-entropy")
+    generation = gpu_generation(hw)
+    if generation is None:
+        return Decision(False, "auto: off (no GPU)")
+    if generation not in MEASURED_LIGER:
+        return Decision(False, f"auto: off (not measured faster on {generation} GPUs yet; docs/benchmarks.md)")
+    if not installed:
+        return Decision(False, f"auto: off (measured faster on {generation} GPUs, but liger-kernel is not installed)")
+    return Decision(True, f"auto: measured faster on {generation} GPUs (docs/benchmarks.md)")
+
+
+# ---- host-device syncs --------------------------------------------------------------------------------------------
+
+
+def decide_non_blocking(hw: Hardware, pin_memory: bool) -> Decision:
+    if not hw.is_gpu:
+        return Decision(False, "no GPU: batches stay in host memory")
+    if not pin_memory:
+        return Decision(False, "TRAIN_PIN_MEMORY=0: a copy from pageable memory cannot be asynchronous")
+    return Decision(True, "pinned memory: each batch is copied to the GPU asynchronously (accelerate's non_blocking)")
+
+
+def decide_nan_inf_filter(hw: Hardware) -> Decision:
+    if not hw.is_gpu:
+        return Decision(True, "Transformers' default: a NaN/Inf step loss is left out of the logged loss")
+    return Decision(False, "off on GPUs: Transformers' NaN/Inf filter reads each step's loss on the host (a GPU "
+                           "synchronization per step); a NaN/Inf loss shows in the logged loss instead")  # fmt: skip
