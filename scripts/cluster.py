@@ -7,8 +7,10 @@
 
 Every node runs the image's entrypoint (`train`), whose launcher reads the scheduler's variables
 (SLURM_* or the PyTorchJob's PET_*) and starts torchrun with one process per GPU. The .env's settings
-are copied into the job; its secrets (trainer/secrets.py's rule) never are: a Slurm job reads them from
-JOB_FILE.secrets (mode 600, written next to it), Kubernetes takes them from a Secret.
+are copied into the job; its secrets (trainer/secrets.py's rule: by name, like HF_TOKEN, or by value, like the
+password in HF_ENDPOINT=https://user:pass@mirror) never are: a Slurm job reads them from JOB_FILE.secrets
+(mode 600, written next to it), Kubernetes takes them from a Secret. Job files are written readable by their owner
+only (the script 700, the manifest 600).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from errors import UserError, exit_missing_package, exit_on_user_error
 
 try:
     from trainer.config import parse_settings
+    from trainer.config.train_args import check_train_args, split_train_args
     from trainer.envfile import EnvFileError, read_env_file
     from trainer.errors import ConfigError
-    from trainer.secrets import is_secret_name
+    from trainer.secrets import holds_secret, is_secret_name, mask_value
 except ModuleNotFoundError as missing:
     exit_missing_package(missing)
 
@@ -58,11 +61,14 @@ def read_env(path: Path | None) -> EnvFile:
     except EnvFileError as exc:
         raise UserError(str(exc)) from None
     for name, value in values.items():
-        (env.secrets if is_secret_name(name) else env.settings)[name] = value
+        (env.secrets if holds_secret(name, value) else env.settings)[name] = value
     try:
-        parse_settings(env.settings)
+        settings = parse_settings({**env.settings, **env.secrets})
+        problems = check_train_args(split_train_args(settings.args))  # a token in TRAIN_ARGS fails here, not later
     except ConfigError as exc:
-        raise UserError(f"{path}: {exc.message}") from None
+        problems = exc.problems
+    if problems:  # values never shown: a secret may be among them
+        raise UserError(f"{path}: {ConfigError(*(mask_value(p) for p in problems)).message}")
     return env
 
 
@@ -90,13 +96,20 @@ def secrets_path(args: argparse.Namespace) -> Path:
     return (Path(f"{args.out}.secrets") if args.out else Path(f"{args.job_name}.secrets")).resolve()
 
 
+def write_private(path: Path, text: str, mode: int) -> None:
+    """Write `text` to a file only its owner may read, from its first byte on (also when it existed before)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), mode)
+        fh.write(text)
+
+
 def write_secrets_file(env: EnvFile, path: Path) -> None:
     """`export NAME='value'` lines from the one .env parser, readable by the user only; bash reads them back exactly."""
     lines = [f"export {name}={shlex.quote(value)}" for name, value in env.secrets.items()]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        os.fchmod(fh.fileno(), 0o600)
-        fh.write(f"# secrets of a trainkit job, from {env.path}; keep private\n" + "\n".join(lines) + "\n")
+    write_private(
+        path, f"# secrets of a trainkit job, from {env.path}; keep private\n" + "\n".join(lines) + "\n", 0o600
+    )
 
 
 # ---------------------------------------------------------------- CLI
@@ -214,9 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_image(args)
     text = generate(args, env)
     if args.out:
-        args.out.write_text(text)
-        if args.target.startswith("slurm"):
-            args.out.chmod(0o755)
+        write_private(args.out, text, 0o700 if args.target.startswith("slurm") else 0o600)
         kept_out = ", ".join(env.secrets) or "none"
         print(f"wrote {args.out} ({args.target}); secrets kept out of it: {kept_out}", file=sys.stderr)
     else:
