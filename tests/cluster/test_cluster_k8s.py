@@ -186,4 +186,29 @@ def test_rdma_resource_is_requested_with_ipc_lock(tmp_path, schema) -> None:
 
 def test_without_rdma_no_capability_is_added(tmp_path, schema) -> None:
     job = manifest(tmp_path, "--nodes", "2", "--gpus-per-node", "8")
-    assert all("securityContext" not in pod["containers"][0] for pod in pods(job).values())
+    assert all("add" not in pod["containers"][0]["securityContext"]["capabilities"] for pod in pods(job).values())
+
+
+def test_pods_run_as_non_root_without_privileges(tmp_path: Path, schema: dict) -> None:
+    """Issue 26, item 12: the image's non-root user, no privilege escalation, every capability dropped."""
+    job = manifest(tmp_path, "--nodes", "2", "--gpus-per-node", "8")
+    validate(schema, job)
+    for pod in pods(job).values():
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
+        }  # fmt: skip
+        (container,) = pod["containers"]
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    other = manifest(tmp_path, "--run-as", "4321:99", "--rdma-resource", "rdma/ib=1")
+    validate(schema, other)
+    pod = pods(other)["Master"]
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"]) == (4321, 99)
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    # the CRD's schema checks these fields: a wrong type is caught
+    pod["securityContext"]["runAsUser"] = "root"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(schema, other)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--image", "x",
+                           "--output-pvc", "o", "--run-as", "0"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "--run-as" in done.stderr and "non-root" in done.stderr
