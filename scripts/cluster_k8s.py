@@ -23,6 +23,8 @@ PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the training operator reads MASTER_P
 PYTORCHJOB_CONTAINER = "pytorch"  # ...of the container with this name
 RESTARTS_PER_POD = 3
 RUN_AS = "1000:1000"  # the image's default user (Dockerfile USER)
+TOKEN_KEY = "HF_TOKEN"
+TOKEN_DIR = "/run/secrets/trainkit"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _UNITS = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
@@ -46,10 +48,22 @@ def env_items(env: EnvFile, args: argparse.Namespace) -> list[dict]:
     if args.max_restarts is not None:
         items.append({"name": "TRAIN_MAX_RESTARTS", "value": str(args.max_restarts)})
     items.append({"name": "PYTHONNOUSERSITE", "value": "1"})
+    if TOKEN_KEY in env.secrets:  # the Hub token as a file (see volumes): in no process environment
+        items.append({"name": "HF_TOKEN_PATH", "value": f"{TOKEN_DIR}/{TOKEN_KEY}"})
     items += [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": args.secret_name, "key": name}}} for name in env.secrets
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": args.secret_name, "key": name}}}
+        for name in env.secrets
+        if name != TOKEN_KEY
     ]
     return items
+
+
+def token_volume(env: EnvFile, args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """The Secret's HF_TOKEN as a read-only file, readable by the pod's group (fsGroup), named by HF_TOKEN_PATH."""
+    if TOKEN_KEY not in env.secrets:
+        return [], []
+    secret = {"secretName": args.secret_name, "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}], "defaultMode": 0o440}
+    return [{"name": "hf-token", "secret": secret}], [{"name": "hf-token", "mountPath": TOKEN_DIR, "readOnly": True}]
 
 
 def volumes(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
@@ -101,6 +115,8 @@ def container_security(rdma: bool) -> dict:
 
 def pod_template(args: argparse.Namespace, env: EnvFile) -> dict:
     vols, mounts = volumes(args)
+    token_vols, token_mounts = token_volume(env, args)
+    vols, mounts = vols + token_vols, mounts + token_mounts
     resources: dict = {"requests": {"memory": memory_request(args)}}
     if args.cpus_per_task:
         resources["requests"]["cpu"] = str(args.cpus_per_task)

@@ -74,8 +74,14 @@ def test_multi_node_manifest_is_valid_and_complete(tmp_path: Path, schema: dict)
         assert volumes[mounts["/output"]["name"]]["persistentVolumeClaim"]["claimName"] == "runs"
         env = {e["name"]: e for e in container["env"]}
         assert env["TRAIN_MODEL"] == {"name": "TRAIN_MODEL", "value": "tiny"}
-        for secret in ("HF_TOKEN", "WANDB_API_KEY"):
-            assert env[secret]["valueFrom"]["secretKeyRef"] == {"name": "trainkit-secrets", "key": secret}
+        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "trainkit-secrets", "key": "WANDB_API_KEY"}
+        # the Hub token as a file from the Secret (HF_TOKEN_PATH), in no process environment
+        assert "HF_TOKEN" not in env
+        assert env["HF_TOKEN_PATH"] == {"name": "HF_TOKEN_PATH", "value": "/run/secrets/trainkit/HF_TOKEN"}
+        token = volumes[mounts["/run/secrets/trainkit"]["name"]]["secret"]
+        assert token == {"secretName": "trainkit-secrets", "items": [{"key": "HF_TOKEN", "path": "HF_TOKEN"}],
+                         "defaultMode": 0o440}  # fmt: skip
+        assert mounts["/run/secrets/trainkit"]["readOnly"] is True
         assert container["args"] == ["train"] and "command" not in container  # keeps the image's ENTRYPOINT
 
 
