@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from trainer import compat, config
+from trainer import compat, config, transformers_names
 from trainer.config import docs
-from trainer.config import train_args as training_args
 from trainer.config.deepspeed import AIO_DEFAULTS
 from trainer.config.schema import TrainSettings, env_name
 from trainer.errors import ConfigError
-from trainer.run.hardware import Hardware
+from trainer.machine.hardware import Hardware
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz123456"
@@ -59,6 +58,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_TEXT_FIELD": "body",
             "TRAIN_DATA_MAX_BAD_LINES": "3",
             "TRAIN_SEQ_LEN": "64",
+            "TRAIN_PACKING": "records",
+            "TRAIN_LONG_RECORDS": "drop",
             "TRAIN_PRECISION": "bf16",
             "TRAIN_TF32": "0",
             "TRAIN_OPTIM": "adafactor",
@@ -87,6 +88,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_LOG_STEPS": "1",
             "TRAIN_SEED": "7",
             "TRAIN_RESUME": str(root / "checkpoint-5"),
+            "TRAIN_RESUME_CHANGED_DATA": "1",
+            "TRAIN_START_OVER": "1",
             "TRAIN_ARGS": "--weight_decay 0.1 --lr_scheduler_type cosine --learning_rate 0.002",
             "TRAIN_DETERMINISTIC": "1",
             "TRAIN_PROFILE": "1",
@@ -169,6 +172,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         lambda c: c["settings"]["TRAIN_DATA_MAX_BAD_LINES"] == {"value": 3, "source": "env"},
     ),
     ("TRAIN_SEQ_LEN", "full", lambda c: c["settings"]["TRAIN_SEQ_LEN"] == {"value": 64, "source": "env"}),
+    ("TRAIN_PACKING", "full", lambda c: c["settings"]["TRAIN_PACKING"] == {"value": "records", "source": "env"}),
+    ("TRAIN_LONG_RECORDS", "full", lambda c: c["settings"]["TRAIN_LONG_RECORDS"] == {"value": "drop", "source": "env"}),
     ("TRAIN_PRECISION", "full", lambda c: c["training_arguments"]["bf16"] and not c["training_arguments"]["fp16"]),
     ("TRAIN_TF32", "full", lambda c: c["decisions"]["tf32"] == {"value": False, "reason": "set by TRAIN_TF32"}),
     ("TRAIN_OPTIM", "full", lambda c: c["training_arguments"]["optim"] == "adafactor"),
@@ -264,6 +269,9 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
     ("TRAIN_MAX_RESTARTS", "full", lambda c: c["settings"]["TRAIN_MAX_RESTARTS"] == {"value": 5, "source": "env"}),
     ("TRAIN_RDZV_TIMEOUT", "full", lambda c: c["settings"]["TRAIN_RDZV_TIMEOUT"] == {"value": 60, "source": "env"}),
+    # read by the run's resume (trainer.run.resume; tests/trainer/test_resume_safety.py)
+    ("TRAIN_RESUME_CHANGED_DATA", "full", lambda c: c["settings"]["TRAIN_RESUME_CHANGED_DATA"]["value"] is True),
+    ("TRAIN_START_OVER", "full", lambda c: c["settings"]["TRAIN_START_OVER"]["value"] is True),
 ]
 
 
@@ -332,8 +340,8 @@ def test_optimizer_names_and_fields_match_installed_transformers(run_python) -> 
     result = run_python(["-c", code])
     assert result.returncode == 0, result.stderr
     names, fields = json.loads(result.stdout.strip().splitlines()[-1])
-    assert list(training_args.OPTIMIZER_NAMES) == names
-    assert training_args.training_argument_fields() == {f for f in fields if not f.startswith("_")}
+    assert list(transformers_names.OPTIMIZER_NAMES) == names
+    assert transformers_names.training_argument_fields() == {f for f in fields if not f.startswith("_")}
 
 
 # ---- decisions on described GPUs (in-process, no torch) ----------------------------------------------------------

@@ -11,12 +11,12 @@ from typing import Literal, get_args, get_origin
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer.config.presets import MODEL_PRESETS
+
 ENV_PREFIX = "TRAIN_"
 
 Toggle = Literal["auto", "0", "1"]
 
-# Built-in model presets (Llama architecture, trained from scratch); anything else in TRAIN_MODEL is a folder.
-MODEL_PRESETS = ("tiny", "125m", "350m", "1b")
 
 # Field groups, in the order docs present them.
 GROUPS = {
@@ -75,6 +75,21 @@ class TrainSettings(BaseSettings):
         "paths",
         "Malformed JSON Lines records to skip (each is reported by file and line); 0: the first one stops the run.",
         ge=0,
+    )
+    # packing (#25, trainer/data/packing.py)
+    packing: Literal["auto", "stream", "records"] = _f(
+        "auto",
+        "paths",
+        "How records become TRAIN_SEQ_LEN sequences. records: whole records, best-fit packed, position ids restarting "
+        "and attention kept inside each record, padding never trained; stream: one token stream cut into windows "
+        "(a record may span two sequences and sees the ones before it). auto: records for prompt/completion and "
+        "conversations, stream for plain text.",
+    )
+    long_records: Literal["truncate", "drop"] = _f(
+        "truncate",
+        "paths",
+        "A record longer than TRAIN_SEQ_LEN when records are packed: truncate it to TRAIN_SEQ_LEN, or drop it. "
+        "Either way the log and meta.json count them.",
     )
 
     # precision
@@ -148,6 +163,18 @@ class TrainSettings(BaseSettings):
         "auto",
         "schedule",
         "auto: resume from the newest complete checkpoint in the output folder; never; or a checkpoint PATH.",
+    )
+    resume_changed_data: bool = _f(
+        False,
+        "schedule",
+        "Resume although the data settings (TRAIN_DATA, TRAIN_SEQ_LEN, TRAIN_SEED, the batch...) changed since the "
+        "checkpoint; without it such a resume exits 2 naming the changes.",
+    )
+    start_over: bool = _f(
+        False,
+        "schedule",
+        "With TRAIN_RESUME=never in a folder holding an earlier run: move its checkpoints, final/ and metrics.jsonl "
+        "to previous-runs/<time>/ and start over (without it, such a start exits 2).",
     )
     args: str = _f(
         "",

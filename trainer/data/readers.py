@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.data.formats import bad_line_message, file_kind, open_binary, open_text
+from trainer.data.formats import (
+    MAX_LINE_BYTES,
+    bad_line_message,
+    decode_errors,
+    file_kind,
+    long_line_message,
+    open_binary,
+    open_text,
+)  # fmt: skip
 from trainer.errors import ConfigError
 
 UNIT_BYTES = 1 << 20
@@ -33,6 +41,7 @@ class LineChunk:
     data: bytes
     first_line: int
     last: bool  # the file's last chunk
+    first: bool = True  # the file's first chunk
 
 
 @dataclass
@@ -44,6 +53,7 @@ class Columns:
     prompts: Any = None
     completions: Any = None
     eos: str = "each"  # after each record; "last": after the last one only; "none"
+    starts_document: bool = True  # False for a .txt chunk after the file's first
     bad: list[str] = field(default_factory=list)  # malformed lines, "path:line: why"
     without_text: int = 0  # records whose text field is null or missing
 
@@ -71,43 +81,40 @@ def iter_units(source: Any, text_field: str) -> Iterator[LineChunk | Columns]:
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:
-    """What a truncated or corrupt file raises while it is decompressed or decoded."""
-    import lzma
-
-    errors: tuple[type[BaseException], ...] = (OSError, EOFError, UnicodeDecodeError, ValueError, lzma.LZMAError)
-    try:
-        import zstandard
-
-        errors += (zstandard.ZstdError,)
-    except ImportError:
-        pass
-    return errors
+    return decode_errors()
 
 
 # ---- line formats: read in the main process, parsed in workers --------------------------------------------------
 
 
 def _line_chunks(path: Path, fmt: str) -> Iterator[LineChunk]:
-    """Whole lines, about UNIT_BYTES at a time (a longer line is one chunk); the last one is flagged."""
+    """Whole lines, about UNIT_BYTES at a time (a longer line is one chunk, up to MAX_LINE_BYTES); the last one is
+    flagged. The blocks of an unfinished line are kept in a list and joined once its end arrives: linear time."""
     pending: LineChunk | None = None
     line = 1
     with open_binary(path) as handle:
-        carry = b""
+        carry: list[bytes] = []
+        carried = 0
         while True:
             block = handle.read(UNIT_BYTES)
-            data = carry + block
+            end = block.find(b"\n")
+            if fmt != "text" and carried + (len(block) if end < 0 else end) > MAX_LINE_BYTES:
+                raise ConfigError(long_line_message(path, line))
+            if block and end < 0 and (fmt != "text" or carried + len(block) < UNIT_BYTES):
+                carried += len(block)
+                carry.append(block)
+                continue
+            data = b"".join([*carry, block])
             if not data:
                 break
             cut = data.rfind(b"\n") + 1 if block else len(data)
-            if cut == 0 and fmt == "text" and len(data) >= UNIT_BYTES:
-                cut = _utf8_boundary(data)  # a .txt without newlines: cut between characters
             if cut == 0:
-                carry = data
-                continue
-            chunk, carry = data[:cut], data[cut:]
+                cut = _utf8_boundary(data)  # a .txt without newlines: cut between characters
+            chunk, rest = data[:cut], data[cut:]
+            carry, carried = ([rest], len(rest)) if rest else ([], 0)
             if pending is not None:
                 yield pending
-            pending = LineChunk(str(path), fmt, chunk, line, last=False)
+            pending = LineChunk(str(path), fmt, chunk, line, last=False, first=pending is None)
             line += chunk.count(b"\n")
             if not block:
                 break
@@ -131,7 +138,8 @@ def parse_chunk(chunk: LineChunk, text_field: str) -> Columns:
 
     if chunk.format == "text":
         pieces = _text_pieces(chunk.data)
-        return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none")
+        return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none",
+                       starts_document=chunk.first)  # fmt: skip
     try:
         return _jsonl_arrow(chunk, text_field)
     except pa.ArrowInvalid:
@@ -316,7 +324,7 @@ def _json_file(path: Path, text_field: str) -> Iterator[LineChunk | Columns]:
 def _looks_like_json_lines(path: Path) -> bool:
     """True when the first line is a whole JSON object and more follows (a JSON document spans lines instead)."""
     with open_text(path) as handle:
-        first = handle.readline()
+        first = handle.readline(MAX_LINE_BYTES)  # a minified document is one long line: only its start is read
         rest = handle.read(1)
     try:
         return isinstance(json.loads(first), dict) and bool(rest)

@@ -8,7 +8,8 @@ folder sees one checkpoint and deletes nothing. When every rank is done, the mai
 `trainkit_complete` marker, fsyncs the files, renames the folder to `OUTPUT_DIR/checkpoint-N` (one
 atomic rename on the same filesystem) and only then rotates the real checkpoints. So a
 `checkpoint-N` folder exists only when complete; `.tmp-*` leftovers of a killed save are deleted on
-the next start. Resume additionally requires the marker, which guards against folders copied in by hand.
+the next start. Resume additionally requires the marker, which guards against folders copied in by hand; what a
+checkpoint recorded and whether a run may continue from it is trainer.run.resume's to say.
 """
 
 from __future__ import annotations
@@ -16,19 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import ConfigError
+from trainer.run.resume import COMPLETE_MARKER, STATE_FILE, manifest
 
 log = logging.getLogger("trainer")
 
-COMPLETE_MARKER = "trainkit_complete"
 TMP_PREFIX = ".tmp-"
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # Test hook: "SECONDS@STEP" (or "SECONDS@*" for every save) sleeps inside a save, before its marker, so a test
 # can signal or kill -9 the trainer mid-save.
 SAVE_DELAY_ENV = "TRAINKIT_TEST_SAVE_DELAY"
@@ -64,29 +62,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def is_complete(folder: Path) -> bool:
-    return (folder / COMPLETE_MARKER).is_file() and (folder / "trainer_state.json").is_file()
-
-
-def checkpoint_step(folder: Path) -> int | None:
-    m = _CHECKPOINT_RE.match(folder.name)
-    return int(m.group(1)) if m else None
-
-
-def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoint folders, oldest step first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(checkpoint_step(p), p) for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return [p for step, p in sorted(found, key=lambda x: x[0] or 0) if is_complete(p)]
-
-
-def newest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    done = complete_checkpoints(output_dir)
-    return done[-1] if done else None
-
-
 def remove_stale_temps(output_dir: str | Path) -> list[Path]:
     """Delete `.tmp-*` folders left by a save that was killed; returns what was removed."""
     root = Path(output_dir)
@@ -103,7 +78,7 @@ def remove_stale_temps(output_dir: str | Path) -> list[Path]:
 
 def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
     """Mark `staged` complete, flush it, and move it to `final` with one rename."""
-    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "time": time.time()}) + "\n")
+    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "files": manifest(staged), "time": time.time()}) + "\n")
     fsync_tree(staged)
     if final.exists():  # e.g. a run restarted with TRAIN_RESUME=never reaches the same step
         old = final.with_name(f"{TMP_PREFIX}old-{final.name}")
@@ -114,23 +89,6 @@ def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
     else:
         os.rename(staged, final)
     fsync_dir(final.parent)
-
-
-def validate_resume_path(path: str) -> Path:
-    folder = Path(path)
-    try:
-        json.loads((folder / "trainer_state.json").read_text())["global_step"]
-    except (OSError, ValueError, KeyError):
-        raise ConfigError(
-            f"TRAIN_RESUME={path}: not a checkpoint folder (no readable trainer_state.json); "
-            "use auto, never or a checkpoint-N folder"
-        ) from None
-    if not (folder / COMPLETE_MARKER).is_file():
-        raise ConfigError(
-            f"TRAIN_RESUME={path}: no {COMPLETE_MARKER} marker, so it may be a partial save; "
-            f"if you know it is complete, create the file {folder / COMPLETE_MARKER}"
-        )
-    return folder
 
 
 def __getattr__(name: str) -> Any:
@@ -146,6 +104,7 @@ def _atomic_trainer_class() -> type:
     from transformers import Trainer
 
     from trainer.compat import rotate_checkpoints
+    from trainer.run.disk_space import full_disk_ends_run
 
     class AtomicCheckpointTrainer(Trainer):
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
@@ -173,21 +132,28 @@ def _atomic_trainer_class() -> type:
                 staging.mkdir(parents=True)
             self.accelerator.wait_for_everyone()
             started = time.perf_counter()
+            final = run_dir / f"checkpoint-{step}"
+            with full_disk_ends_run(run_dir, f"saving {final.name}", staging if self.args.should_save else None):
+                self._save_staged(model, trial, staging, final, step, *more, **named)
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                rotate_checkpoints(self, str(run_dir))
+                log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
+            self.accelerator.wait_for_everyone()
+
+        def _save_staged(self, model: Any, trial: Any, staging: Path, final: Path, step: int, *more: Any, **named: Any
+                         ) -> None:  # fmt: skip
             self._staging_dir = str(staging)
             try:
                 super()._save_checkpoint(model, trial, *more, **named)
             finally:
                 self._staging_dir = None
-            final = run_dir / f"checkpoint-{step}"
             self._best_outside_staging(staging, final)
             time.sleep(_test_save_delay(step))
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 publish(staging / final.name, final, {**self.checkpoint_info, "step": step})
                 shutil.rmtree(staging, ignore_errors=True)
-                rotate_checkpoints(self, str(run_dir))
-                log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
-            self.accelerator.wait_for_everyone()
 
         def _best_outside_staging(self, staging: Path, final: Path) -> None:
             """Transformers names the best checkpoint (TRAIN_KEEP_BEST) by the folder it saved into, the staging one:
@@ -197,7 +163,7 @@ def _atomic_trainer_class() -> type:
                 return
             self.state.best_model_checkpoint = str(final.parent / Path(best).name)
             if self.args.should_save:
-                self.state.save_to_json(str(staging / final.name / "trainer_state.json"))
+                self.state.save_to_json(str(staging / final.name / STATE_FILE))
 
         def save_final(self, output_dir: Path, tokenizer: Any) -> None:
             """Model + tokenizer to `output_dir`, published atomically like a checkpoint.
@@ -208,6 +174,12 @@ def _atomic_trainer_class() -> type:
             staging = output_dir.with_name(f"{TMP_PREFIX}{output_dir.name}")
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)
+            partial = staging if self.args.should_save else None
+            with full_disk_ends_run(output_dir.parent, f"saving {output_dir.name}/", partial):
+                self._save_final_staged(staging, output_dir, tokenizer)
+            self.accelerator.wait_for_everyone()
+
+        def _save_final_staged(self, staging: Path, output_dir: Path, tokenizer: Any) -> None:
             if self._can_merge_lora():
                 self.save_model(str(staging / "adapter"))
                 merged = self.model.merge_and_unload()
@@ -219,7 +191,6 @@ def _atomic_trainer_class() -> type:
             if self.args.should_save:
                 tokenizer.save_pretrained(str(staging))
                 publish(staging, output_dir, {**self.checkpoint_info, "step": self.state.global_step, "final": True})
-            self.accelerator.wait_for_everyone()
 
         def _can_merge_lora(self) -> bool:
             model = self.model
