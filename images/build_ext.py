@@ -13,6 +13,8 @@ images/verify.py proves them at the end of the build.
     python build_ext.py apex                  keep NGC's, else build at the pinned ref
     python build_ext.py guard-torch           fail if torch differs from the base's
     python build_ext.py manifest              write the build manifest
+
+Every file these steps download is checked against images/versions.toml's sha256 first (downloads.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import sys
 import tarfile
 import urllib.request
 from pathlib import Path
+
+from downloads import unhashed_refusal, verify_sha256
 
 WHEELS = Path(os.environ.get("TRAINKIT_WHEELS", "/wheels"))
 CLAIMS = WHEELS / "claims"
@@ -176,6 +180,7 @@ def sdist_tree(name: str, version: str, src: Path = SRC) -> Path:
     # No build isolation: an isolated metadata build would lack the base's torch (flash-attn's setup.py imports it).
     pip("download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation", "-d", str(dl), f"{name}=={version}")
     archive = find_sdist(dl, name, version)
+    verify_sha256(archive)
     with tarfile.open(archive) as tar:
         top = {m.name.split("/")[0] for m in tar.getmembers()}
         try:
@@ -312,10 +317,14 @@ def flash_attn_wheel_url(template: str, version: str, facts: dict) -> str:
 def install_prebuilt_flash_attn(url: str) -> str | None:
     """Install the wheel at `url` if its kernels load in this torch; None on success, else why not."""
     target = WHEELS / "prebuilt" / url.rsplit("/", 1)[-1]
+    refusal = unhashed_refusal(target.name)
+    if refusal:
+        return f"{url} not downloaded: {refusal}"
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         with urllib.request.urlopen(url, timeout=60) as response, target.open("wb") as out:  # no endless hang offline
             shutil.copyfileobj(response, out)
+        verify_sha256(target)  # a mismatch stops the build: SystemExit is not an Exception
         pip("install", "--no-deps", str(target))
     except Exception as exc:
         target.unlink(missing_ok=True)

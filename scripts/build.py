@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-host-ca", action="store_true",
                    help="without --ca-cert, do not trust the host's own CA bundle in the build (trusted by default)")
     p.add_argument("--rebuild-base", action="store_true", help="with --cpu or --standin: remake the base image")
+    p.add_argument("--allow-unhashed", action="store_true",
+                   help="use downloads without a sha256 in images/versions.toml (refused by default)")  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="stream the whole build output, not just the steps")
     p.add_argument("--dry-run", action="store_true", help="print the plan; needs no Docker engine")
     args = p.parse_args(argv)
@@ -184,6 +186,9 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
         build_args["FLASH_ATTN_SOURCE_BUILD"] = "0"
     if args.max_jobs:
         build_args["MAX_JOBS"] = str(args.max_jobs)
+    if args.allow_unhashed:
+        build_args["TRAINKIT_ALLOW_UNHASHED"] = "1"
+        plan.notes.append("--allow-unhashed: downloads without a sha256 in images/versions.toml are used unverified")
     build_args.update(key_values(args.build_arg, "--build-arg"))
     plan.build_args = build_args
 

@@ -7,8 +7,10 @@
 
 Every node runs the image's entrypoint (`train`), whose launcher reads the scheduler's variables
 (SLURM_* or the PyTorchJob's PET_*) and starts torchrun with one process per GPU. The .env's settings
-are copied into the job; its secrets (trainer/secrets.py's rule) never are: a Slurm job reads them from
-JOB_FILE.secrets (mode 600, written next to it), Kubernetes takes them from a Secret.
+are copied into the job; its secrets (trainer/secrets.py's rule: by name, like HF_TOKEN, or by value, like the
+password in HF_ENDPOINT=https://user:pass@mirror) never are: a Slurm job reads them from JOB_FILE.secrets
+(mode 600, written next to it), Kubernetes takes them from a Secret. Job files are written readable by their owner
+only (the script 700, the manifest 600).
 """
 
 from __future__ import annotations
@@ -59,13 +61,20 @@ def secrets_path(args: argparse.Namespace) -> Path:
     return (Path(f"{args.out}.secrets") if args.out else Path(f"{args.job_name}.secrets")).resolve()
 
 
+def write_private(path: Path, text: str, mode: int) -> None:
+    """Write `text` to a file only its owner may read, from its first byte on (also when it existed before)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fh.fileno(), mode)
+        fh.write(text)
+
+
 def write_secrets_file(env: EnvFile, path: Path) -> None:
     """`export NAME='value'` lines from the one .env parser, readable by the user only; bash reads them back exactly."""
     lines = [f"export {name}={shlex.quote(value)}" for name, value in env.secrets.items()]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        os.fchmod(fh.fileno(), 0o600)
-        fh.write(f"# secrets of a trainkit job, from {env.path}; keep private\n" + "\n".join(lines) + "\n")
+    write_private(
+        path, f"# secrets of a trainkit job, from {env.path}; keep private\n" + "\n".join(lines) + "\n", 0o600
+    )
 
 
 # ---------------------------------------------------------------- CLI
@@ -183,9 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_image(args)
     text = generate(args, env)
     if args.out:
-        args.out.write_text(text)
-        if args.target.startswith("slurm"):
-            args.out.chmod(0o755)
+        write_private(args.out, text, 0o700 if args.target.startswith("slurm") else 0o600)
         kept_out = ", ".join(env.secrets) or "none"
         print(f"wrote {args.out} ({args.target}); secrets kept out of it: {kept_out}", file=sys.stderr)
     else:

@@ -15,7 +15,8 @@ try:
     from trainer.config import parse_settings
     from trainer.envfile import EnvFileError, read_env_file
     from trainer.errors import ConfigError
-    from trainer.secrets import is_secret_name
+    from trainer.secrets import holds_secret, mask_value
+    from trainer.transformers_names import check_train_args, split_train_args
 except ModuleNotFoundError as missing:
     exit_missing_package(missing)
 
@@ -41,10 +42,13 @@ def read_env(path: Path | None) -> EnvFile:
         values = read_env_file(path)
     except EnvFileError as exc:
         raise UserError(str(exc)) from None
-    for name, value in values.items():
-        (env.secrets if is_secret_name(name) else env.settings)[name] = value
+    for name, value in values.items():  # the one secret rule: by name (HF_TOKEN) or by value (HF_ENDPOINT's password)
+        (env.secrets if holds_secret(name, value) else env.settings)[name] = value
     try:
-        parse_settings(env.settings)
+        settings = parse_settings({**env.settings, **env.secrets})
+        problems = check_train_args(split_train_args(settings.args))  # a token in TRAIN_ARGS fails here, not later
     except ConfigError as exc:
-        raise UserError(f"{path}: {exc.message}") from None
+        problems = exc.problems
+    if problems:  # values never shown: a secret may be among them
+        raise UserError(f"{path}: {ConfigError(*(mask_value(p) for p in problems)).message}")
     return env

@@ -22,6 +22,9 @@ RDZV_PORT = 29400
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the training operator reads MASTER_PORT from this port
 PYTORCHJOB_CONTAINER = "pytorch"  # ...of the container with this name
 RESTARTS_PER_POD = 3
+RUN_AS = "1000:1000"  # the image's default user (Dockerfile USER)
+TOKEN_KEY = "HF_TOKEN"
+TOKEN_DIR = "/run/secrets/trainkit"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _UNITS = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
@@ -45,10 +48,22 @@ def env_items(env: EnvFile, args: argparse.Namespace) -> list[dict]:
     if args.max_restarts is not None:
         items.append({"name": "TRAIN_MAX_RESTARTS", "value": str(args.max_restarts)})
     items.append({"name": "PYTHONNOUSERSITE", "value": "1"})
+    if TOKEN_KEY in env.secrets:  # the Hub token as a file (see volumes): in no process environment
+        items.append({"name": "HF_TOKEN_PATH", "value": f"{TOKEN_DIR}/{TOKEN_KEY}"})
     items += [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": args.secret_name, "key": name}}} for name in env.secrets
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": args.secret_name, "key": name}}}
+        for name in env.secrets
+        if name != TOKEN_KEY
     ]
     return items
+
+
+def token_volume(env: EnvFile, args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """The Secret's HF_TOKEN as a read-only file, readable by the pod's group (fsGroup), named by HF_TOKEN_PATH."""
+    if TOKEN_KEY not in env.secrets:
+        return [], []
+    secret = {"secretName": args.secret_name, "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}], "defaultMode": 0o440}
+    return [{"name": "hf-token", "secret": secret}], [{"name": "hf-token", "mountPath": TOKEN_DIR, "readOnly": True}]
 
 
 def volumes(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
@@ -79,8 +94,29 @@ def toleration(spec: str) -> dict:
     return item
 
 
+def pod_security(args: argparse.Namespace) -> dict:
+    """The pod runs as --run-as (the image's own non-root user by default); fsGroup makes the output and cache
+    claims writable for it (changed only where the claim's root does not match, not file by file on each start)."""
+    match = re.fullmatch(r"(\d+)(?::(\d+))?", args.run_as)
+    if not match or int(match.group(1)) == 0:
+        raise UserError(f"--run-as {args.run_as!r}: use a non-root UID[:GID], e.g. 1000:1000 (the image's user).")
+    uid, gid = int(match.group(1)), int(match.group(2) or match.group(1))
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid, "fsGroup": gid,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+
+
+def container_security(rdma: bool) -> dict:
+    """No privilege escalation, no capabilities; IPC_LOCK only with RDMA (NCCL pins its InfiniBand buffers)."""
+    capabilities: dict = {"drop": ["ALL"]}
+    if rdma:
+        capabilities["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
+
+
 def pod_template(args: argparse.Namespace, env: EnvFile) -> dict:
     vols, mounts = volumes(args)
+    token_vols, token_mounts = token_volume(env, args)
+    vols, mounts = vols + token_vols, mounts + token_mounts
     resources: dict = {"requests": {"memory": memory_request(args)}}
     if args.cpus_per_task:
         resources["requests"]["cpu"] = str(args.cpus_per_task)
@@ -101,11 +137,11 @@ def pod_template(args: argparse.Namespace, env: EnvFile) -> dict:
         "resources": resources,
         "volumeMounts": mounts,
     }
-    if rdma:
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    container["securityContext"] = container_security(bool(rdma))
     spec: dict = {
         # SIGTERM -> checkpoint -> exit 143; the kubelet waits this long before SIGKILL.
         "terminationGracePeriodSeconds": args.grace_period,
+        "securityContext": pod_security(args),
         "containers": [container],
         "volumes": vols,
     }
@@ -198,9 +234,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("data", "models", "output", "cache"):
         k8s.add_argument(f"--{name}-pvc", help=f"PersistentVolumeClaim mounted at /{name}")
     k8s.add_argument("--namespace")
-    k8s.add_argument("--rdma-resource", metavar="NAME=COUNT",
-                     help="InfiniBand/RDMA device plugin resource per pod, e.g. rdma/ib=1 (adds IPC_LOCK)")
+    k8s.add_argument(
+        "--rdma-resource",
+        metavar="NAME=COUNT",
+        help="InfiniBand/RDMA device plugin resource per pod, e.g. rdma/ib=1 (adds IPC_LOCK)",
+    )
     k8s.add_argument("--secret-name", default="trainkit-secrets", help="Secret holding the .env's secrets")
+    k8s.add_argument("--run-as", default=RUN_AS, metavar="UID[:GID]",
+                     help=f"non-root user of the pods (default {RUN_AS}, the image's own user)")  # fmt: skip
     k8s.add_argument("--shm-size", default="16Gi", help="size of the memory-backed /dev/shm (added to the request)")
     k8s.add_argument("--grace-period", type=int, default=900, help="seconds between SIGTERM and SIGKILL")
     k8s.add_argument("--backoff-limit", type=int, help=f"pod restarts before the job fails ({RESTARTS_PER_POD}/pod)")

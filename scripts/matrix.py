@@ -133,6 +133,7 @@ class Matrix:
     flash_attn_wheel_url: str
     cpu: CpuFlavor
     entries: dict[str, Entry] = field(default_factory=dict)
+    sha256: dict[str, str] = field(default_factory=dict)  # downloaded file name -> its recorded sha256
 
     def entry(self, cuda: str) -> Entry:
         """The entry for CUDA `cuda` (X.Y), or a UserError listing the supported ones."""
@@ -174,6 +175,7 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
         flash_attn_wheel_url=data["flash_attn"]["wheel_url"],
         cpu=cpu,
         entries=entries,
+        sha256=dict(data.get("sha256", {})),
     )
 
 
@@ -240,6 +242,7 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     args["TRAINER_PINS"] = trainer_pins(entry.packages)
     args["APEX_REF"] = matrix.apex["ref"]
     args["FLASH_ATTN_WHEEL_URL"] = matrix.flash_attn_wheel_url
+    args["ARTIFACT_SHA256"] = " ".join(f"{name}={digest}" for name, digest in sorted(matrix.sha256.items()))
     return args
 
 

@@ -40,6 +40,7 @@ from docker.types import Ulimit
 from driver import auto_entry
 from engine import connect
 from errors import UserError, exit_missing_package, exit_on_user_error
+from hf_token import add_token_file
 from matrix import ROOT, default_image, load
 from registry import DIGEST_REF
 
@@ -98,6 +99,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "-e", "--env", action="append", default=[], metavar="KEY[=VALUE]",
         help="an environment variable for the container (KEY alone: take it from this environment)",
     )  # fmt: skip
+    parser.add_argument("--hf-token-file", default=os.environ.get("TRAINKIT_HF_TOKEN_FILE") or None, metavar="FILE",
+                        help="Hub token file, mounted read-only (HF_TOKEN_PATH): not in docker inspect")  # fmt: skip
     parser.add_argument("--gpus", default="auto", help="all, a count N, or none (default: all if the engine has GPUs)")
     parser.add_argument("--user", default=f"{os.getuid()}:{os.getgid()}", help="UID:GID to run as (default: you)")
     parser.add_argument("--cache-volume", default=CACHE_VOLUME, help="named volume for /cache")
@@ -418,13 +421,15 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
         args.image = args.image or (loaded[0] if loaded else None)
     image, gpus = choose_image_and_gpus(args, client)
     ensure_image(client, image, args.build_if_missing)
+    env, mounts = environment(args), volumes(args)
+    add_token_file(args.hf_token_file, env, mounts)
     return RunSpec(
         image=image,
         command=args.command,
         gpus=gpus,
         user=args.user,
-        environment=environment(args),
-        volumes=volumes(args),
+        environment=env,
+        volumes=mounts,
         detach=args.detach,
         stop_grace_s=args.stop_timeout,
         memlock=args.memlock,

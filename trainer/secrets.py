@@ -1,7 +1,9 @@
-"""The one rule for which variables and flags hold secrets, and the masking built on it.
+"""The one rule for which variables, flags and values hold secrets, and the masking built on it.
 
-Used by the trainer (run_config.json, logs), the launcher (the command it prints) and the host scripts
-(run.py's log, cluster.py's Kubernetes Secret and Slurm secrets file). Torch-free and docker-free.
+A secret is the value of a variable or flag whose name says so (HF_TOKEN, --hub_token), or a value shaped like
+one whatever its name (an hf_... token, the user:password of a URL such as HF_ENDPOINT=https://u:p@mirror).
+Used by the trainer (run_config.json, logs, the TRAIN_ARGS check), the launcher (the command it prints) and the
+host scripts (run.py's log, cluster.py's Kubernetes Secret and Slurm secrets file). Torch-free and docker-free.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from typing import Any
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # Names that contain a secret word but hold no secret (token counts, tokenizer switches): shown as they are.
 NOT_SECRET = frozenset(
-    {"TOKENIZERS_PARALLELISM", "AVERAGE_TOKENS_ACROSS_DEVICES", "INCLUDE_NUM_INPUT_TOKENS_SEEN", "TOKENS_PER_S"}
+    {
+        "TOKENIZERS_PARALLELISM",
+        "AVERAGE_TOKENS_ACROSS_DEVICES",
+        "INCLUDE_NUM_INPUT_TOKENS_SEEN",
+        "TOKENS_PER_S",
+        "INCLUDE_TOKENS_PER_SECOND",
+    }
 )
 MASK = "***"
 _HF_TOKEN_RE = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
@@ -25,10 +33,28 @@ def mask_url_credentials(text: str) -> str:
     return _URL_CREDENTIALS_RE.sub(rf"\1{MASK}@", text)
 
 
+def mask_value(text: str) -> str:
+    """`text` with every hf_ token and URL user:password in it masked (whatever its variable is called)."""
+    return mask_url_credentials(_HF_TOKEN_RE.sub(MASK, text))
+
+
 def is_secret_name(name: str) -> bool:
     """True for a variable name (HF_TOKEN) or a flag (--hub-token, --hub_token=x) that holds a secret."""
     upper = name.split("=", 1)[0].upper().lstrip("-").replace("-", "_")
     return upper not in NOT_SECRET and any(word in upper for word in SECRET_WORDS)
+
+
+def is_secret_value(text: str) -> bool:
+    """True for a value that holds a secret whatever its variable is called: an hf_ token, a URL's user:password,
+    or a command line (TRAIN_ARGS) with a secret flag in it."""
+    if _HF_TOKEN_RE.search(text) or _URL_CREDENTIALS_RE.search(text):
+        return True
+    return any(word.startswith("-") and is_secret_name(word) for word in text.split())
+
+
+def holds_secret(name: str, value: str) -> bool:
+    """The one rule: a variable is secret by its name or by its value."""
+    return is_secret_name(name) or is_secret_value(value)
 
 
 def mask_args(args: Sequence[str]) -> list[str]:
@@ -42,7 +68,7 @@ def mask_args(args: Sequence[str]) -> list[str]:
         elif secret_flag and "=" in arg:
             masked.append(arg.split("=", 1)[0] + "=" + MASK)
         else:
-            masked.append(mask_url_credentials(_HF_TOKEN_RE.sub(MASK, arg)))
+            masked.append(mask_value(arg))
         hide_next = secret_flag and "=" not in arg
     return masked
 

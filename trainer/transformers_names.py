@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import ConfigError
+from trainer.secrets import is_secret_name, is_secret_value, mask_args, mask_args_text
 
 # transformers.training_args.OptimizerNames (transformers 5.23); tests/trainer/test_config.py keeps it in sync.
 OPTIMIZER_NAMES: tuple[str, ...] = (
@@ -152,24 +153,52 @@ def split_train_args(text: str) -> list[str]:
     try:
         return shlex.split(text)
     except ValueError as exc:
-        raise ConfigError(f"TRAIN_ARGS={text!r} cannot be parsed ({exc}); quote it like a shell command line") from None
+        shown = mask_args_text(text)
+        raise ConfigError(
+            f"TRAIN_ARGS={shown!r} cannot be parsed ({exc}); quote it like a shell command line"
+        ) from None
 
 
 def _flag_field(token: str) -> str:
     return token[2:].split("=", 1)[0].replace("-", "_")
 
 
+SECRET_HINT = (
+    "Transformers saves every TrainingArguments value into training_args.bin in each checkpoint and in final/; "
+    "pass the Hub token as HF_TOKEN, or better as a file named by HF_TOKEN_PATH (never saved, never in "
+    "`docker inspect`)"
+)
+
+
+def secret_problems(tokens: list[str]) -> list[str]:
+    """A secret in TRAIN_ARGS (a token flag, or a value shaped like a secret) would be pickled into every checkpoint:
+    refused, naming the flag but never the value."""
+    problems = [
+        f"TRAIN_ARGS: --{_flag_field(token)} holds a secret; {SECRET_HINT}"
+        for token in tokens
+        if token.startswith("--") and is_secret_name(token)
+    ]
+    if not problems and any(is_secret_value(token) for token in tokens):
+        problems.append(f"TRAIN_ARGS holds a value shaped like a secret (an hf_ token or a URL's user:password); "
+                        f"{SECRET_HINT}")  # fmt: skip
+    return problems
+
+
 def check_train_args(tokens: list[str]) -> list[str]:
     """Problems with the flags in TRAIN_ARGS that can be found without importing transformers."""
     fields = training_argument_fields()
-    problems = []
+    problems = secret_problems(tokens)
     if tokens and not tokens[0].startswith("--"):
-        problems.append(f"TRAIN_ARGS must start with a --flag, got {tokens[0]!r} (e.g. '--weight_decay 0.1')")
+        problems.append(
+            f"TRAIN_ARGS must start with a --flag, got {mask_args(tokens[:1])[0]!r} (e.g. '--weight_decay 0.1')"
+        )
     for token in tokens:
         if not token.startswith("--"):
             continue
         name = _flag_field(token)
         base = name[3:] if name.startswith("no_") and name[3:] in DECIDED_FLAGS else name
+        if is_secret_name(token):
+            continue  # refused above
         if name in RESERVED_FLAGS:
             problems.append(f"TRAIN_ARGS: --{name} is set by trainkit; use {RESERVED_FLAGS[name]} instead")
         elif base in DECIDED_FLAGS:

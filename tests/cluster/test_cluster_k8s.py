@@ -74,8 +74,14 @@ def test_multi_node_manifest_is_valid_and_complete(tmp_path: Path, schema: dict)
         assert volumes[mounts["/output"]["name"]]["persistentVolumeClaim"]["claimName"] == "runs"
         env = {e["name"]: e for e in container["env"]}
         assert env["TRAIN_MODEL"] == {"name": "TRAIN_MODEL", "value": "tiny"}
-        for secret in ("HF_TOKEN", "WANDB_API_KEY"):
-            assert env[secret]["valueFrom"]["secretKeyRef"] == {"name": "trainkit-secrets", "key": secret}
+        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "trainkit-secrets", "key": "WANDB_API_KEY"}
+        # the Hub token as a file from the Secret (HF_TOKEN_PATH), in no process environment
+        assert "HF_TOKEN" not in env
+        assert env["HF_TOKEN_PATH"] == {"name": "HF_TOKEN_PATH", "value": "/run/secrets/trainkit/HF_TOKEN"}
+        token = volumes[mounts["/run/secrets/trainkit"]["name"]]["secret"]
+        assert token == {"secretName": "trainkit-secrets", "items": [{"key": "HF_TOKEN", "path": "HF_TOKEN"}],
+                         "defaultMode": 0o440}  # fmt: skip
+        assert mounts["/run/secrets/trainkit"]["readOnly"] is True
         assert container["args"] == ["train"] and "command" not in container  # keeps the image's ENTRYPOINT
 
 
@@ -186,4 +192,29 @@ def test_rdma_resource_is_requested_with_ipc_lock(tmp_path, schema) -> None:
 
 def test_without_rdma_no_capability_is_added(tmp_path, schema) -> None:
     job = manifest(tmp_path, "--nodes", "2", "--gpus-per-node", "8")
-    assert all("securityContext" not in pod["containers"][0] for pod in pods(job).values())
+    assert all("add" not in pod["containers"][0]["securityContext"]["capabilities"] for pod in pods(job).values())
+
+
+def test_pods_run_as_non_root_without_privileges(tmp_path: Path, schema: dict) -> None:
+    """Issue 26, item 12: the image's non-root user, no privilege escalation, every capability dropped."""
+    job = manifest(tmp_path, "--nodes", "2", "--gpus-per-node", "8")
+    validate(schema, job)
+    for pod in pods(job).values():
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"},
+        }  # fmt: skip
+        (container,) = pod["containers"]
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    other = manifest(tmp_path, "--run-as", "4321:99", "--rdma-resource", "rdma/ib=1")
+    validate(schema, other)
+    pod = pods(other)["Master"]
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"]) == (4321, 99)
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    # the CRD's schema checks these fields: a wrong type is caught
+    pod["securityContext"]["runAsUser"] = "root"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(schema, other)
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cluster.py"), "k8s", "--image", "x",
+                           "--output-pvc", "o", "--run-as", "0"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "--run-as" in done.stderr and "non-root" in done.stderr

@@ -117,7 +117,7 @@ def test_tokenizers_parallelism_is_a_value_not_a_secret_ref(tmp_path: Path) -> N
     env = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
     by_name = {item["name"]: item for item in env}
     assert by_name["TOKENIZERS_PARALLELISM"] == {"name": "TOKENIZERS_PARALLELISM", "value": "false"}
-    assert set(by_name["HF_TOKEN"]["valueFrom"]["secretKeyRef"]) == {"name", "key"}
+    assert "HF_TOKEN" not in by_name and by_name["HF_TOKEN_PATH"]["value"].endswith("/HF_TOKEN")  # a file
     assert "WANDB_API_KEY" in by_name and "value" not in by_name["WANDB_API_KEY"]
     assert "kubectl create secret generic trainkit-secrets" in job.read_text()
     assert "TOKENIZERS_PARALLELISM" not in job.read_text().split("kubectl create secret")[1].splitlines()[0]

@@ -8,10 +8,12 @@ that imports what TE 0.10 imports.
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -35,8 +37,11 @@ def load_module(path: Path, name: str):
     return module
 
 
+sys.path.insert(0, str(ROOT / "images"))  # build_ext imports downloads.py beside it, as in the image
 build_ext = load_module(BUILD_EXT, "build_ext")
 verify = load_module(ROOT / "images" / "verify.py", "verify")
+sys.path.insert(0, str(ROOT / "scripts"))
+import matrix  # noqa: E402
 
 
 @pytest.fixture
@@ -44,9 +49,17 @@ def wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "wheels"
     monkeypatch.setattr(build_ext, "WHEELS", folder)
     monkeypatch.setattr(build_ext, "CLAIMS", folder / "claims")
-    for var in ("FLASH_ATTN_SKIP", "FLASH_ATTN_SOURCE_BUILD", "MAX_JOBS"):
+    for var in ("FLASH_ATTN_SKIP", "FLASH_ATTN_SOURCE_BUILD", "MAX_JOBS", "ARTIFACT_SHA256", "TRAINKIT_ALLOW_UNHASHED"):
         monkeypatch.delenv(var, raising=False)
+    for module in ("flash_attn", "flash_attn_2_cuda"):  # a fake base's, imported by an earlier test
+        monkeypatch.delitem(sys.modules, module, raising=False)
     return folder
+
+
+def record_sha256(monkeypatch: pytest.MonkeyPatch, files: dict[str, bytes]) -> None:
+    """The ARTIFACT_SHA256 build arg, as scripts/matrix.py writes it, for these files' contents."""
+    words = [f"{name}={hashlib.sha256(data).hexdigest()}" for name, data in files.items()]
+    monkeypatch.setenv("ARTIFACT_SHA256", " ".join(words))
 
 
 # -- defect 3: the sdist is chosen by name and version, in its own folder --------------------------------
@@ -77,8 +90,8 @@ def test_each_piece_downloads_into_its_own_folder(tmp_path: Path, monkeypatch: p
     """The DeepSpeed layer's archive (and any leftover) never becomes flash-attn's source tree."""
     index = tmp_path / "index"
     index.mkdir()
-    make_sdist(index, "deepspeed", "0.19.8")
-    make_sdist(index, "flash_attn", "2.8.3.post2")
+    archives = [make_sdist(index, "deepspeed", "0.19.8"), make_sdist(index, "flash_attn", "2.8.3.post2")]
+    record_sha256(monkeypatch, {a.name: a.read_bytes() for a in archives})
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # PyPI stands in as a local folder
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     src = tmp_path / "src"
@@ -182,10 +195,18 @@ def release_server() -> Iterator[Server]:
     server.server_close()
 
 
-def use_server(monkeypatch: pytest.MonkeyPatch, server: Server) -> str:
+WHEEL = "flash_attn-2.8.3.post2+cu12torch2.7cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+
+
+def use_server(monkeypatch: pytest.MonkeyPatch, server: Server, served: bytes = b"") -> str:
+    """The release URL template pointed at `server`, and the sha256 of what it serves recorded for the wheel."""
     base = f"http://127.0.0.1:{server.server_address[1]}"
     monkeypatch.setenv("FLASH_ATTN_WHEEL_URL", URL_TEMPLATE.format(base=base))
-    return "/v2.8.3.post2/flash_attn-2.8.3.post2+cu12torch2.7cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+    record_sha256(monkeypatch, {WHEEL: served})
+    path = f"/v2.8.3.post2/{WHEEL}"
+    if served:
+        server.files[path] = served
+    return path
 
 
 def test_missing_wheel_without_source_builds_is_a_skip_with_the_reason(
@@ -204,6 +225,7 @@ def test_unreachable_release_server_is_a_skip_with_the_reason(wheels: Path, monk
     """As on a builder without GitHub access: the refused connection is named, nothing waits forever."""
     monkeypatch.setenv("FLASH_ATTN_WHEEL_URL", URL_TEMPLATE.format(base="http://127.0.0.1:9"))
     monkeypatch.setenv("FLASH_ATTN_SOURCE_BUILD", "0")
+    record_sha256(monkeypatch, {WHEEL: b"the wheel"})
     claim = build_ext.provide_flash_attn("2.8.3.post2", NGC_2503)
     assert claim["status"] == "skipped" and "http://127.0.0.1:9/v2.8.3.post2/" in claim["reason"]
     assert "refused" in claim["reason"].lower()
@@ -212,8 +234,7 @@ def test_unreachable_release_server_is_a_skip_with_the_reason(wheels: Path, monk
 def test_unusable_wheel_falls_back_and_leaves_nothing_behind(
     wheels: Path, release_server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = use_server(monkeypatch, release_server)
-    release_server.files[path] = b"this is not a wheel"
+    path = use_server(monkeypatch, release_server, served=b"this is not a wheel")
     monkeypatch.setenv("FLASH_ATTN_SOURCE_BUILD", "0")
     claim = build_ext.provide_flash_attn("2.8.3.post2", NGC_2503)
     assert release_server.requests == [path]
@@ -330,3 +351,67 @@ def test_no_transformer_engine_claim_where_the_base_lacks_it(tmp_path: Path) -> 
     manifest, _ = te_manifest(tmp_path, tmp_path / "empty-site")
     assert manifest["base"]["transformer_engine"] is None
     assert "transformer_engine" not in manifest["extensions"]
+
+
+# -- issue 26, item 14: every download is checked against images/versions.toml's sha256 ------------------
+
+def test_an_sdist_that_is_not_the_recorded_one_fails_the_step_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DeepSpeed 0.19.8 sdist that differs from the one hashed in versions.toml (here: a small real archive under
+    that name, as a tampering mirror would serve it) stops the build before it is unpacked."""
+    index = tmp_path / "index"
+    index.mkdir()
+    archive = make_sdist(index, "deepspeed", "0.19.8")
+    recorded = matrix.dockerfile_defaults()["ARTIFACT_SHA256"]  # the build arg the Dockerfile gets
+    assert "deepspeed-0.19.8.tar.gz=9e491abd" in recorded
+    monkeypatch.setenv("ARTIFACT_SHA256", recorded)
+    monkeypatch.delenv("TRAINKIT_ALLOW_UNHASHED", raising=False)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    src = tmp_path / "src"
+    with pytest.raises(SystemExit, match=r"sha256 mismatch for deepspeed-0\.19\.8\.tar\.gz: images/versions\.toml "
+                                         r"records 9e491abd\w+, the download \(.+\) is "
+                                         + hashlib.sha256(archive.read_bytes()).hexdigest()):  # fmt: skip
+        build_ext.sdist_tree("deepspeed", "0.19.8", src=src)
+    assert not (src / "deepspeed-0.19.8").exists(), "a rejected download was unpacked"
+    # the same step as a process, as the Dockerfile runs it: exit non-zero with the message
+    check = subprocess.run([sys.executable, str(ROOT / "images" / "downloads.py"), str(archive)],
+                           capture_output=True, text=True, env={**os.environ, "ARTIFACT_SHA256": recorded})  # fmt: skip
+    assert check.returncode == 1 and "sha256 mismatch for deepspeed-0.19.8.tar.gz" in check.stderr
+    record_sha256(monkeypatch, {archive.name: archive.read_bytes()})  # the hash of this very file: accepted
+    assert (build_ext.sdist_tree("deepspeed", "0.19.8", src=src) / "WHICH").read_text() == "deepspeed"
+
+
+def test_a_download_without_a_recorded_sha256_is_refused_unless_allowed(
+    wheels: Path, tmp_path: Path, release_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = tmp_path / "deepspeed-0.19.8.tar.gz"
+    file.write_bytes(b"any bytes")
+    monkeypatch.setenv("ARTIFACT_SHA256", matrix.dockerfile_defaults()["ARTIFACT_SHA256"])
+    unknown = tmp_path / "other-1.0.tar.gz"
+    unknown.write_bytes(b"any bytes")
+    with pytest.raises(SystemExit, match=r"no sha256 recorded for other-1\.0\.tar\.gz .*--allow-unhashed"):
+        build_ext.verify_sha256(unknown)
+    # the flash-attn release wheels have no recorded hash (GitHub was not reachable): not even downloaded
+    path = use_server(monkeypatch, release_server, served=b"a wheel nobody hashed")
+    monkeypatch.setenv("ARTIFACT_SHA256", matrix.dockerfile_defaults()["ARTIFACT_SHA256"])
+    monkeypatch.setenv("FLASH_ATTN_SOURCE_BUILD", "0")
+    claim = build_ext.provide_flash_attn("2.8.3.post2", NGC_2503)
+    assert release_server.requests == []
+    assert claim["status"] == "skipped" and f"no sha256 recorded for {WHEEL}" in claim["reason"]
+    monkeypatch.setenv("TRAINKIT_ALLOW_UNHASHED", "1")  # build.py --allow-unhashed
+    build_ext.verify_sha256(unknown)
+    build_ext.provide_flash_attn("2.8.3.post2", NGC_2503)
+    assert release_server.requests == [path]
+
+
+def test_a_wheel_that_differs_from_its_recorded_sha256_stops_the_build(
+    wheels: Path, release_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mismatch is not a missing wheel: no quiet fallback to a source build, the build fails naming the file."""
+    path = use_server(monkeypatch, release_server, served=b"the wheel as released")
+    release_server.files[path] = b"the wheel as a mirror changed it"
+    with pytest.raises(SystemExit, match=f"sha256 mismatch for {re.escape(WHEEL)}"):
+        build_ext.provide_flash_attn("2.8.3.post2", NGC_2503)
+    assert not list(wheels.rglob("*.whl")) or not (wheels / WHEEL).exists()

@@ -100,8 +100,12 @@ def test_runs_as_an_arbitrary_uid_with_writable_caches(cpu_image: str, docker_cl
     assert config["Cmd"] == ["train"]
 
 
-def test_image_trains_the_tiny_preset(cpu_image: str, tmp_path: Path) -> None:
-    assert train_tiny_in(cpu_image, tmp_path / "output", "python", "-m", "trainer")[-1] == 2
+def test_image_trains_the_tiny_preset(cpu_image: str, tmp_path: Path, docker_client) -> None:
+    out = tmp_path / "output"
+    assert train_tiny_in(cpu_image, out, "python", "-m", "trainer")[-1] == 2
+    # issue 26, item 12: the image's default user is not root, and what it wrote belongs to that user
+    assert docker_client.images.get(cpu_image).attrs["Config"]["User"] == "1000:1000"
+    assert {p.stat().st_uid for p in out.rglob("*")} == {1000}
 
 
 def test_no_ca_or_secret_in_history_or_filesystem(cpu_image: str, docker_client) -> None:

@@ -274,3 +274,19 @@ def test_every_row_pins_a_pyarrow_its_numpy_and_its_datasets_accept() -> None:
     for cuda, entry in entries.items():
         if _major(entry.packages["datasets"]) >= 5:
             assert _major(entry.packages["pyarrow"]) >= 24, (cuda, entry.packages["pyarrow"])
+
+
+def test_every_sdist_the_build_downloads_has_a_recorded_sha256() -> None:
+    """Issue 26, item 14: images/downloads.py checks each sdist against versions.toml's [sha256]; a pin bumped
+    without its hash fails here, not halfway through a CUDA build."""
+    m = matrix.load()
+    for pins in [*(entry.packages for entry in m.entries.values()), m.cpu.packages]:
+        for package in ("deepspeed", "flash-attn"):  # build_ext.py fetches these two as sdists
+            if package in pins:
+                name = f"{package.replace('-', '_')}-{pins[package]}.tar.gz"
+                assert re.fullmatch(r"[0-9a-f]{64}", m.sha256.get(name, "")), f"no sha256 for {name}"
+    words = matrix.dockerfile_defaults(m)["ARTIFACT_SHA256"].split()
+    assert words == [f"{name}={digest}" for name, digest in sorted(m.sha256.items())]
+    assert f'ARG ARTIFACT_SHA256="{" ".join(words)}"' in (ROOT / "Dockerfile").read_text()
+    plan = build_py("--cuda", "12.8", "--dry-run", "--allow-unhashed")
+    assert plan.returncode == 0 and "are used unverified" in plan.stdout, plan.stderr

@@ -1,18 +1,18 @@
 """The one call into huggingface_hub: a repository snapshot in HF_HOME's cache, or a ConfigError saying why not.
 
-huggingface_hub does the protocol, the cache layout, HF_TOKEN (read from the environment, never passed on or
-stored by trainkit), HF_ENDPOINT and HF_HUB_OFFLINE. A snapshot lives at HF_HOME/hub/<repo>/snapshots/<commit>/, so
-the folder's name is the commit sha the revision resolved to.
+huggingface_hub does the protocol, the cache layout, the token (HF_TOKEN or the file HF_TOKEN_PATH names, read by the
+library, never passed on or stored by trainkit: token.py), HF_ENDPOINT and HF_HUB_OFFLINE. A snapshot lives at
+HF_HOME/hub/<repo>/snapshots/<commit>/, so the folder's name is the commit sha the revision resolved to.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import ConfigError
 from trainer.hub.ids import HubRef
+from trainer.hub.token import check_token_file, token_source
 from trainer.secrets import mask_url_credentials
 
 # Weights in formats the trainer never loads (the original checkpoint of Llama repos, GGUF, ONNX, TF, Flax...).
@@ -53,6 +53,7 @@ def snapshot(
     `allow` if given; ConfigError on failure."""
     from huggingface_hub import snapshot_download
 
+    check_token_file()
     wanted = revision or ref.wanted_revision
     ignore = list(MODEL_IGNORE) if ref.repo_type == "model" and allow is None else None
     try:
@@ -79,19 +80,19 @@ def _explain(exc: Exception, ref: HubRef, variable: str, revision: str) -> str:
     endpoint = mask_url_credentials(constants.ENDPOINT)
     name = f"{variable}={ref}"
     page = f"{endpoint}/{'datasets/' if ref.repo_type == 'dataset' else ''}{ref.repo_id}"
-    token = "HF_TOKEN is set" if os.environ.get("HF_TOKEN") else "HF_TOKEN is not set"
+    token = token_source()
     if isinstance(exc, GatedRepoError):
         return (f"{name}: gated repository: accept its conditions at {page} with your account, then pass a token of "
-                f"that account with read access in HF_TOKEN ({token})")  # fmt: skip
+                f"that account with read access in HF_TOKEN or HF_TOKEN_PATH ({token})")  # fmt: skip
     if isinstance(exc, RepositoryNotFoundError):
-        return (f"{name}: not found on the Hub ({endpoint}) and no such local folder: check the spelling, "
-                f"or, for a private repository, pass a token that may read it in HF_TOKEN ({token})")  # fmt: skip
+        return (f"{name}: not found on the Hub ({endpoint}) and no such local folder: check the spelling, or, for a "
+                f"private repository, pass a token that may read it (HF_TOKEN or HF_TOKEN_PATH; {token})")  # fmt: skip
     if isinstance(exc, RevisionNotFoundError):
         return f"{name}: the repository has no revision {revision!r}; use a branch, tag or commit sha listed at {page}"
     if isinstance(exc, LocalEntryNotFoundError):
         return _not_cached(name, revision, exc)
     if isinstance(exc, HfHubHTTPError) and exc.response is not None and exc.response.status_code in (401, 403):
-        return (f"{name}: unauthorized ({exc.response.status_code}): the Hub refused HF_TOKEN (invalid, expired or "
+        return (f"{name}: unauthorized ({exc.response.status_code}): the Hub refused the token (invalid, expired or "
                 f"without read access); create a read token at {endpoint}/settings/tokens "
                 f"({token})")  # fmt: skip
     if isinstance(exc, HfHubHTTPError):
