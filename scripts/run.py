@@ -25,24 +25,20 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
-import published
 import registry
-from devices import device_requests, engine_has_gpus, rdma_passthrough
-from docker.errors import APIError, ImageNotFound
+from devices import device_requests, rdma_passthrough
+from docker.errors import APIError
 from docker.types import Ulimit
-from driver import auto_entry
 from engine import connect
 from errors import UserError, exit_missing_package, exit_on_user_error
 from hf_token import add_token_file
-from matrix import ROOT, default_image, load
-from registry import DIGEST_REF
+from run_image import choose_image_and_gpus, ensure_image
 
 try:
     from trainer.envfile import EnvFileError, read_env_file
@@ -220,70 +216,6 @@ def volumes(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     return mounts
 
 
-# --- image and GPUs ------------------------------------------------------------------------------
-
-
-def choose_image_and_gpus(args: argparse.Namespace, client: docker.DockerClient) -> tuple[str, str]:
-    gpus = args.gpus
-    if gpus == "auto":
-        gpus = "all" if engine_has_gpus(client) and not (args.image or "").endswith("-cpu") else "none"
-    cuda = args.cuda
-    if cuda == "auto" and gpus != "none" and not args.image:
-        entry, why = auto_entry(load())
-        log(why)
-        cuda = entry.cuda
-    image = args.image or default_image(gpu=gpus != "none", cuda=cuda)
-    return image, gpus
-
-
-def build_command(image: str) -> list[str] | None:
-    """The scripts/build.py command that makes `image`, when it is one of ours."""
-    repository, _, tag = image.rpartition(":")
-    if repository.rsplit("/", 1)[-1] != "trainkit":
-        return None
-    if tag.endswith("cpu"):
-        return ["python", "scripts/build.py", "--cpu"]
-    match = re.search(r"cu(\d+)(\d)", tag)
-    return ["python", "scripts/build.py", "--cuda", f"{match[1]}.{match[2]}"] if match else None
-
-
-def ensure_image(client: docker.DockerClient, image: str, build_if_missing: bool) -> None:
-    try:
-        client.images.get(image)
-        return
-    except ImageNotFound:
-        pass
-    if DIGEST_REF.match(image):  # pinned bytes: fetch exactly those
-        log(f"pulling {image}")
-        repository, digest = image.split("@", 1)
-        try:
-            client.images.pull(repository, tag=digest)
-        except APIError as exc:
-            raise UserError(f"cannot pull {image}: {exc.explanation or exc}") from None
-        return
-    command = build_command(image)
-    if command is None:
-        raise UserError(f"image {image} is not on this engine: `docker pull {image}` or build it")
-    if published.pull_published(client, image, load(), log):
-        return
-    if not build_if_missing:
-        cpu_hint = "" if "--cpu" in command else " Without GPUs: `python scripts/build.py --cpu` and `--gpus none`."
-        raise UserError(
-            f"image {image} is not on this engine. Build it with `{' '.join(command)}` "
-            f"(or add --build-if-missing).{cpu_hint}"
-        )
-    log(f"image {image} is missing: running `{' '.join(command)}`; {published.first_build_note(image, load())}")
-    result = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=False)
-    if result.returncode != 0:
-        raise UserError(f"building {image} failed (exit {result.returncode}); see the build output above")
-    try:
-        client.images.get(image)
-    except ImageNotFound:
-        raise UserError(
-            f"`{' '.join(command)}` succeeded but made no {image}: pick one of the tags it printed with --image"
-        ) from None
-
-
 # --- running -------------------------------------------------------------------------------------
 
 
@@ -419,8 +351,8 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
         loaded = registry.load(client, args.load)
         log(f"loaded {', '.join(loaded) or 'an untagged image'} from {args.load}")
         args.image = args.image or (loaded[0] if loaded else None)
-    image, gpus = choose_image_and_gpus(args, client)
-    ensure_image(client, image, args.build_if_missing)
+    image, gpus = choose_image_and_gpus(args, client, log)
+    ensure_image(client, image, args.build_if_missing, log)
     env, mounts = environment(args), volumes(args)
     add_token_file(args.hf_token_file, env, mounts)
     return RunSpec(
