@@ -15,6 +15,7 @@ from trainer import compat
 from trainer.compat import FSDP2_RESHARD
 from trainer.config import deepspeed, train_args
 from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.data.chat import chat_report
 from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
 from trainer.hub.models import hub_sources, model_folder
@@ -63,6 +64,8 @@ class Decisions:
     resume: Decision[str]
     cuda_alloc_conf: Decision[str]
     args: Decision[dict[str, Any]] = Decision({}, "TRAIN_ARGS empty")
+    data_format: Decision[str] = Decision("", "not detected")  # record layouts of TRAIN_DATA (trainer.data.chat)
+    chat_template: Decision[str] = Decision("none", "no conversations")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -326,6 +329,7 @@ def decide_all(
         "report_to": decide_report_to(),
         "resume": _decide(s.resume, _resume_reason(s.resume)),
         "cuda_alloc_conf": alloc_decision,
+        **{what: Decision(*found) for what, found in chat_report(s, source).items()},
     }
     if problems:
         raise ConfigError(*problems)

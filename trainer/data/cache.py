@@ -48,13 +48,18 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(f"{text}|eos={tokenizer.eos_token_id}|pad={tokenizer.pad_token_id}".encode()).hexdigest()
 
 
-def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str) -> str:
+def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, loss_on: str = "assistant") -> str:
+    """The files' identity (hence their record layouts), the tokenizer, its chat template and the loss setting."""
+    from trainer.data.chat import template_hash
+
     files = []
     for p in source.identity_files():
         st = p.stat()
         files.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
     tok = tokenizer_fingerprint(tokenizer)
-    blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "seq": seq_len, "field": text_field})
+    chat = {"layouts": list(source.layouts), "template": template_hash(tokenizer), "loss_on": loss_on}
+    blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "seq": seq_len, "field": text_field,
+                       "chat": chat})  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -70,21 +70,23 @@ class ShardedDataset:
 
 
 def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field: str, cache_dir: Path,
-                    max_bad_lines: int = 0, should_stop: Any = cache.never) -> ShardedDataset:  # fmt: skip
+                    max_bad_lines: int = 0, should_stop: Any = cache.never, loss_on: str = "assistant"
+                    ) -> ShardedDataset:  # fmt: skip
     """The source's shards from the cache (made here, or by local rank 0, when the cache does not have them).
 
     `should_stop()` True (a SIGTERM arrived) ends the preparation or the wait with `cache.Stopped`."""
     from trainer.data.shards import prepare
 
-    key = cache.cache_key(source, tokenizer, seq_len, text_field)
+    key = cache.cache_key(source, tokenizer, seq_len, text_field, loss_on)
     meta = cache.read_meta(cache_dir / key)
     prepared = False
     if meta is None and cache.local_rank() != 0:
         meta = cache.wait_for(cache_dir, key, should_stop=should_stop)
     elif meta is None:
         meta, prepared = cache.prepare_once(
-            cache_dir, key, lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines, should_stop)
-        )
+            cache_dir, key, lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines, should_stop,
+                                                loss_on=loss_on),
+        )  # fmt: skip
     dataset = ShardedDataset(cache_dir / key, meta)
     if prepared:
         per_core = meta["tokens_per_s"] / max(1, meta["cores"])
@@ -115,8 +117,9 @@ def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None, 
     else:
         log.info("data: %s", source.describe())
     folder = cache_dir or cache.default_cache_dir(settings.output_dir)
+    max_bad, loss_on = settings.data_max_bad_lines, settings.loss_on
     return load_or_prepare(
-        source, tokenizer, settings.seq_len, settings.text_field, folder, settings.data_max_bad_lines, should_stop
+        source, tokenizer, settings.seq_len, settings.text_field, folder, max_bad, should_stop, loss_on
     )
 
 

@@ -54,14 +54,16 @@ class Encoder:
     eos: int
     dtype: str
     tokenizer: Any = None  # None: byte-level
+    chat: Any = None  # chat.ChatEncoder: conversations through the chat template
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any) -> Encoder:
+    def for_tokenizer(cls, tokenizer: Any, loss_on: str = "assistant") -> Encoder:
+        from trainer.data.chat import ChatEncoder
         from trainer.tokenizer import is_byte_level
 
         dtype = "uint16" if len(tokenizer) <= 1 << 16 else "uint32"
         backend = None if is_byte_level(tokenizer) else tokenizer
-        return cls(int(tokenizer.eos_token_id), dtype, backend)
+        return cls(int(tokenizer.eos_token_id), dtype, backend, ChatEncoder(tokenizer, loss_on, dtype))
 
     @property
     def byte_level(self) -> bool:
@@ -87,12 +89,16 @@ class Piece:
     without_text: int = 0
     bad: list[str] = field(default_factory=list)
     worker_rss: int = 0  # peak resident bytes of the worker process that made it (0: made in the main process)
+    lengths: np.ndarray | None = None  # int64: each record's token count, in order; sum(lengths) == len(ids)
 
 
 def tokenize_unit(unit: LineChunk | Columns, encoder: Encoder, text_field: str) -> Piece:
     columns = parse_chunk(unit, text_field) if isinstance(unit, LineChunk) else unit
+    if columns.conversations is not None:
+        return _conversations(columns, encoder)
     if columns.prompts is not None:
         ids, mask = _pairs(columns, encoder)
+        mask = None if getattr(encoder.chat, "loss_on", "") == "all" else mask  # TRAIN_LOSS_ON=all: prompts train too
     else:
         ids, mask = _texts(columns, encoder), None
     return Piece(ids, mask, columns.records, columns.without_text, columns.bad)
@@ -143,6 +149,27 @@ def _pairs(columns: Columns, encoder: Encoder) -> tuple[np.ndarray, np.ndarray]:
     if not ids:
         return np.zeros(0, encoder.dtype), np.zeros(0, np.uint8)
     return np.concatenate(ids), np.concatenate(mask)
+
+
+def _conversations(columns: Columns, encoder: Encoder) -> Piece:
+    """Each conversation through the chat template (chat.ChatEncoder), whole; a record the template refuses is a
+    bad line, named by file and line."""
+    from trainer.data.chat import BadRecord, in_file_order
+
+    ids, mask, lengths, bad = [], [], [], list(columns.bad)
+    for conv in columns.conversations:
+        try:
+            record_ids, record_mask = encoder.chat.encode(conv)
+        except BadRecord as exc:
+            bad.append(f"{conv.where}: {exc}")
+            continue
+        ids.append(record_ids)
+        mask.append(record_mask)
+        lengths.append(len(record_ids))
+    if not ids:
+        ids, mask = [np.zeros(0, encoder.dtype)], [np.zeros(0, np.uint8)]
+    return Piece(np.concatenate(ids), np.concatenate(mask), records=len(lengths), bad=in_file_order(bad),
+                 lengths=np.asarray(lengths, np.int64))  # fmt: skip
 
 
 def _utf8(array: Any) -> list[bytes]:
@@ -348,14 +375,15 @@ def corpus_bytes(source: Any) -> int:
 
 
 def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: Path, max_bad_lines: int,
-            should_stop: Any = never, workers: int | None = None) -> dict[str, Any]:  # fmt: skip
+            should_stop: Any = never, workers: int | None = None, loss_on: str = "assistant"
+            ) -> dict[str, Any]:  # fmt: skip
     """Tokenize the whole source into shards in `folder` (which must exist and be empty); returns meta.json.
 
     `should_stop()` is asked after each unit: True raises `Stopped` (a SIGTERM must not wait for a whole corpus).
     `workers`: worker processes (0: this process); None picks `worker_count`.
     """
     start = time.perf_counter()
-    encoder = Encoder.for_tokenizer(tokenizer)
+    encoder = Encoder.for_tokenizer(tokenizer, loss_on)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     workers = worker_count(encoder, corpus_bytes(source)) if workers is None else workers
     tally = Tally(max_bad_lines, source.variable)

@@ -22,6 +22,7 @@ from trainer.doctor.rows import (
     bitsandbytes_row,
     cache_row,
     capability_rows,
+    chat_row,
     data_row,
     deepspeed_row,
     driver_floor_row,
@@ -76,6 +77,7 @@ def collect() -> list[Row]:
         user_row(),
         cache_row(),
         data_row(source),
+        *([chat_row(settings, source)] if settings and source.ok else []),
         output_row(output_path),
         config_row,
     ]

@@ -349,6 +349,20 @@ def data_row(source: DataSource) -> Row:
     return Row("data", "Data", f"{path}: {source.describe()}", status, "; ".join(source.problems), value)
 
 
+def chat_row(settings: Any, source: DataSource) -> Row:
+    """The data's record format and the chat template that renders conversations (trainer.data.chat)."""
+    from trainer.data.chat import chat_report, no_template_problem
+
+    report = chat_report(settings, source)
+    (layouts, loss), (template, why) = report["data_format"], report["chat_template"]
+    shown = f"format {layouts} ({loss}); chat template: {template}"
+    value = {what: {"value": v, "reason": r} for what, (v, r) in report.items()}
+    if source.conversational and template in ("none", "refused"):
+        fix = why if template == "refused" else no_template_problem(layouts, why)
+        return Row("chat", "Data format", shown, FAIL, fix, value)
+    return Row("chat", "Data format", shown, OK, value=value)
+
+
 def output_row(path: str) -> Row:
     if writable(path):
         return Row("output", "Output", f"{path}: writable", OK, value={"path": path, "writable": True})
