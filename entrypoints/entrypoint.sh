@@ -8,6 +8,7 @@
 #   doctor [--json]   python -m trainer doctor: what this machine can do
 #   bench [ARGS...]   python -m trainer bench
 #   fetch [--json]    python -m trainer fetch: download the configured Hub model/tokenizer/data into /cache
+#   data [ARGS...]    python -m trainer data: prepare the tokenized cache; --show N: what will be trained
 #   shell [ARGS...]   bash
 #   -ANYTHING ...     arguments for train
 #   CMD [ARGS...]     any other command, run as given (e.g. `python my_script.py`)
@@ -41,6 +42,7 @@ case "$cmd" in
     doctor) set -- python -m trainer doctor "$@"; what="python -m trainer doctor" ;;
     bench) set -- python -m trainer bench "$@"; what="python -m trainer bench" ;;
     fetch) set -- python -m trainer fetch "$@"; what="python -m trainer fetch" ;;
+    data) set -- python -m trainer data "$@"; what="python -m trainer data" ;;
     shell) set -- bash "$@"; what="bash" ;;
     *) set -- "$cmd" "$@"; what="$cmd" ;;
 esac

@@ -236,3 +236,27 @@ def test_oldest_row_renders_and_masks_the_same(tmp_path: Path, chat_model: Path)
         oldest = show_json(env_for(tmp_path / layout, data, output_dir=str(tmp_path / layout / "old"), **settings),
                            OLDEST_PYTHON)  # fmt: skip
         assert oldest == newest, layout
+
+
+def test_final_and_checkpoints_keep_the_template_and_resume_maps_the_cache(tmp_path: Path, chat_model: Path) -> None:
+    """A real run on the model folder with TRAIN_CHAT_TEMPLATE=chatml (not the model's own template): final/ and the
+    checkpoint load with that template, so apply_chat_template renders as training did; the resumed run maps the
+    cache the first run prepared."""
+    from transformers import AutoTokenizer
+
+    data = write_corpus(tmp_path / "data", "messages")
+    train = {"model": str(chat_model), "chat_template": "chatml", "batch_size": "2", "max_steps": "2",
+             "save_steps": "2", "num_workers": "0", "log_steps": "1"}  # fmt: skip
+    first = run_trainer([], env=env_for(tmp_path, data, **train))
+    assert first.returncode == 0, first.stderr[-3000:]
+    chatml = (REPO / "trainer/assets/chat_templates/chatml.jinja").read_text()
+    messages = [{"role": r, "content": c} for r, c in turns(0)]
+    for folder in ("final", "checkpoint-2"):
+        saved = AutoTokenizer.from_pretrained(tmp_path / "out" / folder)
+        assert saved.chat_template == chatml, folder
+        rendered = saved.apply_chat_template(messages, tokenize=False)
+        assert rendered.startswith("<|im_start|>system\nsysmark0 be brief<|im_end|>\n"), rendered
+    cached = re.search(r"cached at (\S+)", first.stderr).group(1)
+    second = run_trainer([], env=env_for(tmp_path, data, **{**train, "max_steps": "3"}))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "continuing from" in second.stderr and f"from the cache {cached} (no tokenization)" in second.stderr
