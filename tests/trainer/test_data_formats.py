@@ -132,7 +132,7 @@ def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path: Path, caplo
     first, _, _ = blocks(path, 8, tmp_path / "cache")
     calls = []
     real = shards.prepare
-    monkeypatch.setattr(shards, "prepare", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(shards, "prepare", lambda *a, **k: calls.append(a) or real(*a, **k))
     with caplog.at_level(logging.INFO, logger="trainer"):
         again, _, _ = blocks(path, 8, tmp_path / "cache")
     assert calls == [] and "from the cache" in caplog.text

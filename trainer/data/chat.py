@@ -77,7 +77,15 @@ def layout_of_columns(schema: Any, text_field: str) -> str | None:
 
 def file_layout(path: Path, text_field: str) -> str | None:
     """The layout of a data file: its first record's (JSON Lines, .json) or its columns' (parquet, arrow, a
-    save_to_disk folder); None when it has no field trainkit reads. Every other record must have the same."""
+    save_to_disk folder); None when it has no field trainkit reads, or cannot be read (the reader names why).
+    Conversations and other records do not share a file."""
+    try:
+        return _file_layout(path, text_field)
+    except Exception:  # a corrupt file: the reader reports it by name when it gets there
+        return None
+
+
+def _file_layout(path: Path, text_field: str) -> str | None:
     from trainer.data.formats import file_kind, open_text
 
     if path.is_dir():

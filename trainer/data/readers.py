@@ -176,20 +176,7 @@ def _jsonl_arrow(chunk: LineChunk, text_field: str) -> Columns:
     )
     read = pajson.ReadOptions(use_threads=False, block_size=len(chunk.data) + 1)
     table = pajson.read_json(pa.BufferReader(chunk.data), read_options=read, parse_options=options)
-    if chunk.layout in ("text", "pair") and _has_other_layout(table, chunk.layout, text_field):
-        raise pa.ArrowInvalid("records of another layout")
     return _columns_from_table(table, text_field, chunk.path)
-
-
-def _has_other_layout(table: Any, layout: str, text_field: str) -> bool:
-    """Text records in a prompt/completion file, or prompt/completion records in a text file."""
-    import pyarrow.compute as pc
-
-    pair = pc.and_(pc.is_valid(table["prompt"]), pc.is_valid(table["completion"]))
-    if layout == "text":
-        return pc.any(pair).as_py() or False
-    text = pc.and_(pc.invert(pair), pc.is_valid(table[text_field])) if text_field not in PAIR else None
-    return text is not None and (pc.any(text).as_py() or False)
 
 
 def _jsonl_python(chunk: LineChunk, text_field: str) -> Columns:
@@ -250,7 +237,8 @@ def _as_text(column: Any) -> Any:
 def _columns_from_rows(rows: list[dict[str, Any]], text_field: str, origin: str, layout: str | None = None,
                        wheres: list[str] | None = None) -> Columns:  # fmt: skip
     """Python records -> Columns, by the same rules as pyarrow's (values as their text, null or missing: no text).
-    A record of another layout than the file's (`layout`, its first record's) is a bad line, named by `wheres`."""
+    A conversation in a file of other records, or another record in a file of conversations (`layout`, its first
+    record's), is a bad line, named by `wheres`; text and prompt/completion records may share a file."""
     import pyarrow as pa
 
     wheres = wheres or [f"{origin}:record {n}" for n in range(1, len(rows) + 1)]
@@ -258,14 +246,9 @@ def _columns_from_rows(rows: list[dict[str, Any]], text_field: str, origin: str,
     kept, bad = [], []
     for row, where in zip(rows, wheres, strict=True):
         found = layout_of_record(row, text_field)
-        if layout in CHAT_LAYOUTS or found in CHAT_LAYOUTS:
-            if found != layout:
-                bad.append(f"{where}: a {LAYOUT_NAMES.get(found, 'record without known fields')} record in a file "
-                           f"of {LAYOUT_NAMES[layout]} records; keep one layout per file")  # fmt: skip
-                continue
-        elif found in ("text", "pair") and layout in ("text", "pair") and found != layout:
-            bad.append(f"{where}: a {LAYOUT_NAMES[found]} record in a file of {LAYOUT_NAMES[layout]} records; keep "
-                       "one layout per file")  # fmt: skip
+        if (layout in CHAT_LAYOUTS or found in CHAT_LAYOUTS) and found != layout:
+            bad.append(f"{where}: a {LAYOUT_NAMES.get(found, 'record without known fields')} record in a file of "
+                       f"{LAYOUT_NAMES.get(layout, 'other')} records; keep one layout per file")  # fmt: skip
             continue
         kept.append((row, where))
     if layout in CHAT_LAYOUTS:
