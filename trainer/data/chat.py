@@ -225,9 +225,6 @@ class TemplateChoice:
     text: str | None
     origin: str  # what the `config`/`doctor` reports and the log say
 
-    def describe(self) -> str:
-        return self.origin if self.text else "none"
-
 
 def chosen_template(setting: str, tokenizer_folder: str | Path | None) -> TemplateChoice:
     """TRAIN_CHAT_TEMPLATE's template (a built-in name or a .jinja file) or the tokenizer folder's own."""
@@ -293,20 +290,23 @@ LOSS_ON_MEANING = {"assistant": "every assistant turn", "last": "the last assist
 
 def chat_report(settings: Any, source: Any) -> dict[str, tuple[str, str]]:
     """{what: (value, reason)} for `config`'s decisions and `doctor`: the detected format, the template."""
-    layouts = source.layout_names()
-    loss = f"loss on {LOSS_ON_MEANING[settings.loss_on]} (TRAIN_LOSS_ON={settings.loss_on})"
-    if not source.conversational:
-        pairs = "pair" in source.layouts
-        reason = f"{loss}: the completions" if pairs and settings.loss_on != "all" else "every token"
-        return {"data_format": (layouts, f"{reason}"), "chat_template": ("none", "no conversations to render")}
+    setting = f"TRAIN_LOSS_ON={settings.loss_on}"
+    if source.conversational:
+        trained = f"loss on {LOSS_ON_MEANING[settings.loss_on]} ({setting})"
+    elif "pair" in source.layouts and settings.loss_on != "all":
+        trained = f"loss on the completions ({setting})"
+    else:
+        trained = f"loss on every token ({setting})"
+    data_format = (source.layout_names(), trained)
     try:
         choice = template_of(settings)
     except ConfigError as exc:
-        return {"data_format": (layouts, loss), "chat_template": ("refused", exc.message)}
-    marked = "{% generation %} markers" if choice.text and GENERATION_TAG.search(choice.text) else "prefix rendering"
-    reason = f"renders the conversations; trained tokens found by {marked}; saved with final/ and checkpoints"
-    return {"data_format": (layouts, loss), "chat_template": (choice.describe(), reason if choice.text else
-                                                              choice.origin)}  # fmt: skip
+        return {"data_format": data_format, "chat_template": ("refused", exc.message)}
+    if not choice.text:
+        return {"data_format": data_format, "chat_template": ("none", choice.origin)}
+    marked = "{% generation %} markers" if GENERATION_TAG.search(choice.text) else "prefix rendering"
+    use = f"renders the conversations (trained tokens by {marked})" if source.conversational else "no conversations"
+    return {"data_format": data_format, "chat_template": (choice.origin, f"{use}; saved with final/ and checkpoints")}
 
 
 def no_template_problem(layout_names: str, origin: str) -> str:
