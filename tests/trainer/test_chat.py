@@ -260,3 +260,12 @@ def test_final_and_checkpoints_keep_the_template_and_resume_maps_the_cache(tmp_p
     second = run_trainer([], env=env_for(tmp_path, data, **{**train, "max_steps": "3"}))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "continuing from" in second.stderr and f"from the cache {cached} (no tokenization)" in second.stderr
+
+
+def test_doctor_fails_conversations_without_a_template(tmp_path: Path) -> None:
+    data = write_corpus(tmp_path / "data", "messages")
+    result = run_trainer(["doctor", "--json"], env=env_for(tmp_path, data))
+    assert result.returncode == 2, result.stderr[-3000:]
+    row = next(c for c in json.loads(result.stdout)["checks"] if c["key"] == "chat")
+    assert row["status"] == "fail" and "TRAIN_CHAT_TEMPLATE" in row["fix"]
+    assert row["value"]["data_format"]["value"] == "messages"

@@ -73,7 +73,8 @@ class TrainSettings(BaseSettings):
     data_max_bad_lines: int = _f(
         0,
         "paths",
-        "Malformed JSON Lines records to skip (each is reported by file and line); 0: the first one stops the run.",
+        "Malformed records to skip (JSON Lines that do not parse, conversations that cannot be trained on; each is "
+        "reported by file and line); 0: the first one stops the run.",
         ge=0,
     )
     # conversations (trainer/data/chat.py)
