@@ -133,8 +133,10 @@ def env_for(tmp_path: Path, data: Path, **train: str) -> dict[str, str]:
 @pytest.mark.parametrize("layout, source", [("messages", "model"), ("conversations", "builtin"),
                                             ("chat_pair", "file")])  # fmt: skip
 def test_loss_only_on_assistant_turns(tmp_path: Path, chat_model: Path, layout: str, source: str) -> None:
-    """messages with the model folder's template (prefix rendering, BPE, BOS), ShareGPT parquet with the built-in
-    chatml (generation markers, byte-level preset), conversational prompt/completion with a TRAIN_CHAT_TEMPLATE file."""
+    """messages with the model folder's template (prefix rendering, BPE, BOS); ShareGPT parquet as a Hub dataset
+    (hf://datasets/..., from the HF cache offline) with the built-in chatml (generation markers, byte-level preset);
+    conversational prompt/completion with a TRAIN_CHAT_TEMPLATE file."""
+    from hub_server import populate_cache
     from transformers import AutoTokenizer
 
     from trainer.tokenizer import byte_level_tokenizer
@@ -144,7 +146,12 @@ def test_loss_only_on_assistant_turns(tmp_path: Path, chat_model: Path, layout: 
     if source == "file":
         (tmp_path / "t.jinja").write_text(HEADER_TEMPLATE.replace("\n\n", "\n"))
         settings = {"model": str(chat_model), "chat_template": str(tmp_path / "t.jinja")}
-    sequences = show_json(env_for(tmp_path, data, **settings))
+    env = env_for(tmp_path, data, **settings)
+    if layout == "conversations":
+        files = {"data/train-00000-of-00001.parquet": data.read_bytes(), "README.md": b"# chats\n"}
+        populate_cache(Path(env["HF_HOME"]), "org/chats", files, "c" * 40, kind="datasets")
+        env["TRAIN_DATA"] = "hf://datasets/org/chats"
+    sequences = show_json(env)
     tokenizer = byte_level_tokenizer() if source == "builtin" else AutoTokenizer.from_pretrained(chat_model)
     assert_assistant_only(sequences, tokenizer, layout)
     if source != "builtin":  # the template adds BOS once per record; the tokenizer adds none of its own
