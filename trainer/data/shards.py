@@ -98,7 +98,8 @@ def tokenize_unit(unit: LineChunk | Columns, encoder: Encoder, text_field: str) 
         return _conversations(columns, encoder)
     if columns.prompts is not None:
         ids, mask = _pairs(columns, encoder)
-        mask = None if getattr(encoder.chat, "loss_on", "") == "all" else mask  # TRAIN_LOSS_ON=all: prompts train too
+        if getattr(encoder.chat, "loss_on", "") == "all":  # TRAIN_LOSS_ON=all: the prompts train too
+            mask = np.ones_like(mask)
     else:
         ids, mask = _texts(columns, encoder), None
     return Piece(ids, mask, columns.records, columns.without_text, columns.bad)
