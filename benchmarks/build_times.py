@@ -1,7 +1,7 @@
 """Build times of the CPU image: cold build, warm rebuild after a trainer edit, their ratio, and image size.
 
-    python benchmarks/build_times.py              cold (no layer cache, fresh pip/ccache caches) then warm
-    python benchmarks/build_times.py --warm-only  only the warm rebuild (uses the latest record as the cold time)
+    python -m benchmarks.build_times              cold (no layer cache, fresh pip/ccache caches) then warm
+    python -m benchmarks.build_times --warm-only  only the warm rebuild (uses the latest record as the cold time)
 
 Cold: `build.py --cpu --no-cache` with a new CACHE_ID, so BuildKit's pip and ccache mounts start empty too (the
 CPU base itself is reused: it is the stand-in for NGC, which a user pulls rather than builds). Warm: a trainer

@@ -1,6 +1,6 @@
 """Data preparation at corpus scale: memory flat in the corpus size, throughput per core, against datasets.map.
 
-    .venv/bin/python benchmarks/data_prep.py [--small-mb 40] [--factor 10] [--seq 512] [--workers 0,auto]
+    .venv/bin/python -m benchmarks.data_prep [--small-mb 40] [--factor 10] [--seq 512] [--workers 0,auto]
 
 Generates a JSONL corpus of --small-mb and one --factor times larger (paragraphs of the embedded corpus, numbered),
 and prepares each with trainkit's streaming preparation (trainer.data.shards.prepare, byte-level tokenizer, the
@@ -29,7 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def write_jsonl(path: Path, megabytes: float) -> None:
     """Paragraphs of the embedded corpus, numbered, as JSONL records (written in blocks: fast, flat memory)."""
-    sys.path.insert(0, str(REPO))
     from trainer.data.discovery import EMBEDDED_CORPUS
 
     paragraphs = [p for p in EMBEDDED_CORPUS.read_text().split("\n\n") if p.strip()]

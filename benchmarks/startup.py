@@ -1,7 +1,7 @@
 """Startup overhead: seconds from `docker compose up train` to the first training step, side by side with
 `docker run IMAGE python -c pass` (container start + interpreter, the floor) in the same run.
 
-    python benchmarks/startup.py [--cpu] [--repeat 5] [--image IMAGE]
+    python -m benchmarks.startup [--cpu] [--repeat 5] [--image IMAGE]
 
 The run trains the `tiny` preset (TRAIN_SEQ_LEN=64, one step logged per step) on a small corpus in a
 temporary project folder; the first line of output/metrics.jsonl marks the first finished step.
@@ -25,7 +25,6 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
 GOAL_S = 3.0
 TORCH = "import torch"
 IMPORTS = "import torch; from transformers import Trainer"
@@ -115,6 +114,14 @@ def engine_has_gpus() -> bool:
     return "nvidia" in info.stdout
 
 
+def default_image(gpu: bool) -> str:
+    """The moving tag a user gets, as scripts/matrix.py names it (a host tool, run as one)."""
+    flavor = "gpu" if gpu else "cpu"
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "matrix.py"), "--default-image", flavor],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return out.stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="the CPU flavor (default without the NVIDIA runtime)")
@@ -122,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
     cpu = args.cpu or not engine_has_gpus()
-    from matrix import default_image
-
     image = args.image or default_image(gpu=not cpu)
     name = f"tkbench{uuid.uuid4().hex[:8]}"
     rows: dict[str, list[float]] = {"floor": [], "compose_floor": [], "torch": [], "imports": [], "up": [], "step": []}

@@ -1,6 +1,6 @@
 """Overhead of `python -m trainer` against a plain Transformers `Trainer` script, and tokenize+pack throughput.
 
-    .venv/bin/python benchmarks/trainer_overhead.py [--steps 60] [--batch 8] [--seq 128] [--repeats 3]
+    .venv/bin/python -m benchmarks.trainer_overhead [--steps 60] [--batch 8] [--seq 128] [--repeats 3]
 
 Part 1 trains the same tiny Llama (the `tiny` preset's config, byte-level tokenizer) on the same JSONL data with
 the same steps, batch, sequence length, optimizer and precision:
@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 BASELINE = textwrap.dedent(
     """

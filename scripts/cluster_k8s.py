@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from errors import UserError, key_values
 
 if TYPE_CHECKING:
-    from cluster import EnvFile
+    from cluster_env import EnvFile
 
 RDZV_PORT = 29400
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the training operator reads MASTER_PORT from this port

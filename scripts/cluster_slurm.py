@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cluster import EnvFile
+    from cluster_env import EnvFile
 
 ENTRYPOINT = "/opt/trainkit/entrypoints/entrypoint.sh"
 # Set in every container: packages in the user's ~/.local must not shadow the image's pinned ones.

@@ -10,8 +10,13 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from errors import UserError
+from errors import UserError, exit_missing_package
 from matrix import Entry, Matrix
+
+try:  # the installed project; the driver -> row rule is the doctor's, torch-free
+    from trainer.doctor.driver import newest_row_for, version_key
+except ModuleNotFoundError as missing:
+    exit_missing_package(missing)
 
 
 @dataclass(frozen=True)
@@ -19,11 +24,6 @@ class DriverReport:
     version: str
     gpus: tuple[str, ...]
     source: str  # "NVML" or "nvidia-smi"
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """'570.124.06' -> (570, 124, 6); a bare branch like '530' compares as its first release."""
-    return tuple(int(part) for part in version.strip().split("."))
 
 
 def _from_nvml() -> DriverReport | None:
@@ -67,16 +67,15 @@ def read_driver() -> DriverReport | None:
 
 def pick_entry(matrix: Matrix, driver: str) -> tuple[Entry, str]:
     """The newest row whose driver floor `driver` meets, and why; a UserError when none does."""
-    have = version_key(driver)
-    fitting = [e for e in matrix.entries.values() if version_key(e.driver_min) <= have]
-    if not fitting:
+    cuda = newest_row_for(driver, {e.cuda: e.driver_min for e in matrix.entries.values()})
+    if cuda is None:
         oldest = min(matrix.entries.values(), key=lambda e: version_key(e.driver_min))
         raise UserError(
             f"driver {driver} is older than every row's floor (the oldest, CUDA {oldest.cuda}, needs "
             f">= {oldest.driver_min}).\n  Update the driver, or on datacenter GPUs install the CUDA forward "
             "compatibility package and pass --cuda X.Y explicitly."
         )
-    best = max(fitting, key=lambda e: version_key(e.cuda))
+    best = matrix.entries[cuda]
     newer = [e for e in matrix.entries.values() if version_key(e.cuda) > version_key(best.cuda)]
     why = f"driver {driver} meets CUDA {best.cuda}'s floor (>= {best.driver_min})"
     if newer:

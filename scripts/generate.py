@@ -35,24 +35,28 @@ README_BLOCKS: dict[str, Callable[[], str]] = {
 }
 
 
-def _replace_block(text: str, name: str, body: str) -> str:
-    begin = f"<!-- BEGIN {name} (scripts/generate.py) -->\n"
-    end = f"<!-- END {name} -->\n"
+def replace_block(path: Path, text: str, begin: str, end: str, body: str) -> str:
+    """`text` (of `path`) with what lies between the `begin` and `end` marker lines replaced by `body`: the one
+    replacer of generated blocks."""
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"error: README.md lacks the markers for {name!r}: {begin.strip()} ... {end.strip()}")
+        raise SystemExit(f"error: {path.name} lacks the generated block markers: {begin.strip()} ... {end.strip()}")
     return pattern.sub(lambda _m: begin + body + end, text)
+
+
+def readme_markers(name: str) -> tuple[str, str]:
+    return f"<!-- BEGIN {name} (scripts/generate.py) -->\n", f"<!-- END {name} -->\n"
 
 
 def rendered() -> dict[Path, str]:
     """Every derived file as it should read now."""
     readme = README.read_text()
     for name, render in README_BLOCKS.items():
-        readme = _replace_block(readme, name, render())
+        readme = replace_block(README, readme, *readme_markers(name), render())
     out = {README: readme, ENV_EXAMPLE: train_docs.env_example()}
     table = matrix.load()
-    for path in matrix.BLOCKS:
-        out[path] = matrix.regenerate(path, table)[1]
+    for path, (begin, end, render_block) in matrix.BLOCKS.items():
+        out[path] = replace_block(path, path.read_text(), begin, end, render_block(table))
     return out
 
 

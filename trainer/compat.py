@@ -61,6 +61,12 @@ class Stack:
         return self.transformers_5 and (self.torch is None or self.torch >= (2, 6))
 
     @property
+    def dropped_training_arguments(self) -> frozenset[str]:
+        """TrainingArguments fields transformers 5 removed (safetensors is the only format; TensorBoard writes to
+        OUTPUT_DIR/runs by itself): trainkit passes them to the versions that still have them."""
+        return frozenset({"save_safetensors", "logging_dir"}) if self.transformers_5 else frozenset()
+
+    @property
     def fused_adamw_on_cpu(self) -> bool:
         """torch.optim.AdamW(fused=True) has a CPU kernel from torch 2.4."""
         return self.torch is None or self.torch >= (2, 4)
@@ -71,6 +77,11 @@ class Stack:
         bypassed there), a resume's optimizer, scheduler and RNG state included: the 12.4 row (NGC 24.05, torch 2.4)."""
         return (self.transformers is not None and self.transformers >= (4, 52)
                 and self.torch is not None and self.torch < (2, 6))  # fmt: skip
+
+    @property
+    def torchrun_stop_wait_configurable(self) -> bool:
+        """torchrun reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT from torch 2.12; before, its wait before SIGKILL is 30 s."""
+        return self.torch is None or self.torch >= (2, 12)
 
     @property
     def bf16_emulation_flag(self) -> bool:
@@ -85,6 +96,20 @@ class Stack:
         cuda = os.environ.get("CUDA_VERSION", "")
         row = f"the CUDA {'.'.join(cuda.split('.')[:2])} row" if cuda else "this stack"
         return f"{row} ({stack})"
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of a distribution as it names itself (e.g. 2.1.0a0+nv23.07), None when absent."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def bitsandbytes_quantizes_on_cpu() -> bool:
+    """bitsandbytes has a CPU backend from 0.46 (TRAIN_QUANT on a machine without a GPU)."""
+    release = _release("bitsandbytes")
+    return release is not None and release[:2] >= (0, 46)
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,7 +167,7 @@ def cpu_optimizer_problem(optim: str, st: Stack | None = None) -> str | None:
 
 def _optimizers_unsupported(st: Stack) -> dict[str, str]:
     """trainkit's optimizer list is the newest transformers'; an older one refuses the names it does not have."""
-    from trainer.config import train_args
+    from trainer import transformers_names
 
     installed = installed_optimizer_names()
     if not installed:
@@ -151,7 +176,7 @@ def _optimizers_unsupported(st: Stack) -> dict[str, str]:
     return {
         f"TRAIN_OPTIM={name}": f"transformers {version} has no {name} optimizer (a later version added it); "
         "use TRAIN_OPTIM=auto or adamw_torch"
-        for name in train_args.OPTIMIZER_NAMES
+        for name in transformers_names.OPTIMIZER_NAMES
         if name not in installed
     }
 
@@ -161,9 +186,9 @@ def installed_optimizer_names() -> frozenset[str]:
     """The values of the installed transformers' OptimizerNames, read from its source (no import); empty if absent."""
     import ast
 
-    from trainer.config import train_args
+    from trainer import transformers_names
 
-    source = train_args.training_args_source()
+    source = transformers_names.training_args_source()
     if source is None:
         return frozenset()
     for node in ast.parse(source.read_text(encoding="utf-8")).body:

@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from trainer.hub.models import TOKENIZER_FILES, model_folder, tokenizer_folder
+from trainer.hub.sources import TOKENIZER_FILES, model_folder, tokenizer_folder
 
 log = logging.getLogger("trainer")
 

@@ -251,7 +251,7 @@ def test_a_baseline_the_trainer_refuses_stops_the_bench_with_its_message(tmp_pat
 
 def test_batch_probe_doubles_up_to_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe is GPU-only in the CLI (on a CPU nothing runs out of memory); its doubling runs real rows here."""
-    from trainer.bench.rows import select_rows
+    from trainer.bench.catalogue import select_rows
     from trainer.bench.runner import RunPlan
     from trainer.bench.session import Bench, Context
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.bench.catalogue import BASELINE, BASELINE_ENV, UnknownRowError, catalogue, row_names, select_rows
 from trainer.bench.report import BenchResult, RowResult, env_lines, fastest_row, fill_relative
-from trainer.bench.rows import BASELINE, BASELINE_ENV, UnknownRowError, catalogue, row_names, select_rows
 from trainer.bench.runner import (
     ERROR,
     OOM,

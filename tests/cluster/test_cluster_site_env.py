@@ -123,12 +123,12 @@ while True:
 
 DRIVER = """\
 import os, sys
-from trainer.launch.decide import Decision
+from trainer.launch.decide import LaunchPlan
 from trainer.launch.placement import Placement
 from trainer.launch.supervise import supervise
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
            "--max-restarts", "3", sys.argv[1]]
-decision = Decision(Placement("test"), 2, "", 3, command, dict(os.environ), True, supervised=True)
+decision = LaunchPlan(Placement("test"), 2, "", 3, command, dict(os.environ), True, supervised=True)
 sys.exit(supervise(decision))
 """
 
@@ -195,12 +195,12 @@ def test_stop_reaches_the_workers_with_the_time_the_scheduler_gives(tmp_path: Pa
 
 SLEEPER_DRIVER = """\
 import os, sys
-from trainer.launch.decide import Decision
+from trainer.launch.decide import LaunchPlan
 from trainer.launch.placement import Placement
 from trainer.launch.supervise import supervise
 code = "import os, time; open('child.pid', 'w').write(str(os.getpid())); time.sleep(120)"
-decision = Decision(Placement("test"), 1, "", 0, [sys.executable, "-c", code], dict(os.environ), False, supervised=True)
-sys.exit(supervise(decision))
+plan = LaunchPlan(Placement("test"), 1, "", 0, [sys.executable, "-c", code], dict(os.environ), False, supervised=True)
+sys.exit(supervise(plan))
 """
 
 

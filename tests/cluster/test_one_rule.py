@@ -22,7 +22,7 @@ from trainer.config import parse_settings
 from trainer.config.decisions import decide_nproc
 from trainer.envfile import read_env_file
 from trainer.errors import ConfigError
-from trainer.run.hardware import Hardware
+from trainer.machine.hardware import Hardware
 from trainer.secrets import is_secret_name, mask_args, mask_secrets
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_startup_benchmark_reports_every_part(cpu_image: str, engine_memlock: int) -> None:
     env = {**os.environ, "TRAINKIT_MEMLOCK": str(engine_memlock)}
-    command = [sys.executable, str(ROOT / "benchmarks" / "startup.py"), "--cpu", "--repeat", "1", "--image", cpu_image]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    command = [sys.executable, "-m", "benchmarks.startup", "--cpu", "--repeat", "1", "--image", cpu_image]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = dict(re.findall(r"^  (.+?)\s+(-?\d+\.\d\d) s$", done.stdout, re.MULTILINE))
     floor = float(rows["docker run IMAGE python -c pass"])

@@ -82,7 +82,7 @@ def metrics(out: Path) -> list[dict]:
 
 
 def test_default_gpu_run_reports_memory_and_mfu(tmp_path: Path) -> None:
-    from trainer.run.metrics import peak_flops
+    from trainer.machine.peaks import peak_flops
 
     out, _ = train(tmp_path)
     rows = metrics(out)

@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from trainer import compat, config
+from trainer import compat, config, transformers_names
 from trainer.config import docs
-from trainer.config import train_args as training_args
 from trainer.config.deepspeed import AIO_DEFAULTS
 from trainer.config.schema import TrainSettings, env_name
 from trainer.errors import ConfigError
-from trainer.run.hardware import Hardware
+from trainer.machine.hardware import Hardware
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz123456"
@@ -337,8 +336,8 @@ def test_optimizer_names_and_fields_match_installed_transformers(run_python) -> 
     result = run_python(["-c", code])
     assert result.returncode == 0, result.stderr
     names, fields = json.loads(result.stdout.strip().splitlines()[-1])
-    assert list(training_args.OPTIMIZER_NAMES) == names
-    assert training_args.training_argument_fields() == {f for f in fields if not f.startswith("_")}
+    assert list(transformers_names.OPTIMIZER_NAMES) == names
+    assert transformers_names.training_argument_fields() == {f for f in fields if not f.startswith("_")}
 
 
 # ---- decisions on described GPUs (in-process, no torch) ----------------------------------------------------------

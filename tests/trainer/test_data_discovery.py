@@ -13,7 +13,7 @@ import pytest
 from trainer import config
 from trainer.data.dataset import build_dataset
 from trainer.data.discovery import discover, source_of
-from trainer.doctor.rows import data_row
+from trainer.doctor.probes import data_probe
 from trainer.errors import ConfigError
 from trainer.tokenizer import byte_level_tokenizer
 
@@ -41,7 +41,7 @@ def test_a_dangling_symlink_is_the_same_problem_for_checks_doctor_and_the_run(da
         config.load_settings({"TRAIN_DATA": str(dangling), "TRAIN_OUTPUT_DIR": str(tmp_path / "out")})
     assert problem in checks.value.problems
 
-    row = data_row(source_of(settings))
+    row = data_probe(source_of(settings))
     assert row.status == "fail" and "gone.txt" in row.fix and row.value["readable"] is False
 
     with pytest.raises(ConfigError) as run:

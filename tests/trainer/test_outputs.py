@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.run.checkpoint import COMPLETE_MARKER
-from trainer.run.metrics import METRIC_KEYS, flops_per_token, matmul_params, peak_flops
+from trainer.machine.peaks import peak_flops
+from trainer.run.metrics import METRIC_KEYS, flops_per_token, matmul_params
+from trainer.run.resume import COMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -160,8 +161,8 @@ def test_fused_adam_takes_the_adam_flags_of_train_args(tmp_path: Path) -> None:
     """apex FusedAdam (GPU only) gets --adam_beta1/--adam_beta2/--adam_epsilon, not its own defaults."""
     from transformers import TrainingArguments
 
-    from trainer.config.train_args import parse_train_args
     from trainer.run.train import fused_adam_kwargs
+    from trainer.transformers_names import parse_train_args
 
     user = parse_train_args(["--adam_beta2", "0.95", "--adam_epsilon", "1e-6", "--weight_decay", "0.1"])
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, learning_rate=2e-4, **user)
@@ -188,7 +189,7 @@ def test_one_process_uses_one_gpu(tmp_path: Path) -> None:
 def test_zero_offload_runs_deepspeeds_optimizer_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """With ZeRO offload DeepSpeed's CPU Adam runs; TRAIN_OPTIM=adamw_apex_fused must neither be built nor logged."""
     from trainer import config
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
     from trainer.run.train import _optimizer_override
 
     gpu = Hardware(device="cuda", gpu_count=1, gpu_name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True)

@@ -66,7 +66,7 @@ def test_auto_attention_never_picks_flash_attention_2_where_the_row_has_flash_at
     """NGC 23.07 ships flash-attn 1 (importable as flash_attn): on an A100 in bf16, auto must still pick sdpa."""
     from trainer.config.decisions import decide_attn
     from trainer.config.schema import TrainSettings
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
 
     a100 = Hardware(device="cuda", gpu_count=1, capability=(8, 0), bf16=True, libraries={"flash_attn": True})
     settings = TrainSettings(attn="auto")

@@ -28,7 +28,8 @@ from train_runs import (
     write_corpus,
 )
 
-from trainer.run.checkpoint import COMPLETE_MARKER, SAVE_DELAY_ENV
+from trainer.run.checkpoint import SAVE_DELAY_ENV
+from trainer.run.resume import COMPLETE_MARKER
 
 WORKER_DEATH = "DataLoader worker"
 

@@ -17,14 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.bench.catalogue import BASELINE, UnknownRowError, catalogue, select_rows
 from trainer.bench.machine import machine, versions
 from trainer.bench.report import BenchProgress, BenchResult, fastest_row, fill_relative, print_summary, write_reports
-from trainer.bench.rows import BASELINE, UnknownRowError, catalogue, select_rows
 from trainer.bench.runner import RunPlan
 from trainer.bench.session import Bench, Context, recommended_env
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError, exit_code_for_signal, signal_of_exit_code
-from trainer.hub.models import hub_ref
+from trainer.hub.sources import hub_ref
 
 # ---- command line ---------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ def machine() -> dict:
 
 def describe_machine() -> dict:
     """Run in a child by machine(): what the report says about this machine."""
-    from trainer.run.hardware import probe
+    from trainer.machine.hardware import probe
 
     hw = probe()
     device = hw.describe() if hw.is_gpu else f"CPU: {_cpu_name()}, {hw.cpu_count} cores"

@@ -7,11 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.bench.report import (
-    BenchProgress,
-    RowResult,
-)
-from trainer.bench.rows import (
+from trainer.bench.catalogue import (
     ADAPTER_ROWS,
     BASELINE,
     BASELINE_ENV,
@@ -21,6 +17,10 @@ from trainer.bench.rows import (
     GRAD_ACCUM,
     MAX_BATCH,
     RowSpec,
+)
+from trainer.bench.report import (
+    BenchProgress,
+    RowResult,
 )
 from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, row_dir, run_row
 from trainer.errors import ConfigError

@@ -6,15 +6,17 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer import compat
-from trainer.config import deepspeed, train_args
-from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer import compat, transformers_names
+from trainer.config import deepspeed
+from trainer.config.presets import MODEL_PRESETS, is_preset
+from trainer.config.schema import TrainSettings
 from trainer.data.chat import template_problems
 from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
 from trainer.hub.ids import parse_dataset_id
-from trainer.hub.models import TOKENIZER_FILES, hub_ref, hub_sources
-from trainer.run.hardware import module_available
+from trainer.hub.sources import TOKENIZER_FILES, hub_ref, hub_sources
+from trainer.machine.hardware import module_available
+from trainer.run import resume
 
 
 def _combination_problems(s: TrainSettings) -> list[str]:
@@ -35,7 +37,7 @@ def _combination_problems(s: TrainSettings) -> list[str]:
             f"TRAIN_FSDP={s.fsdp} and DeepSpeed (TRAIN_ZERO_STAGE/TRAIN_DEEPSPEED_CONFIG) both shard the model; "
             "pick one: TRAIN_FSDP=none or TRAIN_ZERO_STAGE=0"
         )
-    if s.fsdp != "none" and (s.optim in train_args.BNB_OPTIMIZERS or s.optim == train_args.APEX_FUSED):
+    if s.fsdp != "none" and (s.optim in transformers_names.BNB_OPTIMIZERS or s.optim == transformers_names.APEX_FUSED):
         problems.append(
             f"TRAIN_OPTIM={s.optim} with TRAIN_FSDP={s.fsdp}: its fused kernels take plain tensors, not FSDP's sharded "
             "DTensor parameters (bitsandbytes #1633, #89); use TRAIN_OPTIM=adamw_torch_fused (or auto) with FSDP"
@@ -96,18 +98,18 @@ def _library_problems(s: TrainSettings) -> list[str]:
 def _optimizer_problems(s: TrainSettings) -> list[str]:
     if s.optim == "auto":
         return []
-    names = train_args.all_optimizer_names()
+    names = transformers_names.all_optimizer_names()
     if s.optim not in names:
         return [
             f"TRAIN_OPTIM={s.optim!r} is not an optimizer Transformers knows"
-            f"{train_args.did_you_mean(s.optim, names)}; "
+            f"{transformers_names.did_you_mean(s.optim, names)}; "
             "e.g. adamw_torch, adamw_torch_fused, adamw_apex_fused, adamw_bnb_8bit, adafactor"
         ]
-    library = train_args.optimizer_library(s.optim)
+    library = transformers_names.optimizer_library(s.optim)
     if library is None:
         return []
     module, hint = library
-    available = module_available(module) and (s.optim != train_args.APEX_FUSED or module_available("amp_C"))
+    available = module_available(module) and (s.optim != transformers_names.APEX_FUSED or module_available("amp_C"))
     if available:
         return []
     return [f"TRAIN_OPTIM={s.optim} needs {module!r}, which is not installed ({hint}); or use TRAIN_OPTIM=auto"]
@@ -125,13 +127,13 @@ def _deepspeed_config_problems(s: TrainSettings) -> list[str]:
 
 def _train_args_problems(s: TrainSettings) -> list[str]:
     try:
-        return train_args.check_train_args(train_args.split_train_args(s.args))
+        return transformers_names.check_train_args(transformers_names.split_train_args(s.args))
     except ConfigError as exc:
         return exc.problems
 
 
 def _model_problems(s: TrainSettings) -> list[str]:
-    if s.model in MODEL_PRESETS or hub_ref(s.model) is not None:
+    if is_preset(s.model) or hub_ref(s.model) is not None:
         return []
     folder = Path(s.model)
     if not folder.exists():
@@ -188,16 +190,6 @@ def _hub_problems(s: TrainSettings) -> list[str]:
     return problems
 
 
-def _resume_problems(s: TrainSettings) -> list[str]:
-    if s.resume in ("auto", "never"):
-        return []
-    if not Path(s.resume).is_dir():
-        return [
-            f"TRAIN_RESUME={s.resume!r}: no such checkpoint folder; use auto, never or an existing checkpoint-N path"
-        ]
-    return []
-
-
 def writable_dir_problem(name: str, path: str) -> str | None:
     """None when `path` is (or can be created as) a writable folder; else why not. Tries a real write: root passes
     every permission check, read-only mounts and files in the way do not."""
@@ -251,6 +243,10 @@ def _data_problems(s: TrainSettings) -> list[str]:
     if parse_dataset_id(s.data):
         return []  # a Hub dataset is scanned after it is fetched (_hub_problems)
     return list(source_of(s).problems)
+
+
+def _resume_problems(s: TrainSettings) -> list[str]:
+    return resume.setting_problems(s.resume)  # the checkpoint itself is read by the run (trainer.run.resume.decide)
 
 
 STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (

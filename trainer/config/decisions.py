@@ -8,22 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from importlib import metadata
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from trainer import compat
+from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed, train_args
-from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.config import deepspeed
+from trainer.config.presets import is_preset
+from trainer.config.schema import TrainSettings
+from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.data.chat import chat_report
 from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
-from trainer.hub.models import hub_sources, model_folder
-from trainer.launch.gpus import NprocError, processes_per_node
-from trainer.run.hardware import module_available
+from trainer.hub.sources import hub_sources, model_folder
+from trainer.machine.gpus import NprocError, processes_per_node
+from trainer.machine.hardware import module_available
 
 if TYPE_CHECKING:
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
 
 T = TypeVar("T")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
@@ -119,7 +120,7 @@ def decide_optim(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> D
     cpu_problem = None if hw.is_gpu else compat.cpu_optimizer_problem(s.optim)
     if cpu_problem:
         raise ConfigError(cpu_problem)
-    if s.optim == train_args.APEX_FUSED and not hw.is_gpu:
+    if s.optim == transformers_names.APEX_FUSED and not hw.is_gpu:
         raise ConfigError(
             "TRAIN_OPTIM=adamw_apex_fused needs a CUDA GPU (apex FusedAdam is CUDA only); use adamw_torch"
         )
@@ -188,7 +189,7 @@ def decide_compile(s: TrainSettings, hw: Hardware, check_backend: bool = True) -
             usual = torch._dynamo.list_backends()  # without debug/experimental ones
             raise ConfigError(
                 f"TRAIN_COMPILE_BACKEND={s.compile_backend!r} is not a torch.compile backend"
-                f"{train_args.did_you_mean(s.compile_backend, usual)}; usual ones: {', '.join(usual)}"
+                f"{transformers_names.did_you_mean(s.compile_backend, usual)}; usual ones: {', '.join(usual)}"
             )
     if s.compile_backend == "inductor":
         if not hw.is_gpu and not hw.cxx_compiler:
@@ -207,9 +208,8 @@ def decide_quant(s: TrainSettings, hw: Hardware) -> Decision:
     if s.quant == "none":
         return _decide("none", "TRAIN_QUANT=none")
     if not hw.is_gpu:
-        version = metadata.version("bitsandbytes")
-        major, minor = (int(x) for x in version.split(".")[:2])
-        if (major, minor) < (0, 46):
+        version = compat.installed_version("bitsandbytes")
+        if not compat.bitsandbytes_quantizes_on_cpu():
             raise ConfigError(
                 f"TRAIN_QUANT={s.quant} on CPU needs bitsandbytes 0.46+ (CPU backend); {version} is installed"
             )
@@ -262,7 +262,7 @@ def decide_report_to() -> Decision:
 def _grad_ckpt_reason(s: TrainSettings) -> str:
     if not s.grad_ckpt:
         return "TRAIN_GRAD_CKPT=0"
-    if s.fsdp != "none":
+    if fsdp_checkpoints_activations(s):
         return "FSDP activation checkpointing (fsdp_config), recomputing activations in the backward pass"
     return "recompute activations in the backward pass (non-reentrant); ~30% slower, much less memory"
 
@@ -286,9 +286,9 @@ def decide_model(s: TrainSettings, preset: bool) -> Decision[str]:
 
 
 def _fsdp_reason(s: TrainSettings, hw: Hardware) -> str:
-    if s.fsdp == "none":
+    if not uses_fsdp(s):
         return "TRAIN_FSDP=none"
-    wrap = "LlamaDecoderLayer" if s.model in MODEL_PRESETS else "the model's _no_split_modules"
+    wrap = fsdp_wrap_class(s) or "the model's _no_split_modules"
     version = "FSDP2" if s.fsdp in FSDP2_RESHARD else "FSDP1 (deprecated by Transformers; prefer full_shard)"
     # accelerate builds its FSDP plugin for GPU (and other accelerator) worlds only; CPU processes get DDP.
     cpu = "; on CPUs accelerate does not shard: every process trains a whole copy (DDP)" if not hw.is_gpu else ""
@@ -303,7 +303,7 @@ def decide_all(
     problems = list(source.problems)
     decide = _Collector(problems)
     data = source.decision()
-    preset = s.model in MODEL_PRESETS
+    preset = is_preset(s.model)
     precision = decide(decide_precision, s, hw, fallback=_decide("fp32", "refused"))
     ds, deepspeed_decision = decide_deepspeed(s, precision.value)
     alloc_value, alloc_decision = alloc_conf_decision(environ)

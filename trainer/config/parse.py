@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from trainer.config.checks import static_problems
 from trainer.config.schema import ENV_PREFIX, TrainSettings, allowed_values, env_name, field_of_env
-from trainer.config.train_args import did_you_mean
 from trainer.errors import ConfigError
+from trainer.transformers_names import did_you_mean
 
 
 class _MappingSettings(TrainSettings):

@@ -11,10 +11,10 @@ from trainer.config.decisions import ALLOC_CONF, ALLOC_CONF_DEFAULT, decide_all
 from trainer.config.run_config import RunConfig
 from trainer.config.schema import TrainSettings
 from trainer.config.training_arguments import apply_user_arguments, derived_training_arguments
-from trainer.hub.models import hub_sources
+from trainer.hub.sources import hub_sources
 
 if TYPE_CHECKING:
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
 
 
 def resolve(
@@ -28,7 +28,7 @@ def resolve(
     `import_heavy=False` skips what needs transformers/torch (TRAIN_ARGS parsing, compile backend listing): for
     unit tests of the decision logic on a described machine.
     """
-    from trainer.run import hardware as hardware_module
+    from trainer.machine import hardware as hardware_module
 
     hw = hardware or hardware_module.probe()
     environ = os.environ if environ is None else environ

@@ -14,7 +14,7 @@ from trainer.config.schema import TrainSettings, env_name
 from trainer.secrets import mask_secrets
 
 if TYPE_CHECKING:
-    from trainer.run.hardware import Hardware
+    from trainer.machine.hardware import Hardware
 
 # Environment variables recorded in run_config.json besides TRAIN_* (secrets among them are masked).
 RECORDED_ENV_PREFIXES = (

@@ -11,12 +11,12 @@ from typing import Literal, get_args, get_origin
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer.config.presets import MODEL_PRESETS
+
 ENV_PREFIX = "TRAIN_"
 
 Toggle = Literal["auto", "0", "1"]
 
-# Built-in model presets (Llama architecture, trained from scratch); anything else in TRAIN_MODEL is a folder.
-MODEL_PRESETS = ("tiny", "125m", "350m", "1b")
 
 # Field groups, in the order docs present them.
 GROUPS = {

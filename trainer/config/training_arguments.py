@@ -6,29 +6,31 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import compat
-from trainer.config import train_args
+from trainer import compat, transformers_names
 from trainer.config.decisions import Decision, Decisions
-from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.config.presets import is_preset
+from trainer.config.schema import TrainSettings
+from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.run.hardware import Hardware
+    from trainer.config.run_config import RunConfig
+    from trainer.machine.hardware import Hardware
 
 log = logging.getLogger("trainer")
 DDP_TIMEOUT_S = 3600  # saving a large sharded checkpoint can outlast the 30 min default
 
 
 def _fsdp_arguments(s: TrainSettings) -> dict[str, Any]:
-    if s.fsdp == "none":
+    if not uses_fsdp(s):
         return {}
-    preset = s.model in MODEL_PRESETS
-    return compat.fsdp_arguments(s.fsdp, "LlamaDecoderLayer" if preset else None, s.grad_ckpt, from_folder=not preset)
+    wrap, checkpointing = fsdp_wrap_class(s), fsdp_checkpoints_activations(s)
+    return compat.fsdp_arguments(s.fsdp, wrap, checkpointing, from_folder=not is_preset(s.model))
 
 
 def _checkpointing_arguments(s: TrainSettings) -> dict[str, Any]:
-    if s.fsdp != "none" and s.grad_ckpt:
-        return {}  # FSDP checkpoints activations itself (fsdp_config), avoiding redundant all-gathers
+    if fsdp_checkpoints_activations(s):
+        return {}  # in fsdp_config
     name = compat.stack().checkpointing_name
     args: dict[str, Any] = {name: s.grad_ckpt}
     if s.grad_ckpt:
@@ -63,7 +65,7 @@ def derived_training_arguments(
     s: TrainSettings, hw: Hardware, decisions: Decisions, ds: dict[str, Any] | None
 ) -> dict[str, Any]:
     """TrainingArguments kwargs from TRAIN_* and the decisions (before TRAIN_ARGS)."""
-    fields = train_args.training_argument_fields()
+    fields = transformers_names.training_argument_fields()
     precision = decisions.precision.value
     optim = decisions.optim.value
     args: dict[str, Any] = {
@@ -88,7 +90,7 @@ def derived_training_arguments(
         "bf16": precision == "bf16",
         "fp16": precision == "fp16",
         "tf32": decisions.tf32.value if hw.is_gpu else None,
-        "optim": "adamw_torch" if optim in ("deepspeed", train_args.APEX_FUSED) else optim,
+        "optim": "adamw_torch" if optim in ("deepspeed", transformers_names.APEX_FUSED) else optim,
         "dataloader_num_workers": s.num_workers,
         "dataloader_pin_memory": decisions.pin_memory.value,
         "dataloader_persistent_workers": s.num_workers > 0,
@@ -105,18 +107,39 @@ def derived_training_arguments(
         **_fsdp_arguments(s),
         **_eval_arguments(s),
     }
-    # Keep what this Transformers version has (v5 dropped save_safetensors and logging_dir, for instance).
-    return {k: v for k, v in args.items() if not fields or k in fields}
+    return known_arguments(args, fields)
+
+
+class UnknownTrainingArgument(ValueError):
+    """trainkit derived a TrainingArguments field the installed Transformers does not have: a bug, not a user's
+    mistake (exit 1 with the traceback)."""
+
+
+def known_arguments(args: dict[str, Any], fields: frozenset[str]) -> dict[str, Any]:
+    """`args` less the fields this Transformers version dropped (trainer.compat says which); any other name
+    TrainingArguments does not have (a misspelt key) raises instead of disappearing. No fields: not installed."""
+    if not fields:
+        return args
+    dropped = compat.stack().dropped_training_arguments
+    kept = {k: v for k, v in args.items() if k not in dropped}
+    unknown = sorted(set(kept) - fields)
+    if unknown:
+        version = compat.installed_version("transformers")
+        raise UnknownTrainingArgument(
+            f"TrainingArguments has no field {', '.join(unknown)} in transformers {version}: a misspelt name in "
+            "trainer/config/training_arguments.py, or one this version renamed (say so in trainer.compat)"
+        )
+    return kept
 
 
 def apply_user_arguments(
     s: TrainSettings, derived: dict[str, Any], parse: bool
 ) -> tuple[dict[str, Any], Decision]:
     """TRAIN_ARGS on top of the derived kwargs: the user's flags win, and the decision says which ones did."""
-    tokens = train_args.split_train_args(s.args)
+    tokens = transformers_names.split_train_args(s.args)
     if not tokens:
         return derived, Decision({}, "TRAIN_ARGS empty")
-    user = train_args.parse_train_args(tokens) if parse else {}
+    user = transformers_names.parse_train_args(tokens) if parse else {}
     overridden = sorted(k for k in user if k in derived and derived[k] != user[k])
     reason = "TrainingArguments flags from TRAIN_ARGS; they win over derived values"
     if overridden:
@@ -124,7 +147,7 @@ def apply_user_arguments(
     return {**derived, **user}, Decision(user, reason)
 
 
-def build_training_arguments(cfg: Any) -> Any:
+def build_training_arguments(cfg: RunConfig) -> Any:
     """transformers.TrainingArguments(**cfg.training_arguments); its refusals become a ConfigError (exit 2)."""
     import copy
 

@@ -6,7 +6,7 @@
   template, the tokens the loss is taken on);
 - `shards`: streaming tokenization into memory-mapped token shards, cached and shared by ranks;
 - `dataset`: the map-style dataset over the shards, and `build_dataset` for the training run.
-- `command`: `python -m trainer data [--show N [--json]]`.
+`python -m trainer data [--show N [--json]]` is trainer/data_command.py (a command: it reads the configuration).
 
 Importing this package imports nothing heavy: `trainer.config` uses `discovery` before torch is loaded.
 """

@@ -268,7 +268,7 @@ def folder_template(folder: Path) -> tuple[str, str] | None:
 
 def template_of(settings: Any) -> TemplateChoice:
     """The template a run with these settings renders conversations with (torch-free; Hub IDs resolved)."""
-    from trainer.hub.models import model_folder, tokenizer_folder
+    from trainer.hub.sources import model_folder, tokenizer_folder
 
     return chosen_template(settings.chat_template, tokenizer_folder(settings) or model_folder(settings))
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.data.formats import SUPPORTED, bad_line_message, file_kind, open_text, too_many_bad_lines
+from trainer.data.formats import SUPPORTED, bad_line_message, file_kind, is_glob, open_text, too_many_bad_lines
 
 DEFAULT_DATA = "/data"
 EMBEDDED_CORPUS = Path(__file__).resolve().parents[1] / "assets" / "corpus.txt"
@@ -115,7 +115,7 @@ def _hub_source(settings: Any, key: str, split: str) -> DataSource | None:
     """The scan of a Hub dataset's snapshot (downloaded by trainer.hub on first use); None for local data."""
     from trainer.hub.datasets import describe, local_data_spec
     from trainer.hub.ids import parse_dataset_id
-    from trainer.hub.models import hub_sources
+    from trainer.hub.sources import hub_sources
 
     spec = getattr(settings, key)
     if parse_dataset_id(spec) is None:
@@ -156,11 +156,6 @@ def _layouts(files: tuple[Path, ...], text_field: str) -> tuple[str, ...]:
 
     found = (file_layout(p, text_field) for p in files[:MAX_FILES_CHECKED])
     return tuple(dict.fromkeys(layout or "text" for layout in found))
-
-
-def is_glob(spec: str) -> bool:
-    """A glob pattern, not a path."""
-    return any(ch in spec for ch in "*?[")
 
 
 def _is_saved_dataset(folder: Path) -> bool:

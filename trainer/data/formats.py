@@ -27,6 +27,11 @@ class FileKind:
     compression: str | None = None
 
 
+def is_glob(spec: str) -> bool:
+    """A glob pattern (of data files), not a path."""
+    return any(ch in spec for ch in "*?[")
+
+
 def file_kind(path: Path) -> FileKind | None:
     """The format and compression of a data file by its suffixes; None for files that are not data."""
     name = path.name.lower()

@@ -1,1 +1,1 @@
-"""`python -m trainer doctor`: command.py (the report), rows.py (the probes)."""
+"""`python -m trainer doctor`: command.py (the report), probes.py (one probe of this machine per line)."""

@@ -1,6 +1,7 @@
 """`python -m trainer doctor [--json]`: what this machine can do, and whether the configured run can work.
 
-Every check is a `Row` (rows.py); a row with status "fail" makes the exit code 2 and its `fix` says what to do.
+Every check is a `Probe` (probes.py), one line of the report; a probe with status "fail" makes the exit code 2 and
+its `fix` says what to do.
 """
 
 from __future__ import annotations
@@ -12,32 +13,32 @@ from dataclasses import asdict
 from typing import Any
 
 from trainer.data.discovery import DEFAULT_DATA, discover, source_of
-from trainer.doctor.rows import (
+from trainer.doctor.probes import (
     FAIL,
     INFO,
     OK,
     WARN,
-    Row,
-    apex_row,
-    bitsandbytes_row,
-    cache_row,
-    capability_rows,
-    chat_row,
-    data_row,
-    deepspeed_row,
-    driver_floor_row,
-    flash_attn_row,
-    gpu_rows,
-    limits_rows,
-    output_row,
-    settings_and_config_row,
-    torch_rows,
-    unsupported_row,
-    user_row,
-    versions_row,
+    Probe,
+    apex_probe,
+    bitsandbytes_probe,
+    cache_probe,
+    capability_probes,
+    chat_probe,
+    data_probe,
+    deepspeed_probe,
+    driver_floor_probe,
+    flash_attn_probe,
+    gpu_probes,
+    limits_probes,
+    output_probe,
+    settings_and_config_probe,
+    torch_probes,
+    unsupported_probe,
+    user_probe,
+    versions_probe,
 )  # fmt: skip
 from trainer.errors import EXIT_OK, EXIT_USER
-from trainer.run import hardware
+from trainer.machine import hardware
 
 
 def register(commands: Any) -> None:
@@ -55,43 +56,43 @@ def register(commands: Any) -> None:
 # --- report --------------------------------------------------------------------------------------
 
 
-def collect() -> list[Row]:
+def collect() -> list[Probe]:
     hw = hardware.probe()
-    settings, config_row = settings_and_config_row(hw)
+    settings, config_probe = settings_and_config_probe(hw)
     env_data = os.environ.get("TRAIN_DATA") or DEFAULT_DATA
     source = source_of(settings) if settings else discover(env_data, os.environ.get("TRAIN_TEXT_FIELD") or "text")
     output_path = settings.output_dir if settings else os.environ.get("TRAIN_OUTPUT_DIR", "/output")
     num_workers = settings.num_workers if settings else 2
     return [
-        *gpu_rows(hw),
-        *torch_rows(hw),
-        driver_floor_row(hw),
-        *capability_rows(hw),
-        flash_attn_row(hw),
-        apex_row(),
-        deepspeed_row(),
-        bitsandbytes_row(hw),
-        versions_row(),
-        unsupported_row(),
-        *limits_rows(hw, num_workers),
-        user_row(),
-        cache_row(),
-        data_row(source),
-        *([chat_row(settings, source)] if settings and source.ok else []),
-        output_row(output_path),
-        config_row,
+        *gpu_probes(hw),
+        *torch_probes(hw),
+        driver_floor_probe(hw),
+        *capability_probes(hw),
+        flash_attn_probe(hw),
+        apex_probe(),
+        deepspeed_probe(),
+        bitsandbytes_probe(hw),
+        versions_probe(),
+        unsupported_probe(),
+        *limits_probes(hw, num_workers),
+        user_probe(),
+        cache_probe(),
+        data_probe(source),
+        *([chat_probe(settings, source)] if settings and source.ok else []),
+        output_probe(output_path),
+        config_probe,
     ]
 
 
-def to_json(rows: list[Row]) -> dict:
-    problems = [f"{row.label}: {row.fix}" for row in rows if row.status == FAIL]
+def to_json(probes: list[Probe]) -> dict:
+    problems = [f"{probe.label}: {probe.fix}" for probe in probes if probe.status == FAIL]
     report: dict[str, Any] = {"ok": not problems, "problems": problems}
-    report.update({row.key: row.value for row in rows})
-    report["checks"] = [asdict(row) for row in rows]
+    report.update({probe.key: probe.value for probe in probes})
+    report["checks"] = [asdict(probe) for probe in probes]
     return report
 
 
-def print_table(rows: list[Row]) -> None:
+def print_table(probes: list[Probe]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -100,24 +101,24 @@ def print_table(rows: list[Row]) -> None:
     table.add_column("check", style="bold")
     table.add_column("found")
     table.add_column("")
-    for row in rows:
-        found = row.shown + (f"\n[dim]{row.fix}[/]" if row.fix and row.status in (WARN, FAIL) else "")
-        table.add_row(row.label, found, marks[row.status])
+    for probe in probes:
+        found = probe.shown + (f"\n[dim]{probe.fix}[/]" if probe.fix and probe.status in (WARN, FAIL) else "")
+        table.add_row(probe.label, found, marks[probe.status])
     console = Console()
     console.print(table)
-    failed = [row for row in rows if row.status == FAIL]
+    failed = [probe for probe in probes if probe.status == FAIL]
     if failed:
         console.print(f"[red]The configured run cannot work here ({len(failed)} problem(s)):[/]")
-        for row in failed:
-            console.print(f"  - {row.label}: {row.fix}")
+        for probe in failed:
+            console.print(f"  - {probe.label}: {probe.fix}")
     else:
         console.print("[green]The configured run can work here.[/]")
 
 
 def main(args: argparse.Namespace) -> int:
-    rows = collect()
+    probes = collect()
     if args.json:
-        print(json.dumps(to_json(rows), indent=2, default=str))
+        print(json.dumps(to_json(probes), indent=2, default=str))
     else:
-        print_table(rows)
-    return EXIT_OK if all(row.status != FAIL for row in rows) else EXIT_USER
+        print_table(probes)
+    return EXIT_OK if all(probe.status != FAIL for probe in probes) else EXIT_USER

@@ -1,5 +1,6 @@
 """Whether this host's NVIDIA driver can run this image: its CUDA row's floor, forward compatibility, or the row
-to use instead. The floors come from the build (scripts/build.py sets them from images/versions.toml)."""
+to use instead. The floors come from the build (scripts/build.py sets them from images/versions.toml). Torch-free:
+scripts/driver.py takes the driver -> row rule from here."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ DATACENTER_GPU = re.compile(
 
 
 def version_key(version: str) -> tuple[int, ...]:
+    """'570.124.06' -> (570, 124, 6); a bare branch like '530' compares as its first release. Also for CUDA (12.8)."""
     return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def newest_row_for(driver: str, floors: dict[str, str]) -> str | None:
+    """The driver -> CUDA row rule (here, for doctor, and for scripts/driver.py's `--cuda auto`): the newest row
+    (CUDA X.Y) whose driver floor `driver` meets; None when it meets none."""
+    fitting = [cuda for cuda, floor in floors.items() if version_key(floor) <= version_key(driver)]
+    return max(fitting, key=version_key) if fitting else None
 
 
 def parse_floors(text: str) -> dict[str, str]:
@@ -35,8 +44,7 @@ def verdict(driver: str | None, gpu_name: str | None, floor: str, rows: dict[str
         return "info", f"no NVIDIA driver visible; this image needs >= {floor}", ""
     if version_key(driver) >= version_key(floor):
         return "ok", f"driver {driver} meets this image's floor (>= {floor})", ""
-    fitting = [cuda for cuda, row_floor in rows.items() if version_key(row_floor) <= version_key(driver)]
-    instead = max(fitting, key=version_key) if fitting else None
+    instead = newest_row_for(driver, rows)
     other = (f"use the CUDA {instead} image (trainkit:latest-cu{instead.replace('.', '')}), the newest row this driver "
              "runs," if instead else "no row of the matrix runs on it:")  # fmt: skip
     if gpu_name and DATACENTER_GPU.search(gpu_name) and compat_present:

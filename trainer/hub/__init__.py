@@ -1,8 +1,8 @@
 """The Hugging Face Hub: models, tokenizers and datasets named by Hub ID, resolved into HF_HOME's cache.
 
 ids.py parses the names (no hub import); download.py is the one call into huggingface_hub (snapshot_download) and
-turns its errors into ConfigError (exit 2); models.py resolves TRAIN_MODEL/TOKENIZER/DATA/EVAL_DATA once per settings
-object (pinned to a checkpoint's commits on resume); datasets.py says what of a dataset repository is fetched and
-where trainer.data reads it; fetch.py is `python -m trainer fetch`.
+turns its errors into ConfigError (exit 2); sources.py resolves TRAIN_MODEL/TOKENIZER/DATA/EVAL_DATA once per settings
+object (pinned to the commits the checkpoint being resumed recorded: trainer.run.resume); datasets.py says what of a
+dataset repository is fetched and where trainer.data reads it. `python -m trainer fetch` is trainer/fetch.py.
 Torch-free: stage 1 of the configuration (trainer.config.checks) uses it.
 """

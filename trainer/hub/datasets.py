@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.data.discovery import is_glob
-from trainer.data.formats import COMPRESSIBLE, COMPRESSIONS, FORMATS
+from trainer.data.formats import COMPRESSIBLE, COMPRESSIONS, FORMATS, is_glob
 from trainer.hub.ids import HubRef
 
 

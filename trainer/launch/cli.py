@@ -1,4 +1,4 @@
-"""`python -m trainer.launch`: decide, print the decision, then supervise `train` (trainer.launch.supervise) or exec
+"""`python -m trainer.launch`: decide, print the plan, then supervise `train` (trainer.launch.supervise) or exec
 any other command."""
 
 from __future__ import annotations
@@ -45,20 +45,20 @@ def parse_cli(argv: Sequence[str]) -> tuple[bool, bool, str, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     dry_run, json_out, command, args = parse_cli(sys.argv[1:] if argv is None else argv)
     try:
-        decision = decide(command, args, os.environ)
+        plan = decide(command, args, os.environ)
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(describe(decision), file=sys.stderr, flush=True)
+    print(describe(plan), file=sys.stderr, flush=True)
     if dry_run:
         if json_out:
-            added = {k: v for k, v in decision.env.items() if os.environ.get(k) != v}
-            report = {**asdict(decision), "env": added, "command": mask_args(decision.command)}
+            added = {k: v for k, v in plan.env.items() if os.environ.get(k) != v}
+            report = {**asdict(plan), "env": added, "command": mask_args(plan.command)}
             print(json.dumps(report, indent=2))
         return 0
-    if decision.supervised:
-        return supervise(decision)
-    os.execve(decision.command[0], decision.command, decision.env)
+    if plan.supervised:
+        return supervise(plan)
+    os.execve(plan.command[0], plan.command, plan.env)
     return 1  # not reached
 
 

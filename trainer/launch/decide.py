@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 
-from trainer.launch.gpus import NprocError, resolve_nproc
+from trainer import compat
 from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
+from trainer.machine.gpus import NprocError, resolve_nproc
 from trainer.secrets import mask_args
 
 DISTRIBUTED_COMMANDS = {"train"}
@@ -38,7 +37,7 @@ TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
 
 
 @dataclass
-class Decision:
+class LaunchPlan:
     """What the launcher will run, and why."""
 
     placement: Placement
@@ -100,7 +99,7 @@ def _launch_settings(env: Mapping[str, str]) -> tuple[int, int, bool]:
     one message and exit 2 instead of one per worker and restart."""
     from trainer.config import load_settings
     from trainer.errors import ConfigError
-    from trainer.hub.models import hub_sources
+    from trainer.hub.sources import hub_sources
 
     try:
         settings = load_settings(env)
@@ -112,14 +111,14 @@ def _launch_settings(env: Mapping[str, str]) -> tuple[int, int, bool]:
     return max_restarts, settings.rdzv_timeout, bool(hub_sources(settings).snapshots())
 
 
-def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decision:
-    """The full launch decision for `python -m trainer.launch command args` in this environment."""
+def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> LaunchPlan:
+    """The full launch plan for `python -m trainer.launch command args` in this environment."""
     python = sys.executable or "python3"
     trainer_cmd = ["-m", "trainer", command, *args]
     inside_torchrun = TORCHRUN_MARKER in env
     if command not in DISTRIBUTED_COMMANDS or inside_torchrun:
         why = "already a torchrun worker" if inside_torchrun else f"`{command}` runs as one process"
-        return Decision(Placement(source=why), 1, why, 0, [python, *trainer_cmd], dict(env), False)
+        return LaunchPlan(Placement(source=why), 1, why, 0, [python, *trainer_cmd], dict(env), False)
     placement = detect_placement(env)
     try:
         nproc, nproc_reason = resolve_nproc(env)
@@ -128,42 +127,40 @@ def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> Decisio
     clean, cleared = without_worker_variables(env)
     if placement.single_node and nproc == 1:
         # the trainer checks its settings itself within a second; no need to do it twice
-        return Decision(placement, 1, nproc_reason, 0, [python, *trainer_cmd], clean, False, cleared, supervised=True)
+        return LaunchPlan(placement, 1, nproc_reason, 0, [python, *trainer_cmd], clean, False, cleared, supervised=True)
     max_restarts, rdzv_timeout, fetched = _launch_settings(env)
     if fetched:  # the workers (and their restarts) read the node's cache: same commits, no Hub calls per rank
         clean["HF_HUB_OFFLINE"] = "1"
     run = [python, "-m", "torch.distributed.run", *torchrun_args(placement, nproc, max_restarts, rdzv_timeout)]
     command_line = [*run, *trainer_cmd]
-    return Decision(
+    return LaunchPlan(
         placement, nproc, nproc_reason, max_restarts, command_line, worker_env(clean), True, cleared, supervised=True
     )
 
 
 def torchrun_stop_note(env: Mapping[str, str]) -> str:
     """What torchrun does with a SIGTERM it hears itself, for this torch (read without importing it)."""
-    try:
-        version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
+    version = compat.installed_version("torch")
+    if version is None:
         return "torch not installed"
-    major_minor = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-    if major_minor < (2, 12):
+    if not compat.stack().torchrun_stop_wait_configurable:
         return f"torch {version}: torchrun's own stop wait is a fixed 30 s; stops go to the trainer processes"
     wait = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
     return f"torch {version}: torchrun's own stop wait is {wait} s; stops go to the trainer processes"
 
 
-def describe(decision: Decision) -> str:
+def describe(plan: LaunchPlan) -> str:
     """Two lines for the log: the placement and the command (secrets masked)."""
-    p = decision.placement
-    if decision.distributed:
-        where = f"{p.nnodes} node(s) x {decision.nproc_per_node} process(es)"
+    p = plan.placement
+    if plan.distributed:
+        where = f"{p.nnodes} node(s) x {plan.nproc_per_node} process(es)"
         rank = f", node rank {p.node_rank}" if p.node_rank is not None else ""
         rdzv = "standalone" if p.single_node else f"{p.rdzv_backend} rendezvous at {p.rdzv_endpoint} id {p.rdzv_id}"
-        restarts = f"max restarts {decision.max_restarts}"
-        head = f"{p.source}: {where}{rank}; {rdzv}; {restarts}; nproc: {decision.nproc_reason}"
-        head += f"; {torchrun_stop_note(decision.env)}"
+        restarts = f"max restarts {plan.max_restarts}"
+        head = f"{p.source}: {where}{rank}; {rdzv}; {restarts}; nproc: {plan.nproc_reason}"
+        head += f"; {torchrun_stop_note(plan.env)}"
     else:
-        head = f"{p.source}: one process ({decision.nproc_reason})"
-    if decision.cleared:
-        head += f"; ignored {', '.join(decision.cleared)} (set outside torchrun: torchrun sets them per worker)"
-    return f"trainkit launch: {head}\ntrainkit launch: {' '.join(mask_args(decision.command))}"
+        head = f"{p.source}: one process ({plan.nproc_reason})"
+    if plan.cleared:
+        head += f"; ignored {', '.join(plan.cleared)} (set outside torchrun: torchrun sets them per worker)"
+    return f"trainkit launch: {head}\ntrainkit launch: {' '.join(mask_args(plan.command))}"

@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 
 from trainer.errors import exit_code_for_signal
-from trainer.launch.decide import Decision
+from trainer.launch.decide import LaunchPlan
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def supervise(decision: Decision) -> int:
+def supervise(plan: LaunchPlan) -> int:
     """Run the decided command; return the trainer's exit code (torchrun itself exits 1 for any failed worker, also
     after a stop the workers answered with 143)."""
     stops: list[int] = []
@@ -52,11 +52,11 @@ def supervise(decision: Decision) -> int:
             log(f"{signal.Signals(signum).name} again: the trainer is already stopping")
         else:
             stops.append(signum)
-            threading.Thread(target=stop_trainers, args=(child, decision.distributed, signum), daemon=True).start()
+            threading.Thread(target=stop_trainers, args=(child, plan.distributed, signum), daemon=True).start()
 
     for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS):  # before the child exists: a stop must never orphan it
         signal.signal(sig, on_signal)
-    child = subprocess.Popen(decision.command, env=decision.env, start_new_session=True, preexec_fn=_prepare_child)
+    child = subprocess.Popen(plan.command, env=plan.env, start_new_session=True, preexec_fn=_prepare_child)
     for signum in pending:
         on_signal(signum, None)
     code = child.wait()

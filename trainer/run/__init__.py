@@ -1,3 +1,4 @@
-"""The training run (`python -m trainer train`): train.py (the loop), models.py, checkpoint.py, metrics.py,
-signals.py, profiling.py, hardware.py. Importing this package imports nothing heavy.
+"""The training run (`python -m trainer train`): train.py (the loop), resume.py (what to resume, what a checkpoint
+recorded, whether the run may continue), models.py, checkpoint.py, metrics.py, signals.py, profiling.py.
+Importing this package imports nothing heavy (resume.py is torch-free: the configuration's checks ask it).
 """

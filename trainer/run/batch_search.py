@@ -18,7 +18,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.config.decisions import Decision
+    from trainer.config.run_config import RunConfig
+    from trainer.config.schema import TrainSettings
 
 log = logging.getLogger("trainer")
 
@@ -103,16 +109,18 @@ def memory_probe(model: Any, seq_len: int, vocab_size: int, device: Any, precisi
     import torch
 
     from trainer.compat import out_of_memory_error
+    from trainer.run.models import compute_dtype
 
     oom = out_of_memory_error()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    dtype = compute_dtype(precision)
 
     def fits(batch: int) -> bool:
         held = ids = loss = None
         try:
             held = torch.empty(reserve, dtype=torch.uint8, device=device)
             ids = torch.randint(0, vocab_size, (batch, seq_len), device=device)
-            autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+            mixed = dtype != torch.float32
+            autocast = torch.autocast(device.type, dtype=dtype) if mixed else contextlib.nullcontext()
             with autocast:
                 loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
@@ -128,7 +136,9 @@ def memory_probe(model: Any, seq_len: int, vocab_size: int, device: Any, precisi
     return fits
 
 
-def choose_batch(model: Any, args: Any, settings: Any, precision: str, blocks: int, group: Any) -> Any:
+def choose_batch(
+    model: Any, args: Any, settings: TrainSettings, precision: str, blocks: int, group: Any
+) -> Decision[int]:
     """The Decision for the per-device batch; `model` is moved to args.device (where Trainer would put it)."""
     from trainer.config.decisions import Decision
     from trainer.errors import ConfigError
@@ -159,20 +169,19 @@ def choose_batch(model: Any, args: Any, settings: Any, precision: str, blocks: i
     return Decision(found.batch, found.reason(ceiling))
 
 
-def apply_auto_batch(cfg: Any, args: Any, model: Any, blocks: int, resume: str | None) -> None:
+def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume: Path | None) -> None:
     """TRAIN_AUTO_BATCH=1: the batch the ranks agreed on replaces TRAIN_BATCH_SIZE in `args`, and the decision
     (with the sizes probed) goes to cfg.decisions and run_config.json. A resumed run keeps its checkpoint's batch,
     so the samples it skips are the ones it trained on."""
     import dataclasses
-    import json
-    from pathlib import Path
 
     from trainer.config.decisions import Decision
+    from trainer.run.resume import recorded_batch_size
     from trainer.run.signals import control_group
 
-    previous = json.loads((Path(resume) / "trainer_state.json").read_text()).get("train_batch_size") if resume else None
+    previous = recorded_batch_size(resume) if resume else None
     if previous:
-        decision = Decision(int(previous), f"TRAIN_AUTO_BATCH=1: the batch of the checkpoint resumed from ({resume})")
+        decision = Decision(previous, f"TRAIN_AUTO_BATCH=1: the batch of the checkpoint resumed from ({resume})")
         log.info("auto batch: %d per device, as in %s", decision.value, resume)
     else:
         precision = cfg.decisions.precision.value

@@ -8,7 +8,8 @@ folder sees one checkpoint and deletes nothing. When every rank is done, the mai
 `trainkit_complete` marker, fsyncs the files, renames the folder to `OUTPUT_DIR/checkpoint-N` (one
 atomic rename on the same filesystem) and only then rotates the real checkpoints. So a
 `checkpoint-N` folder exists only when complete; `.tmp-*` leftovers of a killed save are deleted on
-the next start. Resume additionally requires the marker, which guards against folders copied in by hand.
+the next start. Resume additionally requires the marker, which guards against folders copied in by hand; what a
+checkpoint recorded and whether a run may continue from it is trainer.run.resume's to say.
 """
 
 from __future__ import annotations
@@ -16,19 +17,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import ConfigError
+from trainer.run.resume import COMPLETE_MARKER, STATE_FILE
 
 log = logging.getLogger("trainer")
 
-COMPLETE_MARKER = "trainkit_complete"
 TMP_PREFIX = ".tmp-"
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # Test hook: "SECONDS@STEP" (or "SECONDS@*" for every save) sleeps inside a save, before its marker, so a test
 # can signal or kill -9 the trainer mid-save.
 SAVE_DELAY_ENV = "TRAINKIT_TEST_SAVE_DELAY"
@@ -64,29 +62,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def is_complete(folder: Path) -> bool:
-    return (folder / COMPLETE_MARKER).is_file() and (folder / "trainer_state.json").is_file()
-
-
-def checkpoint_step(folder: Path) -> int | None:
-    m = _CHECKPOINT_RE.match(folder.name)
-    return int(m.group(1)) if m else None
-
-
-def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoint folders, oldest step first."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(checkpoint_step(p), p) for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return [p for step, p in sorted(found, key=lambda x: x[0] or 0) if is_complete(p)]
-
-
-def newest_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    done = complete_checkpoints(output_dir)
-    return done[-1] if done else None
-
-
 def remove_stale_temps(output_dir: str | Path) -> list[Path]:
     """Delete `.tmp-*` folders left by a save that was killed; returns what was removed."""
     root = Path(output_dir)
@@ -114,23 +89,6 @@ def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
     else:
         os.rename(staged, final)
     fsync_dir(final.parent)
-
-
-def validate_resume_path(path: str) -> Path:
-    folder = Path(path)
-    try:
-        json.loads((folder / "trainer_state.json").read_text())["global_step"]
-    except (OSError, ValueError, KeyError):
-        raise ConfigError(
-            f"TRAIN_RESUME={path}: not a checkpoint folder (no readable trainer_state.json); "
-            "use auto, never or a checkpoint-N folder"
-        ) from None
-    if not (folder / COMPLETE_MARKER).is_file():
-        raise ConfigError(
-            f"TRAIN_RESUME={path}: no {COMPLETE_MARKER} marker, so it may be a partial save; "
-            f"if you know it is complete, create the file {folder / COMPLETE_MARKER}"
-        )
-    return folder
 
 
 def __getattr__(name: str) -> Any:
@@ -197,7 +155,7 @@ def _atomic_trainer_class() -> type:
                 return
             self.state.best_model_checkpoint = str(final.parent / Path(best).name)
             if self.args.should_save:
-                self.state.save_to_json(str(staging / final.name / "trainer_state.json"))
+                self.state.save_to_json(str(staging / final.name / STATE_FILE))
 
         def save_final(self, output_dir: Path, tokenizer: Any) -> None:
             """Model + tokenizer to `output_dir`, published atomically like a checkpoint.

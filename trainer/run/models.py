@@ -9,38 +9,20 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.compat import model_dtype_kwargs
+from trainer.config.presets import PRESETS, is_preset
+from trainer.config.sharding import fsdp_checkpoints_activations, uses_fsdp
+
+if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
+    from trainer.config.schema import TrainSettings
 
 log = logging.getLogger("trainer")
-
-
-@dataclass(frozen=True)
-class Preset:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-
-
-# Llama shapes. Parameter counts in the names assume a ~32k vocabulary; the byte-level tokenizer
-# makes the embeddings tiny, so the logged count is the real one.
-PRESETS: dict[str, Preset] = {
-    "tiny": Preset(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=688),
-    "125m": Preset(hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048),
-    "350m": Preset(hidden=1024, layers=24, heads=16, kv_heads=16, intermediate=2816),
-    "1b": Preset(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
-}
-
-
-def is_preset(name: str) -> bool:
-    return name in PRESETS
 
 
 def preset_config(name: str, vocab_size: int, seq_len: int, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
@@ -62,7 +44,8 @@ def preset_config(name: str, vocab_size: int, seq_len: int, tokenizer: PreTraine
     )
 
 
-def _compute_dtype(precision: str) -> torch.dtype:
+def compute_dtype(precision: str) -> torch.dtype:
+    """The torch dtype of a precision decision (bf16, fp16; anything else computes in fp32)."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
 
@@ -72,12 +55,12 @@ def _quantization_config(quant: str, precision: str, sharded: bool) -> Any:
     from transformers import BitsAndBytesConfig
 
     if quant == "4bit":
-        storage = {"bnb_4bit_quant_storage": _compute_dtype(precision)} if sharded else {}
+        storage = {"bnb_4bit_quant_storage": compute_dtype(precision)} if sharded else {}
         return BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=_compute_dtype(precision),
+            bnb_4bit_compute_dtype=compute_dtype(precision),
             **storage,
         )
     return BitsAndBytesConfig(load_in_8bit=True)
@@ -91,7 +74,7 @@ def base_weights_dtype(quant: str, lora: bool, precision: str, sharded: bool) ->
     memory; PEFT keeps the adapters themselves in fp32 (`autocast_adapter_dtype`). Under FSDP the base stays fp32:
     FSDP flattens a wrapped block's parameters into one tensor of one dtype, and the fp32 adapters share it."""
     if quant != "none" or (lora and not sharded):
-        return _compute_dtype(precision)
+        return compute_dtype(precision)
     return torch.float32
 
 
@@ -113,12 +96,12 @@ def _load_pretrained(
     return AutoModelForCausalLM.from_pretrained(path, **pretrained_kwargs(attn, quant, precision, sharded, lora))
 
 
-def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """The model to train: a preset from scratch or a local folder, with LoRA/quantization applied."""
     s = cfg.settings
     attn = cfg.decisions.attn.value
     precision = cfg.decisions.precision.value
-    sharded = s.fsdp != "none"
+    sharded = uses_fsdp(s)  # FSDP places and shards the weights itself
     if is_preset(s.model):
         config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
         if s.quant != "none":
@@ -129,7 +112,7 @@ def build_model(cfg: Any, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel
             )
         log.info("model: preset %r from scratch (Llama, attention=%s)", s.model, attn)
     else:
-        folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.models)
+        folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.sources)
         model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora)
         name = s.model if s.model == folder else f"{s.model} ({folder})"
         log.info("model: loaded %s offline (attention=%s, weights %s)", name, attn, model.dtype)
@@ -158,12 +141,12 @@ def _fit_embeddings(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) 
         log.info("model: embeddings resized to %d for the tokenizer", model.get_input_embeddings().weight.shape[0])
 
 
-def apply_lora(model: PreTrainedModel, s: Any) -> PreTrainedModel:
+def apply_lora(model: PreTrainedModel, s: TrainSettings) -> PreTrainedModel:
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if s.quant != "none":
-        # under FSDP, activation checkpointing is FSDP's (fsdp_config); switching it on here too would wrap twice
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.grad_ckpt and s.fsdp == "none")
+        checkpointing = s.grad_ckpt and not fsdp_checkpoints_activations(s)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
     elif s.grad_ckpt:
         # Frozen embeddings produce no grad; checkpointed blocks need an input that requires one.
         model.enable_input_require_grads()

@@ -12,10 +12,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
+    from trainer.run.resume import Resume
+    from trainer.run.signals import GracefulStop
 
 log = logging.getLogger("trainer")
 
@@ -35,13 +40,14 @@ def _rank_info() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def set_single_process_dist_env(cfg: Any) -> None:
+def set_single_process_dist_env(cfg: RunConfig) -> None:
     """DeepSpeed and FSDP need torch.distributed (DeepSpeed would go looking for MPI; Transformers refuses FSDP
     outside distributed training). A lone `python -m trainer` with ZeRO or FSDP is a world of one: give it the
     env:// variables torchrun would.
     """
-    sharded = bool(cfg.deepspeed) or cfg.settings.fsdp != "none"
-    if not sharded or "WORLD_SIZE" in os.environ:
+    from trainer.config.sharding import needs_process_group
+
+    if not needs_process_group(cfg.settings, cfg.deepspeed) or "WORLD_SIZE" in os.environ:
         return
     import socket
 
@@ -75,64 +81,40 @@ def setup_logging() -> None:
         )
 
 
-def run(cfg: Any) -> int:
+def run(cfg: RunConfig) -> int:
     """Train per the resolved config; the exit code follows docs/architecture.md."""
     set_offline_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
     set_single_process_dist_env(cfg)
     setup_logging()
-    if cfg.settings.resume not in ("auto", "never"):
-        from trainer.run.checkpoint import validate_resume_path
+    from trainer.run.resume import decide
 
-        validate_resume_path(cfg.settings.resume)  # before the heavy work: a user mistake exits 2 at once
+    resume = decide(cfg.settings)  # before the heavy work: a TRAIN_RESUME the run cannot continue from exits 2 at once
     from trainer.run.signals import GracefulStop
 
     stop = GracefulStop().install()
     try:
-        return _run(cfg, stop)
+        return _run(cfg, stop, resume)
     finally:
         stop.restore()
 
 
-def _training_arguments(cfg: Any) -> Any:
+def _training_arguments(cfg: RunConfig) -> Any:
     from trainer.config import build_training_arguments
 
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _resume_from(settings: Any, args: Any) -> str | None:
-    """The checkpoint to resume from per TRAIN_RESUME; also clears leftovers of a killed save."""
-    from trainer.run.checkpoint import newest_complete_checkpoint, remove_stale_temps, validate_resume_path
-
-    mode = settings.resume
-    if args.should_save:
-        remove_stale_temps(settings.output_dir)
-    if mode == "never":
-        log.info("resume: TRAIN_RESUME=never, starting from scratch")
-        return None
-    if mode == "auto":
-        found = newest_complete_checkpoint(settings.output_dir)
-        if found is None:
-            log.info("resume: no complete checkpoint in %s, starting from scratch", settings.output_dir)
-            return None
-        log.info("resume: continuing from %s (newest complete checkpoint)", found)
-        return str(found)
-    folder = validate_resume_path(mode)
-    log.info("resume: continuing from %s (TRAIN_RESUME)", folder)
-    return str(folder)
-
-
-def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
-    from trainer.run.metrics import MetricsCallback, flops_per_token, peak_flops
+def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop) -> list[Any]:
+    from trainer.machine.peaks import this_gpu_peak_flops
+    from trainer.run.metrics import MetricsCallback, flops_per_token
     from trainer.run.signals import StopOnSignal
 
     s = cfg.settings
     out = Path(s.output_dir)
     callbacks: list[Any] = [
         StopOnSignal(stop),
-        MetricsCallback(
-            out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), _gpu_peak_flops(peak_flops)
-        ),
+        MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
     ]
     if s.profile:
         from trainer.run.profiling import ProfilerCallback
@@ -143,18 +125,6 @@ def _callbacks(cfg: Any, model: Any, stop: Any) -> list[Any]:
 
         callbacks.append(MemorySnapshotCallback(out))
     return callbacks
-
-
-def _gpu_peak_flops(lookup: Any) -> float | None:
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    peak = lookup(name)
-    if peak is None:
-        log.info("metrics: no peak FLOPs known for %s, so mfu is null", name)
-    return peak
 
 
 def fused_adam_kwargs(args: Any) -> dict[str, Any]:
@@ -168,9 +138,9 @@ def fused_adam_kwargs(args: Any) -> dict[str, Any]:
     }
 
 
-def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
+def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
     """Trainer kwargs for an optimizer Transformers does not build itself; logs the optimizer that really runs."""
-    from trainer.config.train_args import APEX_FUSED
+    from trainer.transformers_names import APEX_FUSED
 
     chosen = cfg.decisions.optim
     if chosen.value == "deepspeed":
@@ -185,15 +155,16 @@ def _optimizer_override(cfg: Any, args: Any) -> dict[str, Any]:
     return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
-def _run(cfg: Any, stop: Any) -> int:
+def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     from transformers import default_data_collator, set_seed
 
     from trainer.data.cache import Stopped
     from trainer.data.dataset import build_dataset
-    from trainer.run.checkpoint import AtomicCheckpointTrainer
+    from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
+    from trainer.run.resume import to_record
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
@@ -210,13 +181,15 @@ def _run(cfg: Any, stop: Any) -> int:
         return _interrupted(stop, None)
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
-    resume = _resume_from(s, args)
-    if resume and args.should_save:
-        truncate_after(out / "metrics.jsonl", _checkpoint_step(resume))
+    if args.should_save:
+        remove_stale_temps(s.output_dir)
+    log.info("resume: %s", resume.reason)
+    if resume.checkpoint and args.should_save:
+        truncate_after(out / "metrics.jsonl", resume.step)
     if s.auto_batch:
         from trainer.run.batch_search import apply_auto_batch
 
-        apply_auto_batch(cfg, args, model, len(dataset), resume)
+        apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
     trainer = AtomicCheckpointTrainer(
         model=model,
         args=args,
@@ -227,13 +200,14 @@ def _run(cfg: Any, stop: Any) -> int:
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
-    trainer.checkpoint_info = {"hub": cfg.hub} if cfg.hub else {}  # commits a resumed run keeps (trainer.hub.models)
+    trainer.checkpoint_info = to_record(cfg.hub)  # what a resumed run reads back (trainer.run.resume)
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
-    with resuming_from(resume):
-        trainer.train(resume_from_checkpoint=resume)
+    checkpoint = str(resume.checkpoint) if resume.checkpoint else None
+    with resuming_from(checkpoint):
+        trainer.train(resume_from_checkpoint=checkpoint)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         return _interrupted(stop, trainer.state.global_step)
     trainer.save_final(out / "final", tokenizer)
@@ -241,13 +215,7 @@ def _run(cfg: Any, stop: Any) -> int:
     return EXIT_OK
 
 
-def _checkpoint_step(path: str) -> int:
-    import json
-
-    return int(json.loads((Path(path) / "trainer_state.json").read_text())["global_step"])
-
-
-def _interrupted(stop: Any, step: int | None) -> int:
+def _interrupted(stop: GracefulStop, step: int | None) -> int:
     import signal
 
     name = signal.Signals(stop.signum).name

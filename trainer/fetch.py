@@ -34,7 +34,7 @@ def register(commands: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from trainer.config import parse_settings
     from trainer.hub.download import cache_dir, offline
-    from trainer.hub.models import hub_sources
+    from trainer.hub.sources import hub_sources
 
     settings = parse_settings()
     sources = hub_sources(settings)

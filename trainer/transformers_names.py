@@ -1,4 +1,5 @@
-"""Everything about Transformers' `TrainingArguments` that must be known before torch is imported.
+"""What Transformers accepts, known without importing it: everything about `TrainingArguments` that must be known
+before torch is imported (beside trainer.compat, which says what differs between the installed versions).
 
 - the optimizer names this Transformers version accepts (a static copy, checked against the real enum by a test),
   plus the libraries each one needs;

@@ -1,4 +1,5 @@
-"""The rows of `python -m trainer doctor`: one probe of this machine each (GPUs, libraries, limits, paths).
+"""The probes of `python -m trainer doctor`: each looks at one thing of this machine (GPUs, libraries, limits, paths)
+and is one line of the report.
 
 Probes avoid importing heavy packages (deepspeed, bitsandbytes, flash-attn stay unimported except
 flash-attn's tiny version check), so the whole report takes about as long as importing torch.
@@ -21,7 +22,7 @@ from trainer.config.checks import writable_dir_problem
 from trainer.data.discovery import DataSource
 from trainer.doctor import driver
 from trainer.errors import ConfigError
-from trainer.run import hardware
+from trainer.machine import hardware
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 GIB = 1024**3
@@ -46,7 +47,7 @@ APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda", "fused_dense_cuda", "scaled
 
 
 @dataclass
-class Row:
+class Probe:
     key: str  # JSON key
     label: str  # table label
     shown: str  # human-readable value
@@ -83,15 +84,15 @@ def driver_version() -> str | None:
     return match[1] if match else nvidia_smi("driver_version")
 
 
-def driver_floor_row(hw: hardware.Hardware) -> Row:
+def driver_floor_probe(hw: hardware.Hardware) -> Probe:
     """This image's driver floor against the host's driver: ok, forward compatibility, or the row to use."""
     floor, rows = driver.image_floor()
     status, shown, fix = driver.verdict(driver_version(), hw.gpu_name or nvidia_smi("name"), floor, rows,
                                         driver.COMPAT_LIBS.is_dir())  # fmt: skip
-    return Row("driver_floor", "Driver vs image", shown, status, fix, {"floor": floor or None, "verdict": status})
+    return Probe("driver_floor", "Driver vs image", shown, status, fix, {"floor": floor or None, "verdict": status})
 
 
-def gpu_rows(hw: hardware.Hardware) -> list[Row]:
+def gpu_probes(hw: hardware.Hardware) -> list[Probe]:
     import torch
 
     cuda_build = torch.version.cuda is not None
@@ -104,7 +105,7 @@ def gpu_rows(hw: hardware.Hardware) -> list[Row]:
                 "compose GPU reservation, and check that the NVIDIA Container Toolkit is installed "
                 "(nvidia-smi on the host)"
             )
-        return [Row("gpus", "GPUs", "none visible", status, fix, [])]
+        return [Probe("gpus", "GPUs", "none visible", status, fix, [])]
     gpus = []
     for index in range(hw.gpu_count):
         props = torch.cuda.get_device_properties(index)
@@ -117,60 +118,62 @@ def gpu_rows(hw: hardware.Hardware) -> list[Row]:
             }
         )
     names = ", ".join(f"{g['index']}: {g['name']} ({g['memory_bytes'] / GIB:.0f} GiB)" for g in gpus)
-    return [Row("gpus", "GPUs", names, OK, value=gpus)]
+    return [Probe("gpus", "GPUs", names, OK, value=gpus)]
 
 
-def capability_rows(hw: hardware.Hardware) -> list[Row]:
+def capability_probes(hw: hardware.Hardware) -> list[Probe]:
     import torch
 
     if not hw.is_gpu:
-        return [Row("capability", "Compute capability", "n/a (CPU)", value=None)]
+        return [Probe("capability", "Compute capability", "n/a (CPU)", value=None)]
     major, minor = hw.capability or (0, 0)
     flash_sdpa = hw.ampere_or_newer and torch.backends.cuda.is_flash_attention_available()
     allows = {"bf16": hw.bf16, "tf32": hw.tf32, "flash_attention": bool(hw.ampere_or_newer), "sdpa_flash": flash_sdpa}
     shown = f"{major}.{minor}: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in allows.items())
-    return [Row("capability", "Compute capability", shown, OK, value={"capability": f"{major}.{minor}", **allows})]
+    return [Probe("capability", "Compute capability", shown, OK, value={"capability": f"{major}.{minor}", **allows})]
 
 
-def torch_rows(hw: hardware.Hardware) -> list[Row]:
+def torch_probes(hw: hardware.Hardware) -> list[Probe]:
     import torch
 
     build = f"cuda {torch.version.cuda}" if torch.version.cuda else "cpu"
     abi = bool(torch.compiled_with_cxx11_abi())
     driver = driver_version()
     rows = [
-        Row(
+        Probe(
             "torch",
             "torch build",
             f"{torch.__version__} ({build}, cxx11 abi {'yes' if abi else 'no'})",
             value={"version": torch.__version__, "build": build, "cxx11_abi": abi},
         ),
-        Row("driver", "NVIDIA driver", driver or "none", value=driver),
-        Row("cuda_runtime", "CUDA runtime", torch.version.cuda or "none (CPU build)", value=torch.version.cuda),
+        Probe("driver", "NVIDIA driver", driver or "none", value=driver),
+        Probe("cuda_runtime", "CUDA runtime", torch.version.cuda or "none (CPU build)", value=torch.version.cuda),
     ]
     nccl = None
     if torch.version.cuda and torch.distributed.is_available() and torch.distributed.is_nccl_available():
         nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
-    rows.append(Row("nccl", "NCCL", nccl or "none", value=nccl))
+    rows.append(Probe("nccl", "NCCL", nccl or "none", value=nccl))
     return rows
 
 
-def flash_attn_row(hw: hardware.Hardware) -> Row:
+def flash_attn_probe(hw: hardware.Hardware) -> Probe:
     version = hardware.package_version("flash_attn") or hardware.package_version("flash-attn")
     if not version:
-        return Row("flash_attn", "flash-attn", "not installed (sdpa is used)", value={"version": None, "usable": False})
+        return Probe(
+            "flash_attn", "flash-attn", "not installed (sdpa is used)", value={"version": None, "usable": False}
+        )
     usable = hw.is_gpu and hw.ampere_or_newer
     why = "usable" if usable else "installed, needs an Ampere or newer GPU"
-    return Row("flash_attn", "flash-attn", f"{version}: {why}", value={"version": version, "usable": usable})
+    return Probe("flash_attn", "flash-attn", f"{version}: {why}", value={"version": version, "usable": usable})
 
 
-def apex_row() -> Row:
+def apex_probe() -> Probe:
     if not hardware.module_available("apex"):
-        return Row("apex", "apex fused kernels", "not installed", value={"installed": False, "extensions": {}})
+        return Probe("apex", "apex fused kernels", "not installed", value={"installed": False, "extensions": {}})
     extensions = {name: hardware.module_available(name) for name in APEX_EXTENSIONS}
     built = [name for name, ok in extensions.items() if ok]
     shown = ", ".join(built) if built else "apex without CUDA extensions"
-    return Row("apex", "apex fused kernels", shown, value={"installed": True, "extensions": extensions})
+    return Probe("apex", "apex fused kernels", shown, value={"installed": True, "extensions": extensions})
 
 
 def deepspeed_ops() -> tuple[str | None, dict[str, str]]:
@@ -221,21 +224,21 @@ def builders_compatibility() -> dict[str, bool]:
         logging.disable(logging.NOTSET)
 
 
-def deepspeed_row() -> Row:
+def deepspeed_probe() -> Probe:
     version, ops = deepspeed_ops()
     if version is None:
-        return Row("deepspeed", "DeepSpeed ops", "not installed", value={"version": None, "ops": {}})
+        return Probe("deepspeed", "DeepSpeed ops", "not installed", value={"version": None, "ops": {}})
     prebuilt = [op for op, state in ops.items() if state == "installed"]
     jit = [op for op, state in ops.items() if state == "jit"]
     shown = f"{version}: prebuilt {', '.join(prebuilt) or 'none'}; JIT {', '.join(jit) or 'none'}"
-    return Row("deepspeed", "DeepSpeed ops", shown, value={"version": version, "ops": ops})
+    return Probe("deepspeed", "DeepSpeed ops", shown, value={"version": version, "ops": ops})
 
 
-def bitsandbytes_row(hw: hardware.Hardware) -> Row:
+def bitsandbytes_probe(hw: hardware.Hardware) -> Probe:
     """The backend bitsandbytes would load (CUDA library for this runtime, or CPU), without importing it."""
     spec = importlib.util.find_spec("bitsandbytes")
     if spec is None or not spec.submodule_search_locations:
-        return Row("bitsandbytes", "bitsandbytes", "not installed", value={"version": None, "backend": None})
+        return Probe("bitsandbytes", "bitsandbytes", "not installed", value={"version": None, "backend": None})
     import torch
 
     version = hardware.package_version("bitsandbytes")
@@ -248,28 +251,28 @@ def bitsandbytes_row(hw: hardware.Hardware) -> Row:
             backend, library = "CUDA", candidates[-1].name
     shown = f"{version}: {backend} backend" + (f" ({library})" if library else "")
     value = {"version": version, "backend": backend, "library": library}
-    return Row("bitsandbytes", "bitsandbytes", shown, value=value)
+    return Probe("bitsandbytes", "bitsandbytes", shown, value=value)
 
 
-def versions_row() -> Row:
+def versions_probe() -> Probe:
     found = {"python": sys.version.split()[0]}
     for name in PYTHON_STACK:
         version = hardware.package_version(name) or hardware.package_version(name.replace("_", "-"))
         if version:
             found[name] = version
-    return Row("versions", "Python stack", ", ".join(f"{k} {v}" for k, v in found.items()), value=found)
+    return Probe("versions", "Python stack", ", ".join(f"{k} {v}" for k, v in found.items()), value=found)
 
 
-def unsupported_row() -> Row:
+def unsupported_probe() -> Probe:
     """The switches this stack's versions cannot run (trainer/compat.py); choosing one fails the config row."""
     from trainer import compat
 
     found = compat.unsupported()
     shown = ", ".join(found) if found else "none: every switch can run on this stack"
-    return Row("unsupported", f"Not supported on {compat.stack().describe()}", shown, value=found)
+    return Probe("unsupported", f"Not supported on {compat.stack().describe()}", shown, value=found)
 
 
-def limits_rows(hw: hardware.Hardware, num_workers: int) -> list[Row]:
+def limits_probes(hw: hardware.Hardware, num_workers: int) -> list[Probe]:
     try:
         stat = os.statvfs("/dev/shm")
         shm = stat.f_blocks * stat.f_frsize
@@ -283,8 +286,8 @@ def limits_rows(hw: hardware.Hardware, num_workers: int) -> list[Row]:
     unlimited = memlock == resource.RLIM_INFINITY
     memlock_status = OK if unlimited else (WARN if hw.is_gpu else INFO)
     return [
-        Row("shm_bytes", "/dev/shm", f"{shm / GIB:.1f} GiB", shm_status, shm_fix, shm),
-        Row(
+        Probe("shm_bytes", "/dev/shm", f"{shm / GIB:.1f} GiB", shm_status, shm_fix, shm),
+        Probe(
             "memlock",
             "memlock limit",
             "unlimited" if unlimited else f"{memlock} bytes",
@@ -295,16 +298,18 @@ def limits_rows(hw: hardware.Hardware, num_workers: int) -> list[Row]:
     ]
 
 
-def user_row() -> Row:
+def user_probe() -> Probe:
     uid, gid = os.getuid(), os.getgid()
     home = os.environ.get("HOME", "")
     home_ok = bool(home) and os.access(home, os.W_OK)
     status = OK if home_ok else WARN
     fix = "" if home_ok else "HOME is not writable: start the container through the trainkit entrypoint"
-    return Row("user", "User", f"uid {uid} gid {gid}, HOME {home}", status, fix, {"uid": uid, "gid": gid, "home": home})
+    return Probe(
+        "user", "User", f"uid {uid} gid {gid}, HOME {home}", status, fix, {"uid": uid, "gid": gid, "home": home}
+    )
 
 
-def cache_row() -> Row:
+def cache_probe() -> Probe:
     dirs = {
         name: os.environ[name]
         for name in ("HF_HOME", "TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
@@ -312,7 +317,7 @@ def cache_row() -> Row:
     }
     unwritable = [f"{name}={path}" for name, path in dirs.items() if not writable(path)]
     if unwritable:
-        return Row(
+        return Probe(
             "cache",
             "Caches",
             "not writable: " + ", ".join(unwritable),
@@ -320,7 +325,7 @@ def cache_row() -> Row:
             "mount a volume at /cache that this user may write (compose does: volume `cache`)",
             {"dirs": dirs, "writable": False},
         )
-    return Row("cache", "Caches", ", ".join(dirs.values()) or "defaults", OK, value={"dirs": dirs, "writable": True})
+    return Probe("cache", "Caches", ", ".join(dirs.values()) or "defaults", OK, value={"dirs": dirs, "writable": True})
 
 
 # --- data, output, configuration -----------------------------------------------------------------
@@ -331,25 +336,25 @@ def writable(path: str) -> bool:
     return writable_dir_problem("path", path) is None
 
 
-def data_row(source: DataSource) -> Row:
+def data_probe(source: DataSource) -> Probe:
     """Whether TRAIN_DATA resolves (as the trainer resolves it, from the same scan) to data this user can read."""
     path = source.spec
     if source.embedded:
         shown = f"{path}: empty, the embedded sample corpus will be used"
-        return Row("data", "Data", shown, INFO, value={"path": path, "readable": True, "embedded": True})
+        return Probe("data", "Data", shown, INFO, value={"path": path, "readable": True, "embedded": True})
     unreadable = [p.removeprefix("TRAIN_DATA: ") for p in source.problems if "cannot read" in p]
     readable = bool(source.files or source.saved_dataset) and not unreadable
     value = {"path": path, "readable": readable}
     if not source.files and not source.saved_dataset:
-        return Row("data", "Data", f"{path}: no data", FAIL, "; ".join(source.problems), value)
+        return Probe("data", "Data", f"{path}: no data", FAIL, "; ".join(source.problems), value)
     if unreadable:
         fix = f"uid {os.getuid()}: {unreadable[0]}; make the data readable (`chmod -R a+rX data`)"
-        return Row("data", "Data", f"{path}: not readable", FAIL, fix, value)
+        return Probe("data", "Data", f"{path}: not readable", FAIL, fix, value)
     status = FAIL if source.problems else OK
-    return Row("data", "Data", f"{path}: {source.describe()}", status, "; ".join(source.problems), value)
+    return Probe("data", "Data", f"{path}: {source.describe()}", status, "; ".join(source.problems), value)
 
 
-def chat_row(settings: Any, source: DataSource) -> Row:
+def chat_probe(settings: Any, source: DataSource) -> Probe:
     """The data's record format and the chat template that renders conversations (trainer.data.chat)."""
     from trainer.data.chat import chat_report, no_template_problem
 
@@ -359,14 +364,14 @@ def chat_row(settings: Any, source: DataSource) -> Row:
     value = {what: {"value": v, "reason": r} for what, (v, r) in report.items()}
     if source.conversational and template in ("none", "refused"):
         fix = why if template == "refused" else no_template_problem(layouts, why)
-        return Row("chat", "Data format", shown, FAIL, fix, value)
-    return Row("chat", "Data format", shown, OK, value=value)
+        return Probe("chat", "Data format", shown, FAIL, fix, value)
+    return Probe("chat", "Data format", shown, OK, value=value)
 
 
-def output_row(path: str) -> Row:
+def output_probe(path: str) -> Probe:
     if writable(path):
-        return Row("output", "Output", f"{path}: writable", OK, value={"path": path, "writable": True})
-    return Row(
+        return Probe("output", "Output", f"{path}: writable", OK, value={"path": path, "writable": True})
+    return Probe(
         "output",
         "Output",
         f"{path}: not writable by uid {os.getuid()}",
@@ -377,7 +382,7 @@ def output_row(path: str) -> Row:
     )
 
 
-def settings_and_config_row(hw: hardware.Hardware) -> tuple[Any, Row]:
+def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Any, Probe]:
     """The TRAIN_* settings (None when a value is invalid) and whether they can run on this machine.
 
     Static checks (load_settings) and the machine-dependent ones (resolve) both run, so that every
@@ -396,9 +401,9 @@ def settings_and_config_row(hw: hardware.Hardware) -> tuple[Any, Row]:
         problems += [problem for problem in exc.problems if problem not in problems]
     if problems:
         return settings, config_failure(problems)
-    return settings, Row("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
+    return settings, Probe("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
 
 
-def config_failure(problems: list[str]) -> Row:
+def config_failure(problems: list[str]) -> Probe:
     message = ConfigError(*problems).message
-    return Row("config", "TRAIN_* settings", "not possible here", FAIL, message, {"ok": False, "error": message})
+    return Probe("config", "TRAIN_* settings", "not possible here", FAIL, message, {"ok": False, "error": message})

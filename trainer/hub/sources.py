@@ -1,14 +1,13 @@
 """TRAIN_MODEL, TRAIN_TOKENIZER (org/name[@revision]) and TRAIN_DATA, TRAIN_EVAL_DATA (hf://datasets/...) given as
 Hub IDs: resolved once per settings object, into HF_HOME's cache.
 
-A run that resumes uses the commit its checkpoint recorded (the `hub` entry of the checkpoint's completion marker),
+A run that resumes uses the commit its checkpoint recorded (trainer.run.resume reads the checkpoint's marker),
 even if the branch has moved since; a fresh run resolves the revision asked for. The result is what the checks
 report (stage 1, before torch), what `config` and run_config.json show, and the folder the run loads.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from trainer.errors import ConfigError
 from trainer.hub.datasets import data_patterns, no_files_problem
 from trainer.hub.download import Snapshot, snapshot
 from trainer.hub.ids import HubRef, parse_dataset_id, parse_model_id
+from trainer.run.resume import hub_pins
 
 log = logging.getLogger("trainer")
 
@@ -95,7 +95,7 @@ def _allowed(key: str, ref: HubRef) -> tuple[str, ...] | None:
 
 def _resolve(settings: Any) -> HubSources:
     sources = HubSources()
-    pins = _checkpoint_pins(settings)
+    pins = hub_pins(settings)  # the commits the checkpoint this run resumes from recorded
     for key in KEYS:
         variable = f"TRAIN_{key.upper()}"
         ref = _ref_of(key, getattr(settings, key))
@@ -117,19 +117,3 @@ def _resolve(settings: Any) -> HubSources:
             sources.pinned[key] = pin["checkpoint"]
             log.info("%s: %s pinned to commit %s by %s (resume)", variable, ref, revision, pin["checkpoint"])
     return sources
-
-
-def _checkpoint_pins(settings: Any) -> dict[str, dict[str, str]]:
-    """{"model": {repo_id, sha, checkpoint}, ...} from the checkpoint this run will resume from, if any."""
-    from trainer.run.checkpoint import COMPLETE_MARKER, newest_complete_checkpoint
-
-    if settings.resume == "never":
-        return {}
-    folder = newest_complete_checkpoint(settings.output_dir) if settings.resume == "auto" else Path(settings.resume)
-    if folder is None:
-        return {}
-    try:
-        recorded = json.loads((Path(folder) / COMPLETE_MARKER).read_text()).get("hub", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return {key: {**entry, "checkpoint": str(folder)} for key, entry in recorded.items() if isinstance(entry, dict)}

@@ -1,4 +1,4 @@
-"""Processes per node: the one rule, with the GPU count it needs taken without torch.
+"""GPUs on this node and processes per node: the one rule, with the GPU count it needs taken without torch.
 
 The launcher counts GPUs itself (`count_visible_gpus`: it must not import torch or touch the GPUs);
 the trainer passes the count torch reports. Both go through `processes_per_node`.

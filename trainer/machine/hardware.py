@@ -1,6 +1,6 @@
 """What this machine can do: `probe()` imports torch lazily and has no side effects.
 
-Shared by `resolve()` (trainer.config) and `python -m trainer doctor`.
+Shared by `resolve()` (trainer.config), `python -m trainer doctor` and the benchmarks.
 """
 
 from __future__ import annotations

@@ -1,0 +1,83 @@
+"""trainer.run.resume, the one home of resume decisions, on real checkpoint folders (in-process, no training: the
+runs that write and resume from these folders are in test_resume.py and test_stop_signals.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer import config
+from trainer.config.schema import TrainSettings
+from trainer.errors import ConfigError
+from trainer.machine.hardware import Hardware
+from trainer.run import resume
+from trainer.run.checkpoint import publish
+
+
+def checkpoint(root: Path, step: int, *, marker: bool = True, hub: dict | None = None, batch: int = 4) -> Path:
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / resume.STATE_FILE).write_text(json.dumps({"global_step": step, "train_batch_size": batch}))
+    if marker:
+        (folder / resume.COMPLETE_MARKER).write_text(json.dumps({"step": step, "hub": hub or {}}))
+    return folder
+
+
+def settings(out: Path, mode: str) -> TrainSettings:
+    return config.parse_settings({"TRAIN_OUTPUT_DIR": str(out), "TRAIN_RESUME": mode})
+
+
+def test_auto_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    checkpoint(tmp_path, 2)
+    newest = checkpoint(tmp_path, 10)
+    checkpoint(tmp_path, 12, marker=False)  # a partial save is never taken
+    decided = resume.decide(settings(tmp_path, "auto"))
+    assert decided.checkpoint == newest and decided.step == 10 and "newest complete" in decided.reason
+
+
+def test_never_and_an_empty_output_start_from_scratch(tmp_path: Path) -> None:
+    checkpoint(tmp_path, 2)
+    assert resume.decide(settings(tmp_path, "never")).checkpoint is None
+    empty = resume.decide(settings(tmp_path / "empty", "auto"))
+    assert empty.checkpoint is None and empty.step == 0 and "starting from scratch" in empty.reason
+
+
+def test_a_path_is_checked_before_the_run_continues(tmp_path: Path) -> None:
+    partial = checkpoint(tmp_path, 3, marker=False)
+    with pytest.raises(ConfigError, match=resume.COMPLETE_MARKER):
+        resume.decide(settings(tmp_path, str(partial)))
+    stateless = tmp_path / "checkpoint-9"
+    stateless.mkdir()
+    with pytest.raises(ConfigError, match="not a checkpoint folder"):
+        resume.decide(settings(tmp_path, str(stateless)))
+    good = checkpoint(tmp_path, 5)
+    assert resume.decide(settings(tmp_path, str(good))).checkpoint == good
+
+
+def test_a_missing_folder_is_a_static_problem(tmp_path: Path) -> None:
+    assert resume.setting_problems("auto") == resume.setting_problems(str(tmp_path)) == []
+    (problem,) = resume.setting_problems(str(tmp_path / "nope"))
+    assert "no such checkpoint folder" in problem
+
+
+def test_what_a_checkpoint_recorded(tmp_path: Path) -> None:
+    commit = {"repo_id": "org/model", "sha": "a" * 40, "revision": "main"}
+    folder = checkpoint(tmp_path, 7, hub={"model": commit, "junk": "not a record"}, batch=16)
+    assert resume.recorded_step(folder) == 7 and resume.recorded_batch_size(folder) == 16
+    assert resume.recorded_hub_commits(folder) == {"model": commit}
+    assert resume.hub_pins(settings(tmp_path, "auto")) == {"model": {**commit, "checkpoint": str(folder)}}
+    assert resume.hub_pins(settings(tmp_path, "never")) == {}
+
+
+def test_what_a_run_records_is_what_a_resume_reads_back(tmp_path: Path) -> None:
+    commit = {"repo_id": "org/model", "revision": "main", "sha": "b" * 40}
+    cfg = config.resolve(settings(tmp_path, "auto"), Hardware(device="cpu"), {}, import_heavy=False)
+    assert resume.to_record(cfg.hub) == {}  # no Hub ID: nothing to pin
+    staged = tmp_path / ".tmp-checkpoint-4"
+    staged.mkdir()
+    (staged / resume.STATE_FILE).write_text(json.dumps({"global_step": 4}))
+    publish(staged, tmp_path / "checkpoint-4", {**resume.to_record({"model": commit}), "step": 4})
+    assert resume.decide(settings(tmp_path, "auto")).checkpoint == tmp_path / "checkpoint-4"
+    assert resume.recorded_hub_commits(tmp_path / "checkpoint-4") == {"model": commit}

@@ -1,0 +1,32 @@
+"""The built-in model presets: Llama shapes trained from scratch. Anything else in TRAIN_MODEL is a model folder or a
+Hub ID. The schema (TRAIN_MODEL's docs), the checks and the decisions take the names from here, the run
+(trainer.run.models) the shapes; torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+
+# Llama shapes. Parameter counts in the names assume a ~32k vocabulary; the byte-level tokenizer
+# makes the embeddings tiny, so the logged count is the real one.
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=688),
+    "125m": Preset(hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048),
+    "350m": Preset(hidden=1024, layers=24, heads=16, kv_heads=16, intermediate=2816),
+    "1b": Preset(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
+}
+MODEL_PRESETS = tuple(PRESETS)
+PRESET_BLOCK_CLASS = "LlamaDecoderLayer"  # the decoder block every preset is made of
+
+
+def is_preset(name: str) -> bool:
+    return name in PRESETS
