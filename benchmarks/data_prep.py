@@ -11,6 +11,13 @@ run picks). Each run reports the peak resident memory of its main process and of
   - throughput ratio: trainkit tokens/s / a plain `datasets.load_dataset("json")` + `.map(tokenize, batched=True)`
     + `.map(group_texts, batched=True)` baseline (in memory, same tokenizer, same small corpus) (goal >= 1.0).
 Everything runs in one invocation, side by side, on this machine.
+
+    .venv/bin/python -m benchmarks.data_prep --corpus chat --small-mb 50 --factor 8 --seq 2048
+
+Records packing (TRAIN_PACKING=records, trainer/data/packing.py) on a generated chat-like corpus: prompt/completion
+records of log-normal lengths (a few longer than --seq, truncated). Printed: the padding share (goal <= 5%), the
+memory ratio of the larger corpus to the small one (goal <= 1.2), and tokens/s against stream packing of the same
+corpus (what the packer costs).
 """
 
 from __future__ import annotations
@@ -43,6 +50,30 @@ def write_jsonl(path: Path, megabytes: float) -> None:
             size, start = size + len(block.encode()), start + 2000
 
 
+def write_chat_jsonl(path: Path, megabytes: float) -> None:
+    """Chat-like prompt/completion records of varied lengths (log-normal word counts, a few longer than a sequence),
+    numbered, from the embedded corpus's words (written in blocks: fast, flat memory)."""
+    import random
+
+    from trainer.data.discovery import EMBEDDED_CORPUS
+
+    words = EMBEDDED_CORPUS.read_text().split()
+    rng = random.Random(0)
+    size, i = 0, 0
+    with open(path, "w", encoding="utf-8") as handle:
+        while size < megabytes * 1e6:
+            lines = []
+            for _ in range(2000):
+                start = rng.randrange(len(words) - 4000)
+                prompt = " ".join(words[start : start + int(rng.lognormvariate(3.0, 0.9)) + 1])
+                end = start + int(rng.lognormvariate(4.2, 0.9)) + 1
+                lines.append(json.dumps({"prompt": f"{i}. {prompt}", "completion": " " + " ".join(words[start:end])}))
+                i += 1
+            block = "\n".join(lines) + "\n"
+            handle.write(block)
+            size += len(block.encode())
+
+
 def peak_rss() -> int:
     from trainer.data.shards import peak_rss_bytes
 
@@ -52,17 +83,18 @@ def peak_rss() -> int:
 # ---- the measured children --------------------------------------------------------------------------------------
 
 
-def child_trainkit(data: Path, seq: int, workers: str) -> dict:
+def child_trainkit(data: Path, seq: int, workers: str, packing: str = "auto") -> dict:
     from trainer.data.discovery import discover
+    from trainer.data.packing import Packing
     from trainer.data.shards import prepare
     from trainer.tokenizer import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer()
     with tempfile.TemporaryDirectory(prefix="data-prep-", dir=data.parent) as folder:
         meta = prepare(discover(str(data)), tokenizer, seq, "text", Path(folder), 0,
-                       workers=None if workers == "auto" else int(workers))  # fmt: skip
+                       workers=None if workers == "auto" else int(workers), packing=Packing(packing))  # fmt: skip
     return {"tokens": meta["tokens"], "seconds": meta["seconds"], "workers": meta["workers"], "cores": meta["cores"],
-            "rss": peak_rss(), "worker_rss": meta["peak_rss_worker_bytes"]}  # fmt: skip
+            "rss": peak_rss(), "worker_rss": meta["peak_rss_worker_bytes"], "packing": meta["packing"]}  # fmt: skip
 
 
 def pack_with_datasets_map(data: Path, tok, seq: int, cache_dir: Path | None = None) -> int:
@@ -97,9 +129,10 @@ def child_baseline(data: Path, seq: int) -> dict:
     return {"tokens": tokens, "seconds": seconds, "workers": 0, "cores": 1, "rss": peak_rss(), "worker_rss": 0}
 
 
-def measure(kind: str, data: Path, seq: int, workers: str = "0") -> dict:
+def measure(kind: str, data: Path, seq: int, workers: str = "0", packing: str = "auto") -> dict:
     """One measurement in a fresh process (its peak RSS is its own)."""
-    cmd = [sys.executable, __file__, "--child", kind, "--data", str(data), "--seq", str(seq), "--workers", workers]
+    cmd = [sys.executable, __file__, "--child", kind, "--data", str(data), "--seq", str(seq), "--workers", workers,
+           "--packing", packing]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=REPO)
     if out.returncode != 0:
@@ -125,10 +158,17 @@ def main() -> None:
     p.add_argument("--workers", default="0,auto", help="comma-separated worker settings to compare (0, N, auto)")
     p.add_argument("--child", choices=["trainkit", "baseline"], help=argparse.SUPPRESS)
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--corpus", choices=["text", "chat"], default="text",
+                   help="text: plain text vs datasets.map; chat: prompt/completion packed whole")  # fmt: skip
+    p.add_argument("--packing", default="auto", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        result = child_trainkit(a.data, a.seq, a.workers) if a.child == "trainkit" else child_baseline(a.data, a.seq)
+        result = (child_trainkit(a.data, a.seq, a.workers, a.packing) if a.child == "trainkit"
+                  else child_baseline(a.data, a.seq))  # fmt: skip
         print(json.dumps(result))
+        return
+    if a.corpus == "chat":
+        chat(a)
         return
     print(f"machine: {len(os.sched_getaffinity(0))} usable CPUs; python {sys.version.split()[0]}; seq {a.seq}")
     with tempfile.TemporaryDirectory(prefix="trainkit-data-prep-") as name:
@@ -151,6 +191,32 @@ def main() -> None:
             speed = results["small", workers]["tokens_per_s"] / base["tokens_per_s"]
             print(f"workers={workers}: memory ratio large/small {mem:.2f} (goal <= 1.2); "
                   f"throughput ratio vs datasets.map {speed:.1f} (goal >= 1.0)")  # fmt: skip
+
+
+def chat(a: argparse.Namespace) -> None:
+    """Records packing on a chat-like corpus: padding share, tokens/s (against stream packing of the same corpus)
+    and peak RSS of --small-mb and --factor times more."""
+    print(f"machine: {len(os.sched_getaffinity(0))} usable CPUs; python {sys.version.split()[0]}; seq {a.seq}")
+    with tempfile.TemporaryDirectory(prefix="trainkit-chat-prep-") as name:
+        tmp = Path(name)
+        small, large = tmp / "small.jsonl", tmp / "large.jsonl"
+        write_chat_jsonl(small, a.small_mb)
+        write_chat_jsonl(large, a.small_mb * a.factor)
+        print(f"corpora: small {small.stat().st_size / 1e6:.0f} MB, large {large.stat().st_size / 1e6:.0f} MB "
+              "(prompt/completion JSONL, log-normal lengths)\n")  # fmt: skip
+        runs = {}
+        for label, data, packing in (("small", small, "records"), ("large", large, "records"),
+                                     ("small", small, "stream")):  # fmt: skip
+            runs[label, packing] = r = measure("trainkit", data, a.seq, "0", packing)
+            pack = r["packing"]
+            print(row(f"{label}, TRAIN_PACKING={packing}", r) + (
+                f"  padding {100 * pack['padding_share']:.2f}%, {pack['records_packed']} records, "
+                f"{pack['records_truncated']} truncated" if packing == "records" else ""), flush=True)  # fmt: skip
+        mem = runs["large", "records"]["peak"] / runs["small", "records"]["peak"]
+        speed = runs["small", "records"]["tokens_per_s"] / runs["small", "stream"]["tokens_per_s"]
+        share = max(runs[k, "records"]["packing"]["padding_share"] for k in ("small", "large"))
+        print(f"\nrecords packing: padding share {100 * share:.2f}% (goal <= 5%); memory ratio large/small {mem:.2f} "
+              f"for {a.factor:g}x the data (goal <= 1.2); tokens/s vs stream packing {speed:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

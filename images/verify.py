@@ -237,6 +237,11 @@ def versions() -> dict[str, str]:
     return found
 
 
+def installed() -> dict[str, str]:
+    """Every installed distribution's version, as pip sees it (the build labels each pin with what is here)."""
+    return {dist.metadata["Name"]: dist.version for dist in importlib.metadata.distributions() if dist.metadata["Name"]}
+
+
 def main() -> int:
     as_json = "--json" in sys.argv[1:]
     if not MANIFEST.is_file():
@@ -264,7 +269,7 @@ def main() -> int:
     for r in results:
         print(f"  {r['status']:8} {r['name']:22} {r['detail']}", file=out)
     if as_json:
-        document = {"manifest": manifest, "versions": versions(), "checks": results}
+        document = {"manifest": manifest, "versions": versions(), "packages": installed(), "checks": results}
         print(json.dumps(document, indent=2), file=real_stdout)
     if failures:
         print("verification failed: the image claims pieces that are not there:\n  " + "\n  ".join(failures),

@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import docker
+import image_labels
 import registry
 from buildkit import BuildFailed, BuildSpec, run_build
 from cpu_base import ensure_cpu_base, image_exists
@@ -127,6 +128,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         raise BuildError(f"building {plan.tags[0]} failed; the end of the build output:\n{tail}{hint}") from None
     t1 = time.monotonic()
     inside = read_inside(client, plan.tags[0])
+    image_labels.relabel(client, plan.tags[0], image_labels.truthful(spec.labels, inside), plan.tags)
     verify_s = time.monotonic() - t1
     image = client.images.get(plan.tags[0]).attrs
     record = {

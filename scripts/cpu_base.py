@@ -1,8 +1,11 @@
-"""The CPU flavor's base image, made without any container registry.
+"""The CPU flavor's base image: Debian from a registry where one answers, else made without any registry.
 
-1. A Debian root filesystem from `debootstrap` (Python, pip, g++, ninja, libaio, ccache), imported as
-   `trainkit-rootfs:<suite>`.
-2. `images/cpu-base/Dockerfile` on top of it: a CPU torch wheel (downloaded on the host with pip) and an
+1. The Debian image: `debian:bookworm-slim@sha256:...` (versions.toml `debian_image`; TRAINKIT_DEBIAN_IMAGE names a
+   mirror or a site registry) where a registry answers. Only where none does (air-gapped sites, this project's own
+   machines): a Debian root filesystem from `debootstrap`, imported as `trainkit-rootfs:<suite>`. Which path was
+   taken is said, and recorded in the base's label org.trainkit.base.from.
+2. `images/cpu-base/Dockerfile` on top of either: the packages the build needs (Python, pip, g++, ninja, libaio,
+   ccache; already in the debootstrap root filesystem), a CPU torch wheel (downloaded on the host with pip) and an
    NGC-style `/etc/pip/constraint.txt` pinning that torch, tagged `trainkit-base:cpu-...`.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +29,7 @@ ROOTFS_PACKAGES = [
     "g++", "make", "ninja-build", "git", "ca-certificates", "libaio-dev", "ccache",
 ]  # fmt: skip
 WORK_DIR = ROOT / "build" / "cpu-base"
+DEBIAN_IMAGE_ENV = "TRAINKIT_DEBIAN_IMAGE"
 
 
 def image_exists(client: docker.DockerClient, tag: str) -> bool:
@@ -101,30 +106,70 @@ def download_torch(cpu: CpuFlavor, on_line: Callable[[str], None]) -> Path:
     return found[0]
 
 
+def debian_image(cpu: CpuFlavor) -> str:
+    """The registry Debian image the base builds FROM: TRAINKIT_DEBIAN_IMAGE (a mirror) or versions.toml's pin."""
+    return os.environ.get(DEBIAN_IMAGE_ENV) or cpu.debian_image
+
+
+def pull_debian(client: docker.DockerClient, ref: str) -> str | None:
+    """None when `ref` is here (pulled now or before), else why no registry gave it."""
+    if image_exists(client, ref):
+        return None
+    repository, tag = ref.split("@", 1) if "@" in ref else ref.rsplit(":", 1)
+    try:
+        client.images.pull(repository, tag=tag)
+    except docker.errors.APIError as exc:
+        return str(exc.explanation or exc).splitlines()[0][:200]
+    return None
+
+
+def root_image(client: docker.DockerClient, cpu: CpuFlavor, on_line: Callable[[str], None]) -> tuple[str, str]:
+    """(the image the base builds FROM, which path that is): the registry's Debian, else the debootstrap one."""
+    ref = debian_image(cpu)
+    why = pull_debian(client, ref)
+    if why is None:
+        return ref, f"FROM {ref} (a registry answered)"
+    fallback = f"no registry answered for {ref} ({why})"
+    tag = rootfs_tag(cpu)
+    if not image_exists(client, tag):
+        try:
+            build_rootfs(client, cpu, on_line)
+        except UserError as exc:
+            raise UserError(
+                f"the CPU base needs Debian: {fallback}, and the fallback failed: {exc}\n  Either make a registry "
+                f"reachable (a mirror or site registry: {DEBIAN_IMAGE_ENV}=host/debian:{cpu.debian_suite}-slim@sha256:"
+                "...), or install debootstrap and run as root."
+            ) from None
+    return tag, f"FROM {tag}, a Debian root filesystem made by debootstrap ({fallback})"
+
+
 def ensure_cpu_base(
     client: docker.DockerClient,
     cpu: CpuFlavor,
     ca_cert: Path | None,
     on_line: Callable[[str], None],
     rebuild: bool = False,
+    tag: str | None = None,
 ) -> str:
-    """The CPU base's tag, building it (and its root filesystem) first when missing."""
-    if image_exists(client, cpu.base_image) and not rebuild:
-        return cpu.base_image
-    if not image_exists(client, rootfs_tag(cpu)):
-        build_rootfs(client, cpu, on_line)
+    """The CPU base's tag (`tag`, default the matrix's), building it first when missing; says which path it took."""
+    tag = tag or cpu.base_image
+    if image_exists(client, tag) and not rebuild:
+        return tag
+    root, path = root_image(client, cpu, on_line)
+    print(f"CPU base: {path}", file=sys.stderr, flush=True)
     download_torch(cpu, on_line)
+    from_label = {"org.trainkit.base.from": root}
     shutil.copy2(ROOT / "images" / "with-ca.sh", WORK_DIR / "with-ca.sh")
     spec = BuildSpec(
         context=WORK_DIR,
         dockerfile=ROOT / "images" / "cpu-base" / "Dockerfile",
-        tags=[cpu.base_image],
-        args={"ROOTFS_IMAGE": rootfs_tag(cpu), "TORCH_VERSION": cpu.torch},
-        labels={"org.trainkit.base.torch": cpu.torch, "org.trainkit.base.debian": cpu.debian_suite},
+        tags=[tag],
+        args={"ROOTFS_IMAGE": root, "TORCH_VERSION": cpu.torch, "PACKAGES": " ".join(ROOTFS_PACKAGES)},
+        labels={"org.trainkit.base.torch": cpu.torch, "org.trainkit.base.debian": cpu.debian_suite, **from_label},
         ca_cert=ca_cert,
     )
     run_build(spec, on_line)
-    return cpu.base_image
+    return tag
 
 
 def _run_logged(argv: list[str], on_line: Callable[[str], None], what: str) -> None:

@@ -2,7 +2,7 @@
 
 Sources: images/versions.toml (the image matrix) and trainer/config/schema.py (the TRAIN_* schema).
 Derived: the Dockerfile's ARG defaults, docs/images.md's table, README.md's matrix and variable
-tables, and .env.example.
+tables, .env.example, and the release workflow's job matrix (.github/workflows/release.yml).
 
     python scripts/generate.py           # rewrite what drifted
     python scripts/generate.py --check   # exit 1 naming what drifted
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matrix
+import release_matrix
 from errors import exit_missing_package
 
 try:  # the installed project (`pip install -e .`); trainer.config's schema and docs import pydantic only, never torch
@@ -57,6 +58,11 @@ def rendered() -> dict[Path, str]:
     table = matrix.load()
     for path, (begin, end, render_block) in matrix.BLOCKS.items():
         out[path] = replace_block(path, path.read_text(), begin, end, render_block(table))
+    workflow = release_matrix.WORKFLOW
+    text = workflow.read_text()
+    for begin, end, render_block in release_matrix.BLOCKS:
+        text = replace_block(workflow, text, begin, end, render_block(table))
+    out[workflow] = text
     return out
 
 

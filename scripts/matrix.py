@@ -113,6 +113,7 @@ class Entry:
 class CpuFlavor:
     debian_suite: str
     debian_mirror: str
+    debian_image: str  # the registry path's base, pinned by digest
     python: str
     torch: str
     torch_index: str

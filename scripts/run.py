@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
+import published
 import registry
 from devices import device_requests, engine_has_gpus, rdma_passthrough
 from docker.errors import APIError, ImageNotFound
@@ -259,13 +260,15 @@ def ensure_image(client: docker.DockerClient, image: str, build_if_missing: bool
     command = build_command(image)
     if command is None:
         raise UserError(f"image {image} is not on this engine: `docker pull {image}` or build it")
+    if published.pull_published(client, image, load(), log):
+        return
     if not build_if_missing:
         cpu_hint = "" if "--cpu" in command else " Without GPUs: `python scripts/build.py --cpu` and `--gpus none`."
         raise UserError(
             f"image {image} is not on this engine. Build it with `{' '.join(command)}` "
             f"(or add --build-if-missing).{cpu_hint}"
         )
-    log(f"image {image} is missing: running `{' '.join(command)}` (the first build takes a while)")
+    log(f"image {image} is missing: running `{' '.join(command)}`; {published.first_build_note(image, load())}")
     result = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, check=False)
     if result.returncode != 0:
         raise UserError(f"building {image} failed (exit {result.returncode}); see the build output above")

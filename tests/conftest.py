@@ -26,11 +26,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also build and test the CUDA stand-in images of the oldest and the default row")  # fmt: skip
     parser.addoption("--all-rows", action="store_true",
                      help="build and test the stand-in image of every CUDA row (implies --standin)")  # fmt: skip
+    parser.addoption("--row-image", metavar="X.Y=IMAGE",
+                     help="run the row tests on this built image of CUDA row X.Y instead of a stand-in (the release "
+                          "pipeline's real NGC images)")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Stand-in images are opt-in (`--standin`, `--all-rows`): a cold one compiles for about 25 minutes here."""
-    if config.getoption("--standin") or config.getoption("--all-rows"):
+    if config.getoption("--standin") or config.getoption("--all-rows") or config.getoption("--row-image"):
         return
     standin = [item for item in items if STANDIN_FIXTURES & set(getattr(item, "fixturenames", ()))]
     if standin:
@@ -39,6 +42,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def standin_rows(config: pytest.Config) -> list[str]:
+    if config.getoption("--row-image"):
+        row, _, image = config.getoption("--row-image").partition("=")
+        _given_images[row] = image
+        return [row]
     if not config.getoption("--all-rows"):
         return list(STANDIN_ROWS)
     return list(tomllib.loads((ROOT / "images" / "versions.toml").read_text()).get("standin", {}))
@@ -82,6 +89,7 @@ def cpu_image(docker_client) -> str:
 
 
 _standin_builds: dict[str, subprocess.CompletedProcess] = {}
+_given_images: dict[str, str] = {}  # --row-image: row -> an image built elsewhere
 
 
 def build_standin(cuda: str, *extra: str) -> subprocess.CompletedProcess:
@@ -111,6 +119,8 @@ def standin_build():
 
 
 def standin_image_of(standin_row: str) -> str:
+    if standin_row in _given_images:
+        return _given_images[standin_row]
     if standin_row not in _standin_builds:
         _standin_builds[standin_row] = build_standin(standin_row)
     proc = _standin_builds[standin_row]

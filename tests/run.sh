@@ -12,27 +12,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 log() { printf '\n== %s\n' "$*"; }
 
+# The engine and Python's venv as quickstart.sh gets them (one shared script), plus what only the tests need.
 need_apt=()
-command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)   # a real local Slurm for the cluster tests
 command -v docker-registry >/dev/null || need_apt+=(docker-registry)   # a real registry on 127.0.0.1 (push/pull)
-python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  log "installing ${need_apt[*]} (apt)"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
-
-if ! docker info >/dev/null 2>&1; then
-  log "starting dockerd"
-  $SUDO sh -c 'nohup dockerd >/var/log/trainkit-dockerd.log 2>&1 &'
-  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/trainkit-dockerd.log" >&2; exit 1; }
-fi
+bash scripts/setup_docker.sh ${need_apt[@]+"${need_apt[@]}"}
 
 log "python environment (.venv)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -60,6 +47,7 @@ bash tests/oldest/setup.sh
 log "lint"
 .venv/bin/ruff check .
 .venv/bin/hadolint Dockerfile
+.venv/bin/actionlint   # .github/workflows (the release pipeline)
 
 log "pytest"
 export PATH="$ROOT/.venv/bin:$PATH"

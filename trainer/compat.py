@@ -61,6 +61,13 @@ class Stack:
         return self.transformers_5 and (self.torch is None or self.torch >= (2, 6))
 
     @property
+    def packs_by_position_ids(self) -> bool:
+        """Whether sdpa/eager attention keeps packed records apart from restarted position_ids alone: transformers 5
+        builds a mask per record from them (without a cache). 4.46 never does, 4.57 only on torch >= 2.6; there the
+        trainer passes a per-record 4D mask instead (trainer.run.packed_attention)."""
+        return self.transformers_5
+
+    @property
     def dropped_training_arguments(self) -> frozenset[str]:
         """TrainingArguments fields transformers 5 removed (safetensors is the only format; TensorBoard writes to
         OUTPUT_DIR/runs by itself): trainkit passes them to the versions that still have them."""

@@ -4,13 +4,11 @@ and the offline archive round trip."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
-import socket
+import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,44 +16,6 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "build" / "records"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory, docker_client) -> str:
-    """A real registry on 127.0.0.1:<port> (the engine treats loopback registries as insecure-allowed)."""
-    binary = shutil.which("docker-registry")
-    if binary is None:
-        pytest.fail("docker-registry is missing: tests/run.sh installs Debian's docker-registry package")
-    folder = tmp_path_factory.mktemp("registry")
-    port = free_port()
-    config = folder / "config.yml"
-    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {folder}/data\n"
-                      f"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n")  # fmt: skip
-    with (folder / "registry.log").open("wb") as log:
-        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("the local registry did not answer: " + (folder / "registry.log").read_text()[-2000:])
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        for image in docker_client.images.list(name=f"127.0.0.1:{port}/trainkit"):  # this run's tags only
-            for tag in image.tags:
-                if tag.startswith(f"127.0.0.1:{port}/"):
-                    docker_client.images.remove(tag, noprune=True)
 
 
 def build_py(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -148,3 +108,27 @@ def test_cluster_jobs_name_the_digest_of_a_pushed_tag(pushed: dict[str, str], re
     text = job.read_text()
     assert digest in text and ":0.1.0-cpu" not in text
     assert f"pinned {tag} to {pushed[tag]}" in proc.stderr
+
+
+def test_a_missing_image_is_pulled_from_the_published_registry_instead_of_built(
+    pushed: dict[str, str], registry: str, cpu_image: str, docker_client, tmp_path: Path
+) -> None:
+    """quickstart's path (run.py --build-if-missing) with TRAINKIT_REGISTRY naming a registry that holds the image:
+    it is pulled, label-checked and tagged, not built, and trains."""
+    built = docker_client.images.get(cpu_image).id
+    docker_client.images.remove(cpu_image, noprune=True)  # the run must find it missing (restored below)
+    try:
+        env = {**os.environ, "TRAINKIT_REGISTRY": registry}
+        proc = subprocess.run([sys.executable, "scripts/run.py", "--build-if-missing", "--gpus", "none", "--output",
+                               str(tmp_path / "output"), "-e", "TRAIN_MAX_STEPS=2", "-e", "TRAIN_SEQ_LEN=64", "train"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)  # fmt: skip
+    finally:
+        with contextlib.suppress(Exception):
+            docker_client.images.get(cpu_image)
+            built = None
+        if built:
+            docker_client.images.get(built).tag(*cpu_image.split(":"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"pulled {registry}/trainkit:0.1.0-cpu" in proc.stderr and f"tagged {cpu_image}" in proc.stderr
+    assert "scripts/build.py" not in proc.stderr
+    assert (tmp_path / "output" / "final").is_dir()

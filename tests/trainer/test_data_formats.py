@@ -103,18 +103,20 @@ def test_folder_and_glob_collect_supported_files(tmp_path: Path) -> None:
 
 
 def test_prompt_completion_labels_mask_the_prompt(tmp_path: Path) -> None:
+    """Each pair is one record, packed whole (TRAIN_PACKING=auto): prompt untrained, completion + EOS trained,
+    padding (258) untrained, positions restarting at each record and at the padding."""
     pairs = [("Q: two plus two?\nA:", " four"), ("Say hi:", " hi there")]
     path = tmp_path / "pc.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in pairs))
-    ids, labels, _ = blocks(path, 8, tmp_path / "cache")
+    ids, labels, dataset = blocks(path, 32, tmp_path / "cache")
     want_ids, want_labels = [], []
-    for p, c in pairs:
-        want_ids += [*p.encode(), *c.encode(), EOS]
-        want_labels += [-100] * len(p.encode()) + [*c.encode(), EOS]
-    n = len(want_ids) // 8 * 8
-    assert ids == want_ids[:n]
-    assert labels == want_labels[:n]
-    assert labels.count(-100) > 0 and all(lab != -100 for lab in labels[len(pairs[0][0]) : len(pairs[0][0]) + 5])
+    for p, c in pairs:  # 25 and 17 tokens: one sequence each
+        record = [*p.encode(), *c.encode(), EOS]
+        want_ids += record + [258] * (32 - len(record))
+        want_labels += [-100] * len(p.encode()) + [*c.encode(), EOS] + [-100] * (32 - len(record))
+    assert ids == want_ids
+    assert labels == want_labels
+    assert dataset[1]["position_ids"].tolist() == [*range(17), *range(15)]
 
 
 def test_short_data_is_padded_into_one_masked_block(tmp_path: Path) -> None:
@@ -233,8 +235,8 @@ def test_training_on_prompt_completion(format_runs) -> None:
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
     (meta,) = (out / ".cache" / "data").glob("*/meta.json")  # what the run trained on
     ids, labels = ShardedDataset(meta.parent, json.loads(meta.read_text())).block(0)
-    prompt_len = len(b"Q0: what next?")
-    assert (labels[:prompt_len] == -100).all()
+    prompt_len = bytes(t for t in ids.tolist() if t < 256).find(b" step")  # the block starts with a whole record
+    assert prompt_len > 0 and (labels[:prompt_len] == -100).all()
     assert labels[prompt_len : prompt_len + 8].tolist() == ids[prompt_len : prompt_len + 8].tolist()
 
 

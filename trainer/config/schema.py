@@ -91,6 +91,21 @@ class TrainSettings(BaseSettings):
         "tokens), last (the last assistant turn only), all (every token, system and user turns included). "
         "prompt/completion records train on the completion, or on everything with all.",
     )
+    # packing (#25, trainer/data/packing.py)
+    packing: Literal["auto", "stream", "records"] = _f(
+        "auto",
+        "paths",
+        "How records become TRAIN_SEQ_LEN sequences. records: whole records, best-fit packed, position ids restarting "
+        "and attention kept inside each record, padding never trained; stream: one token stream cut into windows "
+        "(a record may span two sequences and sees the ones before it). auto: records for prompt/completion and "
+        "conversations, stream for plain text.",
+    )
+    long_records: Literal["truncate", "drop"] = _f(
+        "truncate",
+        "paths",
+        "A record longer than TRAIN_SEQ_LEN when records are packed: truncate it to TRAIN_SEQ_LEN, or drop it. "
+        "Either way the log and meta.json count them.",
+    )
 
     # precision
     precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(

@@ -1,8 +1,9 @@
 """The tokenized-data cache: its key, its atomic write, and the barrier that lets one process per node prepare it.
 
 A cache entry is `CACHE_DIR/<key>/` (token shards + meta.json), keyed by the files' identity (path, size, mtime),
-the tokenizer, `seq_len` and the text field. It is written into `CACHE_DIR/.tmp-<key>-<host>-<pid>/`, fsynced and
-renamed into place, so a folder named by its key is always complete. An interrupted preparation leaves only a
+the tokenizer, `seq_len`, the text field and the packing settings (TRAIN_PACKING, TRAIN_LONG_RECORDS). It is
+written into `CACHE_DIR/.tmp-<key>-<host>-<pid>/`, fsynced and renamed into place, so a folder named by its key is
+always complete. An interrupted preparation leaves only a
 .tmp folder, which the next preparation removes before it starts again from the beginning.
 
 Ranks: local rank 0 of each node prepares under an exclusive lock (`<key>.lock`; on shared storage the lock also
@@ -29,7 +30,7 @@ from trainer.errors import ConfigError
 
 log = logging.getLogger("trainer")
 
-CACHE_VERSION = 3  # 3: memory-mapped token shards (2: whole .npy arrays)
+CACHE_VERSION = 4  # 4: records packed whole, BOS per the tokenizer (3: memory-mapped token shards; 2: .npy arrays)
 WAIT_TIMEOUT_S = 4 * 3600
 POLL_S = 0.5
 
@@ -45,11 +46,15 @@ def never() -> bool:
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
-    return hashlib.sha256(f"{text}|eos={tokenizer.eos_token_id}|pad={tokenizer.pad_token_id}".encode()).hexdigest()
+    specials = f"eos={tokenizer.eos_token_id}|pad={tokenizer.pad_token_id}|bos={tokenizer.bos_token_id}"
+    specials += f"|add_bos={getattr(tokenizer, 'add_bos_token', None)}"  # whether records start with BOS
+    return hashlib.sha256(f"{text}|{specials}".encode()).hexdigest()
 
 
-def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, loss_on: str = "assistant") -> str:
-    """The files' identity (hence their record layouts), the tokenizer, its chat template and the loss setting."""
+def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, packing: dict[str, str] | None = None,
+              loss_on: str = "assistant") -> str:  # fmt: skip
+    """The files' identity (hence their record layouts), the tokenizer, its chat template, the loss setting and the
+    packing settings."""
     from trainer.data.chat import template_hash
 
     files = []
@@ -59,7 +64,7 @@ def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, loss_o
     tok = tokenizer_fingerprint(tokenizer)
     chat = {"layouts": list(source.layouts), "template": template_hash(tokenizer), "loss_on": loss_on}
     blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "seq": seq_len, "field": text_field,
-                       "chat": chat})  # fmt: skip
+                       "packing": packing or {}, "chat": chat})  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -15,6 +15,8 @@ import numpy as np
 
 from trainer.data import cache
 from trainer.data.discovery import EMBEDDED_CORPUS, DataSource, source_of
+from trainer.data.packing import FLAG_START, FLAG_TRAINED, Packing, warn_about_long_records
+from trainer.data.packing import describe as describe_packing
 from trainer.errors import ConfigError
 
 log = logging.getLogger("trainer")
@@ -23,12 +25,16 @@ IGNORE_INDEX = -100
 
 
 class ShardedDataset:
-    """Blocks of token ids from the shards; labels are the ids, with -100 where the loss mask is 0 (prompts)."""
+    """Blocks of token ids from the shards; labels are the ids, with -100 where the loss is not taken (prompts,
+    padding, each record's first token). Where records were packed whole, items carry `position_ids` restarting at
+    0 on each record: with them (and use_cache off) attention stays inside each record (trainer.run.packed_attention).
+    """
 
     def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
         self.folder, self.meta = folder, meta
         self.seq_len = int(meta["seq_len"])
         self.starts = np.cumsum([0, *meta["blocks"]]).tolist()
+        self.records = bool(meta.get("packing", {}).get("record_blocks"))
         self._maps: dict[tuple[str, int], np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -43,25 +49,37 @@ class ShardedDataset:
             self._maps[kind, shard] = np.memmap(self.folder / f"{kind}-{shard:05d}.bin", dtype=dtype, mode="r")
         return self._maps[kind, shard]
 
-    def block(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, labels) of block i as int64 arrays."""
+    def arrays(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(ids, labels, position_ids or None) of block i as int64 arrays."""
         if not 0 <= i < len(self):
             raise IndexError(i)
         shard = bisect.bisect_right(self.starts, i) - 1
         span = slice((i - self.starts[shard]) * self.seq_len, (i - self.starts[shard] + 1) * self.seq_len)
         ids = np.asarray(self._map("tokens", shard)[span], dtype=np.int64)
-        labels = ids.copy()
+        labels, positions = ids.copy(), None
         if self.meta["has_mask"]:
-            labels[self._map("mask", shard)[span] == 0] = IGNORE_INDEX
+            flags = self._map("mask", shard)[span]
+            labels[(flags & FLAG_TRAINED) == 0] = IGNORE_INDEX
+            if self.records:
+                starts = (flags & FLAG_START) != 0
+                labels[starts] = IGNORE_INDEX  # the previous record's last token never predicts this one
+                positions = positions_of(starts)
         if self.meta["pad_from"] is not None:
             labels[self.meta["pad_from"] :] = IGNORE_INDEX
+        return ids, labels, positions
+
+    def block(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, labels) of block i as int64 arrays."""
+        ids, labels, _ = self.arrays(i)
         return ids, labels
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         import torch
 
-        ids, labels = self.block(i)
+        ids, labels, positions = self.arrays(i)
         item = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+        if positions is not None:
+            item["position_ids"] = torch.from_numpy(positions)
         if self.meta["pad_from"] is not None:
             mask = np.zeros(self.seq_len, dtype=np.int64)
             mask[: self.meta["pad_from"]] = 1
@@ -69,23 +87,32 @@ class ShardedDataset:
         return item
 
 
+def positions_of(starts: np.ndarray) -> np.ndarray:
+    """Position ids that restart at 0 on every True of `starts` (a record's first token)."""
+    index = np.arange(len(starts), dtype=np.int64)
+    return index - np.maximum.accumulate(np.where(starts, index, 0))
+
+
 def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field: str, cache_dir: Path,
-                    max_bad_lines: int = 0, should_stop: Any = cache.never, loss_on: str = "assistant"
+                    max_bad_lines: int = 0, should_stop: Any = cache.never, packing: Packing | None = None,
+                    loss_on: str = "assistant"
                     ) -> ShardedDataset:  # fmt: skip
     """The source's shards from the cache (made here, or by local rank 0, when the cache does not have them).
 
     `should_stop()` True (a SIGTERM arrived) ends the preparation or the wait with `cache.Stopped`."""
     from trainer.data.shards import prepare
 
-    key = cache.cache_key(source, tokenizer, seq_len, text_field, loss_on)
+    packing = packing or Packing()
+    key = cache.cache_key(source, tokenizer, seq_len, text_field, packing.key(), loss_on)
     meta = cache.read_meta(cache_dir / key)
     prepared = False
     if meta is None and cache.local_rank() != 0:
         meta = cache.wait_for(cache_dir, key, should_stop=should_stop)
     elif meta is None:
         meta, prepared = cache.prepare_once(
-            cache_dir, key, lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines, should_stop,
-                                                loss_on=loss_on),
+            cache_dir, key,
+            lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines, should_stop,
+                                packing=packing, loss_on=loss_on),
         )  # fmt: skip
     dataset = ShardedDataset(cache_dir / key, meta)
     if prepared:
@@ -98,6 +125,8 @@ def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field
         )  # fmt: skip
     else:
         log.info("data: mapped %d packed sequences from the cache %s (no tokenization)", len(dataset), cache_dir / key)
+    log.info("data: %s", describe_packing(meta))
+    warn_about_long_records(meta)
     return dataset
 
 
@@ -117,10 +146,9 @@ def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None, 
     else:
         log.info("data: %s", source.describe())
     folder = cache_dir or cache.default_cache_dir(settings.output_dir)
-    max_bad, loss_on = settings.data_max_bad_lines, settings.loss_on
-    return load_or_prepare(
-        source, tokenizer, settings.seq_len, settings.text_field, folder, max_bad, should_stop, loss_on
-    )
+    return load_or_prepare(source, tokenizer, settings.seq_len, settings.text_field, folder,
+                           settings.data_max_bad_lines, should_stop, Packing.from_settings(settings),
+                           settings.loss_on)  # fmt: skip
 
 
 class BlockRange:

@@ -44,6 +44,7 @@ class LineChunk:
     data: bytes
     first_line: int
     last: bool  # the file's last chunk
+    first: bool = True  # the file's first chunk
     layout: str | None = None  # the file's record layout (chat.layout_of_record of its first record)
 
 
@@ -58,6 +59,7 @@ class Columns:
     completions: Any = None
     conversations: list[Any] | None = None
     eos: str = "each"  # after each record; "last": after the last one only; "none"
+    starts_document: bool = True  # False for a .txt chunk after the file's first
     bad: list[str] = field(default_factory=list)  # malformed lines, "path:line: why"
     without_text: int = 0  # records whose text field is null or missing
 
@@ -123,7 +125,7 @@ def _line_chunks(path: Path, fmt: str, layout: str | None = None) -> Iterator[Li
             chunk, carry = data[:cut], data[cut:]
             if pending is not None:
                 yield pending
-            pending = LineChunk(str(path), fmt, chunk, line, last=False, layout=layout)
+            pending = LineChunk(str(path), fmt, chunk, line, last=False, first=pending is None, layout=layout)
             line += chunk.count(b"\n")
             if not block:
                 break
@@ -147,7 +149,8 @@ def parse_chunk(chunk: LineChunk, text_field: str) -> Columns:
 
     if chunk.format == "text":
         pieces = _text_pieces(chunk.data)
-        return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none")
+        return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none",
+                       starts_document=chunk.first)  # fmt: skip
     if chunk.layout in CHAT_LAYOUTS:
         return _jsonl_python(chunk, text_field)
     try:

@@ -2,16 +2,18 @@
 
 `prepare(source, tokenizer, seq_len, text_field, folder, max_bad_lines)` reads the corpus as bounded work units
 (readers.py), tokenizes them (worker processes for the byte-level tokenizer; the Rust tokenizer's own threads for
-a model folder's tokenizer), EOS-joins them and appends the tokens to shard files of whole `seq_len` blocks:
+a model folder's tokenizer) into records ([BOS where the tokenizer adds one] text EOS), packs them (packing.py:
+whole records per sequence, or one stream) and appends whole `seq_len` blocks to shard files:
 
     folder/tokens-00000.bin   uint16 (vocab <= 65536) or uint32 token ids, SHARD_TOKENS at most per shard
-    folder/mask-00000.bin     uint8, 1 where the loss is taken (only for prompt/completion data)
-    folder/meta.json          seq_len, dtype, blocks per shard, counts, skipped lines (written last)
+    folder/mask-00000.bin     uint8 flags: 1 where the loss is taken, 2 on a record's first token (packing.py);
+                              only where some token is not trained or records are packed
+    folder/meta.json          seq_len, dtype, blocks per shard, counts, skipped lines, packing (written last)
 
 At most IN_FLIGHT_PER_WORKER units per worker are in flight, so the peak memory of the main process is about
 (workers x IN_FLIGHT_PER_WORKER + 1) x (unit + its tokens), plus the largest parquet row group or .json document,
-whatever the corpus size; each worker holds one unit. The tail shorter than `seq_len` is dropped, unless it is all
-there is: then it is the one block, padded, and `meta.json` says where the padding starts.
+whatever the corpus size; each worker holds one unit. The stream's tail shorter than `seq_len` is dropped (and
+counted), unless it is all there is: then it is the one block, padded, and `meta.json` says where the padding starts.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 from trainer.data.cache import Stopped, never
 from trainer.data.formats import too_many_bad_lines
+from trainer.data.packing import Packer, Packing, nothing_packed
 from trainer.data.readers import Columns, LineChunk, iter_units, parse_chunk
 from trainer.errors import ConfigError
 
@@ -54,6 +57,7 @@ class Encoder:
     eos: int
     dtype: str
     tokenizer: Any = None  # None: byte-level
+    bos: int | None = None  # the BOS the tokenizer puts before a text (None: it adds none)
     chat: Any = None  # chat.ChatEncoder: conversations through the chat template
 
     @classmethod
@@ -63,7 +67,8 @@ class Encoder:
 
         dtype = "uint16" if len(tokenizer) <= 1 << 16 else "uint32"
         backend = None if is_byte_level(tokenizer) else tokenizer
-        return cls(int(tokenizer.eos_token_id), dtype, backend, ChatEncoder(tokenizer, loss_on, dtype))
+        return cls(int(tokenizer.eos_token_id), dtype, backend, added_bos(tokenizer),
+                   ChatEncoder(tokenizer, loss_on, dtype))  # fmt: skip
 
     @property
     def byte_level(self) -> bool:
@@ -85,11 +90,12 @@ class Piece:
 
     ids: np.ndarray
     mask: np.ndarray | None = None  # 1 where the loss is taken; None: everywhere
+    lengths: np.ndarray | None = None  # int64: each record's token count, in order (sum == len(ids))
+    continues: bool = False  # the last record goes on in the next piece (a .txt document spans pieces)
     records: int = 0
     without_text: int = 0
     bad: list[str] = field(default_factory=list)
     worker_rss: int = 0  # peak resident bytes of the worker process that made it (0: made in the main process)
-    lengths: np.ndarray | None = None  # int64: each record's token count, in order; sum(lengths) == len(ids)
 
 
 def tokenize_unit(unit: LineChunk | Columns, encoder: Encoder, text_field: str) -> Piece:
@@ -97,59 +103,87 @@ def tokenize_unit(unit: LineChunk | Columns, encoder: Encoder, text_field: str) 
     if columns.conversations is not None:
         return _conversations(columns, encoder)
     if columns.prompts is not None:
-        ids, mask = _pairs(columns, encoder)
+        ids, mask, lengths = _pairs(columns, encoder)
         if getattr(encoder.chat, "loss_on", "") == "all":  # TRAIN_LOSS_ON=all: the prompts train too
             mask = np.ones_like(mask)
     else:
-        ids, mask = _texts(columns, encoder), None
-    return Piece(ids, mask, columns.records, columns.without_text, columns.bad)
+        (ids, lengths), mask = _texts(columns, encoder), None
+    return Piece(ids, mask, lengths, columns.eos == "none", columns.records, columns.without_text, columns.bad)
 
 
-def _texts(columns: Columns, encoder: Encoder) -> np.ndarray:
+def added_bos(tokenizer: Any) -> int | None:
+    """The BOS id the tokenizer itself puts before a text (Llama's do, GPT-2's and Qwen's do not), else None."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return None
+    with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    return int(bos) if with_special[:1] == [bos] and plain[:1] != [bos] else None
+
+
+def _with_bos(ids: np.ndarray, encoder: Encoder) -> list[np.ndarray]:
+    """[BOS, ids] where the tokenizer adds a BOS, unless the text already starts with it (never doubled)."""
+    if encoder.bos is None or (len(ids) and ids[0] == encoder.bos):
+        return [ids]
+    return [np.array([encoder.bos], encoder.dtype), ids]
+
+
+def _texts(columns: Columns, encoder: Encoder) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, record lengths): each record is [BOS] text EOS; a .txt chunk is (part of) one document."""
     if encoder.byte_level:
         return _utf8_tokens(columns.texts, encoder, columns.eos)
     pieces = encoder.encode(columns.texts)
     eos = np.array([encoder.eos], dtype=encoder.dtype)
     if columns.eos == "each":
-        pieces = [part for piece in pieces for part in (piece, eos)]
-    elif columns.eos == "last":
-        pieces.append(eos)
-    return np.concatenate(pieces) if pieces else np.zeros(0, encoder.dtype)
+        records = [np.concatenate([*_with_bos(piece, encoder), eos]) for piece in pieces]
+        pieces, lengths = records, [len(r) for r in records]
+    else:
+        if columns.starts_document and pieces:
+            pieces[0] = np.concatenate(_with_bos(pieces[0], encoder))
+        if columns.eos == "last":
+            pieces.append(eos)
+        lengths = [sum(len(p) for p in pieces)]
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, encoder.dtype)
+    return ids, np.asarray(lengths if len(ids) else [], np.int64)
 
 
-def _utf8_tokens(array: Any, encoder: Encoder, eos: str) -> np.ndarray:
-    """Byte-level ids straight from the arrow buffers: the UTF-8 bytes, with EOS after each record (vectorized)."""
+def _utf8_tokens(array: Any, encoder: Encoder, eos: str) -> tuple[np.ndarray, np.ndarray]:
+    """Byte-level ids straight from the arrow buffers: the UTF-8 bytes, with EOS after each record (vectorized).
+    The byte-level tokenizer adds no BOS."""
     import pyarrow as pa
 
     array = array.cast(pa.large_binary())
     if len(array) == 0:
-        return np.zeros(0, encoder.dtype)
+        return np.zeros(0, encoder.dtype), np.zeros(0, np.int64)
     _, offsets_buffer, data_buffer = array.buffers()
     offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[array.offset : array.offset + len(array) + 1]
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
     data = data[offsets[0] : offsets[-1]].astype(encoder.dtype)
     if eos == "each":
-        return np.insert(data, offsets[1:] - offsets[0], encoder.eos)
+        return np.insert(data, offsets[1:] - offsets[0], encoder.eos), np.diff(offsets) + 1
     if eos == "last":
-        return np.append(data, np.array([encoder.eos], encoder.dtype))
-    return data
+        data = np.append(data, np.array([encoder.eos], encoder.dtype))
+    return data, np.asarray([len(data)] if len(data) else [], np.int64)
 
 
-def _pairs(columns: Columns, encoder: Encoder) -> tuple[np.ndarray, np.ndarray]:
-    """prompt + completion + EOS per record; the loss is taken on the completion and the EOS only."""
+def _pairs(columns: Columns, encoder: Encoder) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[BOS] prompt completion EOS per record; the loss is taken on the completion and the EOS only."""
     if encoder.byte_level:
         prompts = [np.frombuffer(p, np.uint8).astype(encoder.dtype) for p in _utf8(columns.prompts)]
         completions = [np.frombuffer(c, np.uint8).astype(encoder.dtype) for c in _utf8(columns.completions)]
     else:
         prompts, completions = encoder.encode(columns.prompts), encoder.encode(columns.completions)
     eos = np.array([encoder.eos], encoder.dtype)
-    ids, mask = [], []
+    ids, mask, lengths = [], [], []
     for p, c in zip(prompts, completions, strict=True):
-        ids += [p, c, eos]
-        mask += [np.zeros(len(p), np.uint8), np.ones(len(c) + 1, np.uint8)]
+        prompt = _with_bos(p, encoder)
+        ids += [*prompt, c, eos]
+        untrained = sum(len(part) for part in prompt)
+        mask += [np.zeros(untrained, np.uint8), np.ones(len(c) + 1, np.uint8)]
+        lengths.append(untrained + len(c) + 1)
     if not ids:
-        return np.zeros(0, encoder.dtype), np.zeros(0, np.uint8)
-    return np.concatenate(ids), np.concatenate(mask)
+        return np.zeros(0, encoder.dtype), np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    return np.concatenate(ids), np.concatenate(mask), np.asarray(lengths, np.int64)
 
 
 def _conversations(columns: Columns, encoder: Encoder) -> Piece:
@@ -376,31 +410,43 @@ def corpus_bytes(source: Any) -> int:
 
 
 def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: Path, max_bad_lines: int,
-            should_stop: Any = never, workers: int | None = None, loss_on: str = "assistant"
+            should_stop: Any = never, workers: int | None = None, packing: Packing | None = None,
+            loss_on: str = "assistant"
             ) -> dict[str, Any]:  # fmt: skip
     """Tokenize the whole source into shards in `folder` (which must exist and be empty); returns meta.json.
 
     `should_stop()` is asked after each unit: True raises `Stopped` (a SIGTERM must not wait for a whole corpus).
-    `workers`: worker processes (0: this process); None picks `worker_count`.
+    `workers`: worker processes (0: this process); None picks `worker_count`. `packing`: trainer.data.packing.
     """
     start = time.perf_counter()
+    packing = packing or Packing()
     encoder = Encoder.for_tokenizer(tokenizer, loss_on)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     workers = worker_count(encoder, corpus_bytes(source)) if workers is None else workers
-    tally = Tally(max_bad_lines, source.variable)
+    tally, tokens = Tally(max_bad_lines, source.variable), 0
     with ShardWriter(folder, seq_len, encoder.dtype, int(pad_id)) as writer:
+        packer = Packer(writer, seq_len, encoder.dtype, int(pad_id), packing)
         for piece in tokenize_all(iter_units(source, text_field), encoder, text_field, workers):
             tally.add(piece)
-            writer.append(piece.ids, piece.mask)
+            tokens += len(piece.ids)
+            packer.add(piece)
             if should_stop():
                 raise Stopped
-        if writer.tokens == 0:
+        tail = packer.close()
+        if tokens == 0:
             raise ConfigError(f"TRAIN_DATA: {source.describe()} holds no text; add records or fix TRAIN_TEXT_FIELD")
+        if tail is not None and writer.tokens == 0:
+            writer.append(*tail)  # all there is: finish() pads it into one block
+        elif tail is not None:
+            packer.stats.stream_tail_dropped_tokens = len(tail[0])
+        if writer.tokens == 0:
+            raise ConfigError(nothing_packed(source, packer.stats, seq_len))
         seconds = time.perf_counter() - start
         cores = workers + 1 if workers else (len(os.sched_getaffinity(0)) if _rust_threads(encoder) else 1)
-        speed = {"tokens": writer.tokens, "seconds": round(seconds, 3), "workers": workers, "cores": cores,
-                 "tokens_per_s": round(writer.tokens / max(seconds, 1e-9))}  # fmt: skip
-        return writer.finish({"source": source.describe(), **speed, **tally.report(text_field), "prepared_by": _who()})
+        speed = {"tokens": tokens, "seconds": round(seconds, 3), "workers": workers, "cores": cores,
+                 "tokens_per_s": round(tokens / max(seconds, 1e-9))}  # fmt: skip
+        return writer.finish({"source": source.describe(), **speed, **tally.report(text_field), "prepared_by": _who(),
+                              "packing": packer.stats.to_meta(packing, seq_len)})  # fmt: skip
 
 
 def _who() -> dict[str, Any]:

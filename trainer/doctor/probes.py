@@ -8,6 +8,7 @@ flash-attn's tiny version check), so the whole report takes about as long as imp
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import resource
@@ -27,6 +28,8 @@ from trainer.machine import hardware
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 GIB = 1024**3
 MIN_SHM_BYTES = 1 * GIB
+# What the image build writes (images/build_ext.py); outside an image it does not exist.
+IMAGE_MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
 PYTHON_STACK = (
     "torch",
     "transformers",
@@ -92,20 +95,30 @@ def driver_floor_probe(hw: hardware.Hardware) -> Probe:
     return Probe("driver_floor", "Driver vs image", shown, status, fix, {"floor": floor or None, "verdict": status})
 
 
+def cuda_image() -> bool:
+    """Whether this runs inside a trainkit CUDA image: its build manifest (written by the Dockerfile) says the base
+    has CUDA. A native install with PyPI's Linux torch (a CUDA build) is not one: there the run uses the CPU."""
+    try:
+        manifest = json.loads(IMAGE_MANIFEST.read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(manifest.get("base", {}).get("cuda"))
+
+
 def gpu_probes(hw: hardware.Hardware) -> list[Probe]:
     import torch
 
-    cuda_build = torch.version.cuda is not None
     if not hw.is_gpu:
-        status, fix = INFO, ""
-        if cuda_build:
-            status = FAIL
+        if cuda_image():
             fix = (
                 "this is a CUDA image but no GPU is visible: run with `--gpus all` (docker run / run.py) or the "
                 "compose GPU reservation, and check that the NVIDIA Container Toolkit is installed "
                 "(nvidia-smi on the host)"
             )
-        return [Probe("gpus", "GPUs", "none visible", status, fix, [])]
+            return [Probe("gpus", "GPUs", "none visible", FAIL, fix, [])]
+        build = f"torch {torch.__version__} is a CUDA {torch.version.cuda} build" if torch.version.cuda else ""
+        shown = "none visible: the run will use the CPU" + (f" ({build})" if build else "")
+        return [Probe("gpus", "GPUs", shown, INFO, "", [])]
     gpus = []
     for index in range(hw.gpu_count):
         props = torch.cuda.get_device_properties(index)

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Pre
 from trainer.compat import model_dtype_kwargs
 from trainer.config.presets import PRESETS, is_preset
 from trainer.config.sharding import fsdp_checkpoints_activations, uses_fsdp
+from trainer.run.packed_attention import isolate_records
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -117,6 +118,7 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
         name = s.model if s.model == folder else f"{s.model} ({folder})"
         log.info("model: loaded %s offline (attention=%s, weights %s)", name, attn, model.dtype)
         _fit_embeddings(model, tokenizer)
+    isolate_records(model, attn)  # use_cache off; attention never crosses packed records
     if s.lora:
         model = apply_lora(model, s)
     log_parameter_counts(model)

@@ -156,7 +156,7 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 
 
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
-    from transformers import default_data_collator, set_seed
+    from transformers import set_seed
 
     from trainer.data.cache import Stopped
     from trainer.data.dataset import build_dataset
@@ -164,6 +164,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
+    from trainer.run.packed_attention import collator_for
     from trainer.run.resume import to_record
     from trainer.tokenizer import tokenizer_for
 
@@ -195,7 +196,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         args=args,
         train_dataset=dataset,
         eval_dataset=eval_dataset,
-        data_collator=default_data_collator,
+        data_collator=collator_for(cfg.decisions.attn.value),
         processing_class=tokenizer,
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
