@@ -357,6 +357,26 @@ class ChatEncoder:
         except Exception as exc:  # a template's raise_exception(), a Jinja error, a missing variable
             raise BadRecord(f"the chat template raised {type(exc).__name__}: {exc}") from None
 
+    def encode_all(self, conversations: list[Conversation], bad: list[str]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:  # fmt: skip
+        """(ids, mask, record lengths, bad lines in file order) of a unit's conversations, each whole; a record
+        the template refuses is a bad line, named by file and line."""
+        import numpy as np
+
+        ids, mask, lengths, bad = [], [], [], list(bad)
+        for conv in conversations:
+            try:
+                record_ids, record_mask = self.encode(conv)
+            except BadRecord as exc:
+                bad.append(f"{conv.where}: {exc}")
+                continue
+            ids.append(record_ids)
+            mask.append(record_mask)
+            lengths.append(len(record_ids))
+        if not ids:
+            ids, mask = [np.zeros(0, self.dtype)], [np.zeros(0, np.uint8)]
+        return np.concatenate(ids), np.concatenate(mask), np.asarray(lengths, np.int64), in_file_order(bad)
+
     def _render(self, messages: list[dict[str, Any]], tokenize: bool = False, **kwargs: Any) -> Any:
         return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=tokenize,
                                                   return_dict=False, **kwargs)  # fmt: skip

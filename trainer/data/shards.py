@@ -187,24 +187,9 @@ def _pairs(columns: Columns, encoder: Encoder) -> tuple[np.ndarray, np.ndarray, 
 
 
 def _conversations(columns: Columns, encoder: Encoder) -> Piece:
-    """Each conversation through the chat template (chat.ChatEncoder), whole; a record the template refuses is a
-    bad line, named by file and line."""
-    from trainer.data.chat import BadRecord, in_file_order
-
-    ids, mask, lengths, bad = [], [], [], list(columns.bad)
-    for conv in columns.conversations:
-        try:
-            record_ids, record_mask = encoder.chat.encode(conv)
-        except BadRecord as exc:
-            bad.append(f"{conv.where}: {exc}")
-            continue
-        ids.append(record_ids)
-        mask.append(record_mask)
-        lengths.append(len(record_ids))
-    if not ids:
-        ids, mask = [np.zeros(0, encoder.dtype)], [np.zeros(0, np.uint8)]
-    return Piece(np.concatenate(ids), np.concatenate(mask), records=len(lengths), bad=in_file_order(bad),
-                 lengths=np.asarray(lengths, np.int64))  # fmt: skip
+    """Each conversation whole, through the chat template (chat.ChatEncoder.encode_all)."""
+    ids, mask, lengths, bad = encoder.chat.encode_all(columns.conversations, columns.bad)
+    return Piece(ids, mask, records=len(lengths), bad=bad, lengths=lengths)
 
 
 def _utf8(array: Any) -> list[bytes]:
