@@ -126,7 +126,7 @@ def assert_assistant_only(sequences: list[dict], tokenizer, layout: str) -> None
 def env_for(tmp_path: Path, data: Path, **train: str) -> dict[str, str]:
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    base = {"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_SEQ_LEN": "64"}
+    base = {"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_SEQ_LEN": "256"}
     return {**base, **{f"TRAIN_{k.upper()}": v for k, v in train.items()}, "HOME": str(home), "HF_HOME": str(home)}
 
 
@@ -168,7 +168,7 @@ def test_show_marks_trained_tokens_and_records(tmp_path: Path) -> None:
     result = run_trainer(["data", "--show", "2"], env=env_for(tmp_path, data, chat_template="chatml"))
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
-    assert "⟦asstmark0a fine" in out and "usermark0a hello" in out
+    assert re.search(r"⟦asstmark\d+a fine", out) and re.search(r"usermark\d+a hello", out)
     assert not re.search(r"⟦[^⟧]*(usermark|sysmark)", out), "a user or system word is marked trained"
     assert "sequence 0" in out and "sequence 1" in out and "sequence 2" not in out and "record 0" in out
     assert '"sequences"' in result.stderr  # the summary line goes to the log with --show
@@ -195,7 +195,7 @@ def test_loss_on_last_and_all(tmp_path: Path) -> None:
         dataset = load_or_prepare(discover(str(pairs)), tokenizer, 16, "text", tmp_path / "cache", loss_on=loss_on)
         labels = [label for i in range(len(dataset)) for label in dataset.block(i)[1].tolist()]
         trained = tokenizer.decode([label for label in labels if label != -100])
-        assert " A1." in trained and ("Q1?" in trained) == (loss_on == "all"), loss_on
+        assert " A1." in trained and ("1?" in trained) == (loss_on == "all"), loss_on  # "Q" starts a record: no label
 
 
 BAD = {  # line: (record, what the message says)
