@@ -100,12 +100,16 @@ def show_sequences(items: Any, tokenizer: Any) -> None:
 
 
 def _record_text(item: dict[str, list[int]], start: int, stop: int, tokenizer: Any, marks: bool) -> Any:
-    """The record decoded in runs of trained / not trained tokens; padding (attention_mask 0) is counted."""
+    """The record decoded in runs of trained / not trained tokens; padding (attention_mask 0, or untrained pad
+    tokens) is counted."""
     from rich.text import Text
 
     text = Text()
     ids, labels = item["input_ids"], item["labels"]
-    attention = item.get("attention_mask") or [1] * len(ids)
+    attention = list(item.get("attention_mask") or [1] * len(ids))
+    for i, (token, label) in enumerate(zip(ids, labels, strict=True)):
+        if token == tokenizer.pad_token_id and label == IGNORE_INDEX:
+            attention[i] = 0
     pos = start
     while pos < stop:
         trained, real = labels[pos] != IGNORE_INDEX, attention[pos] == 1
