@@ -24,6 +24,25 @@ EXIT_SIGTERM = exit_code_for_signal(signal.SIGTERM)
 EXIT_SIGINT = exit_code_for_signal(signal.SIGINT)
 
 
+# The launcher (trainer.launch.supervise) names a folder here; each trainer process writes its exit code into
+# FOLDER/<pid> on the way out, so the launcher can tell a clean stop from a crash behind torchrun's own exit code.
+OUTCOME_DIR_ENV = "TRAINKIT_OUTCOME_DIR"
+
+
+def record_outcome(code: int) -> None:
+    """This process's exit code, for the launcher (nothing when no launcher asked; never fails the exit)."""
+    import os
+
+    folder = os.environ.get(OUTCOME_DIR_ENV)
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, str(os.getpid())), "w") as handle:
+            handle.write(str(code))
+    except OSError:
+        pass
+
+
 class ConfigError(Exception):
     """A user mistake (bad TRAIN_* value, missing data, impossible combination...): exit 2, no traceback.
 

@@ -90,6 +90,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_LOG_STEPS": "1",
             "TRAIN_SEED": "7",
             "TRAIN_RESUME": str(root / "checkpoint-5"),
+            "TRAIN_RESUME_CHANGED_DATA": "1",
+            "TRAIN_START_OVER": "1",
             "TRAIN_ARGS": f"--weight_decay 0.1 --lr_scheduler_type cosine --learning_rate 0.002 --hub_token {SECRET}",
             "TRAIN_DETERMINISTIC": "1",
             "TRAIN_PROFILE": "1",
@@ -271,6 +273,9 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
     ("TRAIN_MAX_RESTARTS", "full", lambda c: c["settings"]["TRAIN_MAX_RESTARTS"] == {"value": 5, "source": "env"}),
     ("TRAIN_RDZV_TIMEOUT", "full", lambda c: c["settings"]["TRAIN_RDZV_TIMEOUT"] == {"value": 60, "source": "env"}),
+    # read by the run's resume (trainer.run.resume; tests/trainer/test_resume_safety.py)
+    ("TRAIN_RESUME_CHANGED_DATA", "full", lambda c: c["settings"]["TRAIN_RESUME_CHANGED_DATA"]["value"] is True),
+    ("TRAIN_START_OVER", "full", lambda c: c["settings"]["TRAIN_START_OVER"]["value"] is True),
 ]
 
 

@@ -38,8 +38,12 @@ def test_auto_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
 
 
 def test_never_and_an_empty_output_start_from_scratch(tmp_path: Path) -> None:
-    checkpoint(tmp_path, 2)
-    assert resume.decide(settings(tmp_path, "never")).checkpoint is None
+    checkpoint(tmp_path, 2)  # an earlier run: never refuses it unless asked to start over (test_resume_safety.py)
+    with pytest.raises(ConfigError, match="holds an earlier run"):
+        resume.decide(settings(tmp_path, "never"))
+    start_over = config.parse_settings({"TRAIN_OUTPUT_DIR": str(tmp_path), "TRAIN_RESUME": "never",
+                                        "TRAIN_START_OVER": "1"})  # fmt: skip
+    assert resume.decide(start_over).checkpoint is None
     empty = resume.decide(settings(tmp_path / "empty", "auto"))
     assert empty.checkpoint is None and empty.step == 0 and "starting from scratch" in empty.reason
 

@@ -179,6 +179,18 @@ class TrainSettings(BaseSettings):
         "schedule",
         "auto: resume from the newest complete checkpoint in the output folder; never; or a checkpoint PATH.",
     )
+    resume_changed_data: bool = _f(
+        False,
+        "schedule",
+        "Resume although the data settings (TRAIN_DATA, TRAIN_SEQ_LEN, TRAIN_SEED, the batch...) changed since the "
+        "checkpoint; without it such a resume exits 2 naming the changes.",
+    )
+    start_over: bool = _f(
+        False,
+        "schedule",
+        "With TRAIN_RESUME=never in a folder holding an earlier run: move its checkpoints, final/ and metrics.jsonl "
+        "to previous-runs/<time>/ and start over (without it, such a start exits 2).",
+    )
     args: str = _f(
         "",
         "schedule",

@@ -1,10 +1,12 @@
 """The tokenized-data cache: its key, its atomic write, and the barrier that lets one process per node prepare it.
 
-A cache entry is `CACHE_DIR/<key>/` (token shards + meta.json), keyed by the files' identity (path, size, mtime),
-the tokenizer, `seq_len`, the text field and the packing settings (TRAIN_PACKING, TRAIN_LONG_RECORDS). It is
-written into `CACHE_DIR/.tmp-<key>-<host>-<pid>/`, fsynced and renamed into place, so a folder named by its key is
-always complete. An interrupted preparation leaves only a
-.tmp folder, which the next preparation removes before it starts again from the beginning.
+A cache entry is `CACHE_DIR/<key>/` (token shards + meta.json), keyed by the files' identity (path, size, mtime and
+a hash of three 64 KiB samples of the content), the tokenizer, `seq_len`, the text field and the packing settings
+(TRAIN_PACKING, TRAIN_LONG_RECORDS). It is written into `CACHE_DIR/.tmp-<key>-<host>-<pid>/`, fsynced and renamed
+into place, so a folder named by its key is always complete. An interrupted preparation leaves only a .tmp folder,
+which the next preparation removes before it starts again from the beginning. Every use checks the shards' sizes
+against meta.json: an entry that does not match (a truncated or missing shard, no valid meta.json) is taken for
+absent, and local rank 0 replaces it.
 
 Ranks: local rank 0 of each node prepares under an exclusive lock (`<key>.lock`; on shared storage the lock also
 keeps nodes from preparing twice); the other local ranks wait for the finished folder, for a failure marker from
@@ -30,7 +32,9 @@ from trainer.errors import ConfigError
 
 log = logging.getLogger("trainer")
 
-CACHE_VERSION = 4  # 4: records packed whole, BOS per the tokenizer (3: memory-mapped token shards; 2: .npy arrays)
+CACHE_VERSION = 5  # 5: content samples in the key; 4: records packed whole, BOS per the tokenizer (3: memory-mapped
+# token shards; 2: .npy arrays)
+SAMPLE_BYTES = 1 << 16
 WAIT_TIMEOUT_S = 4 * 3600
 POLL_S = 0.5
 
@@ -60,12 +64,24 @@ def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, packin
     files = []
     for p in source.identity_files():
         st = p.stat()
-        files.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+        files.append([str(p.resolve()), st.st_size, st.st_mtime_ns, content_sample(p, st.st_size)])
     tok = tokenizer_fingerprint(tokenizer)
     chat = {"layouts": list(source.layouts), "template": template_hash(tokenizer), "loss_on": loss_on}
     blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "seq": seq_len, "field": text_field,
                        "packing": packing or {}, "chat": chat})  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def content_sample(path: Path, size: int) -> str:
+    """A hash of a file's first, middle and last SAMPLE_BYTES: with size and mtime in the key, an edit that keeps the
+    size and restores the mtime is still seen when it touches one of those places (an edit elsewhere is not; delete
+    the cache entry after such an edit). Three small reads per file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for offset in sorted({0, max(0, size // 2 - SAMPLE_BYTES // 2), max(0, size - SAMPLE_BYTES)}):
+            handle.seek(offset)
+            digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
 
 
 def default_cache_dir(output_dir: str) -> Path:
@@ -77,11 +93,32 @@ def default_cache_dir(output_dir: str) -> Path:
 
 
 def read_meta(folder: Path) -> dict[str, Any] | None:
-    """meta.json of a complete cache entry; None when there is none."""
+    """meta.json of a complete, undamaged cache entry; None when there is none (see `entry_problem`)."""
     try:
-        return json.loads((folder / "meta.json").read_text())
+        meta = json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError):
         return None
+    return None if entry_problem(folder, meta) else meta
+
+
+def entry_problem(folder: Path, meta: Any) -> str | None:
+    """What is wrong with a cache entry: a shard whose size does not match meta.json (truncated, replaced), a
+    missing one, or a meta.json without the shard list. None when it is whole."""
+    try:
+        itemsize = int("".join(filter(str.isdigit, meta["dtype"]))) // 8  # uint16, int32...
+        kinds = [("tokens", itemsize), ("mask", 1)] if meta["has_mask"] else [("tokens", itemsize)]
+        expected = [(f"{kind}-{i:05d}.bin", blocks * int(meta["seq_len"]) * size)
+                    for i, blocks in enumerate(meta["blocks"]) for kind, size in kinds]  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        return "meta.json lacks the shard list"
+    for name, size in expected:
+        try:
+            actual = (folder / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} has {actual} bytes, meta.json says {size}"
+    return None
 
 
 def local_rank() -> int:
@@ -112,6 +149,21 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _set_aside_damaged(cache_dir: Path, folder: Path) -> None:
+    """A folder under the entry's name that read_meta refused (no valid meta.json, a shard of the wrong size) is
+    removed so the new entry can take its name; the log says what was wrong with it."""
+    if not folder.exists():
+        return
+    try:
+        problem = entry_problem(folder, json.loads((folder / "meta.json").read_text()))
+    except (OSError, ValueError):
+        problem = "no valid meta.json"
+    log.warning("data: the cache entry %s is damaged (%s); preparing it again", folder, problem)
+    doomed = cache_dir / f".tmp-{folder.name}-damaged-{os.getpid()}"
+    os.rename(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def _remove_interrupted(cache_dir: Path, key: str) -> None:
     for stale in cache_dir.glob(f".tmp-{key}-*"):
         log.warning("data: removing %s, left by an interrupted preparation; preparing again", stale)
@@ -127,6 +179,7 @@ def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any],
         if meta is not None:
             return meta, False
         failed.unlink(missing_ok=True)
+        _set_aside_damaged(cache_dir, folder)
         _remove_interrupted(cache_dir, key)
         tmp = cache_dir / f".tmp-{key}-{socket.gethostname()}-{os.getpid()}"
         tmp.mkdir()
@@ -137,9 +190,8 @@ def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any],
             _fsync_dir(cache_dir)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            message = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-            with contextlib.suppress(OSError):  # the waiting ranks' news; never hide the error itself
-                failed.write_text(json.dumps({"run": _run_id(), "message": message}))
+            if not isinstance(exc, (Stopped, KeyboardInterrupt)):  # a stop is not a failure: the requeue prepares
+                _mark_failed(failed, exc)
             raise
         return meta, True
 
@@ -168,9 +220,29 @@ def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S, shoul
         time.sleep(POLL_S)
 
 
+def _mark_failed(marker: Path, exc: BaseException) -> None:
+    message = exc.message if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    with contextlib.suppress(OSError):  # the waiting ranks' news; never hide the error itself
+        marker.write_text(json.dumps({"run": _run_id(), "message": message, "time": time.time()}))
+
+
 def _failure(marker: Path) -> str | None:
+    """The message of a failure marker from this torchrun attempt. A requeue keeps the run id (Slurm's job id) and
+    the restart count, so a marker written before this process started is an earlier attempt's, not ours."""
     try:
         data = json.loads(marker.read_text())
     except (OSError, ValueError):
         return None
-    return data.get("message") if data.get("run") == _run_id() else None
+    if data.get("run") != _run_id() or data.get("time", 0) < process_start_time():
+        return None
+    return data.get("message")
+
+
+def process_start_time() -> float:
+    """When this process started (Unix time; Linux's /proc), else 0."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines() if x.startswith("btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
+    return boot + ticks / os.sysconf("SC_CLK_TCK") - 1.0  # btime is whole seconds

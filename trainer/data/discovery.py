@@ -14,11 +14,22 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.data.formats import SUPPORTED, bad_line_message, file_kind, is_glob, open_text, too_many_bad_lines
+from trainer.data.formats import (
+    MAX_LINE_BYTES,
+    SUPPORTED,
+    bad_line_message,
+    decode_errors,
+    file_kind,
+    is_glob,
+    long_line_message,
+    open_text,
+    too_many_bad_lines,
+)  # fmt: skip
 
 DEFAULT_DATA = "/data"
 EMBEDDED_CORPUS = Path(__file__).resolve().parents[1] / "assets" / "corpus.txt"
@@ -139,12 +150,15 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
     if not is_glob(spec) and (path.is_file() or path.is_symlink()) and file_kind(path) is None:
         return DataSource(spec, problems=(f"TRAIN_DATA={spec}: unsupported file type; use one of {SUPPORTED}",))
     candidates, exists = _candidates(spec)
+    candidates, repeated = _each_file_once(candidates)
     files, left_out, chosen = _pick_split(candidates, path if path.is_dir() else None, split)
     non_empty = tuple(p for p in files if not p.exists() or p.stat().st_size > 0)
     if not non_empty:
         return _no_data(spec, exists, bool(files))
     reason = f"{len(non_empty)} data file(s)" + (f", split {chosen!r} ({len(left_out)} other-split files left out)"
                                                   if left_out else "")  # fmt: skip
+    if repeated:
+        reason += f"; {repeated} more path(s) lead to these same files (symlinks) and are read once"
     problems = tuple(_file_problems(non_empty, text_field, max_bad_lines))
     layouts = _layouts(non_empty, text_field) if not problems else ()
     return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason, layouts=layouts)
@@ -177,6 +191,19 @@ def _candidates(spec: str) -> tuple[list[Path], bool]:
     data = [p for p in matches if file_kind(p) is not None and not _hidden(p, root)]
     files = [p for p in data if p.is_file() or p.is_symlink()]
     return sorted(files), bool(matches) or path.is_dir()
+
+
+def _each_file_once(paths: list[Path]) -> tuple[list[Path], int]:
+    """The first path to each real file (a symlink loop under `**` reaches one file by many paths); and how many
+    paths were repeats."""
+    seen: set[str] = set()
+    kept = []
+    for p in paths:
+        real = os.path.realpath(p)
+        if real not in seen:
+            seen.add(real)
+            kept.append(p)
+    return kept, len(paths) - len(kept)
 
 
 def _hidden(path: Path, root: Path | None) -> bool:
@@ -241,27 +268,28 @@ def _file_problems(files: tuple[Path, ...], text_field: str, max_bad_lines: int)
             else:
                 with path.open("rb") as handle:
                     handle.read(1)
-        except OSError as exc:
+        except decode_errors() as exc:
             problems.append(_unreadable(path, exc))
     return [p for p in problems if p]
 
 
-def _unreadable(path: Path, exc: OSError) -> str:
+def _unreadable(path: Path, exc: BaseException) -> str:
     if path.is_symlink() and not path.exists():
         reason = "dangling symlink"
     elif isinstance(exc, PermissionError):
         reason = "permission denied"
     else:
-        reason = f"{exc.strerror or exc}"
+        reason = f"{getattr(exc, 'strerror', None) or exc}"
     return f"TRAIN_DATA: cannot read {path} ({reason}); fix the file or its permissions"
 
 
 def _jsonl_problem(path: Path, text_field: str, max_bad_lines: int) -> str | None:
     """The first record: is it JSON, and does it hold the text field? (The reader checks every other record.)"""
-    with open_text(path) as handle:
-        first = next(((n, line) for n, line in enumerate(handle, 1) if line.strip()), None)
+    first = _first_record(path)
     if first is None:
         return None
+    if len(first[1]) > MAX_LINE_BYTES:  # read no further: a .json document may be one long line, the reader's to read
+        return None if file_kind(path).format == "json" else long_line_message(path, first[0])
     try:
         row = json.loads(first[1])
     except json.JSONDecodeError as exc:
@@ -283,6 +311,18 @@ def _jsonl_problem(path: Path, text_field: str, max_bad_lines: int) -> str | Non
         f"TRAIN_DATA: {path}: records have no field {text_field!r} (they have: {fields}); set TRAIN_TEXT_FIELD, "
         "or use prompt/completion, messages or conversations records"
     )
+
+
+def _first_record(path: Path) -> tuple[int, str] | None:
+    """(line number, text) of the first non-blank line, reading at most MAX_LINE_BYTES + 1 characters of it."""
+    with open_text(path) as handle:
+        for number in range(1, 1 << 20):
+            line = handle.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return None
+            if line.strip() or len(line) > MAX_LINE_BYTES:
+                return number, line
+    return None
 
 
 def _csv_problem(path: Path, text_field: str) -> str | None:

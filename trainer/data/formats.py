@@ -74,6 +74,34 @@ def open_text(path: Path) -> IO[str]:
     return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="replace", newline="")
 
 
+def decode_errors() -> tuple[type[BaseException], ...]:
+    """What a truncated or corrupt file raises while it is decompressed or decoded (a corrupt .gz: zlib.error,
+    which is no OSError)."""
+    import lzma
+    import zlib
+
+    errors: tuple[type[BaseException], ...] = (
+        OSError, EOFError, UnicodeDecodeError, ValueError, lzma.LZMAError, zlib.error,
+    )  # fmt: skip
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
+
+
+MAX_LINE_BYTES = 64 << 20  # one JSON Lines record longer than this is refused (memory stays bounded)
+
+
+def long_line_message(path: str | Path, line: int) -> str:
+    return (
+        f"TRAIN_DATA: {path}:{line}: a line longer than {MAX_LINE_BYTES >> 20} MiB; JSON Lines hold one record per "
+        "line, so this is likely not a JSON Lines file (a JSON document? name it .json) or lacks its newlines"
+    )
+
+
 def bad_line_message(path: str | Path, line: int, reason: str) -> str:
     """One malformed record, by file and line number."""
     return f"{path}:{line}: {reason}"

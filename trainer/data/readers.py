@@ -27,7 +27,15 @@ from trainer.data.chat import (
     layout_of_columns,
     layout_of_record,
 )
-from trainer.data.formats import bad_line_message, file_kind, open_binary, open_text
+from trainer.data.formats import (
+    MAX_LINE_BYTES,
+    bad_line_message,
+    decode_errors,
+    file_kind,
+    long_line_message,
+    open_binary,
+    open_text,
+)  # fmt: skip
 from trainer.errors import ConfigError
 
 UNIT_BYTES = 1 << 20
@@ -89,40 +97,37 @@ def iter_units(source: Any, text_field: str) -> Iterator[LineChunk | Columns]:
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:
-    """What a truncated or corrupt file raises while it is decompressed or decoded."""
-    import lzma
-
-    errors: tuple[type[BaseException], ...] = (OSError, EOFError, UnicodeDecodeError, ValueError, lzma.LZMAError)
-    try:
-        import zstandard
-
-        errors += (zstandard.ZstdError,)
-    except ImportError:
-        pass
-    return errors
+    return decode_errors()
 
 
 # ---- line formats: read in the main process, parsed in workers --------------------------------------------------
 
 
 def _line_chunks(path: Path, fmt: str, layout: str | None = None) -> Iterator[LineChunk]:
-    """Whole lines, about UNIT_BYTES at a time (a longer line is one chunk); the last one is flagged."""
+    """Whole lines, about UNIT_BYTES at a time (a longer line is one chunk, up to MAX_LINE_BYTES); the last one is
+    flagged. The blocks of an unfinished line are kept in a list and joined once its end arrives: linear time."""
     pending: LineChunk | None = None
     line = 1
     with open_binary(path) as handle:
-        carry = b""
+        carry: list[bytes] = []
+        carried = 0
         while True:
             block = handle.read(UNIT_BYTES)
-            data = carry + block
+            end = block.find(b"\n")
+            if fmt != "text" and carried + (len(block) if end < 0 else end) > MAX_LINE_BYTES:
+                raise ConfigError(long_line_message(path, line))
+            if block and end < 0 and (fmt != "text" or carried + len(block) < UNIT_BYTES):
+                carried += len(block)
+                carry.append(block)
+                continue
+            data = b"".join([*carry, block])
             if not data:
                 break
             cut = data.rfind(b"\n") + 1 if block else len(data)
-            if cut == 0 and fmt == "text" and len(data) >= UNIT_BYTES:
-                cut = _utf8_boundary(data)  # a .txt without newlines: cut between characters
             if cut == 0:
-                carry = data
-                continue
-            chunk, carry = data[:cut], data[cut:]
+                cut = _utf8_boundary(data)  # a .txt without newlines: cut between characters
+            chunk, rest = data[:cut], data[cut:]
+            carry, carried = ([rest], len(rest)) if rest else ([], 0)
             if pending is not None:
                 yield pending
             pending = LineChunk(str(path), fmt, chunk, line, last=False, first=pending is None, layout=layout)
@@ -380,7 +385,7 @@ def _json_file(path: Path, text_field: str) -> Iterator[LineChunk | Columns]:
 def _looks_like_json_lines(path: Path) -> bool:
     """True when the first line is a whole JSON object and more follows (a JSON document spans lines instead)."""
     with open_text(path) as handle:
-        first = handle.readline()
+        first = handle.readline(MAX_LINE_BYTES)  # a minified document is one long line: only its start is read
         rest = handle.read(1)
     try:
         return isinstance(json.loads(first), dict) and bool(rest)

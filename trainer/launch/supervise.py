@@ -21,27 +21,35 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
-from trainer.errors import exit_code_for_signal
+from trainer.errors import OUTCOME_DIR_ENV, exit_code_for_signal
 from trainer.launch.decide import LaunchPlan
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOPPED_CODES = tuple(exit_code_for_signal(s) for s in (signal.SIGTERM, signal.SIGINT))  # checkpoint written
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def supervise(plan: LaunchPlan) -> int:
-    """Run the decided command; return the trainer's exit code (torchrun itself exits 1 for any failed worker, also
-    after a stop the workers answered with 143)."""
+    """Run the decided command; return the trainer's exit code. After a stop, the trainers' real outcome: torchrun
+    itself exits 1 for any failed worker, also after a stop the workers answered with 143, so each trainer writes its
+    exit code into a folder named by OUTCOME_DIR_ENV, and a crash or a kill during the stop checkpoint is reported
+    as such, never as "checkpoint written"."""
     stops: list[int] = []
     pending: list[int] = []
+    trainers: list[int] = []  # the trainer processes the stop went to
     child: subprocess.Popen | None = None
+    outcomes = Path(tempfile.mkdtemp(prefix="trainkit-outcomes-"))
+    env = {**plan.env, OUTCOME_DIR_ENV: str(outcomes)}
 
     def on_signal(signum: int, _frame: object) -> None:
         if child is None:
@@ -52,16 +60,18 @@ def supervise(plan: LaunchPlan) -> int:
             log(f"{signal.Signals(signum).name} again: the trainer is already stopping")
         else:
             stops.append(signum)
-            threading.Thread(target=stop_trainers, args=(child, plan.distributed, signum), daemon=True).start()
+            threading.Thread(target=stop_trainers, args=(child, plan.distributed, signum, trainers),
+                             daemon=True).start()  # fmt: skip
 
     for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS):  # before the child exists: a stop must never orphan it
         signal.signal(sig, on_signal)
-    child = subprocess.Popen(plan.command, env=plan.env, start_new_session=True, preexec_fn=_prepare_child)
+    child = subprocess.Popen(plan.command, env=env, start_new_session=True, preexec_fn=_prepare_child)
     for signum in pending:
         on_signal(signum, None)
     code = child.wait()
-    if stops and code != 0:
-        return exit_code_for_signal(signal.SIGTERM)
+    if stops and plan.distributed and code != 0:  # torchrun exits 1 for any failed worker, a clean stop too
+        code = outcome_after_stop(trainers, outcomes)
+    shutil.rmtree(outcomes, ignore_errors=True)
     if code < 0:  # die the way the child died
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
             signal.signal(-code, signal.SIG_DFL)
@@ -69,9 +79,30 @@ def supervise(plan: LaunchPlan) -> int:
     return code
 
 
-def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, poll_s: float = 0.05) -> None:
-    """SIGTERM to the trainer processes; with torchrun, SIGTERM to torchrun once they have exited."""
-    trainers = children_of(child.pid) if distributed else [child.pid]
+def outcome_after_stop(trainers: list[int], outcomes: Path) -> int:
+    """The workers' real outcome after a stop: 128+N when every one stopped cleanly after its checkpoint, else the
+    first failure (a worker that wrote no outcome was killed, e.g. by the OOM killer: 137)."""
+    codes = {}
+    for pid in trainers:
+        try:
+            codes[pid] = int((outcomes / str(pid)).read_text())
+        except (OSError, ValueError):
+            codes[pid] = exit_code_for_signal(signal.SIGKILL)
+            log(f"trainer process {pid} ended without an exit code (killed, e.g. by the OOM killer's SIGKILL)")
+    killed = exit_code_for_signal(signal.SIGKILL)
+    failed = sorted((c for c in codes.values() if c not in (0, *STOPPED_CODES)), key=lambda c: c != killed)
+    if failed:  # a kill first: the other ranks' crashes usually follow from their peer's death
+        log(f"the stop did not end cleanly: trainer exit codes {sorted(codes.values())}; exit {failed[0]}")
+        return failed[0]
+    return max(codes.values(), default=exit_code_for_signal(signal.SIGTERM))
+
+
+def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, trainers: list[int] | None = None,
+                  poll_s: float = 0.05) -> None:  # fmt: skip
+    """SIGTERM to the trainer processes (recorded in `trainers`); with torchrun, SIGTERM to torchrun once they have
+    exited."""
+    trainers = trainers if trainers is not None else []
+    trainers += children_of(child.pid) if distributed else [child.pid]
     log(f"{signal.Signals(signum).name}: SIGTERM to {len(trainers)} trainer process(es); they checkpoint and stop")
     for pid in trainers:
         _kill(pid, signal.SIGTERM)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.run.resume import COMPLETE_MARKER, STATE_FILE
+from trainer.run.resume import COMPLETE_MARKER, STATE_FILE, manifest
 
 log = logging.getLogger("trainer")
 
@@ -78,7 +78,7 @@ def remove_stale_temps(output_dir: str | Path) -> list[Path]:
 
 def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
     """Mark `staged` complete, flush it, and move it to `final` with one rename."""
-    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "time": time.time()}) + "\n")
+    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "files": manifest(staged), "time": time.time()}) + "\n")
     fsync_tree(staged)
     if final.exists():  # e.g. a run restarted with TRAIN_RESUME=never reaches the same step
         old = final.with_name(f"{TMP_PREFIX}old-{final.name}")
@@ -104,6 +104,7 @@ def _atomic_trainer_class() -> type:
     from transformers import Trainer
 
     from trainer.compat import rotate_checkpoints
+    from trainer.run.disk_space import full_disk_ends_run
 
     class AtomicCheckpointTrainer(Trainer):
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
@@ -131,21 +132,28 @@ def _atomic_trainer_class() -> type:
                 staging.mkdir(parents=True)
             self.accelerator.wait_for_everyone()
             started = time.perf_counter()
+            final = run_dir / f"checkpoint-{step}"
+            with full_disk_ends_run(run_dir, f"saving {final.name}", staging if self.args.should_save else None):
+                self._save_staged(model, trial, staging, final, step, *more, **named)
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                rotate_checkpoints(self, str(run_dir))
+                log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
+            self.accelerator.wait_for_everyone()
+
+        def _save_staged(self, model: Any, trial: Any, staging: Path, final: Path, step: int, *more: Any, **named: Any
+                         ) -> None:  # fmt: skip
             self._staging_dir = str(staging)
             try:
                 super()._save_checkpoint(model, trial, *more, **named)
             finally:
                 self._staging_dir = None
-            final = run_dir / f"checkpoint-{step}"
             self._best_outside_staging(staging, final)
             time.sleep(_test_save_delay(step))
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
                 publish(staging / final.name, final, {**self.checkpoint_info, "step": step})
                 shutil.rmtree(staging, ignore_errors=True)
-                rotate_checkpoints(self, str(run_dir))
-                log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
-            self.accelerator.wait_for_everyone()
 
         def _best_outside_staging(self, staging: Path, final: Path) -> None:
             """Transformers names the best checkpoint (TRAIN_KEEP_BEST) by the folder it saved into, the staging one:
@@ -166,6 +174,12 @@ def _atomic_trainer_class() -> type:
             staging = output_dir.with_name(f"{TMP_PREFIX}{output_dir.name}")
             if self.args.should_save:
                 shutil.rmtree(staging, ignore_errors=True)
+            partial = staging if self.args.should_save else None
+            with full_disk_ends_run(output_dir.parent, f"saving {output_dir.name}/", partial):
+                self._save_final_staged(staging, output_dir, tokenizer)
+            self.accelerator.wait_for_everyone()
+
+        def _save_final_staged(self, staging: Path, output_dir: Path, tokenizer: Any) -> None:
             if self._can_merge_lora():
                 self.save_model(str(staging / "adapter"))
                 merged = self.model.merge_and_unload()
@@ -177,7 +191,6 @@ def _atomic_trainer_class() -> type:
             if self.args.should_save:
                 tokenizer.save_pretrained(str(staging))
                 publish(staging, output_dir, {**self.checkpoint_info, "step": self.state.global_step, "final": True})
-            self.accelerator.wait_for_everyone()
 
         def _can_merge_lora(self) -> bool:
             model = self.model

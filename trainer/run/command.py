@@ -19,9 +19,18 @@ def register(commands: Any) -> None:
 
 def main(_args: argparse.Namespace) -> int:
     from trainer import config
+    from trainer.errors import EXIT_CRASH, EXIT_USER, ConfigError, record_outcome
 
-    config.apply_process_defaults()  # before torch is imported
-    cfg = config.resolve(config.load_settings())
-    from trainer.run.train import run
+    code = EXIT_CRASH  # what a traceback ends with
+    try:
+        config.apply_process_defaults()  # before torch is imported
+        cfg = config.resolve(config.load_settings())
+        from trainer.run.train import run
 
-    return run(cfg)
+        code = run(cfg)
+    except ConfigError:
+        code = EXIT_USER
+        raise
+    finally:
+        record_outcome(code)  # for the launcher: a stop is told from a crash (trainer.launch.supervise)
+    return code

@@ -118,9 +118,7 @@ class MetricsCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
-        record = self.record(args, state, logs)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(self.record(args, state, logs)))
         self._step_times.clear()
 
     def record(self, args: Any, state: Any, logs: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +143,18 @@ class MetricsCallback(TrainerCallback):
             "mfu": mfu,
             "time": time.time(),
         }
+
+
+def append_line(path: Path, line: str) -> None:
+    """One whole line or nothing: a write cut short (e.g. a full disk) is undone before the error goes on."""
+    with open(path, "ab") as fh:
+        size = fh.tell()
+        try:
+            fh.write((line + "\n").encode())
+            fh.flush()
+        except OSError:
+            fh.truncate(size)
+            raise
 
 
 def truncate_after(path: Path, step: int) -> None:

@@ -148,6 +148,19 @@ def control_group(world_size: int) -> Any:
     return _CONTROL_GROUP[0]
 
 
+def from_rank_0(value: Any, world_size: int) -> Any:
+    """Rank 0's `value` on every rank (over the control group; one process: `value` itself). Every rank calls it at
+    the same point of the run."""
+    group = control_group(world_size)
+    if group is None:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
 class StopAgreement:
     """The signal every rank agrees to stop for; one process decides alone."""
 

@@ -95,8 +95,27 @@ def run(cfg: RunConfig) -> int:
     stop = GracefulStop().install()
     try:
         return _run(cfg, stop, resume)
+    except OSError as exc:
+        from trainer.run.disk_space import DISK_ERRNOS, DiskFull
+
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        where = Path(exc.filename).parent if exc.filename else Path(cfg.settings.output_dir)
+        raise DiskFull(where, exc, f"writing {exc.filename or 'the run outputs'}") from None
     finally:
         stop.restore()
+
+
+def _agreed(resume: Resume, args: Any) -> Resume:
+    """Rank 0's resume decision on every rank (each rank decided alone before torch.distributed was up: one with a
+    stale view of a network filesystem could pick another step); every rank logs the agreed checkpoint."""
+    from trainer.run.signals import from_rank_0
+
+    agreed = from_rank_0(resume, args.world_size)
+    if args.process_index != 0:
+        log.warning("resume: rank %d %s (rank 0's choice)", args.process_index,
+                    f"continues from {agreed.checkpoint}" if agreed.checkpoint else "starts from scratch")  # fmt: skip
+    return agreed
 
 
 def _training_arguments(cfg: RunConfig) -> Any:
@@ -158,30 +177,40 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
     from transformers import set_seed
 
-    from trainer.data.cache import Stopped
+    from trainer.data.cache import Stopped, default_cache_dir
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
+    from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
+    from trainer.run.output_lock import acquire_output_lock
     from trainer.run.packed_attention import collator_for
-    from trainer.run.resume import to_record
+    from trainer.run.resume import archive_run_config, recorded_settings, set_aside_earlier_run, to_record
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
     out = Path(s.output_dir)
     args = _training_arguments(cfg)
     if args.should_save:
-        out.mkdir(parents=True, exist_ok=True)
+        acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
+    resume = _agreed(resume, args)
+    if args.should_save:
+        if s.resume == "never" and s.start_over:
+            set_aside_earlier_run(out)
+        archive_run_config(out)  # every start's record is kept (run_configs/)
         cfg.write_run_config(out)
     tokenizer = tokenizer_for(s)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
-        dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
+        with full_disk_ends_run(default_cache_dir(s.output_dir), "writing the tokenized data cache"):
+            dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
         dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return _interrupted(stop, None)
     set_seed(s.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
+    if args.should_save:
+        warn_if_too_small(out, model)
     if args.should_save:
         remove_stale_temps(s.output_dir)
     log.info("resume: %s", resume.reason)
@@ -201,7 +230,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume) -> int:
         callbacks=_callbacks(cfg, model, stop),
         **_optimizer_override(cfg, args),
     )
-    trainer.checkpoint_info = to_record(cfg.hub)  # what a resumed run reads back (trainer.run.resume)
+    trainer.checkpoint_info = {**to_record(cfg.hub), "settings": recorded_settings(s)}  # read back by run.resume
     if eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop

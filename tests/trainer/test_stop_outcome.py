@@ -1,0 +1,60 @@
+"""The launcher reports the trainer's real outcome after a stop (trainer.launch.supervise), with real processes:
+`python -m trainer.launch` -> (torchrun ->) `python -m trainer` on the tiny preset.
+
+A trainer killed during its stop checkpoint (as the OOM killer does) is not "checkpoint written" (143): the
+launcher says so and exits 137, one process or two behind torchrun (which itself exits 1 for any failed worker).
+Two ranks resume from the checkpoint rank 0 chose, and each says so (trainer.run.train._resume_from).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from train_runs import children, finish, logged_steps, start, train_env, wait_for
+
+from trainer.run.checkpoint import SAVE_DELAY_ENV
+
+
+def _trainers(launcher: int, nproc: int) -> list[int]:
+    below = children(launcher)
+    return below if nproc == 1 else [pid for torchrun in below for pid in children(torchrun)]
+
+
+def _stop_then_kill_one_trainer(proc: subprocess.Popen[str], out: Path, nproc: int, after_step: int) -> None:
+    """SIGTERM to the launcher, then SIGKILL to one trainer while the stop checkpoint is being written."""
+    wait_for(lambda: after_step in logged_steps(out), proc)
+    trainers = _trainers(proc.pid, nproc)
+    assert len(trainers) == nproc
+    os.kill(proc.pid, signal.SIGTERM)
+    wait_for(lambda: bool(list(out.glob(".tmp-checkpoint-*"))), proc)
+    os.kill(trainers[-1], signal.SIGKILL)
+
+
+def test_a_trainer_killed_during_the_stop_checkpoint_is_not_reported_as_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = start({**train_env(out, max_steps=200), SAVE_DELAY_ENV: "10@*"}, ["-m", "trainer.launch"])
+    _stop_then_kill_one_trainer(proc, out, 1, after_step=2)
+    code, err = finish(proc)
+    assert code == -signal.SIGKILL, err[-3000:]  # the launcher dies the way its trainer died
+    assert not list(out.glob("checkpoint-*"))
+
+
+def test_two_ranks_resume_from_rank_0s_choice_and_a_kill_in_the_stop_is_reported(tmp_path: Path) -> None:
+    """Rank 0 decides the resume checkpoint and broadcasts it (each rank logs it); then a rank killed during the
+    stop checkpoint makes the launcher exit 137, not 143 (torchrun itself exits 1)."""
+    out = tmp_path / "out"
+    env = train_env(out, max_steps=2, save_steps=2, nproc_per_node=2, max_restarts=0)
+    code, err = finish(start(env, ["-m", "trainer.launch"]))
+    assert code == 0, err[-3000:]
+
+    proc = start({**env, "TRAIN_MAX_STEPS": "200", SAVE_DELAY_ENV: "10@*"}, ["-m", "trainer.launch"])
+    _stop_then_kill_one_trainer(proc, out, 2, after_step=3)
+    code, err = finish(proc)
+    assert f"[rank 0/2] INFO resume: continuing from {out / 'checkpoint-2'}" in err
+    assert f"[rank 1/2] WARNING resume: rank 1 continues from {out / 'checkpoint-2'} (rank 0's choice)" in err
+    assert code == 137, err[-3000:]
+    assert "ended without an exit code (killed" in err
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
