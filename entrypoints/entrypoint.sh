@@ -10,6 +10,7 @@
 #   fetch [--json]    python -m trainer fetch: download the configured Hub model/tokenizer/data into /cache
 #   export SRC OUT    python -m trainer export: a run/checkpoint -> a plain model folder (merged, verified)
 #   push SRC REPO     python -m trainer push: upload a model folder to the Hub
+#   data [ARGS...]    python -m trainer data: prepare the tokenized cache; --show N: what will be trained
 #   shell [ARGS...]   bash
 #   -ANYTHING ...     arguments for train
 #   CMD [ARGS...]     any other command, run as given (e.g. `python my_script.py`)
@@ -45,6 +46,7 @@ case "$cmd" in
     fetch) set -- python -m trainer fetch "$@"; what="python -m trainer fetch" ;;
     export) set -- python -m trainer export "$@"; what="python -m trainer export" ;;
     push) set -- python -m trainer push "$@"; what="python -m trainer push" ;;
+    data) set -- python -m trainer data "$@"; what="python -m trainer data" ;;
     shell) set -- bash "$@"; what="bash" ;;
     *) set -- "$cmd" "$@"; what="$cmd" ;;
 esac

@@ -1,6 +1,6 @@
 """Run trainkit in a container, the way `docker compose up train` does, from any folder.
 
-    python scripts/run.py [options] train|doctor|bench|fetch|export|push [ARGS...]
+    python scripts/run.py [options] train|doctor|bench|fetch|data|export|push [ARGS...]
     python scripts/run.py [options] -- CMD [ARGS...]        (any command inside the image)
 
 run.py's options may also follow the trainer command; other arguments go to the command.
@@ -49,7 +49,7 @@ except ModuleNotFoundError as missing:
 HOST_PASSTHROUGH = ("HF_TOKEN", "WANDB_API_KEY")  # taken from this environment when set
 CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml
 STOP_GRACE_S = 600  # as compose's stop_grace_period: the interruption checkpoint must fit
-TRAINER_COMMANDS = ("train", "doctor", "bench", "fetch", "export", "push")
+TRAINER_COMMANDS = ("train", "doctor", "bench", "fetch", "data", "export", "push")
 STACK_BYTES = 67108864
 
 
@@ -112,7 +112,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="build the chosen image with scripts/build.py when it is not there (first build takes a while)",
     )  # fmt: skip
     parser.add_argument(
-        "command", nargs="?", default="train", help="train (default), doctor, bench, fetch, export, push, or -- CMD ..."
+        "command", nargs="?", default="train", help="train (default), doctor, bench, fetch, data, export, push, or -- CMD ..."
     )
     head, tail = split_at_double_dash(argv)
     args, passed_on = parser.parse_known_args(head)
@@ -145,7 +145,7 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
         return tail
     if command not in TRAINER_COMMANDS:
         raise UserError(
-            f"unknown command {command!r}: use train, doctor, bench, fetch, export, push, or `-- CMD ...` to run any "
+            f"unknown command {command!r}: use train, doctor, bench, fetch, data, export, push, or `-- CMD ...` to run any "
             "command in the image"
         )
     return [command, *passed_on]

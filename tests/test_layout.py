@@ -38,15 +38,15 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/data", "trainer/tokenizer"),
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
     ("trainer/run", "trainer/export"),  # the training run; export (and the push at a run's end) reads its outputs
-    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/__main__", "trainer/__init__"),
+    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command", "trainer/__main__",
+     "trainer/__init__"),
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip
 # The imports that run up a floor, on purpose: the checks (config) and the Hub pins (hub) ask trainer.run.resume, the
 # one home of resume; the Hub's dataset snapshots take the data file names from trainer.data.formats.
 MAX_UPWARD = 3
-# A command that reads the configuration lives on a floor above it (trainer/fetch.py). trainer/data/__main__.py is
-# the last one that does not: it becomes `python -m trainer data` (issue #25), in a module above trainer/config.
-NOT_COUNTED = {"trainer/data/__main__.py"}
+# A command that reads the configuration lives on a floor above it (trainer/fetch.py, trainer/data_command.py).
+NOT_COUNTED: set[str] = set()
 
 
 def modules() -> dict[str, Path]:

@@ -62,8 +62,18 @@ def has_tokenizer(folder: str | Path) -> bool:
 
 
 def tokenizer_for(settings: Any) -> PreTrainedTokenizerBase:
-    """TRAIN_TOKENIZER's tokenizer when it is set, else TRAIN_MODEL's own (or the byte-level one)."""
-    return load_tokenizer(tokenizer_folder(settings) or model_folder(settings))
+    """TRAIN_TOKENIZER's tokenizer when it is set, else TRAIN_MODEL's own (or the byte-level one), with the chat
+    template the checks found (TRAIN_CHAT_TEMPLATE's, else the folder's, whichever file of it this Transformers
+    reads); saved with the tokenizer in final/ and every checkpoint."""
+    from trainer.data.chat import template_of
+
+    tok = load_tokenizer(tokenizer_folder(settings) or model_folder(settings))
+    choice = template_of(settings)
+    if choice.text and (settings.chat_template or not tok.chat_template):
+        tok.chat_template = choice.text
+    if choice.text:
+        log.info("tokenizer: chat template: %s", choice.origin)
+    return tok
 
 
 def load_tokenizer(model: str) -> PreTrainedTokenizerBase:

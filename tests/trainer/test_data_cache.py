@@ -44,7 +44,7 @@ def env_for(tmp: Path, data: Path, **extra: str) -> dict[str, str]:
 
 
 def prepare_data(env: dict[str, str], **popen: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "trainer.data"], cwd=REPO, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "trainer", "data"], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """Preparing the data takes memory that does not grow with the corpus: 400 MB of JSONL needs at most 1.2x the peak
-resident memory of 50 MB. Each size is prepared by `python -m trainer.data` (what a run does, with the defaults) in a
+resident memory of 50 MB. Each size is prepared by `python -m trainer data` (what a run does, with the defaults) in a
 fresh process, which reports its own peak (VmHWM) and that of its largest worker process.
 """
 
@@ -36,7 +36,7 @@ def prepare(tmp: Path, megabytes: int) -> dict:
     write_corpus(data, megabytes)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
     env.update(PYTHONPATH=str(REPO), TRAIN_DATA=str(data), TRAIN_OUTPUT_DIR=str(tmp / f"out-{megabytes}"))
-    proc = subprocess.run([sys.executable, "-m", "trainer.data"], cwd=REPO, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "trainer", "data"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)

@@ -10,6 +10,7 @@ from trainer import compat, transformers_names
 from trainer.config import deepspeed
 from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.schema import TrainSettings
+from trainer.data.chat import template_problems
 from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
 from trainer.hub.ids import parse_dataset_id
@@ -270,4 +271,9 @@ STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
 def static_problems(settings: TrainSettings) -> list[str]:
     """Every problem that can be found without torch, in a stable order; the Hub is asked only when there is none."""
     problems = [problem for check in STATIC_CHECKS for problem in check(settings)]
-    return problems or _hub_problems(settings)
+    return problems or _hub_problems(settings) or _chat_template_problems(settings)
+
+
+def _chat_template_problems(s: TrainSettings) -> list[str]:
+    """After the Hub: the template comes with a Hub tokenizer."""
+    return template_problems(s, source_of(s))

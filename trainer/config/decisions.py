@@ -17,6 +17,7 @@ from trainer.config.decision import Decision
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
+from trainer.data.chat import chat_report
 from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
 from trainer.hub.sources import hub_sources, model_folder
@@ -61,6 +62,8 @@ class Decisions:
     resume: Decision[str]
     cuda_alloc_conf: Decision[str]
     args: Decision[dict[str, Any]] = field(default_factory=lambda: Decision({}, "TRAIN_ARGS empty"))
+    data_format: Decision[str] = field(default_factory=lambda: Decision("", "not detected"))  # trainer.data.chat
+    chat_template: Decision[str] = field(default_factory=lambda: Decision("none", "no conversations"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -285,6 +288,7 @@ def decide_all(
         "report_to": decide(decide_report_to, s, fallback=_decide("none", "refused")),
         "resume": _decide(s.resume, _resume_reason(s.resume)),
         "cuda_alloc_conf": alloc_decision,
+        **{what: Decision(*found) for what, found in chat_report(s, source).items()},
     }
     if problems:
         raise ConfigError(*problems)

@@ -74,8 +74,23 @@ class TrainSettings(BaseSettings):
     data_max_bad_lines: int = _f(
         0,
         "paths",
-        "Malformed JSON Lines records to skip (each is reported by file and line); 0: the first one stops the run.",
+        "Malformed records to skip (JSON Lines that do not parse, conversations that cannot be trained on; each is "
+        "reported by file and line); 0: the first one stops the run.",
         ge=0,
+    )
+    # conversations (trainer/data/chat.py)
+    chat_template: str = _f(
+        "",
+        "paths",
+        "Chat template for messages/conversations data: a built-in name (chatml) or a Jinja file; it replaces the "
+        "tokenizer's own and is saved with final/ and every checkpoint. Empty: the tokenizer's own template.",
+    )
+    loss_on: Literal["assistant", "last", "all"] = _f(
+        "assistant",
+        "paths",
+        "Tokens the loss is taken on in conversations: assistant (every assistant turn with its end-of-turn "
+        "tokens), last (the last assistant turn only), all (every token, system and user turns included). "
+        "prompt/completion records train on the completion, or on everything with all.",
     )
     # packing (#25, trainer/data/packing.py)
     packing: Literal["auto", "stream", "records"] = _f(
@@ -302,6 +317,7 @@ TEXT_ALLOWED = {
     "data": "a file, folder, glob or Hub dataset (hf://datasets/org/name[@revision][/path])",
     "output_dir": "a writable folder",
     "text_field": "a column name",
+    "chat_template": "empty, a built-in (chatml) or a .jinja file",
     "optim": "auto or a Transformers optimizer name",
     "nvme_path": "a writable folder",
     "deepspeed_config": "empty or a JSON file",

@@ -55,15 +55,20 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(f"{text}|{specials}".encode()).hexdigest()
 
 
-def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, packing: dict[str, str] | None = None
-              ) -> str:  # fmt: skip
+def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, packing: dict[str, str] | None = None,
+              loss_on: str = "assistant") -> str:  # fmt: skip
+    """The files' identity (hence their record layouts), the tokenizer, its chat template, the loss setting and the
+    packing settings."""
+    from trainer.data.chat import template_hash
+
     files = []
     for p in source.identity_files():
         st = p.stat()
         files.append([str(p.resolve()), st.st_size, st.st_mtime_ns, content_sample(p, st.st_size)])
     tok = tokenizer_fingerprint(tokenizer)
+    chat = {"layouts": list(source.layouts), "template": template_hash(tokenizer), "loss_on": loss_on}
     blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "seq": seq_len, "field": text_field,
-                       "packing": packing or {}})  # fmt: skip
+                       "packing": packing or {}, "chat": chat})  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -94,7 +94,8 @@ def positions_of(starts: np.ndarray) -> np.ndarray:
 
 
 def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field: str, cache_dir: Path,
-                    max_bad_lines: int = 0, should_stop: Any = cache.never, packing: Packing | None = None
+                    max_bad_lines: int = 0, should_stop: Any = cache.never, packing: Packing | None = None,
+                    loss_on: str = "assistant"
                     ) -> ShardedDataset:  # fmt: skip
     """The source's shards from the cache (made here, or by local rank 0, when the cache does not have them).
 
@@ -102,7 +103,7 @@ def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field
     from trainer.data.shards import prepare
 
     packing = packing or Packing()
-    key = cache.cache_key(source, tokenizer, seq_len, text_field, packing.key())
+    key = cache.cache_key(source, tokenizer, seq_len, text_field, packing.key(), loss_on)
     meta = cache.read_meta(cache_dir / key)
     prepared = False
     if meta is None and cache.local_rank() != 0:
@@ -111,7 +112,7 @@ def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field
         meta, prepared = cache.prepare_once(
             cache_dir, key,
             lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines, should_stop,
-                                packing=packing),
+                                packing=packing, loss_on=loss_on),
         )  # fmt: skip
     dataset = ShardedDataset(cache_dir / key, meta)
     if prepared:
@@ -146,7 +147,8 @@ def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None, 
         log.info("data: %s", source.describe())
     folder = cache_dir or cache.default_cache_dir(settings.output_dir)
     return load_or_prepare(source, tokenizer, settings.seq_len, settings.text_field, folder,
-                           settings.data_max_bad_lines, should_stop, Packing.from_settings(settings))  # fmt: skip
+                           settings.data_max_bad_lines, should_stop, Packing.from_settings(settings),
+                           settings.loss_on)  # fmt: skip
 
 
 class BlockRange:

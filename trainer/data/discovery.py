@@ -52,6 +52,19 @@ class DataSource:
     problems: tuple[str, ...] = ()
     reason: str = ""
     variable: str = "TRAIN_DATA"  # the setting it came from, named in every message about it
+    layouts: tuple[str, ...] = ()  # the record layouts of its files (chat.LAYOUT_NAMES), each once
+
+    @property
+    def conversational(self) -> bool:
+        from trainer.data.chat import CHAT_LAYOUTS
+
+        return any(layout in CHAT_LAYOUTS for layout in self.layouts)
+
+    def layout_names(self) -> str:
+        """The detected record formats, as `config` and `doctor` show them."""
+        from trainer.data.chat import LAYOUT_NAMES
+
+        return ", ".join(LAYOUT_NAMES.get(layout, layout) for layout in self.layouts) or "unknown"
 
     @property
     def ok(self) -> bool:
@@ -132,7 +145,8 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
     In a hub-style folder `split` picks the files: "train", or "eval" for the first of EVAL_SPLITS it has."""
     path = Path(spec)
     if path.is_dir() and _is_saved_dataset(path):
-        return DataSource(spec, saved_dataset=path, reason="a datasets.save_to_disk folder")
+        layouts = _layouts((path,), text_field)
+        return DataSource(spec, saved_dataset=path, reason="a datasets.save_to_disk folder", layouts=layouts)
     if not is_glob(spec) and (path.is_file() or path.is_symlink()) and file_kind(path) is None:
         return DataSource(spec, problems=(f"TRAIN_DATA={spec}: unsupported file type; use one of {SUPPORTED}",))
     candidates, exists = _candidates(spec)
@@ -146,7 +160,16 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
     if repeated:
         reason += f"; {repeated} more path(s) lead to these same files (symlinks) and are read once"
     problems = tuple(_file_problems(non_empty, text_field, max_bad_lines))
-    return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason)
+    layouts = _layouts(non_empty, text_field) if not problems else ()
+    return DataSource(spec, files=non_empty, left_out=left_out, problems=problems, reason=reason, layouts=layouts)
+
+
+def _layouts(files: tuple[Path, ...], text_field: str) -> tuple[str, ...]:
+    """The record layouts of the first MAX_FILES_CHECKED files (chat.file_layout), each once, in order."""
+    from trainer.data.chat import file_layout
+
+    found = (file_layout(p, text_field) for p in files[:MAX_FILES_CHECKED])
+    return tuple(dict.fromkeys(layout or "text" for layout in found))
 
 
 def _is_saved_dataset(folder: Path) -> bool:
@@ -273,12 +296,20 @@ def _jsonl_problem(path: Path, text_field: str, max_bad_lines: int) -> str | Non
         if file_kind(path).format == "json" or max_bad_lines > 0:
             return None  # a .json document spans lines; skipped lines are the reader's to count
         return too_many_bad_lines(bad_line_message(path, first[0], f"not valid JSON ({exc.msg})"), 1, 0)
-    if not isinstance(row, dict) or text_field in row or {"prompt", "completion"} <= row.keys():
+    from trainer.data.chat import CHAT_LAYOUTS, BadRecord, conversation_of, layout_of_record
+
+    layout = layout_of_record(row, text_field) if isinstance(row, dict) else None
+    if layout in CHAT_LAYOUTS and max_bad_lines == 0:
+        try:
+            conversation_of(row, layout, f"{path}:{first[0]}")
+        except BadRecord as exc:
+            return too_many_bad_lines(bad_line_message(path, first[0], str(exc)), 1, 0)
+    if not isinstance(row, dict) or layout is not None:
         return None
     fields = ", ".join(sorted(row)[:8])
     return (
         f"TRAIN_DATA: {path}: records have no field {text_field!r} (they have: {fields}); set TRAIN_TEXT_FIELD, "
-        "or use prompt/completion records"
+        "or use prompt/completion, messages or conversations records"
     )
 
 

@@ -17,6 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.data.chat import (
+    CHAT_LAYOUTS,
+    LAYOUT_NAMES,
+    BadRecord,
+    columns_of_layout,
+    conversation_of,
+    file_layout,
+    layout_of_columns,
+    layout_of_record,
+)
 from trainer.data.formats import (
     MAX_LINE_BYTES,
     bad_line_message,
@@ -32,6 +42,7 @@ UNIT_BYTES = 1 << 20
 TEXT_PIECE_BYTES = 1 << 16  # a .txt chunk is cut at newlines into pieces this long, so a tokenizer batch parallelizes
 ROWS_PER_BATCH = 1024
 PAIR = ("prompt", "completion")
+CHAT_KEYS = ("messages", "conversations")
 
 
 @dataclass
@@ -42,16 +53,19 @@ class LineChunk:
     first_line: int
     last: bool  # the file's last chunk
     first: bool = True  # the file's first chunk
+    layout: str | None = None  # the file's record layout (chat.layout_of_record of its first record)
 
 
 @dataclass
 class Columns:
-    """Parsed records: `texts`, or `prompts` with `completions` (pyarrow string/binary arrays)."""
+    """Parsed records: `texts`, or `prompts` with `completions` (pyarrow string/binary arrays), or
+    `conversations` (chat.Conversation)."""
 
     origin: str
     texts: Any = None
     prompts: Any = None
     completions: Any = None
+    conversations: list[Any] | None = None
     eos: str = "each"  # after each record; "last": after the last one only; "none"
     starts_document: bool = True  # False for a .txt chunk after the file's first
     bad: list[str] = field(default_factory=list)  # malformed lines, "path:line: why"
@@ -59,6 +73,8 @@ class Columns:
 
     @property
     def records(self) -> int:
+        if self.conversations is not None:
+            return len(self.conversations)
         column = self.texts if self.texts is not None else self.prompts
         return 0 if column is None else len(column)
 
@@ -71,7 +87,7 @@ def iter_units(source: Any, text_field: str) -> Iterator[LineChunk | Columns]:
         fmt = file_kind(path).format
         try:
             if fmt in ("text", "jsonl"):
-                yield from _line_chunks(path, fmt)
+                yield from _line_chunks(path, fmt, file_layout(path, text_field) if fmt == "jsonl" else None)
             elif fmt == "json":
                 yield from _json_file(path, text_field)
             else:
@@ -87,7 +103,7 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 # ---- line formats: read in the main process, parsed in workers --------------------------------------------------
 
 
-def _line_chunks(path: Path, fmt: str) -> Iterator[LineChunk]:
+def _line_chunks(path: Path, fmt: str, layout: str | None = None) -> Iterator[LineChunk]:
     """Whole lines, about UNIT_BYTES at a time (a longer line is one chunk, up to MAX_LINE_BYTES); the last one is
     flagged. The blocks of an unfinished line are kept in a list and joined once its end arrives: linear time."""
     pending: LineChunk | None = None
@@ -114,7 +130,7 @@ def _line_chunks(path: Path, fmt: str) -> Iterator[LineChunk]:
             carry, carried = ([rest], len(rest)) if rest else ([], 0)
             if pending is not None:
                 yield pending
-            pending = LineChunk(str(path), fmt, chunk, line, last=False, first=pending is None)
+            pending = LineChunk(str(path), fmt, chunk, line, last=False, first=pending is None, layout=layout)
             line += chunk.count(b"\n")
             if not block:
                 break
@@ -140,9 +156,11 @@ def parse_chunk(chunk: LineChunk, text_field: str) -> Columns:
         pieces = _text_pieces(chunk.data)
         return Columns(chunk.path, texts=pa.array(pieces, pa.large_binary()), eos="last" if chunk.last else "none",
                        starts_document=chunk.first)  # fmt: skip
+    if chunk.layout in CHAT_LAYOUTS:
+        return _jsonl_python(chunk, text_field)
     try:
         return _jsonl_arrow(chunk, text_field)
-    except pa.ArrowInvalid:
+    except pa.ArrowInvalid:  # a malformed line, or a record of another layout: named line by line
         return _jsonl_python(chunk, text_field)
 
 
@@ -160,7 +178,7 @@ def _jsonl_arrow(chunk: LineChunk, text_field: str) -> Columns:
     import pyarrow as pa
     import pyarrow.json as pajson
 
-    names = list(dict.fromkeys([text_field, *PAIR]))
+    names = list(dict.fromkeys([text_field, *PAIR, *CHAT_KEYS]))  # a list under a chat key is ArrowInvalid here
     options = pajson.ParseOptions(
         explicit_schema=pa.schema([(n, pa.string()) for n in names]), unexpected_field_behavior="ignore"
     )
@@ -170,7 +188,7 @@ def _jsonl_arrow(chunk: LineChunk, text_field: str) -> Columns:
 
 
 def _jsonl_python(chunk: LineChunk, text_field: str) -> Columns:
-    rows, bad = [], []
+    rows, bad, wheres = [], [], []
     for offset, raw in enumerate(chunk.data.split(b"\n")):
         if not raw.strip():
             continue
@@ -185,8 +203,9 @@ def _jsonl_python(chunk: LineChunk, text_field: str) -> Columns:
             bad.append(bad_line_message(chunk.path, chunk.first_line + offset, why))
             continue
         rows.append(row)
-    columns = _columns_from_rows(rows, text_field, chunk.path)
-    columns.bad = bad
+        wheres.append(f"{chunk.path}:{chunk.first_line + offset}")
+    columns = _columns_from_rows(rows, text_field, chunk.path, chunk.layout, wheres)
+    columns.bad = bad + columns.bad
     return columns
 
 
@@ -223,34 +242,73 @@ def _as_text(column: Any) -> Any:
     return array
 
 
-def _columns_from_rows(rows: list[dict[str, Any]], text_field: str, origin: str) -> Columns:
-    """Python records -> Columns, by the same rules as pyarrow's (values as their text, null or missing: no text)."""
+def _columns_from_rows(rows: list[dict[str, Any]], text_field: str, origin: str, layout: str | None = None,
+                       wheres: list[str] | None = None) -> Columns:  # fmt: skip
+    """Python records -> Columns, by the same rules as pyarrow's (values as their text, null or missing: no text).
+    A conversation in a file of other records, or another record in a file of conversations (`layout`, its first
+    record's), is a bad line, named by `wheres`; text and prompt/completion records may share a file."""
     import pyarrow as pa
 
-    names = list(dict.fromkeys([text_field, *PAIR]))
-    values = {n: [None if r.get(n) is None else str(r[n]) for r in rows] for n in names}
-    return _columns_from_table(pa.table({n: pa.array(v, pa.string()) for n, v in values.items()}), text_field, origin)
+    wheres = wheres or [f"{origin}:record {n}" for n in range(1, len(rows) + 1)]
+    layout = layout or next((layout_of_record(r, text_field) for r in rows), None)
+    kept, bad = [], []
+    for row, where in zip(rows, wheres, strict=True):
+        found = layout_of_record(row, text_field)
+        if (layout in CHAT_LAYOUTS or found in CHAT_LAYOUTS) and found != layout:
+            bad.append(f"{where}: a {LAYOUT_NAMES.get(found, 'record without known fields')} record in a file of "
+                       f"{LAYOUT_NAMES.get(layout, 'other')} records; keep one layout per file")  # fmt: skip
+            continue
+        kept.append((row, where))
+    if layout in CHAT_LAYOUTS:
+        columns = _chat_columns(kept, layout, origin)
+    else:
+        names = list(dict.fromkeys([text_field, *PAIR]))
+        values = {n: [None if r.get(n) is None else str(r[n]) for r, _ in kept] for n in names}
+        table = pa.table({n: pa.array(v, pa.string()) for n, v in values.items()})
+        columns = _columns_from_table(table, text_field, origin)
+    columns.bad = bad + columns.bad
+    return columns
 
 
-def _slices(table: Any, text_field: str, origin: str) -> Iterator[Columns]:
-    """A table (or record batch) as Columns of about UNIT_BYTES each."""
-    if table.num_rows == 0:
-        return
-    per_row = max(1, table.nbytes // table.num_rows)
-    step = max(1, UNIT_BYTES // per_row)
-    for start in range(0, table.num_rows, step):
-        yield _columns_from_table(table.slice(start, step), text_field, origin)
+def _chat_columns(rows: list[tuple[dict[str, Any], str]], layout: str, origin: str) -> Columns:
+    conversations, bad = [], []
+    for row, where in rows:
+        try:
+            conversations.append(conversation_of(row, layout, where))
+        except BadRecord as exc:
+            bad.append(f"{where}: {exc}")
+    return Columns(origin, conversations=conversations, bad=bad)
 
 
-def needed_columns(names: list[str], text_field: str, origin: str) -> list[str]:
-    if all(p in names for p in PAIR):
-        return list(PAIR)
-    if text_field not in names:
+def _slices(batches: Iterator[Any], text_field: str, origin: str) -> Iterator[Columns]:
+    """Tables (or record batches) as Columns of about UNIT_BYTES each; conversations are named by record number."""
+    first = 1
+    for table in batches:
+        if table.num_rows == 0:
+            continue
+        layout = layout_of_columns(table.schema, text_field)
+        per_row = max(1, table.nbytes // table.num_rows)
+        step = max(1, UNIT_BYTES // per_row)
+        for start in range(0, table.num_rows, step):
+            part = table.slice(start, step)
+            if layout in CHAT_LAYOUTS:
+                rows = part.to_pylist()
+                wheres = [f"{origin}:record {first + start + n}" for n in range(len(rows))]
+                yield _chat_columns(list(zip(rows, wheres, strict=True)), layout, origin)
+            else:
+                yield _columns_from_table(part, text_field, origin)
+        first += table.num_rows
+
+
+def needed_columns(schema: Any, text_field: str, origin: str) -> list[str]:
+    layout = layout_of_columns(schema, text_field)
+    if layout is None:
+        names = schema.names
         raise ConfigError(
             f"{origin}: no field {text_field!r} (fields: {', '.join(names) or 'none'}); set TRAIN_TEXT_FIELD, "
-            "or use prompt/completion fields"
+            "or use prompt/completion, messages or conversations fields"
         )
-    return [text_field]
+    return columns_of_layout(layout, text_field)
 
 
 # ---- columnar files and documents: read (by pyarrow) in the main process ----------------------------------------
@@ -258,15 +316,14 @@ def needed_columns(names: list[str], text_field: str, origin: str) -> list[str]:
 
 def _table_file(path: Path, fmt: str, text_field: str) -> Iterator[Columns]:
     readers = {"parquet": _parquet_batches, "arrow": _arrow_batches, "csv": _csv_batches}
-    for batch in readers[fmt](path, text_field):
-        yield from _slices(batch, text_field, str(path))
+    yield from _slices(readers[fmt](path, text_field), text_field, str(path))
 
 
 def _parquet_batches(path: Path, text_field: str) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(path)
-    columns = needed_columns(parquet.schema_arrow.names, text_field, str(path))
+    columns = needed_columns(parquet.schema_arrow, text_field, str(path))
     yield from parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns)
 
 
@@ -284,7 +341,7 @@ def _arrow_batches(path: Path, text_field: str) -> Iterator[Any]:
             schema = file_reader.schema
         else:
             schema = reader.schema
-        columns = needed_columns(schema.names, text_field, str(path))
+        columns = needed_columns(schema, text_field, str(path))
         for batch in reader:
             yield batch.select(columns)
 
@@ -295,7 +352,7 @@ def _csv_batches(path: Path, text_field: str) -> Iterator[Any]:
 
     try:
         reader = pacsv.open_csv(path)
-        columns = needed_columns(reader.schema.names, text_field, str(path))
+        columns = needed_columns(reader.schema, text_field, str(path))
         for batch in reader:
             yield batch.select(columns)
     except pa.ArrowInvalid as exc:
@@ -305,20 +362,24 @@ def _csv_batches(path: Path, text_field: str) -> Iterator[Any]:
 def _json_file(path: Path, text_field: str) -> Iterator[LineChunk | Columns]:
     """A .json file is one JSON document (a list of records, or an object holding one), or JSON Lines."""
     if _looks_like_json_lines(path):
-        yield from _line_chunks(path, "jsonl")
+        yield from _line_chunks(path, "jsonl", file_layout(path, text_field))
         return
     with open_text(path) as handle:
         try:
             content = json.load(handle)
         except json.JSONDecodeError as exc:
             raise ConfigError(bad_line_message(path, exc.lineno, f"not valid JSON ({exc.msg})")) from exc
-    if isinstance(content, dict):
+    if isinstance(content, dict) and layout_of_record(content, text_field) not in CHAT_LAYOUTS:
         lists = [v for v in content.values() if isinstance(v, list)]
         content = lists[0] if len(lists) == 1 else [content]
+    content = [content] if isinstance(content, dict) else content
     if not isinstance(content, list) or not all(isinstance(r, dict) for r in content):
         raise ConfigError(f"{path}: expected a list of JSON objects (or JSON Lines)")
+    layout = next((layout_of_record(r, text_field) for r in content), None)
     for start in range(0, len(content), ROWS_PER_BATCH):
-        yield _columns_from_rows(content[start : start + ROWS_PER_BATCH], text_field, str(path))
+        rows = content[start : start + ROWS_PER_BATCH]
+        wheres = [f"{path}:record {start + n}" for n in range(1, len(rows) + 1)]
+        yield _columns_from_rows(rows, text_field, str(path), layout, wheres)
 
 
 def _looks_like_json_lines(path: Path) -> bool:
@@ -343,6 +404,5 @@ def _saved_dataset(folder: Path, text_field: str) -> Iterator[Columns]:
         logging.getLogger("trainer").info("data: using split %r of %s", split, folder)
         dataset = dataset[split]
     table = dataset.data.table
-    columns = needed_columns(table.column_names, text_field, str(folder))
-    for batch in table.select(columns).to_batches(max_chunksize=ROWS_PER_BATCH):
-        yield from _slices(batch, text_field, str(folder))
+    columns = needed_columns(table.schema, text_field, str(folder))
+    yield from _slices(table.select(columns).to_batches(max_chunksize=ROWS_PER_BATCH), text_field, str(folder))

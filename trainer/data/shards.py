@@ -58,14 +58,17 @@ class Encoder:
     dtype: str
     tokenizer: Any = None  # None: byte-level
     bos: int | None = None  # the BOS the tokenizer puts before a text (None: it adds none)
+    chat: Any = None  # chat.ChatEncoder: conversations through the chat template
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any) -> Encoder:
+    def for_tokenizer(cls, tokenizer: Any, loss_on: str = "assistant") -> Encoder:
+        from trainer.data.chat import ChatEncoder
         from trainer.tokenizer import is_byte_level
 
         dtype = "uint16" if len(tokenizer) <= 1 << 16 else "uint32"
         backend = None if is_byte_level(tokenizer) else tokenizer
-        return cls(int(tokenizer.eos_token_id), dtype, backend, added_bos(tokenizer))
+        return cls(int(tokenizer.eos_token_id), dtype, backend, added_bos(tokenizer),
+                   ChatEncoder(tokenizer, loss_on, dtype))  # fmt: skip
 
     @property
     def byte_level(self) -> bool:
@@ -97,8 +100,12 @@ class Piece:
 
 def tokenize_unit(unit: LineChunk | Columns, encoder: Encoder, text_field: str) -> Piece:
     columns = parse_chunk(unit, text_field) if isinstance(unit, LineChunk) else unit
+    if columns.conversations is not None:
+        return _conversations(columns, encoder)
     if columns.prompts is not None:
         ids, mask, lengths = _pairs(columns, encoder)
+        if getattr(encoder.chat, "loss_on", "") == "all":  # TRAIN_LOSS_ON=all: the prompts train too
+            mask = np.ones_like(mask)
     else:
         (ids, lengths), mask = _texts(columns, encoder), None
     return Piece(ids, mask, lengths, columns.eos == "none", columns.records, columns.without_text, columns.bad)
@@ -177,6 +184,12 @@ def _pairs(columns: Columns, encoder: Encoder) -> tuple[np.ndarray, np.ndarray, 
     if not ids:
         return np.zeros(0, encoder.dtype), np.zeros(0, np.uint8), np.zeros(0, np.int64)
     return np.concatenate(ids), np.concatenate(mask), np.asarray(lengths, np.int64)
+
+
+def _conversations(columns: Columns, encoder: Encoder) -> Piece:
+    """Each conversation whole, through the chat template (chat.ChatEncoder.encode_all)."""
+    ids, mask, lengths, bad = encoder.chat.encode_all(columns.conversations, columns.bad)
+    return Piece(ids, mask, records=len(lengths), bad=bad, lengths=lengths)
 
 
 def _utf8(array: Any) -> list[bytes]:
@@ -382,7 +395,8 @@ def corpus_bytes(source: Any) -> int:
 
 
 def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: Path, max_bad_lines: int,
-            should_stop: Any = never, workers: int | None = None, packing: Packing | None = None
+            should_stop: Any = never, workers: int | None = None, packing: Packing | None = None,
+            loss_on: str = "assistant"
             ) -> dict[str, Any]:  # fmt: skip
     """Tokenize the whole source into shards in `folder` (which must exist and be empty); returns meta.json.
 
@@ -391,7 +405,7 @@ def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: 
     """
     start = time.perf_counter()
     packing = packing or Packing()
-    encoder = Encoder.for_tokenizer(tokenizer)
+    encoder = Encoder.for_tokenizer(tokenizer, loss_on)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
     workers = worker_count(encoder, corpus_bytes(source)) if workers is None else workers
     tally, tokens = Tally(max_bad_lines, source.variable), 0

@@ -23,6 +23,7 @@ from trainer.doctor.probes import (
     bitsandbytes_probe,
     cache_probe,
     capability_probes,
+    chat_probe,
     data_probe,
     deepspeed_probe,
     driver_floor_probe,
@@ -77,6 +78,7 @@ def collect() -> list[Probe]:
         user_probe(),
         cache_probe(),
         data_probe(source),
+        *([chat_probe(settings, source)] if settings and source.ok else []),
         output_probe(output_path),
         config_probe,
     ]

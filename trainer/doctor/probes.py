@@ -367,6 +367,20 @@ def data_probe(source: DataSource) -> Probe:
     return Probe("data", "Data", f"{path}: {source.describe()}", status, "; ".join(source.problems), value)
 
 
+def chat_probe(settings: Any, source: DataSource) -> Probe:
+    """The data's record format and the chat template that renders conversations (trainer.data.chat)."""
+    from trainer.data.chat import chat_report, no_template_problem
+
+    report = chat_report(settings, source)
+    (layouts, loss), (template, why) = report["data_format"], report["chat_template"]
+    shown = f"format {layouts} ({loss}); chat template: {template}"
+    value = {what: {"value": v, "reason": r} for what, (v, r) in report.items()}
+    if source.conversational and template in ("none", "refused"):
+        fix = why if template == "refused" else no_template_problem(layouts, why)
+        return Probe("chat", "Data format", shown, FAIL, fix, value)
+    return Probe("chat", "Data format", shown, OK, value=value)
+
+
 def output_probe(path: str) -> Probe:
     if writable(path):
         return Probe("output", "Output", f"{path}: writable", OK, value={"path": path, "writable": True})

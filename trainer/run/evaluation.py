@@ -36,7 +36,8 @@ def split_datasets(settings: Any, tokenizer: Any, train: Any, should_stop: Any) 
         raise ConfigError(*source.problems)
     folder = cache.default_cache_dir(settings.output_dir)
     evaluation = load_or_prepare(source, tokenizer, settings.seq_len, settings.text_field, folder,
-                                 settings.data_max_bad_lines, should_stop, Packing.from_settings(settings))  # fmt: skip
+                                 settings.data_max_bad_lines, should_stop, Packing.from_settings(settings),
+                                 settings.loss_on)  # fmt: skip
     log.info("eval: %s (%s), %d packed sequences", source.describe(), source.reason, len(evaluation))
     return train, evaluation
 
