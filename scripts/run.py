@@ -112,7 +112,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="build the chosen image with scripts/build.py when it is not there (first build takes a while)",
     )  # fmt: skip
     parser.add_argument(
-        "command", nargs="?", default="train", help="train (default), doctor, bench, fetch, data, export, push, or -- CMD ..."
+        "command", nargs="?", default="train",
+        help="train (default), doctor, bench, fetch, data, export, push, or -- CMD ...",
     )
     head, tail = split_at_double_dash(argv)
     args, passed_on = parser.parse_known_args(head)
@@ -145,8 +146,8 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
         return tail
     if command not in TRAINER_COMMANDS:
         raise UserError(
-            f"unknown command {command!r}: use train, doctor, bench, fetch, data, export, push, or `-- CMD ...` to run any "
-            "command in the image"
+            f"unknown command {command!r}: use {', '.join(TRAINER_COMMANDS)}, or `-- CMD ...` to run any command in "
+            "the image"
         )
     return [command, *passed_on]
 
