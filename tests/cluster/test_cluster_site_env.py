@@ -108,12 +108,14 @@ def test_inside_torchrun_means_torchelastic_run_id_only(tmp_path: Path) -> None:
 SLOW_SAVER = """\
 import os, signal, sys, time
 from pathlib import Path
+from trainer.errors import record_outcome  # as the trainer does: the launcher tells a stop from a crash by it
 marks, rank = Path(os.environ["MARK_DIR"]), os.environ["RANK"]
 with open(marks / f"start-{rank}", "a") as fh:
     fh.write("started\\n")
 def save_and_stop(signum, frame):
     time.sleep(float(os.environ["SAVE_S"]))
     (marks / f"saved-{rank}").write_text("saved")
+    record_outcome(128 + signum)
     sys.exit(128 + signum)
 signal.signal(signal.SIGTERM, save_and_stop)
 (marks / f"ready-{rank}").write_text("")
