@@ -50,8 +50,8 @@ def test_pieces_kept_from_the_base_or_missing_say_so() -> None:
 def test_relabel_drops_compose_labels_and_keeps_the_layers(docker_client, cpu_image: str, tmp_path: Path) -> None:
     """A small image built through compose (as every build here is) carries compose's labels; relabel leaves only
     ours, on the same layers, and the image still runs and shows its history."""
-    (tmp_path / "Dockerfile").write_text(f"FROM {cpu_image}\nRUN mkdir -p /relabel && echo hi > /relabel/x\n"
-                                         "WORKDIR /relabel/empty\nENV RELABEL=1\n")  # fmt: skip
+    steps = ["USER 0", "RUN mkdir -p /relabel && echo hi > /relabel/x", "WORKDIR /relabel/empty", "ENV RELABEL=1"]
+    (tmp_path / "Dockerfile").write_text("\n".join([f"FROM {cpu_image}", *steps, ""]))  # USER 0: the image runs as 1000
     tags = ["trainkit-test:relabel", "trainkit-test:relabel-2"]
     run_build(BuildSpec(context=tmp_path, dockerfile=tmp_path / "Dockerfile", tags=tags, labels={"a.b": "c"}))
     try:
@@ -64,7 +64,7 @@ def test_relabel_drops_compose_labels_and_keeps_the_layers(docker_client, cpu_im
         assert after["Config"]["Labels"] == wanted and wanted["a.b"] == "c"
         assert after["RootFS"]["Layers"] == before["RootFS"]["Layers"]
         assert after["Config"]["Env"] == before["Config"]["Env"] and after["Config"]["WorkingDir"] == "/relabel/empty"
-        assert len(docker_client.api.history(new_id)) == len(docker_client.api.history(cpu_image)) + 3
+        assert len(docker_client.api.history(new_id)) == len(docker_client.api.history(cpu_image)) + len(steps)
         out = docker_client.containers.run(tags[0], ["-c", "cat /relabel/x; echo $RELABEL"], entrypoint="sh",
                                            remove=True).decode()  # fmt: skip
         assert out.split() == ["hi", "1"]
