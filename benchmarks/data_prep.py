@@ -29,6 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,6 +152,20 @@ def row(name: str, r: dict) -> str:
             f" + {r['worker_rss'] / 2**20:4.0f} MiB largest worker")  # fmt: skip
 
 
+@contextmanager
+def corpora(a: argparse.Namespace, write: Callable[[Path, float], None], kind: str) -> Iterator[tuple[Path, Path]]:
+    """The machine line, then a small corpus and one --factor times larger, written by `write` into a temporary
+    folder that lives as long as the block."""
+    print(f"machine: {len(os.sched_getaffinity(0))} usable CPUs; python {sys.version.split()[0]}; seq {a.seq}")
+    with tempfile.TemporaryDirectory(prefix="trainkit-data-prep-") as name:
+        small, large = Path(name, "small.jsonl"), Path(name, "large.jsonl")
+        write(small, a.small_mb)
+        write(large, a.small_mb * a.factor)
+        mb = {path: path.stat().st_size / 1e6 for path in (small, large)}
+        print(f"corpora: small {mb[small]:.0f} MB, large {mb[large]:.0f} MB ({kind})\n")
+        yield small, large
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small-mb", type=float, default=40.0)
@@ -170,14 +186,7 @@ def main() -> None:
     if a.corpus == "chat":
         chat(a)
         return
-    print(f"machine: {len(os.sched_getaffinity(0))} usable CPUs; python {sys.version.split()[0]}; seq {a.seq}")
-    with tempfile.TemporaryDirectory(prefix="trainkit-data-prep-") as name:
-        tmp = Path(name)
-        small, large = tmp / "small.jsonl", tmp / "large.jsonl"
-        write_jsonl(small, a.small_mb)
-        write_jsonl(large, a.small_mb * a.factor)
-        sizes = {"small": small.stat().st_size / 1e6, "large": large.stat().st_size / 1e6}
-        print(f"corpora: small {sizes['small']:.0f} MB, large {sizes['large']:.0f} MB (JSONL)\n")
+    with corpora(a, write_jsonl, "JSONL") as (small, large):
         results = {}
         for workers in a.workers.split(","):
             for label, data in (("small", small), ("large", large)):
@@ -196,14 +205,7 @@ def main() -> None:
 def chat(a: argparse.Namespace) -> None:
     """Records packing on a chat-like corpus: padding share, tokens/s (against stream packing of the same corpus)
     and peak RSS of --small-mb and --factor times more."""
-    print(f"machine: {len(os.sched_getaffinity(0))} usable CPUs; python {sys.version.split()[0]}; seq {a.seq}")
-    with tempfile.TemporaryDirectory(prefix="trainkit-chat-prep-") as name:
-        tmp = Path(name)
-        small, large = tmp / "small.jsonl", tmp / "large.jsonl"
-        write_chat_jsonl(small, a.small_mb)
-        write_chat_jsonl(large, a.small_mb * a.factor)
-        print(f"corpora: small {small.stat().st_size / 1e6:.0f} MB, large {large.stat().st_size / 1e6:.0f} MB "
-              "(prompt/completion JSONL, log-normal lengths)\n")  # fmt: skip
+    with corpora(a, write_chat_jsonl, "prompt/completion JSONL, log-normal lengths") as (small, large):
         runs = {}
         for label, data, packing in (("small", small, "records"), ("large", large, "records"),
                                      ("small", small, "stream")):  # fmt: skip

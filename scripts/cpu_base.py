@@ -45,19 +45,17 @@ def rootfs_tag(cpu: CpuFlavor) -> str:
 
 
 def check_debootstrap() -> str:
-    """The debootstrap command, or a UserError saying how to get it and why root is needed."""
-    path = shutil.which("debootstrap") or next(
-        (p for p in ("/usr/sbin/debootstrap", "/sbin/debootstrap") if Path(p).exists()), None
-    )
-    if path is None:
-        raise UserError(
-            "debootstrap is missing: the CPU base is made from Debian packages, without any registry.\n"
-            "  Install it (`sudo apt-get install debootstrap`), then run `python scripts/build.py --cpu` again."
-        )
+    """The debootstrap command on PATH, or a UserError saying why root is needed or how to get it."""
     if os.geteuid() != 0:
         raise UserError(
             "making the CPU base's Debian root filesystem needs root (debootstrap creates device files and "
             "chroots).\n  Run `sudo python scripts/build.py --cpu` once; later builds reuse the base image."
+        )
+    path = shutil.which("debootstrap")
+    if path is None:
+        raise UserError(
+            "debootstrap is missing (not on PATH): the CPU base is made from Debian packages, without any registry."
+            "\n  Install it (`sudo apt-get install debootstrap`), then run `python scripts/build.py --cpu` again."
         )
     return path
 

@@ -22,7 +22,8 @@ command -v docker-registry >/dev/null || need_apt+=(docker-registry)   # a real 
 bash scripts/setup_docker.sh ${need_apt[@]+"${need_apt[@]}"}
 
 log "python environment (.venv)"
-[ -x .venv/bin/python ] || python3 -m venv .venv
+# A current pip: its resolver reads wheels' metadata without downloading them (tests/images/test_row_stacks.py).
+[ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/python -m pip install -q --upgrade pip; }
 PY=.venv/bin/python
 TORCH_VERSION=$(python3 -c 'import tomllib;print(tomllib.load(open("images/versions.toml","rb"))["cpu"]["torch"])')
 if ! $PY -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then

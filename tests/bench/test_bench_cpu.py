@@ -36,7 +36,6 @@ def bench_env(tmp: Path, **extra: str) -> dict[str, str]:
         "TRAIN_BATCH_SIZE": "4",
         "TRAIN_OUTPUT_DIR": str(tmp / "output"),
         "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
     })
     env.update(extra)
     return env

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a 
 def _counts(folder: Path, side: str) -> dict:
     """One side alone in its own process, so each pays its own one-time CUDA set-up in its own steps."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
-    env.update(PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
+    env.update(PYTHONPATH=str(REPO))
     script = REPO / "tests" / "trainer" / "step_syncs.py"
     proc = subprocess.run(
         [sys.executable, str(script), str(folder), "--cuda-sync-debug", "--side", side],

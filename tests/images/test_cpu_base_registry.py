@@ -7,6 +7,8 @@ cost CI 10-15 minutes."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +21,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import cpu_base  # noqa: E402
 from build import host_ca_bundle  # noqa: E402
+from errors import UserError  # noqa: E402
 from matrix import load  # noqa: E402
 
 TEST_BASE = "trainkit-base:test-registry-path"  # never the shared base tag: the CPU image must not rebuild
+UNREACHABLE = "127.0.0.1:9/debian@sha256:" + "0" * 64  # nothing listens on port 9
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +69,24 @@ def test_the_base_builds_from_a_registry_debian_when_one_answers(debian_ref: str
 def test_without_a_registry_the_base_falls_back_to_debootstrap(docker_client, cpu_image: str, monkeypatch) -> None:
     """Nothing listens on 127.0.0.1:9: the debootstrap root filesystem is used (the session's CPU image was built
     that way, where no registry answers), and the path says why."""
-    unreachable = "127.0.0.1:9/debian@sha256:" + "0" * 64
-    monkeypatch.setenv(cpu_base.DEBIAN_IMAGE_ENV, unreachable)
+    monkeypatch.setenv(cpu_base.DEBIAN_IMAGE_ENV, UNREACHABLE)
     root, path = cpu_base.root_image(docker_client, load().cpu, lambda _line: None)
     assert root == cpu_base.rootfs_tag(load().cpu)
     assert path.startswith(f"FROM {root}, a Debian root filesystem made by debootstrap (no registry answered for "
-                           f"{unreachable}")  # fmt: skip
+                           f"{UNREACHABLE}")  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as non-root the fallback stops earlier, at 'needs root'")
+def test_with_neither_a_registry_nor_debootstrap_it_says_what_to_install(docker_client, monkeypatch) -> None:
+    """A machine without debootstrap (Debian keeps it in /usr/sbin: off this PATH) and no registry: the error names
+    both ways out, and no Debian root filesystem of that suite is made."""
+    monkeypatch.setenv(cpu_base.DEBIAN_IMAGE_ENV, UNREACHABLE)
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    cpu = dataclasses.replace(load().cpu, debian_suite="trainkit-test-no-rootfs")  # no root filesystem made yet
+    with pytest.raises(UserError) as raised:
+        cpu_base.root_image(docker_client, cpu, lambda _line: None)
+    message = str(raised.value)
+    assert f"no registry answered for {UNREACHABLE}" in message
+    assert "debootstrap is missing (not on PATH)" in message and "sudo apt-get install debootstrap" in message
+    assert f"{cpu_base.DEBIAN_IMAGE_ENV}=host/debian:" in message
+    assert not cpu_base.image_exists(docker_client, cpu_base.rootfs_tag(cpu))

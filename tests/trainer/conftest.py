@@ -42,7 +42,6 @@ def base_env(home: Path | None = None) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
     }
     if home is not None:

@@ -263,7 +263,7 @@ def test_final_and_checkpoints_keep_the_template_and_resume_maps_the_cache(tmp_p
 
     data = write_corpus(tmp_path / "data", "messages")
     train = {"model": str(chat_model), "chat_template": "chatml", "batch_size": "2", "max_steps": "2",
-             "save_steps": "2", "num_workers": "0", "log_steps": "1"}  # fmt: skip
+             "save_steps": "2", "log_steps": "1"}  # fmt: skip
     first = run_trainer([], env=env_for(tmp_path, data, **train))
     assert first.returncode == 0, first.stderr[-3000:]
     chatml = (REPO / "trainer/assets/chat_templates/chatml.jinja").read_text()
@@ -286,3 +286,27 @@ def test_doctor_fails_conversations_without_a_template(tmp_path: Path) -> None:
     row = next(c for c in json.loads(result.stdout)["checks"] if c["key"] == "chat")
     assert row["status"] == "fail" and "TRAIN_CHAT_TEMPLATE" in row["fix"]
     assert row["value"]["data_format"]["value"] == "messages"
+
+
+def test_the_readmes_records_train_as_it_says(tmp_path: Path) -> None:
+    """The one record of each format in README's "Train your own data", each in its own file of one folder, on the
+    preset with TRAIN_CHAT_TEMPLATE=chatml (as the README says for a model without a template): all five are read,
+    and the loss is where the README puts it (every token of text, the completion, the assistant turns)."""
+    from trainer.tokenizer import byte_level_tokenizer
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Train your own data") : readme.index("## Fine-tune a chat model")]
+    records = re.search(r"```jsonl\n(.*?)```", section, re.S).group(1).strip().splitlines()
+    assert len(records) == 5
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, record in enumerate(records):
+        (data / f"record{i}.jsonl").write_text(record + "\n")
+    sequences = show_json(env_for(tmp_path, data, chat_template="chatml", seq_len="128"))
+    trained, untrained = trained_and_not(sequences, byte_level_tokenizer())
+    assert "he quick brown fox jumps over the lazy dog.<|eos|>" in trained  # a record's first token is no target
+    assert " fromage<|eos|>" in trained
+    assert trained.count("Hello!") == 3  # messages, conversations, conversational prompt/completion
+    assert "Translate to French: cheese" in untrained and "Hi" not in trained.replace("Hello!", "")
+    summary = json.loads((next((tmp_path / "out" / ".cache" / "data").glob("*/meta.json"))).read_text())
+    assert summary["records"] == 5

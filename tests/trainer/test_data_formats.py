@@ -31,7 +31,7 @@ def blocks(path: Path, seq: int, cache: Path, field: str = "text") -> tuple[list
 
 def train_env(out: Path, **train: object) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
-    base = {"output_dir": out, "seq_len": 32, "batch_size": 2, "num_workers": 0, "max_steps": 1, "log_steps": 1}
+    base = {"output_dir": out, "seq_len": 32, "batch_size": 2, "max_steps": 1, "log_steps": 1}
     env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train}.items()})
     env["PYTHONPATH"] = str(REPO)
     env["OMP_NUM_THREADS"] = "1"

@@ -119,7 +119,7 @@ def test_malformed_lines_are_named_and_bounded(tmp_path: Path) -> None:
 
 def run_env(tmp: Path, data: Path, **extra: str) -> dict[str, str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TRAIN_DATA": str(data),
+           "HF_HUB_OFFLINE": "1", "TRAIN_DATA": str(data),
            "TRAIN_OUTPUT_DIR": str(tmp / "out"), "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2",
            "TRAIN_MAX_STEPS": "3", "TRAIN_LOG_STEPS": "1"}  # fmt: skip
     return {**env, **extra}

@@ -29,7 +29,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
     """A LoRA run on a model folder: its checkpoint holds the adapter only."""
     root = tmp_path_factory.mktemp("lora-run")
     save_tiny_model(root / "base")
-    env = run_env(root, model=root / "base", lora=1, lr=0.01, max_steps=2, save_steps=2, num_workers=0)
+    env = run_env(root, model=root / "base", lora=1, lr=0.01, max_steps=2, save_steps=2)
     result = run_trainer([], env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return root
@@ -83,7 +83,7 @@ def test_zero3_checkpoint_exports_to_loadable_safetensors(run_trainer, run_pytho
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    env = run_env(tmp_path, zero_stage=3, max_steps=2, save_steps=2, num_workers=0)
+    env = run_env(tmp_path, zero_stage=3, max_steps=2, save_steps=2)
     env.pop("HOME")
     result = run_trainer([], env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

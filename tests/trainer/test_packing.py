@@ -201,9 +201,25 @@ def test_auto_streams_plain_text_and_packs_pairs_whole_in_one_corpus(tmp_path: P
     dataset = load_or_prepare(discover(str(tmp_path / "d")), byte_level_tokenizer(), 96, "text", tmp_path / "cache")
     meta = dataset.meta["packing"]
     assert meta["stream_blocks"] > 0 and meta["record_blocks"] > 0 and meta["records_packed"] == 40
-    assert meta["stream_tail_dropped_tokens"] > 0  # the stream's last partial window, counted
+    # The stream's last partial window is packed with the records (they are padded anyway): every token is kept.
+    assert meta["stream_tail_packed_tokens"] > 0 and meta["stream_tail_dropped_tokens"] == 0
+    kept = meta["stream_blocks"] * 96 + meta["record_blocks"] * 96 - meta["padding_tokens"]
+    assert kept == dataset.meta["tokens"]
     first = dataset[0]  # the plain text comes first: one stream window, positions never restart
     assert first["position_ids"].tolist() == list(range(96)) and (first["labels"] != -100).all()
+
+
+def test_a_plain_text_tail_short_of_a_sequence_is_counted_and_said(tmp_path: Path, caplog) -> None:
+    """Plain text only: the last tokens that do not fill a sequence are left out (nothing else is padded), and the
+    log says how many."""
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"plain text {i} " * 9}) + "\n" for i in range(60)))
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        dataset = load_or_prepare(discover(str(tmp_path / "a.jsonl")), byte_level_tokenizer(), 96, "text",
+                                  tmp_path / "cache")  # fmt: skip
+    left_out = dataset.meta["packing"]["stream_tail_dropped_tokens"]
+    assert 0 < left_out < 96 and len(dataset) * 96 + left_out == dataset.meta["tokens"]
+    said = f"the plain text's last {left_out} tokens (short of one TRAIN_SEQ_LEN=96 sequence) are left out"
+    assert said in caplog.text
 
 
 def test_the_packing_settings_are_part_of_the_cache_key(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ def test_push_to_hub_uploads_the_verified_export_privately(run_trainer, hub, tmp
     from transformers import AutoModelForCausalLM
 
     hub.write_tokens.add(WRITE)
-    env = online(run_env(tmp_path, push_to_hub="org/pushed@v1", num_workers=0), hub)
+    env = online(run_env(tmp_path, push_to_hub="org/pushed@v1"), hub)
     result = run_trainer([], env={**env, "HF_TOKEN": WRITE}, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     out = tmp_path / "output"
@@ -46,7 +46,7 @@ def test_failed_push_after_a_finished_run_exits_3_and_keeps_final(run_trainer, h
     """Through the launcher with two processes (torchrun), as in the image: a failed push must not look like a crashed
     worker, which torchrun would restart (training again); the launcher exits 3 once every worker is done."""
     hub.write_tokens.add(WRITE)
-    env = online(run_env(tmp_path, push_to_hub="org/refused", num_workers=0, nproc_per_node=2), hub)
+    env = online(run_env(tmp_path, push_to_hub="org/refused", nproc_per_node=2), hub)
     result = run_trainer(["train"], env={**env, "HF_TOKEN": REFUSED}, module="trainer.launch", timeout=600)
     assert result.returncode == 3, result.stderr[-4000:]
     assert "refused (403)" in result.stderr and "final/ is kept" in result.stderr

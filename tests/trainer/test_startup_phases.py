@@ -15,7 +15,7 @@ PHASES = ["imports_and_config", "libraries", "data", "model", "trainer_setup", "
 
 def test_a_cpu_run_logs_and_records_its_start_up_phases(run_trainer, trainer_env, text_file) -> None:
     env = {**trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2",
-           "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "100", "TRAIN_NUM_WORKERS": "0"}  # fmt: skip
+           "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "100"}  # fmt: skip
     result = run_trainer([], env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     startup = json.loads((Path(env["TRAIN_OUTPUT_DIR"]) / "run_config.json").read_text())["startup"]

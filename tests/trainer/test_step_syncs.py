@@ -26,7 +26,7 @@ COUNTED_STEPS = {str(step) for step in range(3, 9)}  # step 1 logs; 2..8 neither
 
 def run_probe(folder: Path, nproc: int) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     script = str(HERE / "step_syncs.py")
     launch = [sys.executable, script] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), script,

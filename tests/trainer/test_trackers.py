@@ -105,7 +105,7 @@ def _history_steps(records: list) -> list[int]:
 
 
 def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer, mlflow_server, tmp_path) -> None:
-    env = run_env(tmp_path, report_to="tensorboard,wandb,mlflow", max_steps=2, save_steps=2, num_workers=0,
+    env = run_env(tmp_path, report_to="tensorboard,wandb,mlflow", max_steps=2, save_steps=2,
                   args="--weight_decay 0.01")  # fmt: skip (a token in TRAIN_ARGS is refused: test_secrets_outputs)
     env.update(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="trainkit-test", HF_TOKEN=SECRET,
                HF_ENDPOINT=f"https://user:{PASSWORD}@mirror.example")  # fmt: skip
@@ -156,7 +156,7 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
 )  # fmt: skip
 def test_unreachable_tracker_exits_2_naming_it(run_trainer, tmp_path, tracker, env, shown) -> None:
     port = _free_port()
-    full = {**run_env(tmp_path, report_to=tracker, num_workers=0), **{k: v.format(port=port) for k, v in env.items()}}
+    full = {**run_env(tmp_path, report_to=tracker), **{k: v.format(port=port) for k, v in env.items()}}
     result = run_trainer([], env=full, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"TRAIN_REPORT_TO names {shown}{port}" in result.stderr and "cannot be reached" in result.stderr

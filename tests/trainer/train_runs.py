@@ -32,7 +32,7 @@ def train_env(out: Path, **train: object) -> dict[str, str]:
         "max_steps": MAX_STEPS, "save_steps": 100, "seed": 7, "deterministic": 1,
     }  # fmt: skip
     env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train}.items()})
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     return env
 
 

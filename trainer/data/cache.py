@@ -32,8 +32,8 @@ from trainer.errors import ConfigError
 
 log = logging.getLogger("trainer")
 
-CACHE_VERSION = 5  # 5: content samples in the key; 4: records packed whole, BOS per the tokenizer (3: memory-mapped
-# token shards; 2: .npy arrays)
+CACHE_VERSION = 6  # 6: a mixed corpus packs the plain text's tail with the records; 5: content samples in the key;
+# 4: records packed whole, BOS per the tokenizer (3: memory-mapped token shards; 2: .npy arrays)
 SAMPLE_BYTES = 1 << 16
 WAIT_TIMEOUT_S = 4 * 3600
 POLL_S = 0.5

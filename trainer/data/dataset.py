@@ -15,7 +15,7 @@ import numpy as np
 
 from trainer.data import cache
 from trainer.data.discovery import EMBEDDED_CORPUS, DataSource, source_of
-from trainer.data.packing import FLAG_START, FLAG_TRAINED, Packing, warn_about_long_records
+from trainer.data.packing import FLAG_START, FLAG_TRAINED, Packing, report_left_out
 from trainer.data.packing import describe as describe_packing
 from trainer.errors import ConfigError
 
@@ -126,7 +126,7 @@ def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field
     else:
         log.info("data: mapped %d packed sequences from the cache %s (no tokenization)", len(dataset), cache_dir / key)
     log.info("data: %s", describe_packing(meta))
-    warn_about_long_records(meta)
+    report_left_out(meta)
     return dataset
 
 

@@ -66,7 +66,8 @@ class PackStats:
     record_blocks: int = 0
     stream_blocks: int = 0
     padding_tokens: int = 0
-    stream_tail_dropped_tokens: int = 0
+    stream_tail_packed_tokens: int = 0  # plain text short of a block, packed with the records (mixed corpora)
+    stream_tail_dropped_tokens: int = 0  # the same where nothing is padded anyway (plain text only)
     longest_record: int = 0
 
     def to_meta(self, packing: Packing, seq_len: int) -> dict[str, Any]:
@@ -83,11 +84,17 @@ def describe(meta: dict[str, Any]) -> str:
             f"(TRAIN_PACKING={p['packing']}), {100 * p['padding_share']:.1f}% padding")  # fmt: skip
     if p["stream_blocks"]:
         text += f"; {p['stream_blocks']} sequences of plain text streamed"
+    if p.get("stream_tail_packed_tokens"):
+        text += f"; the plain text's last {p['stream_tail_packed_tokens']} tokens packed with the records"
     return text
 
 
-def warn_about_long_records(meta: dict[str, Any]) -> None:
+def report_left_out(meta: dict[str, Any]) -> None:
+    """Say what packing left out of training (truncated, dropped), counted."""
     p, seq_len = meta["packing"], meta["seq_len"]
+    if p.get("stream_tail_dropped_tokens"):
+        log.info("data: the plain text's last %d tokens (short of one TRAIN_SEQ_LEN=%d sequence) are left out",
+                 p["stream_tail_dropped_tokens"], seq_len)  # fmt: skip
     if p["records_truncated"]:
         log.warning("data: %d record(s) longer than TRAIN_SEQ_LEN=%d were truncated to it (longest: %d tokens; "
                     "TRAIN_LONG_RECORDS=drop drops them instead)", p["records_truncated"], seq_len,
@@ -302,9 +309,14 @@ class Packer:
     # ---- the end ----
 
     def close(self) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """Flush the open sequences; the stream tail (shorter than a block), if any, is returned to the caller."""
+        """Flush the open sequences. The stream's tail (shorter than a block) is packed with the records where there
+        are any; otherwise it is returned to the caller."""
         if self._partial:
             self._record(*self._take_partial())
+        if self._tail_len and self.stats.records_packed:  # sequences are padded anyway: the tail fills one
+            ids, mask = self._joined_tail()
+            self.stats.stream_tail_packed_tokens = len(ids)
+            self._window.append((ids, np.ones(len(ids), np.uint8) if mask is None else mask.astype(np.uint8) & 1))
         self._flush_window()
         for _room, serial in sorted(self._rooms):
             self._emit(serial)

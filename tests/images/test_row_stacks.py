@@ -1,0 +1,60 @@
+"""Every CUDA row's pins install together on that row's own Python (3.10 for 12.1 and 12.4), by pip's resolver
+against PyPI: the trackers (wandb, mlflow-skinny) included, next to the row's NumPy and the PyPI torch of its
+stand-in. No image is built: a pin that cannot live with the others fails here in seconds, not halfway through
+a 25-minute stand-in build. The imports themselves are proven where images are made (images/verify.py imports
+every package the trainer uses, the trackers too) and on the host for the oldest and newest stacks."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSIONS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
+sys.path.insert(0, str(ROOT / "images"))
+sys.path.insert(0, str(ROOT / "scripts"))
+import matrix  # noqa: E402
+import trainer_requirements  # noqa: E402
+
+# Built inside the image, not resolved from PyPI wheels: deepspeed and flash-attn from their sdists (DeepSpeed's
+# requirements resolve in the image), python-hostlist is an sdist with no requirements of its own.
+NOT_FROM_WHEELS = {"deepspeed", "flash-attn", "python-hostlist"}
+# What the Dockerfile installs next to the trainer's own requirements (its runtime stage).
+DOCKERFILE_PINS = ("transformers", "accelerate", "datasets", "peft", "bitsandbytes", "dumb-init")
+# Ubuntu 22.04 / 24.04 bases (glibc 2.35+) take any of these; older wheels (torch 2.1's) carry the legacy names.
+GLIBC_TAGS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64",
+              *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 40))]  # fmt: skip
+
+
+def row_requirements(cuda: str) -> list[str]:
+    """The row's install set as the image asks for it, with the stand-in's PyPI torch in place of NGC's."""
+    pins = matrix.load().entry(cuda).packages
+    trainer = trainer_requirements.requirements(str(ROOT / "pyproject.toml"), pins)
+    wanted = [*trainer, *(f"{name}=={pins[name]}" for name in DOCKERFILE_PINS if name in pins)]
+    standin = VERSIONS["standin"][cuda]
+    base = [f"torch=={standin['torch']}", *(p for p in standin.get("packages", []) if p.split("==")[0] not in pins)]
+    return [req for req in wanted if re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0] not in NOT_FROM_WHEELS] + base
+
+
+@pytest.mark.parametrize("cuda", list(VERSIONS["cuda"]))
+def test_the_rows_pins_and_the_trackers_resolve_together_on_its_python(cuda: str, tmp_path: Path) -> None:
+    entry = matrix.load().entry(cuda)
+    requirements = row_requirements(cuda)
+    platforms = [arg for tag in GLIBC_TAGS for arg in ("--platform", tag)]
+    argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-",
+            "--only-binary=:all:", "--python-version", entry.python, "--implementation", "cp", *platforms,
+            "--target", str(tmp_path / "target"), *requirements]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
+    assert proc.returncode == 0, f"CUDA {cuda} (Python {entry.python}): " + "\n".join(errors or [proc.stderr[-3000:]])
+    chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+              for item in json.loads(proc.stdout)["install"]}  # fmt: skip
+    for name in ("wandb", "mlflow-skinny", "transformers", "tensorboard", "pydantic"):
+        assert chosen[name] == entry.packages[name], (cuda, name, chosen.get(name))
+    assert chosen["torch"] == VERSIONS["standin"][cuda]["torch"]
