@@ -15,7 +15,7 @@ import docker
 import image_labels
 import registry
 from buildkit import BuildFailed, BuildSpec, run_build
-from cpu_base import ensure_cpu_base, image_exists
+from cpu_base import BASE_FROM_LABEL, ensure_cpu_base, image_exists
 from engine import connect, torch_version_in
 from errors import UserError
 from matrix import ROOT, Matrix
@@ -74,7 +74,8 @@ def base_reference(client: docker.DockerClient, image: str) -> dict:
             ) from None
     attrs = client.images.get(image).attrs
     digests = attrs.get("RepoDigests") or []
-    return {"image": image, "id": attrs["Id"], "digest": digests[0] if digests else None}
+    made_from = ((attrs.get("Config") or {}).get("Labels") or {}).get(BASE_FROM_LABEL)  # the CPU base's own origin
+    return {"image": image, "id": attrs["Id"], "digest": digests[0] if digests else None, "from": made_from}
 
 
 def read_inside(client: docker.DockerClient, tag: str) -> dict:
@@ -112,9 +113,12 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
     base = base_reference(client, plan.base_image)
     plan.torch = torch_version_in(plan.base_image)  # what the image will report: guard-torch keeps the base's
     t_base = time.monotonic() - t0
+    labels = make_labels(plan, matrix, base["digest"] or base["id"])
+    if base["from"]:  # a local base's name says nothing once the image is published: keep where it came from
+        labels[BASE_FROM_LABEL] = base["from"]
     spec = BuildSpec(
         context=ROOT, dockerfile=ROOT / "Dockerfile", tags=plan.tags, args=plan.build_args,
-        labels=make_labels(plan, matrix, base["digest"] or base["id"]), ca_cert=ca, no_cache=args.no_cache,
+        labels=labels, ca_cert=ca, no_cache=args.no_cache,
     )  # fmt: skip
     try:
         with Progress(f"building {plan.tags[0]}", args.verbose) as progress:

@@ -30,6 +30,7 @@ ROOTFS_PACKAGES = [
 ]  # fmt: skip
 WORK_DIR = ROOT / "build" / "cpu-base"
 DEBIAN_IMAGE_ENV = "TRAINKIT_DEBIAN_IMAGE"
+BASE_FROM_LABEL = "org.trainkit.base.from"  # the Debian the base was made from: a registry ref or the debootstrap one
 
 
 def image_exists(client: docker.DockerClient, tag: str) -> bool:
@@ -55,7 +56,7 @@ def check_debootstrap() -> str:
     if path is None:
         raise UserError(
             "debootstrap is missing (not on PATH): the CPU base is made from Debian packages, without any registry."
-            "\n  Install it (`sudo apt-get install debootstrap`), then run `python scripts/build.py --cpu` again."
+            "\n  Install it (`sudo apt-get install debootstrap`), then run this command again."
         )
     return path
 
@@ -156,14 +157,14 @@ def ensure_cpu_base(
     root, path = root_image(client, cpu, on_line)
     print(f"CPU base: {path}", file=sys.stderr, flush=True)
     download_torch(cpu, on_line)
-    from_label = {"org.trainkit.base.from": root}
     shutil.copy2(ROOT / "images" / "with-ca.sh", WORK_DIR / "with-ca.sh")
     spec = BuildSpec(
         context=WORK_DIR,
         dockerfile=ROOT / "images" / "cpu-base" / "Dockerfile",
         tags=[tag],
         args={"ROOTFS_IMAGE": root, "TORCH_VERSION": cpu.torch, "PACKAGES": " ".join(ROOTFS_PACKAGES)},
-        labels={"org.trainkit.base.torch": cpu.torch, "org.trainkit.base.debian": cpu.debian_suite, **from_label},
+        labels={"org.trainkit.base.torch": cpu.torch, "org.trainkit.base.debian": cpu.debian_suite,
+                BASE_FROM_LABEL: root},
         ca_cert=ca_cert,
     )
     run_build(spec, on_line)

@@ -41,6 +41,8 @@ def test_labels_carry_oci_keys_and_every_component_version(cpu_image: str, docke
         read_inside = labels[f"org.trainkit.pin.{package}"]  # a local build of the pinned release may add +cpu
         assert f'{package} = "{read_inside.split("+")[0]}"' in VERSIONS_TOML
     assert labels["org.trainkit.pin.deepspeed"] == "0.19.8+cpu"  # what is inside, not only what was planned
+    base = docker_client.images.get(labels["org.opencontainers.image.base.name"]).labels
+    assert labels["org.trainkit.base.from"] == base["org.trainkit.base.from"]  # which Debian, once published too
 
 
 def test_labels_name_what_is_inside_and_nothing_of_the_build_tools(cpu_image: str, docker_client) -> None:
