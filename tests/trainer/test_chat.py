@@ -310,3 +310,23 @@ def test_the_readmes_records_train_as_it_says(tmp_path: Path) -> None:
     assert "Translate to French: cheese" in untrained and "Hi" not in trained.replace("Hello!", "")
     summary = json.loads((next((tmp_path / "out" / ".cache" / "data").glob("*/meta.json"))).read_text())
     assert summary["records"] == 5
+
+
+def test_tool_calls_train_with_the_builtin_chatml(tmp_path: Path) -> None:
+    """An assistant turn with tool_calls and no content, then the tool's answer: the built-in chatml renders the call
+    (as <tool_call> JSON) and trains it with the final answer; the tool's answer and the question stay untrained."""
+    from trainer.tokenizer import byte_level_tokenizer
+
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    record = {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                           {"role": "assistant", "content": None, "tool_calls": [call]},
+                           {"role": "tool", "content": "18C, sunny"},
+                           {"role": "assistant", "content": "It is 18C and sunny."}]}  # fmt: skip
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tools.jsonl").write_text(json.dumps(record) + "\n")
+    sequences = show_json(env_for(tmp_path, data, chat_template="chatml", seq_len="512"))
+    trained, untrained = trained_and_not(sequences, byte_level_tokenizer())
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in trained
+    assert "It is 18C and sunny.<|im_end|>" in trained
+    assert "18C, sunny<|im_end|>" in untrained and "Weather in Paris?" in untrained
