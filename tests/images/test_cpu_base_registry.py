@@ -30,8 +30,12 @@ UNREACHABLE = "127.0.0.1:9/debian@sha256:" + "0" * 64  # nothing listens on port
 
 @pytest.fixture(scope="module")
 def debian_ref(registry: str, cpu_image: str, docker_client) -> Iterator[str]:
-    """The session's debootstrap Debian pushed to the local registry; its repo@sha256 reference, not local."""
-    rootfs = docker_client.images.get(cpu_base.rootfs_tag(load().cpu))
+    """The session's debootstrap Debian pushed to the local registry; its repo@sha256 reference, not local. (Made here
+    when the session's CPU base came from a registry, so no debootstrap root filesystem was made.)"""
+    cpu = load().cpu
+    if not cpu_base.image_exists(docker_client, cpu_base.rootfs_tag(cpu)):
+        cpu_base.build_rootfs(docker_client, cpu, lambda _line: None)
+    rootfs = docker_client.images.get(cpu_base.rootfs_tag(cpu))
     rootfs.tag(f"{registry}/debian", "bookworm-slim")
     digest = None
     for event in docker_client.images.push(f"{registry}/debian", "bookworm-slim", stream=True, decode=True):
