@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-VERSIONS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
 sys.path.insert(0, str(ROOT / "images"))
 sys.path.insert(0, str(ROOT / "scripts"))
 import matrix  # noqa: E402
 import trainer_requirements  # noqa: E402
+from standin_base import load_standin  # noqa: E402
 
 # Built inside the image, not resolved from PyPI wheels: deepspeed and flash-attn from their sdists (DeepSpeed's
 # requirements resolve in the image), python-hostlist is an sdist with no requirements of its own.
@@ -32,20 +31,19 @@ GLIBC_TAGS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64
               *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 40))]  # fmt: skip
 
 
-def row_requirements(cuda: str) -> list[str]:
+def row_requirements(entry: matrix.Entry) -> list[str]:
     """The row's install set as the image asks for it, with the stand-in's PyPI torch in place of NGC's."""
-    pins = matrix.load().entry(cuda).packages
+    pins, standin = entry.packages, load_standin(entry)
     trainer = trainer_requirements.requirements(str(ROOT / "pyproject.toml"), pins)
     wanted = [*trainer, *(f"{name}=={pins[name]}" for name in DOCKERFILE_PINS if name in pins)]
-    standin = VERSIONS["standin"][cuda]
-    base = [f"torch=={standin['torch']}", *(p for p in standin.get("packages", []) if p.split("==")[0] not in pins)]
+    base = [f"torch=={standin.torch}", *(p for p in standin.packages if p.split("==")[0] not in pins)]
     return [req for req in wanted if re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0] not in NOT_FROM_WHEELS] + base
 
 
-@pytest.mark.parametrize("cuda", list(VERSIONS["cuda"]))
+@pytest.mark.parametrize("cuda", list(matrix.load().entries))
 def test_the_rows_pins_and_the_trackers_resolve_together_on_its_python(cuda: str, tmp_path: Path) -> None:
     entry = matrix.load().entry(cuda)
-    requirements = row_requirements(cuda)
+    requirements = row_requirements(entry)
     platforms = [arg for tag in GLIBC_TAGS for arg in ("--platform", tag)]
     argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-",
             "--only-binary=:all:", "--python-version", entry.python, "--implementation", "cp", *platforms,
@@ -57,4 +55,4 @@ def test_the_rows_pins_and_the_trackers_resolve_together_on_its_python(cuda: str
               for item in json.loads(proc.stdout)["install"]}  # fmt: skip
     for name in ("wandb", "mlflow-skinny", "transformers", "tensorboard", "pydantic"):
         assert chosen[name] == entry.packages[name], (cuda, name, chosen.get(name))
-    assert chosen["torch"] == VERSIONS["standin"][cuda]["torch"]
+    assert chosen["torch"] == load_standin(entry).torch

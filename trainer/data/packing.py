@@ -89,6 +89,11 @@ def describe(meta: dict[str, Any]) -> str:
     return text
 
 
+def trained_flags(length: int, mask: np.ndarray | None) -> np.ndarray:
+    """FLAG_TRAINED where the loss is taken: everywhere without a loss mask (plain text), else where the mask says."""
+    return np.ones(length, np.uint8) if mask is None else mask.astype(np.uint8) & FLAG_TRAINED
+
+
 def report_left_out(meta: dict[str, Any]) -> None:
     """Say what packing left out of training (truncated, dropped), counted."""
     p, seq_len = meta["packing"], meta["seq_len"]
@@ -166,7 +171,7 @@ class Packer:
         ids, lengths = piece.ids, np.asarray(piece.lengths, np.int64)
         if int(lengths.sum()) != len(ids):
             raise ValueError(f"record lengths {int(lengths.sum())} != {len(ids)} tokens in a piece")
-        flags = np.ones(len(ids), np.uint8) if piece.mask is None else piece.mask.astype(np.uint8) & FLAG_TRAINED
+        flags = trained_flags(len(ids), piece.mask)
         ends = np.cumsum(lengths)
         starts = ends - lengths
         learnable = self._learnable(flags, starts, lengths)
@@ -316,7 +321,7 @@ class Packer:
         if self._tail_len and self.stats.records_packed:  # sequences are padded anyway: the tail fills one
             ids, mask = self._joined_tail()
             self.stats.stream_tail_packed_tokens = len(ids)
-            self._window.append((ids, np.ones(len(ids), np.uint8) if mask is None else mask.astype(np.uint8) & 1))
+            self._window.append((ids, trained_flags(len(ids), mask)))
         self._flush_window()
         for _room, serial in sorted(self._rooms):
             self._emit(serial)
