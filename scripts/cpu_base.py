@@ -6,17 +6,22 @@
    taken is said, and recorded in the base's label org.trainkit.base.from.
 2. `images/cpu-base/Dockerfile` on top of either: the packages the build needs (Python, pip, g++, ninja, libaio,
    ccache; already in the debootstrap root filesystem), a CPU torch wheel (downloaded on the host with pip) and an
-   NGC-style `/etc/pip/constraint.txt` pinning that torch, tagged `trainkit-base:cpu-...`.
+   NGC-style `/etc/pip/constraint.txt` pinning that torch, tagged `trainkit-base:cpu-...`. The tag names the suite,
+   Python and torch; the label org.trainkit.base.recipe names everything else the base is made of, so a base an older
+   checkout made (an engine kept between runs, as on CI machines) is remade instead of trusted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import docker
@@ -31,6 +36,8 @@ ROOTFS_PACKAGES = [
 WORK_DIR = ROOT / "build" / "cpu-base"
 DEBIAN_IMAGE_ENV = "TRAINKIT_DEBIAN_IMAGE"
 BASE_FROM_LABEL = "org.trainkit.base.from"  # the Debian the base was made from: a registry ref or the debootstrap one
+RECIPE_LABEL = "org.trainkit.base.recipe"  # digest of what makes the base; a different one means remake it
+RECIPE_FILES = (ROOT / "images" / "cpu-base" / "Dockerfile", ROOT / "images" / "with-ca.sh")
 
 
 def image_exists(client: docker.DockerClient, tag: str) -> bool:
@@ -142,6 +149,30 @@ def root_image(client: docker.DockerClient, cpu: CpuFlavor, on_line: Callable[[s
     return tag, f"FROM {tag}, a Debian root filesystem made by debootstrap ({fallback})"
 
 
+def recipe_digest(cpu: CpuFlavor) -> str:
+    """What the base is made of: the CPU flavor's own fields (not the image's pins), the Debian packages, the labels
+    it carries and the recipe files."""
+    flavor = {key: value for key, value in asdict(cpu).items() if key != "packages"}
+    inputs = json.dumps([flavor, ROOTFS_PACKAGES, sorted(base_labels(cpu, root=""))], sort_keys=True).encode()
+    return hashlib.sha256(inputs + b"".join(path.read_bytes() for path in RECIPE_FILES)).hexdigest()[:12]
+
+
+def base_labels(cpu: CpuFlavor, root: str) -> dict[str, str]:
+    return {"org.trainkit.base.torch": cpu.torch, "org.trainkit.base.debian": cpu.debian_suite, BASE_FROM_LABEL: root}
+
+
+def stale_reason(client: docker.DockerClient, tag: str, cpu: CpuFlavor) -> str | None:
+    """None when `tag` is here and made by today's recipe; else why it has to be made."""
+    try:
+        labels = client.images.get(tag).labels or {}
+    except docker.errors.ImageNotFound:
+        return "missing"
+    made_by = labels.get(RECIPE_LABEL)
+    if made_by == recipe_digest(cpu):
+        return None
+    return f"made by another recipe ({made_by or 'one without a recipe label'}, today's is {recipe_digest(cpu)})"
+
+
 def ensure_cpu_base(
     client: docker.DockerClient,
     cpu: CpuFlavor,
@@ -150,10 +181,14 @@ def ensure_cpu_base(
     rebuild: bool = False,
     tag: str | None = None,
 ) -> str:
-    """The CPU base's tag (`tag`, default the matrix's), building it first when missing; says which path it took."""
+    """The CPU base's tag (`tag`, default the matrix's), building it first when missing or made by another recipe;
+    says why it builds and which path it took."""
     tag = tag or cpu.base_image
-    if image_exists(client, tag) and not rebuild:
+    why = "--rebuild-base" if rebuild else stale_reason(client, tag, cpu)
+    if why is None:
         return tag
+    if why != "missing":
+        print(f"CPU base {tag}: remade ({why})", file=sys.stderr, flush=True)
     root, path = root_image(client, cpu, on_line)
     print(f"CPU base: {path}", file=sys.stderr, flush=True)
     download_torch(cpu, on_line)
@@ -163,8 +198,7 @@ def ensure_cpu_base(
         dockerfile=ROOT / "images" / "cpu-base" / "Dockerfile",
         tags=[tag],
         args={"ROOTFS_IMAGE": root, "TORCH_VERSION": cpu.torch, "PACKAGES": " ".join(ROOTFS_PACKAGES)},
-        labels={"org.trainkit.base.torch": cpu.torch, "org.trainkit.base.debian": cpu.debian_suite,
-                BASE_FROM_LABEL: root},
+        labels={**base_labels(cpu, root), RECIPE_LABEL: recipe_digest(cpu)},
         ca_cert=ca_cert,
     )
     run_build(spec, on_line)

@@ -8,6 +8,7 @@ cost CI 10-15 minutes."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import sys
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from errors import UserError  # noqa: E402
 from matrix import load  # noqa: E402
 
 TEST_BASE = "trainkit-base:test-registry-path"  # never the shared base tag: the CPU image must not rebuild
+STALE_BASE = "trainkit-base:test-older-recipe"
 UNREACHABLE = "127.0.0.1:9/debian@sha256:" + "0" * 64  # nothing listens on port 9
 
 
@@ -94,3 +96,27 @@ def test_with_neither_a_registry_nor_debootstrap_it_says_what_to_install(docker_
     assert "debootstrap is missing (not on PATH)" in message and "sudo apt-get install debootstrap" in message
     assert f"{cpu_base.DEBIAN_IMAGE_ENV}=host/debian:" in message
     assert not cpu_base.image_exists(docker_client, cpu_base.rootfs_tag(cpu))
+
+
+def test_a_base_made_by_another_recipe_is_remade(docker_client, cpu_image: str, capsys) -> None:
+    """An engine kept between runs (CI machines, a laptop after `git pull`) holds a base an older checkout made, under
+    the same tag: it is remade, saying why, and the remade base carries today's recipe and origin labels; a base made
+    by today's recipe is kept."""
+    cpu = load().cpu
+    older = f"FROM {cpu.base_image}\nLABEL {cpu_base.RECIPE_LABEL}=older {cpu_base.BASE_FROM_LABEL}=\n"
+    docker_client.images.build(fileobj=io.BytesIO(older.encode()), tag=STALE_BASE, rm=True)
+    try:
+        ca = host_ca_bundle()
+        cpu_base.ensure_cpu_base(docker_client, cpu, ca, lambda _line: None, tag=STALE_BASE)
+        err = capsys.readouterr().err
+        assert f"CPU base {STALE_BASE}: remade (made by another recipe (older, today's is " in err
+        labels = docker_client.images.get(STALE_BASE).labels
+        assert labels[cpu_base.RECIPE_LABEL] == cpu_base.recipe_digest(cpu)
+        made_from = labels[cpu_base.BASE_FROM_LABEL]  # the registry's Debian or, where none answers, debootstrap's
+        assert made_from in (cpu_base.debian_image(cpu), cpu_base.rootfs_tag(cpu))
+        assert f"CPU base: FROM {made_from}" in err
+        cpu_base.ensure_cpu_base(docker_client, cpu, ca, lambda _line: None, tag=STALE_BASE)
+        assert "CPU base" not in capsys.readouterr().err
+    finally:
+        if cpu_base.image_exists(docker_client, STALE_BASE):
+            docker_client.images.remove(STALE_BASE, noprune=True)
