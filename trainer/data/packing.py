@@ -136,7 +136,7 @@ class Packer:
     """Feeds pieces to a ShardWriter as whole `seq_len` blocks: records by best fit, plain text as a stream.
 
     `writer.append(ids, flags)` receives blocks of exactly `seq_len` tokens; `close()` flushes the open sequences
-    and returns the stream tail that did not fill a block (ShardWriter decides what happens to it)."""
+    and settles the stream's tail that did not fill a block."""
 
     writer: Any
     seq_len: int
@@ -313,12 +313,13 @@ class Packer:
 
     # ---- the end ----
 
-    def close(self) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """Flush the open sequences. The stream's tail (shorter than a block) is packed with the records where there
-        are any; otherwise it is returned to the caller."""
+    def close(self) -> None:
+        """Flush the open sequences and settle the stream's tail (plain text short of a block): packed with the
+        records where there are any (their sequences are padded anyway), written alone where it is all there is (the
+        writer pads it into one block), else left out and counted."""
         if self._partial:
             self._record(*self._take_partial())
-        if self._tail_len and self.stats.records_packed:  # sequences are padded anyway: the tail fills one
+        if self._tail_len and self.stats.records_packed:
             ids, mask = self._joined_tail()
             self.stats.stream_tail_packed_tokens = len(ids)
             self._window.append((ids, trained_flags(len(ids), mask)))
@@ -327,5 +328,9 @@ class Packer:
             self._emit(serial)
         self._rooms = []
         if not self._tail_len:
-            return None
-        return self._joined_tail()
+            return
+        ids, mask = self._joined_tail()
+        if self.writer.tokens == 0:
+            self.writer.append(ids, mask)
+        else:
+            self.stats.stream_tail_dropped_tokens = len(ids)

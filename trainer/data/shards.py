@@ -12,8 +12,8 @@ whole records per sequence, or one stream) and appends whole `seq_len` blocks to
 
 At most IN_FLIGHT_PER_WORKER units per worker are in flight, so the peak memory of the main process is about
 (workers x IN_FLIGHT_PER_WORKER + 1) x (unit + its tokens), plus the largest parquet row group or .json document,
-whatever the corpus size; each worker holds one unit. The stream's tail shorter than `seq_len` is dropped (and
-counted), unless it is all there is: then it is the one block, padded, and `meta.json` says where the padding starts.
+whatever the corpus size; each worker holds one unit. The stream's tail shorter than `seq_len` is settled by the
+packer (packing.py): packed with the records, the one padded block where it is all there is, else left out and counted.
 """
 
 from __future__ import annotations
@@ -417,13 +417,9 @@ def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: 
             packer.add(piece)
             if should_stop():
                 raise Stopped
-        tail = packer.close()
+        packer.close()
         if tokens == 0:
             raise ConfigError(f"TRAIN_DATA: {source.describe()} holds no text; add records or fix TRAIN_TEXT_FIELD")
-        if tail is not None and writer.tokens == 0:
-            writer.append(*tail)  # all there is: finish() pads it into one block
-        elif tail is not None:
-            packer.stats.stream_tail_dropped_tokens = len(tail[0])
         if writer.tokens == 0:
             raise ConfigError(nothing_packed(source, packer.stats, seq_len))
         seconds = time.perf_counter() - start
