@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 from docker.errors import APIError
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -82,8 +83,12 @@ def cluster(docker_client, cpu_image: str, tmp_path: Path):
     made.close()
 
 
-def wait_exit(container, timeout_s: float) -> int:
-    return container.wait(timeout=timeout_s)["StatusCode"]
+def wait_exit(container, timeout_s: float) -> int | None:
+    """The container's exit code, or None while it still runs after `timeout_s` (the caller shows its log)."""
+    try:
+        return container.wait(timeout=timeout_s)["StatusCode"]
+    except requests.exceptions.ConnectionError:  # the engine's wait outlived the client's read timeout
+        return None
 
 
 def logs(container) -> str:
@@ -134,7 +139,9 @@ def test_two_nodes_train_like_one_process_with_the_same_global_batch(
 
 
 def test_stopping_one_node_ends_the_other_and_both_resume(cluster: Cluster) -> None:
-    env = {"TRAIN_MAX_STEPS": "14", "TRAIN_SAVE_STEPS": "4", "TRAIN_BATCH_SIZE": "4"}
+    # Steps take ~0.2 s: the stop, sent once step 5 is logged, must land well before the last step (a stop after it
+    # lets the run finish instead: test_stop_outcome.py).
+    env = {"TRAIN_MAX_STEPS": "40", "TRAIN_SAVE_STEPS": "4", "TRAIN_BATCH_SIZE": "4"}
     node0, node1 = cluster.start_nodes(env)
     deadline = time.monotonic() + 600
     while len(metrics(cluster.output)) < 5:  # past the first checkpoint (step 4)
@@ -152,7 +159,7 @@ def test_stopping_one_node_ends_the_other_and_both_resume(cluster: Cluster) -> N
     ended_after_s = time.monotonic() - stopped_at
     text0, text1 = logs(node0), logs(node1)
     assert code1 == 143, text1[-3000:]
-    assert code0 != 0, text0[-3000:]
+    assert code0 not in (None, 0), f"node0 exit {code0} (None: still running)\n" + text0[-3000:]
     assert ended_after_s < RDZV_TIMEOUT_S + 120
     print(f"node0 ended {ended_after_s:.1f}s after node1 was stopped (exit {code0}); node1 exit {code1}")
 
@@ -169,5 +176,5 @@ def test_stopping_one_node_ends_the_other_and_both_resume(cluster: Cluster) -> N
     codes = [wait_exit(node, 600) for node in (node0, node1)]
     assert codes == [0, 0], logs(node0)[-3000:] + logs(node1)[-3000:]
     assert f"resume: continuing from /output/checkpoint-{last}" in logs(node0)
-    assert [row["step"] for row in metrics(cluster.output)] == list(range(1, 15))
+    assert [row["step"] for row in metrics(cluster.output)] == list(range(1, 41))
     assert (cluster.output / "final").is_dir()

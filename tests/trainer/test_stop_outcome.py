@@ -58,3 +58,20 @@ def test_two_ranks_resume_from_rank_0s_choice_and_a_kill_in_the_stop_is_reported
     assert code == 137, err[-3000:]
     assert "ended without an exit code (killed" in err
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+
+
+def test_a_stop_after_the_last_step_lets_the_run_and_torchrun_finish(tmp_path: Path) -> None:
+    """The stop reaches two ranks while the last step's checkpoint is being written (past the step's stop
+    agreement): the run finishes (final/, exit 0) and says so, and the launcher leaves torchrun to end by itself.
+    Killed, torchrun would skip its exit barrier, and on a cluster the other nodes' torchruns wait for it 300 s."""
+    out = tmp_path / "out"
+    env = train_env(out, max_steps=3, save_steps=3, nproc_per_node=2, max_restarts=0)
+    proc = start({**env, SAVE_DELAY_ENV: "5@3"}, ["-m", "trainer.launch"])
+    wait_for(lambda: bool(list(out.glob(".tmp-checkpoint-3"))), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert (out / "final" / "config.json").is_file() and (out / "checkpoint-3").is_dir()
+    assert err.count("the stop came after the last step: finishing the run (final/, exit 0) instead") == 2
+    assert "every trainer process finished the run before the stop reached it; torchrun ends by itself" in err
+    assert "death signal" not in err and "SignalException" not in err, err[-3000:]

@@ -9,7 +9,9 @@ exists from 2.12 on; NGC's default row ships 2.7), and it restarts workers that 
   launcher only, and with SIGUSR1 ignored, which survives exec: torchrun, its workers and their data loaders ignore a
   step-wide SIGUSR1 (`scancel --signal=USR1`), and only the launcher acts on it;
 - on the first SIGTERM or SIGUSR1 the launcher sends SIGTERM to the trainer processes (torchrun's workers, or the
-  trainer), waits until they have exited (they checkpoint first), and only then stops torchrun;
+  trainer), waits until they have exited (they checkpoint first), and only then stops torchrun, so that it cannot
+  restart them; where every worker finished instead (the stop came after the last step), torchrun is left to end
+  by itself: killed, it would skip its exit barrier and leave the other nodes' torchruns waiting for it (300 s);
 - SIGINT, SIGHUP and SIGQUIT are forwarded to the child;
 - the child dies with the launcher (PR_SET_PDEATHSIG: a SIGKILL to the launcher must not leave a trainer holding
   the GPUs), and a child killed by a signal kills the launcher with the same signal, so callers see what happened
@@ -60,7 +62,7 @@ def supervise(plan: LaunchPlan) -> int:
             log(f"{signal.Signals(signum).name} again: the trainer is already stopping")
         else:
             stops.append(signum)
-            threading.Thread(target=stop_trainers, args=(child, plan.distributed, signum, trainers),
+            threading.Thread(target=stop_trainers, args=(child, plan.distributed, signum, trainers, outcomes),
                              daemon=True).start()  # fmt: skip
 
     for sig in (*STOP_SIGNALS, *FORWARDED_SIGNALS):  # before the child exists: a stop must never orphan it
@@ -82,14 +84,11 @@ def supervise(plan: LaunchPlan) -> int:
 def outcome_after_stop(trainers: list[int], outcomes: Path) -> int:
     """The workers' real outcome after a stop: 128+N when every one stopped cleanly after its checkpoint, else the
     first failure (a worker that wrote no outcome was killed, e.g. by the OOM killer: 137)."""
-    codes = {}
-    for pid in trainers:
-        try:
-            codes[pid] = int((outcomes / str(pid)).read_text())
-        except (OSError, ValueError):
-            codes[pid] = exit_code_for_signal(signal.SIGKILL)
-            log(f"trainer process {pid} ended without an exit code (killed, e.g. by the OOM killer's SIGKILL)")
     killed = exit_code_for_signal(signal.SIGKILL)
+    codes = recorded_codes(trainers, outcomes)
+    for pid in [pid for pid, code in codes.items() if code is None]:
+        codes[pid] = killed
+        log(f"trainer process {pid} ended without an exit code (killed, e.g. by the OOM killer's SIGKILL)")
     failed = sorted((c for c in codes.values() if c not in (0, *STOPPED_CODES)), key=lambda c: c != killed)
     if failed:  # a kill first: the other ranks' crashes usually follow from their peer's death
         log(f"the stop did not end cleanly: trainer exit codes {sorted(codes.values())}; exit {failed[0]}")
@@ -97,10 +96,21 @@ def outcome_after_stop(trainers: list[int], outcomes: Path) -> int:
     return max(codes.values(), default=exit_code_for_signal(signal.SIGTERM))
 
 
+def recorded_codes(trainers: list[int], outcomes: Path) -> dict[int, int | None]:
+    """Each trainer's exit code as it wrote it on the way out (None: it wrote none)."""
+    codes: dict[int, int | None] = {}
+    for pid in trainers:
+        try:
+            codes[pid] = int((outcomes / str(pid)).read_text())
+        except (OSError, ValueError):
+            codes[pid] = None
+    return codes
+
+
 def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, trainers: list[int] | None = None,
-                  poll_s: float = 0.05) -> None:  # fmt: skip
+                  outcomes: Path | None = None, poll_s: float = 0.05) -> None:  # fmt: skip
     """SIGTERM to the trainer processes (recorded in `trainers`); with torchrun, SIGTERM to torchrun once they have
-    exited."""
+    exited, unless every one of them finished (exit 0 in `outcomes`)."""
     trainers = trainers if trainers is not None else []
     trainers += children_of(child.pid) if distributed else [child.pid]
     log(f"{signal.Signals(signum).name}: SIGTERM to {len(trainers)} trainer process(es); they checkpoint and stop")
@@ -110,7 +120,10 @@ def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, train
         return
     while any(_alive(pid) for pid in trainers) and child.poll() is None:
         time.sleep(poll_s)
-    if child.poll() is None:  # before it restarts the workers that stopped
+    finished = outcomes is not None and set(recorded_codes(trainers, outcomes).values()) == {0}
+    if finished:
+        log("every trainer process finished the run before the stop reached it; torchrun ends by itself")
+    elif child.poll() is None:  # before it restarts the workers that stopped
         _kill(child.pid, signal.SIGTERM)
 
 

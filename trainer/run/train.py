@@ -253,6 +253,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         trainer.train(resume_from_checkpoint=checkpoint)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         return _interrupted(stop, trainer.state.global_step)
+    if stop.requested:
+        log.warning("the stop came after the last step: finishing the run (final/, exit 0) instead")
     trainer.save_final(out / "final", tokenizer)
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
     if s.push_to_hub and args.process_index == 0:
