@@ -167,10 +167,10 @@ def stale_reason(client: docker.DockerClient, tag: str, cpu: CpuFlavor) -> str |
         labels = client.images.get(tag).labels or {}
     except docker.errors.ImageNotFound:
         return "missing"
-    made_by = labels.get(RECIPE_LABEL)
-    if made_by == recipe_digest(cpu):
+    made_by, today = labels.get(RECIPE_LABEL), recipe_digest(cpu)
+    if made_by == today:
         return None
-    return f"made by another recipe ({made_by or 'one without a recipe label'}, today's is {recipe_digest(cpu)})"
+    return f"made by another recipe ({made_by or 'one without a recipe label'}, today's is {today})"
 
 
 def ensure_cpu_base(

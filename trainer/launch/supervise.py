@@ -107,11 +107,10 @@ def recorded_codes(trainers: list[int], outcomes: Path) -> dict[int, int | None]
     return codes
 
 
-def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, trainers: list[int] | None = None,
-                  outcomes: Path | None = None, poll_s: float = 0.05) -> None:  # fmt: skip
+def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, trainers: list[int], outcomes: Path,
+                  poll_s: float = 0.05) -> None:  # fmt: skip
     """SIGTERM to the trainer processes (recorded in `trainers`); with torchrun, SIGTERM to torchrun once they have
     exited, unless every one of them finished (exit 0 in `outcomes`)."""
-    trainers = trainers if trainers is not None else []
     trainers += children_of(child.pid) if distributed else [child.pid]
     log(f"{signal.Signals(signum).name}: SIGTERM to {len(trainers)} trainer process(es); they checkpoint and stop")
     for pid in trainers:
@@ -120,8 +119,7 @@ def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, train
         return
     while any(_alive(pid) for pid in trainers) and child.poll() is None:
         time.sleep(poll_s)
-    finished = outcomes is not None and set(recorded_codes(trainers, outcomes).values()) == {0}
-    if finished:
+    if set(recorded_codes(trainers, outcomes).values()) == {0}:
         log("every trainer process finished the run before the stop reached it; torchrun ends by itself")
     elif child.poll() is None:  # before it restarts the workers that stopped
         _kill(child.pid, signal.SIGTERM)
