@@ -35,7 +35,6 @@ FROM_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": 
 CHAT_LAYOUTS = ("messages", "conversations", "chat_pair")
 LAYOUT_NAMES = {"messages": "messages", "conversations": "ShareGPT conversations", "chat_pair":
                 "conversational prompt/completion", "pair": "prompt/completion", "text": "text"}  # fmt: skip
-LOSS_ON = ("assistant", "last", "all")
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "assets" / "chat_templates"
 BUILTIN_TEMPLATES = {p.stem: p for p in sorted(TEMPLATES_DIR.glob("*.jinja"))}
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")

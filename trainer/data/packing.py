@@ -32,8 +32,6 @@ FLAG_TRAINED = 1
 FLAG_START = 2
 PACK_WINDOW_TOKENS = 1 << 22  # unfinished sequences the best-fit packer keeps open, in tokens
 MIN_OPEN_BINS, MAX_OPEN_BINS = 16, 1024
-MODES = ("auto", "stream", "records")
-LONG_RECORDS = ("truncate", "drop")
 
 
 @dataclass(frozen=True)

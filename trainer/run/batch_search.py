@@ -193,9 +193,9 @@ def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume:
     A resumed run keeps its checkpoint's batch, so the samples it skips are the ones it trained on."""
     import dataclasses
 
+    from trainer.checkpoint_record import recorded_batch_size
     from trainer.config.decisions import Decision
     from trainer.config.speed import effective_batch_set
-    from trainer.run.resume import recorded_batch_size
     from trainer.run.signals import control_group
 
     s = cfg.settings

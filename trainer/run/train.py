@@ -191,7 +191,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from trainer.run.models import build_model
     from trainer.run.output_lock import acquire_output_lock
     from trainer.run.packed_attention import collator_for
-    from trainer.run.resume import archive_run_config, recorded_settings, set_aside_earlier_run, to_record
+    from trainer.run.resume import archive_run_config, run_record, set_aside_earlier_run
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
@@ -239,7 +239,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         callbacks=_callbacks(cfg, model, stop, clock),
         **_optimizer_override(cfg, args),
     )
-    trainer.checkpoint_info = {**to_record(cfg.hub), "settings": recorded_settings(s)}  # read back by run.resume
+    trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by run.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
 

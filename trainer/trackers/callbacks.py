@@ -3,7 +3,7 @@
 Transformers' callbacks log `TrainingArguments.to_dict()` as the run's params. trainkit hands them the resolved
 TRAIN_* settings and decisions instead, masked by the one secret rule (trainer.secrets): no token, password or
 credentialed URL reaches a tracker. They run on the main process only; the run ids they start are recorded (in
-OUTPUT_DIR/trackers.json and every later checkpoint's marker) so that a resumed run continues them.
+OUTPUT_DIR/trackers.json and every later checkpoint's record) so that a resumed run continues them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from transformers.integrations import MLflowCallback, WandbCallback
 
+from trainer.checkpoint_record import CheckpointRecord
 from trainer.trackers.environment import save_runs
 
 
@@ -40,14 +41,14 @@ class _TrackedArguments:
 
 
 class _RunRecord:
-    """Where a started tracker run's id goes: this run's trackers.json and the checkpoint markers' `trackers`."""
+    """Where a started tracker run's id goes: this run's trackers.json and its checkpoints' records (`trackers`)."""
 
-    def __init__(self, output_dir: str, runs: dict[str, dict[str, str]], checkpoint_info: dict[str, Any]) -> None:
-        self.output_dir, self.runs, self.checkpoint_info = output_dir, runs, checkpoint_info
+    def __init__(self, output_dir: str, runs: dict[str, dict[str, str]], checkpoints: CheckpointRecord) -> None:
+        self.output_dir, self.runs, self.checkpoints = output_dir, runs, checkpoints
 
     def started(self, tracker: str, run: dict[str, str]) -> None:
         self.runs[tracker] = run
-        self.checkpoint_info["trackers"] = self.runs
+        self.checkpoints.trackers = self.runs
         save_runs(self.output_dir, self.runs)
 
 
@@ -77,9 +78,9 @@ class TrackedMLflowCallback(MLflowCallback):
 
 def install(trainer: Any, cfg: Any, runs: dict[str, dict[str, str]], main_process: bool) -> None:
     """Swap the Trainer's W&B/MLflow callbacks (from report_to) for the tracked ones; other ranks report nothing."""
-    record = _RunRecord(cfg.settings.output_dir, runs, trainer.checkpoint_info)
+    record = _RunRecord(cfg.settings.output_dir, runs, trainer.checkpoint_record)
     if runs:
-        trainer.checkpoint_info["trackers"] = runs
+        trainer.checkpoint_record.trackers = runs
     params = tracked_params(cfg)
     if trainer.pop_callback(WandbCallback) is not None and main_process:
         trainer.add_callback(TrackedWandbCallback(params, record))
