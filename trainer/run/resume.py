@@ -1,4 +1,4 @@
-"""Resume, decided in one place: what a run continues from, what a checkpoint recorded, whether it may continue.
+"""Resume, decided in one place: what a run continues from, and whether it may continue.
 
 What a checkpoint holds and recorded (its step and batch, the Hub commits and tracker runs of the run that wrote it,
 its settings, its files) is trainer.checkpoint_record's to read; this module decides with it:
@@ -19,7 +19,7 @@ its settings, its files) is trainer.checkpoint_record's to read; this module dec
   (`set_aside_earlier_run`). Each start's run_config.json is kept in run_configs/ (`archive_run_config`).
 
 Torch-free: stage 1 of the configuration (trainer.config.checks) and the Hub resolution ask it before anything heavy
-is loaded. The run (train.py, batch_search.py) and the checks ask it.
+is loaded. The run (train.py) and the checks ask it.
 """
 
 from __future__ import annotations
