@@ -6,7 +6,8 @@ samples_per_s, step_time_s, peak_mem_bytes, mfu, time.
 - step_time_s: mean wall time of the optimizer steps since the previous log line, measured between
   consecutive step ends (data loading included, checkpoint saves excluded).
 - samples_per_s / tokens_per_s: global (all ranks) = per-device batch x grad accum x world size / step time.
-- peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU.
+- peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU; the peak of
+  the training steps: the statistics are reset after the batch search and after each evaluation.
 - mfu: model FLOPs utilization on known GPUs, null on CPU and unknown GPUs. FLOPs per token are
   6 x N (N = parameters taking part in matmuls: all but the input embedding) + 12 x layers x hidden x
   seq_len (attention scores, PaLM appendix B), divided by the dense bf16/fp16 peak of the GPU.
@@ -75,12 +76,41 @@ def flops_per_token(model: Any, seq_len: int) -> float:
 
 
 def peak_memory_bytes() -> int:
+    """Peak CUDA memory allocated on a GPU; the peak resident memory on a CPU. Both since the last
+    reset_peak_memory()."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return int(torch.cuda.max_memory_allocated())
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return hwm * 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+def reset_peak_memory() -> None:
+    """Start the peak over from what is in use now (after the batch search, after evaluation): Linux resets a
+    process's peak resident memory when "5" is written to /proc/self/clear_refs."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        log.debug("peak resident memory cannot be reset here: peak_mem_bytes keeps the process's peak")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _number(x: Any) -> float | None:
@@ -114,6 +144,9 @@ class MetricsCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = time.perf_counter()  # the next step's time excludes the save
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        reset_peak_memory()  # evaluation's peak is not a training step's
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs or "loss" not in logs:
