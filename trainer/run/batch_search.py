@@ -181,7 +181,7 @@ def search_batch(
             how = (f"probed compiled as the run compiles it (backend {settings.compile_backend}, mode "
                    f"{settings.compile_mode}; one compile, the batch dimension dynamic)")  # fmt: skip
             return search_largest(agreed(probe(forward=forward), group), settings.batch_size, ceiling), how
-        except Exception as exc:  # noqa: BLE001 - any compile failure: the eager model is still a safe bound
+        except Exception as exc:  # any compile failure: the eager model is still a safe bound
             import torch
 
             torch._dynamo.reset()
