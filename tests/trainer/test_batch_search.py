@@ -111,3 +111,24 @@ def test_with_compile_on_the_search_probes_the_compiled_model_and_training_peak_
     model(input_ids=ids, labels=ids).loss.backward()  # one real training step, eager, at batch 1
     optimizer.step()
     assert peak_memory_bytes() < probes_peak - (50 << 20)  # the metric is the step's peak, not the probes'
+
+
+@pytest.mark.parametrize(
+    ("error", "oom"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+        (RuntimeError("expected scalar type Float but found Half"), False),
+        (ValueError("out of memory."), False),
+    ],
+)
+def test_every_out_of_memory_form_is_a_batch_that_does_not_fit(error: BaseException, oom: bool) -> None:
+    from trainer.run.batch_search import is_out_of_memory
+
+    assert is_out_of_memory(error) is oom
+    wrapped = RuntimeError("backend compiler failed")
+    wrapped.__cause__ = error
+    assert is_out_of_memory(wrapped) is oom

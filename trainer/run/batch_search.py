@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,10 +122,8 @@ def memory_probe(
     one compile serves every size); the model itself where not given."""
     import torch
 
-    from trainer.compat import out_of_memory_error
     from trainer.run.models import compute_dtype
 
-    oom = out_of_memory_error()
     dtype = compute_dtype(precision)
     run = model if forward is None else forward
 
@@ -141,15 +140,38 @@ def memory_probe(
                 loss = run(input_ids=ids, labels=ids).loss
             loss.backward()
             return True
-        except oom:
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
             return False
-        finally:
+        finally:  # the tensors, the gradients, the failed try's frames (gc), then the allocator's cache
             del held, ids, loss
             model.zero_grad(set_to_none=True)
             if device.type == "cuda":
+                gc.collect()
                 torch.cuda.empty_cache()
 
     return fits
+
+
+ALLOCATION_FAILURES = ("CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether `exc` means the batch did not fit: torch's out-of-memory error, every form Accelerate's batch-size
+    finder reduces the batch for (a "CUDA error: out of memory" from a kernel, cuDNN's NOT_SUPPORTED at a size),
+    and the cuBLAS and cuDNN workspace allocation failures."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    from trainer.compat import out_of_memory_error
+
+    while exc is not None:  # a compiler's error may wrap the allocator's (BackendCompilerFailed from autotuning)
+        if isinstance(exc, out_of_memory_error()) or (isinstance(exc, Exception) and should_reduce_batch_size(exc)):
+            return True
+        if isinstance(exc, RuntimeError) and any(code in str(exc) for code in ALLOCATION_FAILURES):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def compiled_in_place(model: Any) -> bool:
