@@ -132,3 +132,17 @@ def test_every_out_of_memory_form_is_a_batch_that_does_not_fit(error: BaseExcept
     wrapped = RuntimeError("backend compiler failed")
     wrapped.__cause__ = error
     assert is_out_of_memory(wrapped) is oom
+
+
+def test_a_searched_batch_is_remembered_for_the_same_key_only(tmp_path: Path) -> None:
+    from trainer.run.batch_search import cached_batch, remember_batch, search_cache_file
+
+    key = {"model": "1b", "seq_len": 2048, "gpu": "NVIDIA H200", "versions": {"torch": "2.11.0"}}
+    path = search_cache_file(str(tmp_path), key)
+    assert cached_batch(path, key) is None
+    remember_batch(path, key, 29, "probed 8 fits, 16 fits, 32 out of memory")
+    assert cached_batch(path, key) == (29, "probed 8 fits, 16 fits, 32 out of memory")
+    other = {**key, "versions": {"torch": "2.12.0"}}
+    assert search_cache_file(str(tmp_path), other) != path and cached_batch(path, other) is None
+    path.write_text('{"key": ')  # a torn record is no result
+    assert cached_batch(path, key) is None

@@ -216,6 +216,11 @@ def search_batch(
     return search_largest(agreed(probe(), group), settings.batch_size, ceiling), "probed eager (TRAIN_COMPILE off)"
 
 
+def batch_ceiling(blocks: int, world_size: int, effective: int | None) -> int:
+    """The largest batch worth trying: the blocks one rank gets, the effective batch when set, MAX_BATCH."""
+    return max(1, min(MAX_BATCH, blocks // max(world_size, 1), effective or MAX_BATCH))
+
+
 def choose_batch(
     model: Any,
     args: Any,
@@ -231,7 +236,7 @@ def choose_batch(
     from trainer.config.decisions import Decision
     from trainer.errors import ConfigError
 
-    ceiling = max(1, min(MAX_BATCH, blocks // max(args.world_size, 1), effective or MAX_BATCH))
+    ceiling = batch_ceiling(blocks, args.world_size, effective)
     if args.device.type != "cuda":
         reason = "TRAIN_AUTO_BATCH=1 needs a GPU (a CPU has no out-of-memory error to search against); TRAIN_BATCH_SIZE"
         log.warning("auto batch: no GPU, so the batch stays TRAIN_BATCH_SIZE=%d", settings.batch_size)
@@ -257,6 +262,86 @@ def choose_batch(
     reason = f"{found.reason(ceiling)}; {how}"
     log.info("auto batch: %d per device (%s)", found.batch, reason)
     return Decision(found.batch, reason)
+
+
+def search_key(cfg: RunConfig, args: Any, model: Any) -> dict[str, Any]:
+    """What the batch that fits depends on: the model and its trainable part, TRAIN_SEQ_LEN, the precision, attention,
+    compile, Liger and checkpointing decisions, the processes, the GPU and the versions."""
+    import accelerate
+    import torch
+    import transformers
+
+    from trainer.run.models import count_parameters
+
+    s, d = cfg.settings, cfg.decisions
+    props = torch.cuda.get_device_properties(args.device)
+    return {
+        "model": s.model, "parameters": count_parameters(model), "seq_len": s.seq_len,
+        "precision": d.precision.value, "attn": d.attn.value, "liger": d.liger.value, "grad_ckpt": s.grad_ckpt,
+        "compile": f"{s.compile_backend}/{s.compile_mode}" if d.compile.value else "off", "lora": s.lora,
+        "quant": s.quant, "optim": d.optim.value, "world_size": args.world_size, "gpu": props.name,
+        "gpu_memory": props.total_memory,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "accelerate": accelerate.__version__},
+    }  # fmt: skip
+
+
+def search_cache_file(output_dir: str, key: dict[str, Any]) -> Path:
+    """Where the search's result for `key` is kept: beside the data cache (a volume shared by runs in the image)."""
+    import hashlib
+    import json
+
+    from trainer.data.cache import default_cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return default_cache_dir(output_dir).parent / "batch_search" / f"{digest}.json"
+
+
+def cached_batch(path: Path, key: dict[str, Any]) -> tuple[int, str] | None:
+    """(batch, reason) a search with the same key found before; None when there is none (or it is unreadable)."""
+    import json
+
+    try:
+        record = json.loads(path.read_text())
+        if record["key"] == key and int(record["batch"]) > 0:
+            return int(record["batch"]), str(record["reason"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return None
+
+
+def remember_batch(path: Path, key: dict[str, Any], batch: int, reason: str) -> None:
+    import json
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "batch": batch, "reason": reason}, indent=1))
+    os.replace(tmp, path)  # complete or absent: a run stopped mid-write leaves no half record
+
+
+def searched_or_cached(cfg: RunConfig, args: Any, model: Any, search: Callable[[], Decision[int]],
+                       ceiling: int) -> Decision[int]:  # fmt: skip
+    """The search's Decision, from the cache where the same model, sequence length, precision, GPU and versions
+    were searched before (every rank takes rank 0's cache verdict), else searched and remembered by rank 0."""
+    from trainer.config.decisions import Decision
+    from trainer.run.signals import from_rank_0
+
+    if args.device.type != "cuda":
+        return search()
+    key = {**search_key(cfg, args, model), "ceiling": ceiling}
+    path = search_cache_file(cfg.settings.output_dir, key)
+    hit = from_rank_0(cached_batch(path, key) if args.process_index == 0 else None, args.world_size)
+    if hit is not None:
+        batch, earlier = hit
+        log.info("auto batch: %d per device, cached in %s (no search)", batch, path)
+        why = (f"TRAIN_AUTO_BATCH: the cached result of an earlier search for this model, sequence length, precision, "
+               f"GPU and versions ({path}; delete it to search again): {earlier}")
+        return Decision(batch, why)
+    decision = search()
+    if args.process_index == 0:
+        remember_batch(path, key, decision.value, decision.reason)
+    return decision
 
 
 def split_effective(effective: int, largest: int) -> tuple[int, int]:
@@ -287,7 +372,9 @@ def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume:
     else:
         precision = cfg.decisions.precision.value
         group = control_group(args.world_size)
-        decision = choose_batch(model, args, s, precision, blocks, group, effective, cfg.decisions.compile.value)
+        ceiling = batch_ceiling(blocks, args.world_size, effective)
+        decision = searched_or_cached(cfg, args, model, lambda: choose_batch(
+            model, args, s, precision, blocks, group, effective, cfg.decisions.compile.value), ceiling)  # fmt: skip
     reset_peak_memory()  # the probes' peak is not the training steps' (peak_mem_bytes)
     micro, accum = split_effective(effective, decision.value) if effective else (decision.value, s.grad_accum)
     if effective:
