@@ -317,15 +317,16 @@ def _short(value: Any) -> str:
 # ---- wheels and the table ----------------------------------------------------------------------------------------
 
 
-def use_wheels(wheels: Path) -> None:
+def use_wheels(wheels: Path, argv: list[str]) -> None:
     """Unpack the carried wheels (.whl/*.whl) into wheels/site once (a wheel is a zip of its site-packages files:
-    no pip, no network), ahead of the machine's own packages, for this process and the trainer subprocesses."""
+    no pip, no network), then run this command again with that folder ahead of the machine's own packages on
+    PYTHONPATH, which every trainer it starts inherits."""
     import zipfile
 
     found = sorted(wheels.glob("*.whl"))
-    if not found:
+    site = (wheels / "site").resolve()
+    if not found or str(site) in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         return
-    site = wheels / "site"
     marker = site / ".unpacked"
     names = "\n".join(p.name for p in found)
     if not marker.exists() or marker.read_text() != names:
@@ -333,8 +334,8 @@ def use_wheels(wheels: Path) -> None:
             with zipfile.ZipFile(wheel) as archive:
                 archive.extractall(site)
         marker.write_text(names)
-    sys.path.insert(0, str(site))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
+    os.execv(sys.executable, [sys.executable, "-m", "benchmarks.gpu_run", *argv])
 
 
 COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "peak_mem_gib", "to_first_step_s", "compile_s", "tflops",
@@ -374,10 +375,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     os.chdir(REPO)
     if not args.dry_run:  # the wheels are for the GPU machine's Python (3.12); a dry run uses this environment's
-        use_wheels(args.wheels)
+        use_wheels(args.wheels, argv)
     for name in ("TRAIN_BATCH_SIZE", "TRAIN_COMPILE", "TRAIN_AUTO_BATCH"):  # the defaults are what `auto` measures
         os.environ.pop(name, None)
     if args.dry_run:
