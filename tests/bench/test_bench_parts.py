@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,25 @@ def test_a_kept_combined_row_is_measured_again_when_its_winners_changed() -> Non
     assert not bench.still_valid(stale)  # adafactor beat the defaults since: the stack differs
     current = _measured("combined", "combined", bench.combined_plan()[0], 510.0, DEFAULTS)
     assert bench.still_valid(current) and bench.still_valid(rows[3])
+
+
+def test_on_a_gpu_the_defaults_row_leaves_the_batch_to_the_search(tmp_path: Path) -> None:
+    """Issue 34 item 5: TRAIN_BATCH_SIZE (and TRAIN_GRAD_ACCUM, whose product the search would keep) are removed
+    from the `auto` row's environment, the user's own included; a CPU, with no search, keeps TRAIN_BATCH_SIZE."""
+    from trainer.bench.catalogue import UNSET
+    from trainer.bench.runner import child_environment
+
+    gpu = _bench_with([]).defaults_env()
+    assert gpu["TRAIN_BATCH_SIZE"] == gpu["TRAIN_GRAD_ACCUM"] == UNSET
+    cpu = Bench([], Context("tiny", False, 64, batch_size=8, on_gpu=False, max_batch=64),
+                RunPlan(1, 1, 60, tmp_path), ui=None).defaults_env()  # fmt: skip
+    assert cpu["TRAIN_BATCH_SIZE"] == "8"
+    os.environ["TRAIN_BATCH_SIZE"] = "16"  # the user's setting, inherited by every row unless a row says otherwise
+    try:
+        child = child_environment(gpu, RunPlan(1, 1, 60, tmp_path), tmp_path / "out")
+    finally:
+        del os.environ["TRAIN_BATCH_SIZE"]
+    assert "TRAIN_BATCH_SIZE" not in child and "TRAIN_GRAD_ACCUM" not in child and child["TRAIN_PRECISION"] == "auto"
+    row = _measured(DEFAULTS, "defaults", gpu, 100.0, "fp32")
+    result = BenchResult(meta={}, baseline="fp32", rows=[row], recommended=DEFAULTS, recommended_env=gpu)
+    assert "# TRAIN_BATCH_SIZE: leave it unset (the trainer chooses)" in env_lines(result)

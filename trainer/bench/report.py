@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainer.bench.catalogue import UNSET
 from trainer.bench.runner import OK, StepCallback
 
 CSV_COLUMNS = (
@@ -138,7 +139,8 @@ def env_lines(result: BenchResult) -> list[str]:
         f"# measured on {meta.get('device', '?')} for TRAIN_MODEL={meta.get('model')} "
         f"TRAIN_SEQ_LEN={meta.get('seq_len')}",
     ]
-    lines += [f"{key}={value}" for key, value in result.recommended_env.items()]
+    for key, value in result.recommended_env.items():
+        lines.append(f"# {key}: leave it unset (the trainer chooses)" if value == UNSET else f"{key}={value}")
     return lines
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.bench.catalogue import UNSET
+
 OK, SKIPPED, OOM, ERROR = "ok", "skipped", "oom", "error"
 
 _OOM_PATTERNS = re.compile(
@@ -77,6 +79,13 @@ def run_controls(plan: RunPlan, output_dir: Path) -> dict[str, str]:
     }
 
 
+def child_environment(env: Mapping[str, str], plan: RunPlan, output_dir: Path) -> dict[str, str]:
+    """The row's variables over this process's, with the run controls; a variable the row marks UNSET is removed
+    (the `auto` row's TRAIN_BATCH_SIZE: the batch search chooses it, as for a user who sets none)."""
+    merged = {**os.environ, **env, **run_controls(plan, output_dir), "PYTHONUNBUFFERED": "1"}
+    return {key: value for key, value in merged.items() if value != UNSET}
+
+
 def row_dir(plan: RunPlan, name: str) -> Path:
     """Where a row's logs, metrics.jsonl and run_config.json are kept."""
     return plan.work_dir / "rows" / name
@@ -92,7 +101,7 @@ def run_row(name: str, env: Mapping[str, str], plan: RunPlan, on_step: StepCallb
     output_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp_root))
     share_data_cache(output_dir, plan.work_dir)
     try:
-        child_env = {**os.environ, **env, **run_controls(plan, output_dir), "PYTHONUNBUFFERED": "1"}
+        child_env = child_environment(env, plan, output_dir)
         started = time.monotonic()
         returncode, timed_out = _run_trainer(child_env, log_dir, output_dir / "metrics.jsonl", plan, on_step)
         wall_s = time.monotonic() - started
