@@ -262,3 +262,18 @@ def test_on_a_gpu_the_defaults_row_leaves_the_batch_to_the_search(tmp_path: Path
     row = _measured(DEFAULTS, "defaults", gpu, 100.0, "fp32")
     result = BenchResult(meta={}, baseline="fp32", rows=[row], recommended=DEFAULTS, recommended_env=gpu)
     assert "# TRAIN_BATCH_SIZE: leave it unset (the trainer chooses)" in env_lines(result)
+
+
+def test_a_row_logs_once_per_window_not_per_step(tmp_path: Path) -> None:
+    """Issue 34 item 6: each metrics line costs the trainer a host-device sync (its read of the loss); the bench
+    asks for a line per window of steps, the warm-up and the measured steps each whole windows."""
+    from trainer.bench.runner import run_controls
+
+    plan = RunPlan(warmup=4, steps=12, timeout_s=60, work_dir=tmp_path)
+    assert plan.log_steps == 4 and run_controls(plan, tmp_path)["TRAIN_LOG_STEPS"] == "4"
+    assert RunPlan(1, 2, 60, tmp_path).log_steps == 1 and RunPlan(0, 6, 60, tmp_path).log_steps == 6
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "tokens_per_s": float(s), "peak_mem_bytes": 1}) + "\n"
+                               for s in (4, 8, 12, 16)))  # fmt: skip
+    measured = summarize_metrics(metrics, plan.warmup, plan.log_steps)
+    assert measured.measured_steps == 12 and measured.tokens_per_s == 12.0
