@@ -169,10 +169,11 @@ class Driver:
 
     def chat(self) -> None:
         corpus = self.work / "chat" / "conversations.jsonl"
-        write_conversations(corpus, 4000 if not self.dry else 300)
+        seq_len = max(self.sizes.seq_len, 256)
+        write_conversations(corpus, 4000 if not self.dry else 300, seq_len)
         for packing in ("records", "stream"):
-            env = {**self.defaults_env(), "TRAIN_COMPILE": "0", "TRAIN_DATA": str(corpus),
-                   "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_PACKING": packing}  # fmt: skip
+            env = {**self.defaults_env(), "TRAIN_SEQ_LEN": str(seq_len), "TRAIN_COMPILE": "0",
+                   "TRAIN_DATA": str(corpus), "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_PACKING": packing}  # fmt: skip
             self.train("chat", f"chat {packing}", env, self.sizes.warmup, self.sizes.chat_steps)
 
     def techniques(self) -> None:
@@ -226,18 +227,21 @@ class Driver:
             self.emit("gputests", "tests/gpu", status="timeout", wall_s=self.sizes.timeout_s)
 
 
-def write_conversations(path: Path, count: int) -> None:
-    """`count` chat records (messages layout) of varied lengths, the same every time (seeded)."""
+def write_conversations(path: Path, count: int, seq_len: int) -> None:
+    """`count` chat records (messages layout) of varied lengths that fit `seq_len` byte-level tokens with the chatml
+    template, the same every time (seeded)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     words = ["the", "a", "model", "trains", "on", "packed", "records", "of", "text", "with", "attention", "kept",
              "inside", "each", "one"]  # fmt: skip
+    user, assistant = max(2, seq_len // 60), max(4, seq_len // 25)  # words per turn, at most; two exchanges at most
     with open(path, "w") as fh:
         for _ in range(count):
-            turns = [{"role": "system", "content": "You answer briefly."}] if rng.random() < 0.3 else []
-            for _ in range(rng.randint(1, 3)):
-                turns.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(5, 60)))})
-                turns.append({"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(5, 200)))})
+            turns = [{"role": "system", "content": "Be brief."}] if rng.random() < 0.3 else []
+            for _ in range(rng.randint(1, 2)):
+                turns.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(1, user)))})
+                turns.append({"role": "assistant",
+                              "content": " ".join(rng.choices(words, k=rng.randint(1, assistant)))})  # fmt: skip
             fh.write(json.dumps({"messages": turns}) + "\n")
 
 
