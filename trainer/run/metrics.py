@@ -5,7 +5,9 @@ samples_per_s, step_time_s, peak_mem_bytes, mfu, time.
 
 - step_time_s: mean wall time of the optimizer steps since the previous log line, measured between
   consecutive step ends (data loading included, checkpoint saves excluded).
-- samples_per_s / tokens_per_s: global (all ranks) = per-device batch x grad accum x world size / step time.
+- samples_per_s / tokens_per_s: global (all ranks) = per-device batch x grad accum x world size / step time;
+  tokens_per_s counts useful tokens only: padding (records packing fills each sequence's tail with it) is left out,
+  as the training data's share of it (meta.json's packing statistics); so is the MFU computed from it.
 - peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU; the peak of
   the training steps: the statistics are reset after the batch search and after each evaluation.
 - mfu: model FLOPs utilization on known GPUs, null on CPU and unknown GPUs. FLOPs per token are
@@ -132,9 +134,12 @@ class MetricsCallback(TrainerCallback):
         self.peak_flops = peak_flops
         self._last: float | None = None
         self._step_times: list[float] = []
+        self.useful_share = 1.0  # of the tokens trained, those that are not padding (on_train_begin)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = time.perf_counter()
+        loader = kwargs.get("train_dataloader")
+        self.useful_share = useful_token_share(getattr(loader, "dataset", None))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter()
@@ -159,7 +164,7 @@ class MetricsCallback(TrainerCallback):
         batch = state.train_batch_size or args.per_device_train_batch_size
         samples = batch * args.gradient_accumulation_steps * max(args.world_size, 1)
         samples_per_s = samples / step_time if step_time else None
-        tokens_per_s = samples_per_s * self.seq_len if samples_per_s else None
+        tokens_per_s = samples_per_s * self.seq_len * self.useful_share if samples_per_s else None
         mfu = None
         if tokens_per_s and self.peak_flops:
             mfu = tokens_per_s / max(args.world_size, 1) * self.flops_per_token / self.peak_flops
@@ -176,6 +181,18 @@ class MetricsCallback(TrainerCallback):
             "mfu": mfu,
             "time": time.time(),
         }
+
+
+def useful_token_share(dataset: Any) -> float:
+    """The share of the training sequences' tokens that are not padding, from the packed data's statistics (a
+    held-out split's training part reads its whole dataset's); 1.0 where the data says nothing of padding."""
+    base = getattr(dataset, "dataset", dataset)
+    meta = getattr(base, "meta", None)
+    packing = meta.get("packing") if isinstance(meta, dict) else None
+    if not packing or not packing.get("padding_tokens"):
+        return 1.0
+    blocks = int(packing.get("record_blocks", 0)) + int(packing.get("stream_blocks", 0))
+    return max(0.0, 1.0 - int(packing["padding_tokens"]) / max(1, blocks * int(meta["seq_len"])))
 
 
 def append_line(path: Path, line: str) -> None:
