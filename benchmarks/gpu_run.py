@@ -73,7 +73,7 @@ class Driver:
         record = {"part": part, "name": name, "dry_run": self.dry, "time": time.time(), **values}
         with open(self.out, "a") as fh:
             fh.write(json.dumps(record) + "\n")
-        shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items() if k not in ("phases_s", "note"))
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items() if k not in ("phases_s", "note", "tail"))
         print(f"[{part}] {name}: {shown}", flush=True)
 
     # ---- kernels ------------------------------------------------------------------------------------------------
@@ -222,7 +222,8 @@ class Driver:
             proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=self.sizes.timeout_s)
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
             self.emit("gputests", "tests/gpu", status="ok" if proc.returncode in (0, 5) else "failed",
-                      rc=proc.returncode, wall_s=round(time.monotonic() - started, 1), tail=tail)  # fmt: skip
+                      rc=proc.returncode, wall_s=round(time.monotonic() - started, 1),
+                      summary=tail[-1] if tail else "", tail=tail)  # fmt: skip
         except subprocess.TimeoutExpired:
             self.emit("gputests", "tests/gpu", status="timeout", wall_s=self.sizes.timeout_s)
 
@@ -343,7 +344,7 @@ def use_wheels(wheels: Path, argv: list[str]) -> None:
 
 
 COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "peak_mem_gib", "to_first_step_s", "compile_s", "tflops",
-           "gb_per_s", "ms", "vs_fp32_speed", "vs_fp32_mem")  # fmt: skip
+           "gb_per_s", "ms", "vs_fp32_speed", "vs_fp32_mem", "summary")  # fmt: skip
 
 
 def table(out: Path) -> str:
