@@ -185,8 +185,8 @@ def markdown(result: BenchResult) -> str:
         f"- model `{meta.get('model')}`, seq_len {meta.get('seq_len')}, micro-batch {meta.get('batch_size')}; "
         f"{meta.get('warmup')} warm-up + {meta.get('steps')} measured steps per row (medians)",
         f"- baseline: `{result.baseline}`; speed and memory columns are relative to it",
-        "- tokens/s and MFU: the measured steps only, checkpoint time left out (no checkpoint is written while a row is "
-        "measured), padding not counted as tokens; the `auto` row on a GPU lets the batch search choose the batch",
+        "- tokens/s and MFU: the measured steps only, checkpoint time left out (no checkpoint is written while a row "
+        "is measured), padding not counted as tokens; the `auto` row on a GPU lets the batch search choose the batch",
         f"- peak memory: {meta.get('memory', 'peak memory')}",
         f"- load average before the bench: {meta.get('load_before', 'unknown')}",
         *([f"- **interrupted**: {meta['interrupted']}"] if meta.get("interrupted") else []),
