@@ -259,7 +259,7 @@ def train_bpe(data: Path, folder: Path, vocab: int = 8192):
 
 
 def baseline_tokenize_pack(data: Path, tok, seq: int) -> int:
-    from data_prep import pack_with_datasets_map  # benchmarks/ is this script's folder
+    from benchmarks.data_prep import pack_with_datasets_map
 
     return pack_with_datasets_map(data, tok, seq)
 
