@@ -185,6 +185,14 @@ class TrainSettings(BaseSettings):
     save_steps: int = _f(200, "schedule", "Write a checkpoint every N steps (and always on interruption).", ge=1)
     save_total_limit: int = _f(3, "schedule", "Keep at most this many checkpoints.", ge=1)
     log_steps: int = _f(10, "schedule", "Log metrics every N steps.", ge=1)
+    on_nan: Literal["stop", "skip"] = _f(
+        "stop",
+        "schedule",
+        "A non-finite loss or gradient norm (a diverged run, e.g. TRAIN_LR=3e4 for 3e-4). stop: end the run with "
+        "exit 4, no checkpoint of non-finite weights, no final/, nothing pushed (checked at logging steps and before "
+        "every save, without a per-step GPU synchronization). skip: skip that optimizer step (one synchronization "
+        "per step) and stop like `stop` after 10 skipped in a row.",
+    )
     seed: int = _f(42, "schedule", "Random seed.")
     resume: str = _f(
         "auto",
