@@ -28,6 +28,7 @@ from trainer.secrets import mask_value
 
 _SPACE = "\t\v\f\r \x85\xa0"  # compose's "space": whitespace that is not a line break
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+HINT = "expected NAME=value (quote a value with spaces or ' #', e.g. NAME=\"a b\")"
 _DOUBLE_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "$": "$"}
 
 Lookup = Callable[[str], "str | None"]
@@ -96,12 +97,12 @@ class _Parser:
                 name = text[start : self.pos].rstrip()
                 self.pos += 1
                 if " " in name or "\t" in name:
-                    raise self.error(f"{name[:40]!r}: a name cannot contain a space.", start)
+                    shown = mask_value(name.split()[0][:40])  # the first word only: the rest may be a secret
+                    raise self.error(f"'{shown} ...': a name cannot contain a space; {HINT}.", start)
                 return name, char == "\n"
             if not (char in _SPACE or char in "_." or (char.isascii() and char.isalnum())):
-                shown = text[start : self.pos + 1][:40]  # the name only: a value may be a secret
-                raise self.error(f"unexpected character {char!r} in the name {shown!r}; expected NAME=value "
-                                 "(quote values with spaces or ' #', e.g. NAME=\"a b\").", start)  # fmt: skip
+                shown = mask_value(text[start : self.pos + 1][:40])  # the name only: a value may be a secret
+                raise self.error(f"unexpected character {char!r} in the name {shown!r}; {HINT}.", start)
             self.pos += 1
         return text[start:].rstrip(), True  # a last line without '=' or line break
 
