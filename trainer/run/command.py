@@ -29,7 +29,7 @@ def main(_args: argparse.Namespace) -> int:
         settings = config.load_settings()
         from trainer.run.divergence import retried_after_divergence
 
-        if retried_after_divergence(Path(settings.output_dir)):  # before torch loads: torchrun restarts it quickly
+        if retried_after_divergence(Path(settings.output_dir), settings):  # before torch loads: restarts end fast
             code = EXIT_DIVERGED
             return code
         cfg = config.resolve(settings)

@@ -7,9 +7,10 @@ saves, evaluates or ends the run). Gradients go non-finite before the weights do
 writes NaN into every weight), so a save is cancelled before it could hold non-finite weights; the weights are
 checked too, once per save. The run then ends without a checkpoint of the diverged weights (the newest checkpoint,
 the last finite one, is never rotated away), without final/ and without a push, and exits EXIT_DIVERGED; it
-records where and why in OUTPUT_DIR/diverged.json. torchrun does not get to train it again: a worker it restarts
-after the divergence exits EXIT_DIVERGED at once (the same weights and data would diverge the same way), and the
-launcher reports EXIT_DIVERGED where torchrun itself exits 1.
+records where and why, and a digest of the settings, in OUTPUT_DIR/diverged.json. A restart with the same settings
+(torchrun's TRAIN_MAX_RESTARTS, compose's restart policy, the user) would diverge the same way from the same
+checkpoint: it exits EXIT_DIVERGED at once, before torch loads, asking for a change. The launcher reports
+EXIT_DIVERGED where torchrun itself exits 1.
 
 With `skip`, a step whose gradients are not finite is skipped, as fp16's loss scaler does (its gradients are
 dropped, so the optimizer leaves the weights and its moments as they were): one host read per step. After
@@ -21,10 +22,10 @@ non-finite gradients, the guard watches the logged loss only (a diverged run's l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,8 +36,7 @@ from trainer.errors import EXIT_DIVERGED
 log = logging.getLogger("trainer")
 
 MAX_SKIPS_IN_A_ROW = 10
-RECORD = "diverged.json"  # OUTPUT_DIR/diverged.json: where and why the run diverged
-RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+RECORD = "diverged.json"  # OUTPUT_DIR/diverged.json: where and why the run diverged, and with which settings
 
 
 def _local(tensor: Any) -> Any:
@@ -57,20 +57,25 @@ def all_finite(tensors: Iterable[Any]) -> Any:
     return torch.stack([n.to(device, torch.float32) for n in norms]).isfinite().all()
 
 
-def retried_after_divergence(output_dir: Path) -> bool:
-    """True in a worker that torchrun restarted after this same torchrun run diverged (the same data and weights
-    would diverge again): it exits EXIT_DIVERGED at once instead of training (TRAIN_MAX_RESTARTS is for faults)."""
-    run_id = os.environ.get(RUN_ID_ENV)
-    if not run_id or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0"):
-        return False
+def settings_digest(settings: Any) -> str:
+    """A digest of the TRAIN_* settings: the same digest, the same run (its data order and weights included)."""
+    text = json.dumps(settings.model_dump(mode="json"), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def retried_after_divergence(output_dir: Path, settings: Any) -> bool:
+    """True when this output folder's last run diverged with these same settings (OUTPUT_DIR/diverged.json): it would
+    diverge again from the same checkpoint, so a restart by torchrun (TRAIN_MAX_RESTARTS), compose
+    (restart: on-failure) or the user exits EXIT_DIVERGED at once, asking for a change instead of training."""
     try:
         record = json.loads((output_dir / RECORD).read_text())
     except (OSError, ValueError):
         return False
-    if not isinstance(record, dict) or record.get("torchrun_run_id") != run_id:
+    if not isinstance(record, dict) or record.get("settings") != settings_digest(settings):
         return False
-    log.error("torchrun restarted a run that diverged at step %s (%s): not training again; exit %d",
-              record.get("step"), record.get("reason"), EXIT_DIVERGED)  # fmt: skip
+    log.error("%s: this run diverged at step %s (%s) with these same settings, and would again: change TRAIN_LR "
+              "(or the warmup, or TRAIN_ON_NAN=skip) and start it again, or delete %s to retry as it is; exit %d",
+              output_dir / RECORD, record.get("step"), record.get("reason"), RECORD, EXIT_DIVERGED)  # fmt: skip
     return True
 
 
@@ -154,23 +159,34 @@ def _guard_class() -> type:
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
             if self.diverged_at is not None:
                 return self._end(control)
-            if self.policy == "skip":
-                if self.skipped_in_a_row >= MAX_SKIPS_IN_A_ROW:
-                    self._diverged(state.global_step, f"{self.skipped_in_a_row} optimizer steps in a row had a "
-                                   "non-finite gradient norm (all skipped)")  # fmt: skip
-                    return self._end(control)
-            elif self._bad_steps is not None and (control.should_log or control.should_save or control.should_evaluate
-                                                  or control.should_training_stop):  # fmt: skip
-                bad, first = _agreed(self._bad_steps, self._first_bad).tolist()
-                if bad:
-                    self._diverged(first or state.global_step, f"non-finite gradient norm ({bad} step(s) so far)")
-                    return self._end(control)
+            if self.policy == "skip" and self.skipped_in_a_row >= MAX_SKIPS_IN_A_ROW:
+                self._diverged(state.global_step, f"{self.skipped_in_a_row} optimizer steps in a row had a "
+                               "non-finite gradient norm (all skipped)")  # fmt: skip
+                return self._end(control)
+            decides = control.should_log or control.should_save or control.should_evaluate
+            if self.policy == "stop" and decides and self._read_gradient_flag(state):
+                return self._end(control)
             if control.should_save and model is not None:
                 finite = all_finite(model.parameters())
                 if finite is not None and bool(_agreed(~finite)):
                     self._diverged(state.global_step, "non-finite weights")
                     return self._end(control)
             return control
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            # after the last step, outside every step: before final/ is written (trainer.run.train asks diverged_at)
+            if self.diverged_at is None and self.policy == "stop":
+                self._read_gradient_flag(state)
+            return control
+
+        def _read_gradient_flag(self, state: Any) -> bool:
+            """The device counter read on the host (every rank the same): True when a step had non-finite gradients."""
+            if self._bad_steps is None:
+                return False
+            bad, first = _agreed(self._bad_steps, self._first_bad).tolist()
+            if bad:
+                self._diverged(first or state.global_step, f"non-finite gradient norm ({bad} step(s) so far)")
+            return bool(bad)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
             loss = (logs or {}).get("loss")
@@ -197,11 +213,11 @@ def _guard_class() -> type:
 
         # ---- the end of the run ----
 
-        def report(self, lr: float, output_dir: Path, main_process: bool) -> int:
-            """Log what happened and what to do, record it (RECORD, for torchrun's restarts); the exit code."""
+        def report(self, lr: float, output_dir: Path, main_process: bool, settings: Any) -> int:
+            """Log what happened and what to do, record it (RECORD, read by any restart); the exit code."""
             if main_process:
                 record = {"step": self.diverged_at, "reason": self.reason, "last_finite_loss": self.last_finite_loss,
-                          "last_finite_step": self.last_finite_step, "torchrun_run_id": os.environ.get(RUN_ID_ENV),
+                          "last_finite_step": self.last_finite_step, "settings": settings_digest(settings),
                           "time": time.time()}  # fmt: skip
                 (output_dir / RECORD).write_text(json.dumps(record, allow_nan=False) + "\n")
             last = (f"the last finite loss was {self.last_finite_loss:.4g} at step {self.last_finite_step}"

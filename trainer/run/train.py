@@ -195,6 +195,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
     from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
+    from trainer.run.divergence import RECORD as DIVERGED_RECORD
     from trainer.run.divergence import DivergenceGuard
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
@@ -263,12 +264,14 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         trainer.train(resume_from_checkpoint=checkpoint)
     guard = next(c for c in trainer.callback_handler.callbacks if isinstance(c, DivergenceGuard))
     if guard.diverged_at is not None:
-        return guard.report(args.learning_rate, out, args.should_save)
+        return guard.report(args.learning_rate, out, args.should_save, s)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         return _interrupted(stop, trainer.state.global_step)
     if stop.requested:
         log.warning("the stop came after the last step: finishing the run (final/, exit 0) instead")
     trainer.save_final(out / "final", tokenizer)
+    if args.should_save:
+        (out / DIVERGED_RECORD).unlink(missing_ok=True)  # an earlier attempt's record: these settings finished
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
     if s.push_to_hub and args.process_index == 0:
         from trainer.export.publish import push_after_run
