@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from train_runs import finish, start, train_env
@@ -72,3 +73,36 @@ def test_export_and_push_refuse_a_damaged_or_nonfinite_model_naming_it(run_train
     assert push.returncode == 2, push.stderr[-3000:]
     assert f"holds non-finite weights (NaN or Inf), first in tensor {name!r}" in push.stderr
     assert "Traceback" not in push.stderr
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_the_guard_cancels_the_save_or_skips_steps_until_too_many(policy: str) -> None:
+    """The guard itself, in-process, on a real model and optimizer: `stop` reads its device counter only where a
+    decision needs it and then cancels the save; `skip` leaves weights and moments untouched and stops after
+    MAX_SKIPS_IN_A_ROW steps in a row."""
+    from transformers import TrainerControl, TrainerState
+
+    from trainer.run.divergence import MAX_SKIPS_IN_A_ROW, DivergenceGuard
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    guard, state, control = DivergenceGuard(policy), TrainerState(), TrainerControl()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps = MAX_SKIPS_IN_A_ROW if policy == "skip" else 3
+    for _ in range(steps):
+        model(torch.ones(1, 4)).sum().backward()
+        model.weight.grad[0, 0] = float("nan")
+        guard.on_pre_optimizer_step(None, state, control, model=model)
+        optimizer.step()
+        optimizer.zero_grad()
+        state.global_step += 1
+        control.should_save = state.global_step == steps  # the save comes at the last step
+        guard.on_step_end(None, state, control, model=model)
+        if policy == "stop" and state.global_step < steps:
+            assert guard.diverged_at is None  # nothing read yet: no decision at a step that neither logs nor saves
+    assert guard.diverged_at == (1 if policy == "stop" else steps)
+    assert control.should_training_stop and not control.should_save
+    if policy == "skip":
+        assert guard.skipped == steps
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # every step skipped
+        assert not optimizer.state  # no moments either
