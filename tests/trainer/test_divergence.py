@@ -96,10 +96,11 @@ def test_the_guard_cancels_the_save_or_skips_steps_until_too_many(policy: str) -
         optimizer.step()
         optimizer.zero_grad()
         state.global_step += 1
-        control.should_save = state.global_step == steps  # the save comes at the last step
         guard.on_step_end(None, state, control, model=model)
-        if policy == "stop" and state.global_step < steps:
+        if policy == "stop":
             assert guard.diverged_at is None  # nothing read yet: no decision at a step that neither logs nor saves
+    control.should_save = True  # the save at the last step: AtomicCheckpointTrainer asks the guard first
+    assert guard.allows_save(state, control, model) is False
     assert guard.diverged_at == (1 if policy == "stop" else steps)
     assert control.should_training_stop and not control.should_save
     if policy == "skip":

@@ -2,8 +2,9 @@
 
 `DivergenceGuard`, a TrainerCallback, watches the gradients just before each optimizer step (after clipping) and
 the logged loss. With `stop` (the default) it asks nothing of the host per step: each step adds "were the
-gradients finite" to a counter on the device, read only where a decision needs it (a logging step, a step that
-saves, evaluates or ends the run). Gradients go non-finite before the weights do (the optimizer step after them
+gradients finite" to a counter on the device, read only where a decision needs it (a logging or evaluating step,
+the start of a checkpoint save through `allows_save`, which trainer.run.checkpoint asks, and the end of
+training). Gradients go non-finite before the weights do (the optimizer step after them
 writes NaN into every weight), so a save is cancelled before it could hold non-finite weights; the weights are
 checked too, once per save. The run then ends without a checkpoint of the diverged weights (the newest checkpoint,
 the last finite one, is never rotated away), without final/ and without a push, and exits EXIT_DIVERGED; it
@@ -163,15 +164,25 @@ def _guard_class() -> type:
                 self._diverged(state.global_step, f"{self.skipped_in_a_row} optimizer steps in a row had a "
                                "non-finite gradient norm (all skipped)")  # fmt: skip
                 return self._end(control)
-            decides = control.should_log or control.should_save or control.should_evaluate
+            decides = control.should_log or control.should_evaluate  # a save asks allows_save, inside the save
             if self.policy == "stop" and decides and self._read_gradient_flag(state):
                 return self._end(control)
-            if control.should_save and model is not None:
+            return control
+
+        def allows_save(self, state: Any, control: Any, model: Any) -> bool:
+            """Asked by AtomicCheckpointTrainer before it writes a checkpoint: False (and the run ends) when a step
+            had non-finite gradients or the weights are not finite. Inside the save, so that a step that saves adds
+            no host read before it (tests/trainer/test_step_syncs.py)."""
+            if self.diverged_at is None and self.policy == "stop":
+                self._read_gradient_flag(state)
+            if self.diverged_at is None and model is not None:
                 finite = all_finite(model.parameters())
                 if finite is not None and bool(_agreed(~finite)):
                     self._diverged(state.global_step, "non-finite weights")
-                    return self._end(control)
-            return control
+            if self.diverged_at is None:
+                return True
+            self._end(control)
+            return False
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             # after the last step, outside every step: before final/ is written (trainer.run.train asks diverged_at)
