@@ -262,6 +262,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         lambda c: c["training_arguments"]["save_steps"] == 3 and c["training_arguments"]["save_strategy"] == "steps",
     ),
     ("TRAIN_SAVE_TOTAL_LIMIT", "full", lambda c: c["training_arguments"]["save_total_limit"] == 2),
+    ("TRAIN_ON_NAN", "defaults", lambda c: c["settings"]["TRAIN_ON_NAN"]["value"] == "stop"),
     ("TRAIN_LOG_STEPS", "full", lambda c: c["training_arguments"]["logging_steps"] == 1),
     ("TRAIN_SEED", "full", lambda c: c["training_arguments"]["seed"] == 7),
     ("TRAIN_RESUME", "full", lambda c: c["decisions"]["resume"]["value"].endswith("checkpoint-5")),

@@ -58,7 +58,7 @@ def test_cpu_keeps_every_speed_auto_off_and_says_why() -> None:
     assert ta["torch_compile"] is False and "torch_compile_mode" not in ta
     assert d.auto_batch.value is False and "no GPU" in d.auto_batch.reason
     assert d.non_blocking.value is False and "accelerator_config" not in ta
-    assert d.nan_inf_filter.value is True and ta["logging_nan_inf_filter"] is True
+    assert d.nan_inf_filter.value is False and ta["logging_nan_inf_filter"] is False  # TRAIN_ON_NAN sees the NaN
     assert d.liger == config.Decision(False, "auto: off (no GPU)") and ta["use_liger_kernel"] is False
     assert resolve(CPU, compile="1").decisions.compile.reason.startswith("set by TRAIN_COMPILE")
 

@@ -226,6 +226,15 @@ class TrainSettings(BaseSettings):
     )
     save_total_limit: int = _f(3, "schedule", "Keep at most this many checkpoints.", ge=1, on_resume=FREE)
     log_steps: int = _f(10, "schedule", "Log metrics every N steps.", ge=1, on_resume=FREE)
+    on_nan: Literal["stop", "skip"] = _f(
+        "stop",
+        "schedule",
+        "A non-finite loss or gradient norm (a diverged run, e.g. TRAIN_LR=3e4 for 3e-4). stop: end the run with "
+        "exit 4, no checkpoint of non-finite weights, no final/, nothing pushed (checked at logging steps and before "
+        "every save, without a per-step GPU synchronization). skip: skip that optimizer step (one synchronization "
+        "per step) and stop like `stop` after 10 skipped in a row.",
+        on_resume=FREE,
+    )
     seed: int = _f(42, "schedule", "Random seed.", on_resume=DATA)
     resume: str = _f(
         "auto",

@@ -216,7 +216,9 @@ def decide_non_blocking(hw: Hardware, pin_memory: bool) -> Decision:
 
 
 def decide_nan_inf_filter(hw: Hardware) -> Decision:
-    if not hw.is_gpu:
-        return Decision(True, "Transformers' default: a NaN/Inf step loss is left out of the logged loss")
-    return Decision(False, "off on GPUs: Transformers' NaN/Inf filter reads each step's loss on the host (a GPU "
-                           "synchronization per step); a NaN/Inf loss shows in the logged loss instead")  # fmt: skip
+    # Transformers' filter replaces a NaN/Inf step loss by the mean so far (0.0 right after a log): it would hide a
+    # diverged run from the logged loss and from TRAIN_ON_NAN's guard (trainer.run.divergence), and costs a
+    # synchronization per step on GPUs.
+    return Decision(False, "off: a NaN/Inf loss stays in the logged loss (as null) and TRAIN_ON_NAN acts on it; "
+                           "Transformers' filter would log it as the mean so far and, on GPUs, read each step's loss "
+                           "on the host (a synchronization per step)")  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 
 from trainer.errors import EXIT_OK, ConfigError
 from trainer.hub.ids import HubRef, parse_model_id
+from trainer.hub.weights import check_weights
 from trainer.secrets import mask_url_credentials
 
 log = logging.getLogger("trainer")
@@ -109,6 +110,7 @@ def push_folder(folder: Path, spec: str, private: bool = True, variable: str = "
     ref = parse_model_id(spec)
     if ref is None:
         raise ConfigError(f"{variable}: {spec!r} is not a Hub repository; expected org/name or org/name@branch")
+    check_weights(folder, f"{variable} {folder}")  # nothing damaged or non-finite is uploaded
     endpoint = mask_url_credentials(constants.ENDPOINT)
     refusal = offline_refusal(variable) if check_offline else None
     if refusal:

@@ -123,6 +123,9 @@ def _atomic_trainer_class() -> type:
 
         def _save_checkpoint(self, model: Any, trial: Any, *more: Any, **named: Any) -> None:
             # transformers 4.46 passes metrics=, later versions do not: hand on whatever this version passes.
+            guards = [c for c in self.callback_handler.callbacks if hasattr(c, "allows_save")]
+            if not all([c.allows_save(self.state, self.control, model) for c in guards]):
+                return  # no checkpoint of a diverged run (trainer.run.divergence); the loop ends after this step
             run_dir = Path(super()._get_output_dir(trial))
             step = self.state.global_step
             staging = run_dir / f"{TMP_PREFIX}checkpoint-{step}"

@@ -4,7 +4,6 @@ TRAIN_KEEP_BEST: trainer.config.training_arguments)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+
+from trainer.run.metrics import append_line, json_line
 
 log = logging.getLogger("trainer")
 
@@ -69,5 +70,4 @@ class EvalMetricsCallback(TrainerCallback):
             "eval_samples_per_s": logs.get("eval_samples_per_second"),
             "time": time.time(),
         }
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_line(self.path, json_line(record))  # strict JSON: a NaN eval loss is null

@@ -13,12 +13,16 @@ samples_per_s, step_time_s, peak_mem_bytes, mfu, time.
 - mfu: model FLOPs utilization on known GPUs, null on CPU and unknown GPUs. FLOPs per token are
   6 x N (N = parameters taking part in matmuls: all but the input embedding) + 12 x layers x hidden x
   seq_len (attention scores, PaLM appendix B), divided by the dense bf16/fp16 peak of the GPU.
+
+Every line is strict JSON (RFC 8259): a non-finite value (a diverged run's NaN loss or grad norm) is written as
+null, never as a bare NaN/Infinity and never as 0.0; the log names the step (trainer.run.divergence).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import sys
 import time
@@ -116,12 +120,20 @@ def _status_kib(field: str) -> int | None:
 
 
 def _number(x: Any) -> float | None:
+    """A finite float, else None (written as null)."""
     if x is None:
         return None
     try:
-        return float(x)
+        value = float(x)
     except (TypeError, ValueError):
         return None
+    return value if math.isfinite(value) else None
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """One strict JSON line: non-finite floats become null."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(clean, allow_nan=False)
 
 
 class MetricsCallback(TrainerCallback):
@@ -156,7 +168,7 @@ class MetricsCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
-        append_line(self.path, json.dumps(self.record(args, state, logs)))
+        append_line(self.path, json_line(self.record(args, state, logs)))
         self._step_times.clear()
 
     def record(self, args: Any, state: Any, logs: dict[str, Any]) -> dict[str, Any]:

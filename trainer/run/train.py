@@ -148,7 +148,16 @@ def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any) -> li
         from trainer.run.profiling import MemorySnapshotCallback
 
         callbacks.append(MemorySnapshotCallback(out))
-    return callbacks
+    return [*callbacks, divergence_guard(cfg)]  # last: it may cancel a save another callback asked for
+
+
+def divergence_guard(cfg: RunConfig) -> Any:
+    """TRAIN_ON_NAN's guard; the logged loss only where fp16's scaler skips non-finite steps itself or DeepSpeed
+    keeps the gradients (trainer.run.divergence)."""
+    from trainer.run.divergence import DivergenceGuard
+
+    loss_only = cfg.decisions.precision.value == "fp16" or bool(cfg.decisions.deepspeed.value)
+    return DivergenceGuard(cfg.settings.on_nan, watch_gradients=not loss_only)
 
 
 def fused_adam_kwargs(args: Any) -> dict[str, Any]:
@@ -186,6 +195,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
     from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
+    from trainer.run.divergence import RECORD as DIVERGED_RECORD
+    from trainer.run.divergence import DivergenceGuard
     from trainer.run.evaluation import EvalMetricsCallback, split_datasets
     from trainer.run.metrics import truncate_after
     from trainer.run.models import build_model
@@ -251,11 +262,16 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     checkpoint = str(resume.checkpoint) if resume.checkpoint else None
     with resuming_from(checkpoint):
         trainer.train(resume_from_checkpoint=checkpoint)
+    guard = next(c for c in trainer.callback_handler.callbacks if isinstance(c, DivergenceGuard))
+    if guard.diverged_at is not None:
+        return guard.report(args.learning_rate, out, args.should_save, s)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         return _interrupted(stop, trainer.state.global_step)
     if stop.requested:
         log.warning("the stop came after the last step: finishing the run (final/, exit 0) instead")
     trainer.save_final(out / "final", tokenizer)
+    if args.should_save:
+        (out / DIVERGED_RECORD).unlink(missing_ok=True)  # an earlier attempt's record: these settings finished
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
     if s.push_to_hub and args.process_index == 0:
         from trainer.export.publish import push_after_run

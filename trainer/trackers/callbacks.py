@@ -15,6 +15,7 @@ from transformers.integrations import MLflowCallback, WandbCallback
 
 from trainer.checkpoint_record import CheckpointRecord
 from trainer.trackers.environment import save_runs
+from trainer.trackers.outage import DropOnFailure, forget_mlflow_run
 
 
 def tracked_params(cfg: Any) -> dict[str, Any]:
@@ -52,7 +53,9 @@ class _RunRecord:
         save_runs(self.output_dir, self.runs)
 
 
-class TrackedWandbCallback(WandbCallback):
+class TrackedWandbCallback(DropOnFailure, WandbCallback):
+    tracker = "W&B"
+
     def __init__(self, params: dict[str, Any], record: _RunRecord) -> None:
         super().__init__()
         self._params, self._record = params, record
@@ -63,7 +66,12 @@ class TrackedWandbCallback(WandbCallback):
             self._record.started("wandb", {"run_id": self._wandb.run.id, "project": self._wandb.run.project})
 
 
-class TrackedMLflowCallback(MLflowCallback):
+class TrackedMLflowCallback(DropOnFailure, MLflowCallback):
+    tracker = "MLflow"
+
+    def forget(self) -> None:
+        forget_mlflow_run(self)
+
     def __init__(self, params: dict[str, Any], record: _RunRecord, resumed: bool) -> None:
         super().__init__()
         self._params, self._record = params, record
