@@ -24,7 +24,7 @@ def main(_args: argparse.Namespace) -> int:
     code = EXIT_CRASH  # what a traceback ends with
     try:
         config.apply_process_defaults()  # before torch is imported
-        cfg = config.resolve(config.load_settings())
+        cfg = config.resolve(config.load_inputs())
         from trainer.run.train import run
 
         code = run(cfg)

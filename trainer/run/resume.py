@@ -277,13 +277,13 @@ def _env(name: str) -> str:
     return f"TRAIN_{name.upper()}"
 
 
-def recorded_settings(settings: Any) -> dict[str, Any]:
+def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     """The TRAIN_* settings a checkpoint records (secrets masked), by field name."""
     values = json.loads(json.dumps(settings.model_dump(), default=str))
     return {k: v for k, v in mask_secrets(values).items() if k not in NOT_COMPARED}
 
 
-def check_drift(checkpoint: Path, settings: Any, quiet: bool = False) -> None:
+def check_drift(checkpoint: Path, settings: TrainSettings, quiet: bool = False) -> None:
     """ConfigError when this run's settings differ from the checkpoint's in a way it cannot continue with; the
     changes it may continue with are logged (unless `quiet`)."""
     try:
