@@ -232,6 +232,26 @@ def test_the_packing_settings_are_part_of_the_cache_key(tmp_path: Path) -> None:
     assert len(limits) == 1  # how the data is made and checked does not change what it holds
 
 
+def test_auto_packing_is_a_decision_with_its_reason(tmp_path: Path) -> None:
+    """TRAIN_PACKING=auto is decided from the data's record layouts by the packer's own rule, and shown."""
+    from trainer import config
+    from trainer.machine.hardware import Hardware
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl").write_text(json.dumps({"text": "plain text"}) + "\n")
+    write_pairs(tmp_path / "d" / "b.jsonl", 3)
+    cpu = Hardware(device="cpu", cpu_count=2, cxx_compiler="/usr/bin/g++")
+    shown = {}
+    for data in ("d/a.jsonl", "d/b.jsonl", "d"):
+        settings = config.parse_settings({"TRAIN_DATA": str(tmp_path / data), "TRAIN_OUTPUT_DIR": str(tmp_path)})
+        decision = config.resolve(settings, cpu, environ={}, import_heavy=False).decisions.packing
+        shown[data] = decision.value
+        assert decision.reason.startswith("auto: "), decision
+    assert shown == {"d/a.jsonl": "stream", "d/b.jsonl": "records", "d": "records+stream"}
+    for layout, records in (("text", False), ("pair", True), ("messages", True)):  # the decision's rule is the packer's
+        assert DataSpec(64).records_for(has_mask=records) == (DataSpec(64).packing_of((layout,))[0] == "records")
+
+
 def test_a_resumed_run_maps_the_cache_of_the_first_run(tmp_path: Path) -> None:
     """Two real runs on prompt/completion data: the second resumes and maps the first one's shards (memory-mapped,
     checked by meta.json), tokenizing nothing; both log the truncated record."""

@@ -54,7 +54,8 @@ class Inputs:
     def data_spec(self) -> DataSpec:
         """What shapes the packed data (and keys its cache)."""
         s = self.settings
-        return DataSpec(s.seq_len, s.text_field, s.packing, s.long_records, s.loss_on, s.data_max_bad_lines)
+        return DataSpec(seq_len=s.seq_len, text_field=s.text_field, packing=s.packing, long_records=s.long_records,
+                        loss_on=s.loss_on, max_bad_lines=s.data_max_bad_lines)  # fmt: skip
 
     @property
     def cache_dir(self) -> Path:

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from trainer.data.discovery import DataSource
     from trainer.data.spec import DataSpec
 
@@ -51,7 +53,7 @@ def never() -> bool:
     return False
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     specials = f"eos={tokenizer.eos_token_id}|pad={tokenizer.pad_token_id}|bos={tokenizer.bos_token_id}"
@@ -59,7 +61,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(f"{text}|{specials}".encode()).hexdigest()
 
 
-def cache_key(source: DataSource, tokenizer: Any, spec: DataSpec) -> str:
+def cache_key(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSpec) -> str:
     """The files' identity (hence their record layouts), the tokenizer, its chat template and what of the spec shapes
     the tokens (DataSpec.key: sequence length, text field, packing, loss)."""
     from trainer.data.chat import template_hash

@@ -10,7 +10,7 @@ import bisect
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from trainer.data.packing import FLAG_START, FLAG_TRAINED, report_left_out
 from trainer.data.packing import describe as describe_packing
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("trainer")
 
@@ -95,7 +98,7 @@ def positions_of(starts: np.ndarray) -> np.ndarray:
     return index - np.maximum.accumulate(np.where(starts, index, 0))
 
 
-def load_or_prepare(source: DataSource, tokenizer: Any, spec: DataSpec, cache_dir: Path,
+def load_or_prepare(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSpec, cache_dir: Path,
                     should_stop: Callable[[], bool] = cache.never) -> ShardedDataset:  # fmt: skip
     """The source's shards, as `spec` says, from the cache (made here, or by local rank 0, when the cache does not
     have them); the scan's problems are a ConfigError. The run's one call into the data, for training and for

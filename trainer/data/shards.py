@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from trainer.data.packing import Packer, nothing_packed
 from trainer.data.readers import Columns, LineChunk, iter_units, parse_chunk
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("trainer")
 
@@ -396,8 +399,8 @@ def corpus_bytes(source: DataSource) -> int:
     return sum(p.stat().st_size for p in source.identity_files() if p.exists())
 
 
-def prepare(source: DataSource, tokenizer: Any, spec: DataSpec, folder: Path, should_stop: Callable[[], bool] = never
-            ) -> dict[str, Any]:  # fmt: skip
+def prepare(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSpec, folder: Path,
+            should_stop: Callable[[], bool] = never) -> dict[str, Any]:  # fmt: skip
     """Tokenize the whole source into shards in `folder` (which must exist and be empty), as `spec` says; returns
     meta.json.
 
