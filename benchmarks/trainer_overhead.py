@@ -267,9 +267,10 @@ def baseline_tokenize_pack(data: Path, tok, seq: int) -> int:
 def trainkit_tokenize_pack(data: Path, tok, seq: int) -> int:
     from trainer.data.discovery import discover
     from trainer.data.shards import prepare
+    from trainer.data.spec import DataSpec
 
     with tempfile.TemporaryDirectory(dir=data.parent) as folder:
-        return prepare(discover(str(data)), tok, seq, "text", Path(folder), 0)["tokens"] // seq * seq
+        return prepare(discover(str(data)), tok, DataSpec(seq), Path(folder))["tokens"] // seq * seq
 
 
 def timed(fn, *args) -> tuple[float, int]:

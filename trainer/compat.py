@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
@@ -167,7 +167,15 @@ def compile_default_problem(st: Stack | None = None) -> str | None:
     return None
 
 
-def unsupported_problems(settings: Any, st: Stack | None = None) -> list[str]:
+class Switches(Protocol):
+    """The settings a row may not run (trainer.config.schema.TrainSettings has them; this floor cannot import it)."""
+
+    attn: str
+    fsdp: str
+    optim: str
+
+
+def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[str]:
     """The chosen switches this stack cannot run, one message each naming the row and the reason."""
     st = st or stack()
     found = unsupported(st)

@@ -44,14 +44,14 @@ def main(args: argparse.Namespace) -> int:
 
         raise ConfigError("--json goes with --show N (the summary line is JSON already)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    from trainer.config import load_settings
-    from trainer.data.dataset import build_dataset
+    from trainer.config import load_inputs
+    from trainer.data.dataset import load_or_prepare
     from trainer.data.shards import peak_rss_bytes
     from trainer.tokenizer import tokenizer_for
 
-    settings = load_settings()
-    tokenizer = tokenizer_for(settings)
-    dataset = build_dataset(settings, tokenizer)
+    inputs = load_inputs()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
     summary = {"folder": str(dataset.folder), "sequences": len(dataset), **{k: dataset.meta.get(k) for k in STATS}}
     summary["peak_rss_bytes"] = peak_rss_bytes()
     if args.show is None:

@@ -4,7 +4,7 @@ the oldest row's (.venv-oldest), so each stack answers for itself.
     python tests/trainer/packed_isolation.py DATA_FILE OUTPUT_DIR [TRAIN_ATTN ...]
 
 Builds the dataset and the model exactly as a training run does (settings from TRAIN_* with the user's defaults,
-trainer.data.dataset.build_dataset, trainer.run.models.build_model, the run's collator), feeds one batch of packed
+trainer.data.dataset.load_or_prepare, trainer.run.models.build_model, the run's collator), feeds one batch of packed
 sequences, and compares each trained token's loss with the same record's loss computed alone. Prints one JSON line
 per attention implementation: the largest difference, and how many records and trained tokens were compared.
 """
@@ -30,17 +30,17 @@ def per_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
-    from trainer.config import load_settings, resolve
-    from trainer.data.dataset import build_dataset
+    from trainer.config import load_inputs, resolve
+    from trainer.data.dataset import load_or_prepare
     from trainer.run.models import build_model
     from trainer.run.packed_attention import collator_for
     from trainer.tokenizer import tokenizer_for
 
     env = {"TRAIN_DATA": data, "TRAIN_OUTPUT_DIR": output_dir, "TRAIN_SEQ_LEN": "96", "TRAIN_ATTN": attn}
-    settings = load_settings(env)
-    cfg = resolve(settings)
-    tokenizer = tokenizer_for(settings)
-    dataset = build_dataset(settings, tokenizer)
+    inputs = load_inputs(env)
+    cfg = resolve(inputs)
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer).train()  # as Trainer runs it (no dropout in Llama)
     items = sorted((dataset[i] for i in range(len(dataset))), key=lambda it: -int((it["position_ids"] == 0).sum()))

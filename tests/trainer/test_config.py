@@ -178,8 +178,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_CHAT_TEMPLATE", "full", lambda c: c["decisions"]["chat_template"]["value"].startswith("built-in chatml")),
     ("TRAIN_LOSS_ON", "full", lambda c: "TRAIN_LOSS_ON=last" in c["decisions"]["data_format"]["reason"]),
     ("TRAIN_SEQ_LEN", "full", lambda c: c["settings"]["TRAIN_SEQ_LEN"] == {"value": 64, "source": "env"}),
-    ("TRAIN_PACKING", "full", lambda c: c["settings"]["TRAIN_PACKING"] == {"value": "records", "source": "env"}),
-    ("TRAIN_LONG_RECORDS", "full", lambda c: c["settings"]["TRAIN_LONG_RECORDS"] == {"value": "drop", "source": "env"}),
+    ("TRAIN_PACKING", "full", lambda c: c["decisions"]["packing"]["value"] == "records"),
+    ("TRAIN_LONG_RECORDS", "full", lambda c: "dropped, TRAIN_LONG_RECORDS=drop" in c["decisions"]["packing"]["reason"]),
     ("TRAIN_PRECISION", "full", lambda c: c["training_arguments"]["bf16"] and not c["training_arguments"]["fp16"]),
     ("TRAIN_TF32", "full", lambda c: c["decisions"]["tf32"] == {"value": False, "reason": "set by TRAIN_TF32"}),
     ("TRAIN_OPTIM", "full", lambda c: c["training_arguments"]["optim"] == "adafactor"),
@@ -321,6 +321,8 @@ def test_cpu_auto_decisions(scenario) -> None:
     assert d["attn"]["value"] == "sdpa"
     assert d["pin_memory"]["value"] is False and ta["dataloader_pin_memory"] is False
     assert d["nproc_per_node"]["value"] == 1
+    assert d["packing"] == {"value": "stream", "reason": "auto: plain text, one stream cut into sequences (records "
+                            "may span two)"}  # fmt: skip
     assert ta["use_cpu"] is True and ta["bf16"] is False and ta["fp16"] is False
     assert ta["report_to"] == ["tensorboard"] and ta["remove_unused_columns"] is False
     assert ta["neftune_noise_alpha"] is None and ta["torch_compile"] is False

@@ -14,13 +14,12 @@ from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
 from trainer.config import deepspeed, speed
 from trainer.config.decision import Decision
+from trainer.config.inputs import Inputs
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.data.chat import chat_report
-from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
-from trainer.hub.sources import hub_sources, model_folder
 from trainer.machine.gpus import NprocError, processes_per_node
 from trainer.machine.hardware import module_available
 
@@ -36,6 +35,7 @@ class Decisions:
     """Every decision of a resolved run, in the order `python -m trainer config` shows them."""
 
     data: Decision[str]
+    packing: Decision[str]  # stream, records, or records+stream (plain text streamed, records whole)
     model: Decision[str]
     precision: Decision[str]  # fp32, bf16 or fp16
     tf32: Decision[bool]
@@ -172,14 +172,14 @@ def decide_debug(s: TrainSettings, hw: Hardware) -> dict[str, Decision]:
     }
 
 
-def decide_deepspeed(s: TrainSettings, precision: str) -> tuple[dict[str, Any] | None, Decision]:
+def decide_deepspeed(s: TrainSettings, precision: str, model_folder: str) -> tuple[dict[str, Any] | None, Decision]:
     if s.deepspeed_config:
         return deepspeed.load_user_config(s.deepspeed_config), _decide(
             s.deepspeed_config, "TRAIN_DEEPSPEED_CONFIG wins over the generated config"
         )
     if s.zero_stage == 0:
         return None, _decide(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
-    largest = deepspeed.largest_tensor_elements(model_folder(s)) if s.zero_offload == "nvme" else 0
+    largest = deepspeed.largest_tensor_elements(model_folder) if s.zero_offload == "nvme" else 0
     ds = deepspeed.generate(s.zero_stage, s.zero_offload, s.nvme_path, precision, largest)
     return ds, _decide(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")
 
@@ -226,9 +226,9 @@ def _resume_reason(resume: str) -> str:
     }.get(resume, "resume from this checkpoint")
 
 
-def decide_model(s: TrainSettings, preset: bool) -> Decision[str]:
+def decide_model(inputs: Inputs, preset: bool) -> Decision[str]:
     """The folder (or preset name) the run loads: a Hub ID's value is its snapshot in HF_HOME's cache."""
-    sources = hub_sources(s)
+    s, sources = inputs.settings, inputs.hub
     snap = sources.model
     if snap is None:
         return _decide(s.model, "preset, trained from scratch" if preset else "local folder, loaded offline")
@@ -247,23 +247,29 @@ def _fsdp_reason(s: TrainSettings, hw: Hardware) -> str:
     return f"{version} {s.fsdp}, auto-wrapping {wrap}{cpu}"
 
 
+def decide_packing(inputs: Inputs) -> Decision[str]:
+    """TRAIN_PACKING for the data's record layouts (the packer applies the same rule to each piece: DataSpec)."""
+    return _decide(*inputs.data_spec.packing_of(inputs.data.layouts))
+
+
 def decide_all(
-    s: TrainSettings, hw: Hardware, environ: Mapping[str, str], import_heavy: bool = True
+    inputs: Inputs, hw: Hardware, environ: Mapping[str, str], import_heavy: bool = True
 ) -> tuple[Decisions, dict[str, Any] | None, str]:
     """(decisions, DeepSpeed config or None, PYTORCH_CUDA_ALLOC_CONF value); ConfigError naming every problem."""
-    source = source_of(s)
+    s, source = inputs.settings, inputs.data
     problems = list(source.problems)
     decide = _Collector(problems)
     data = source.decision()
     preset = is_preset(s.model)
     precision = decide(decide_precision, s, hw, fallback=_decide("fp32", "refused"))
-    ds, deepspeed_decision = decide_deepspeed(s, precision.value)
+    ds, deepspeed_decision = decide_deepspeed(s, precision.value, inputs.model_folder)
     pin_memory = decide_pin_memory(s, hw)
     auto_batch = speed.decide_auto_batch(s, hw, ds)
     alloc_value, alloc_decision = alloc_conf_decision(environ)
     parts: dict[str, Decision] = {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
-        "model": decide_model(s, preset),
+        "packing": decide_packing(inputs),
+        "model": decide_model(inputs, preset),
         "precision": precision,
         "tf32": decide(decide_tf32, s, hw, fallback=_decide(False, "refused")),
         "deepspeed": deepspeed_decision,
@@ -288,11 +294,16 @@ def decide_all(
         "report_to": decide(decide_report_to, s, fallback=_decide("none", "refused")),
         "resume": _decide(s.resume, _resume_reason(s.resume)),
         "cuda_alloc_conf": alloc_decision,
-        **{what: Decision(*found) for what, found in chat_report(s, source).items()},
+        **{what: Decision(*found) for what, found in _chat_report(inputs).items()},
     }
     if problems:
         raise ConfigError(*problems)
     return Decisions(**parts), ds, alloc_value
+
+
+def _chat_report(inputs: Inputs) -> dict[str, tuple[str, str]]:
+    s = inputs.settings
+    return chat_report(inputs.data, s.loss_on, s.chat_template, inputs.tokenizer_folder)
 
 
 class _Collector:

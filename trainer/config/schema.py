@@ -56,7 +56,7 @@ class TrainSettings(BaseSettings):
     """Every TRAIN_* variable. Field name `foo_bar` is environment variable `TRAIN_FOO_BAR`."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="ignore", case_sensitive=False, validate_default=True
+        env_prefix=ENV_PREFIX, extra="ignore", case_sensitive=False, validate_default=True, frozen=True
     )
 
     # paths and data

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.checks import writable_dir_problem
+from trainer.config.inputs import Inputs
 from trainer.data.discovery import DataSource
 from trainer.doctor import driver
 from trainer.errors import ConfigError
@@ -367,11 +368,12 @@ def data_probe(source: DataSource) -> Probe:
     return Probe("data", "Data", f"{path}: {source.describe()}", status, "; ".join(source.problems), value)
 
 
-def chat_probe(settings: Any, source: DataSource) -> Probe:
+def chat_probe(inputs: Inputs) -> Probe:
     """The data's record format and the chat template that renders conversations (trainer.data.chat)."""
     from trainer.data.chat import chat_report, no_template_problem
 
-    report = chat_report(settings, source)
+    s, source = inputs.settings, inputs.data
+    report = chat_report(source, s.loss_on, s.chat_template, inputs.tokenizer_folder)
     (layouts, loss), (template, why) = report["data_format"], report["chat_template"]
     shown = f"format {layouts} ({loss}); chat template: {template}"
     value = {what: {"value": v, "reason": r} for what, (v, r) in report.items()}
@@ -395,8 +397,9 @@ def output_probe(path: str) -> Probe:
     )
 
 
-def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Any, Probe]:
-    """The TRAIN_* settings (None when a value is invalid) and whether they can run on this machine.
+def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Inputs | None, Probe]:
+    """The TRAIN_* settings with what they name (None when a value is invalid), and whether they can run on this
+    machine.
 
     Static checks (load_settings) and the machine-dependent ones (resolve) both run, so that every
     problem is listed at once, not just the first stage's.
@@ -404,17 +407,17 @@ def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Any, Probe]:
     from trainer import config
 
     try:
-        settings = config.parse_settings()
+        inputs = config.Inputs(config.parse_settings())
     except ConfigError as exc:
         return None, config_failure(exc.problems)
-    problems = config.static_problems(settings)  # on this settings object, so the data is scanned once
+    problems = config.static_problems(inputs)  # the same inputs for both stages, so the data is scanned once
     try:
-        config.resolve(settings, hw)
+        config.resolve(inputs, hw)
     except ConfigError as exc:
         problems += [problem for problem in exc.problems if problem not in problems]
     if problems:
-        return settings, config_failure(problems)
-    return settings, Probe("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
+        return inputs, config_failure(problems)
+    return inputs, Probe("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
 
 
 def config_failure(problems: list[str]) -> Probe:

@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.errors import EXIT_OK, ConfigError
 from trainer.hub.ids import HubRef, parse_model_id
@@ -86,7 +86,13 @@ def _online() -> Iterator[None]:
         constants.HF_HUB_OFFLINE = before
 
 
-def push_problems(settings: Any) -> list[str]:
+class PushSettings(Protocol):
+    """TRAIN_PUSH_TO_HUB (trainer.config.schema.TrainSettings has it; this floor cannot import it)."""
+
+    push_to_hub: str
+
+
+def push_problems(settings: PushSettings) -> list[str]:
     """TRAIN_PUSH_TO_HUB's problems found before training: offline mode asked for, or no token."""
     if not settings.push_to_hub:
         return []

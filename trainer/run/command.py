@@ -26,13 +26,14 @@ def main(_args: argparse.Namespace) -> int:
     code = EXIT_CRASH  # what a traceback ends with
     try:
         config.apply_process_defaults()  # before torch is imported
-        settings = config.load_settings()
+        inputs = config.load_inputs()
+        settings = inputs.settings
         from trainer.run.divergence import retried_after_divergence
 
         if retried_after_divergence(Path(settings.output_dir), settings):  # before torch loads: restarts end fast
             code = EXIT_DIVERGED
             return code
-        cfg = config.resolve(settings)
+        cfg = config.resolve(inputs)
         from trainer.run.train import run
 
         code = run(cfg)

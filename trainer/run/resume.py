@@ -156,7 +156,7 @@ def _env(name: str) -> str:
     return f"TRAIN_{name.upper()}"
 
 
-def recorded_settings(settings: Any) -> dict[str, Any]:
+def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     """The TRAIN_* settings a checkpoint records (secrets masked), by field name."""
     from trainer.config.schema import OnResume, resume_rule  # here: the config package asks this module at import
 
@@ -170,7 +170,7 @@ def run_record(settings: Any, hub: dict[str, Any]) -> records.CheckpointRecord:
     return records.CheckpointRecord(settings=recorded_settings(settings), hub=dict(hub))
 
 
-def check_drift(checkpoint: Path, settings: Any, quiet: bool = False) -> None:
+def check_drift(checkpoint: Path, settings: TrainSettings, quiet: bool = False) -> None:
     """ConfigError when this run's settings differ from the checkpoint's in a way it cannot continue with; the
     changes it may continue with are logged (unless `quiet`)."""
     from trainer.config.schema import OnResume, resume_rule

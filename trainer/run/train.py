@@ -191,8 +191,8 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from transformers import set_seed
 
-    from trainer.data.cache import Stopped, default_cache_dir
-    from trainer.data.dataset import build_dataset
+    from trainer.data.cache import Stopped
+    from trainer.data.dataset import load_or_prepare
     from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
     from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
     from trainer.run.divergence import RECORD as DIVERGED_RECORD
@@ -218,11 +218,13 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         cfg.write_run_config(out)
     tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
     clock.mark("libraries")
-    tokenizer = tokenizer_for(s)
+    inputs = cfg.inputs
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
-        with full_disk_ends_run(default_cache_dir(s.output_dir), "writing the tokenized data cache"):
-            dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
-        dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
+        with full_disk_ends_run(inputs.cache_dir, "writing the tokenized data cache"):
+            dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir,
+                                      should_stop=lambda: stop.requested)  # fmt: skip
+        dataset, eval_dataset = split_datasets(inputs, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return _interrupted(stop, None)
     clock.mark("data")
