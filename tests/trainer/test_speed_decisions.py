@@ -39,7 +39,9 @@ def test_a_long_gpu_run_gets_the_fast_path_with_its_reasons() -> None:
     d, ta = cfg.decisions, cfg.training_arguments
     if compat.compile_default_problem() is None:  # this venv's torch is the one compat judges
         assert d.compile.value is True and d.compile.reason.startswith("auto: a GPU run (epochs)")
-        assert ta["torch_compile"] is True and ta["torch_compile_backend"] == "inductor"
+        assert "regional: each decoder layer compiled in place" in d.compile.reason
+        # the trainer compiles the layers itself (trainer.run.models); Transformers does not compile the whole
+        assert ta["torch_compile"] is False and ta["dataloader_drop_last"] is True
     assert d.auto_batch.value is True and d.auto_batch.reason.startswith("auto: on")
     assert "with no accumulation" in d.batch_size.reason  # TRAIN_BATCH_SIZE not set: the search chooses it
     assert d.non_blocking.value is True and ta["accelerator_config"] == {"non_blocking": True}
@@ -74,6 +76,13 @@ def test_cpu_keeps_every_speed_auto_off_and_says_why() -> None:
 def test_compile_auto_stays_off_where_it_does_not_pay(env: dict[str, str], why: str) -> None:
     decision = resolve(H100, **env).decisions.compile
     assert decision.value is False and why in decision.reason
+
+
+def test_with_fsdp_accelerate_compiles_each_block_after_wrapping() -> None:
+    cfg = resolve(H100, compile="1", fsdp="full_shard")
+    assert "by Accelerate, regional" in cfg.decisions.compile.reason
+    ta = cfg.training_arguments
+    assert ta["torch_compile"] is True and ta["torch_compile_backend"] == "inductor" and ta["dataloader_drop_last"]
 
 
 def test_compile_auto_asks_compat_whether_the_stack_is_known_to_work() -> None:

@@ -34,6 +34,7 @@ class RunConfig:
     env: dict[str, str] = field(default_factory=dict)  # process environment the run sets (before torch)
     hub: dict[str, Any] = field(default_factory=dict)  # Hub IDs resolved to commits (trainer.hub), also in checkpoints
     startup: dict[str, Any] = field(default_factory=dict)  # seconds per start-up phase (trainer.run.startup)
+    training_data: dict[str, Any] = field(default_factory=dict)  # batches per epoch, what is left out (run.train)
 
     def to_dict(self, masked: bool = True, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         source = self.settings.model_fields_set
@@ -48,6 +49,7 @@ class RunConfig:
             "deepspeed": self.deepspeed,
             "hub": self.hub,
             "startup": self.startup,
+            "training_data": self.training_data,
             "environment": {**recorded_environment(os.environ if environ is None else environ), **self.env},
         }
         data = json.loads(json.dumps(data, default=str))

@@ -7,6 +7,9 @@ a generation that is not in a table keeps the safe choice, and the reason says i
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
@@ -82,7 +85,7 @@ def decide_compile(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None, ch
             )
         if hw.is_gpu and not hw.libraries.get("triton", False):
             raise ConfigError("TRAIN_COMPILE=1 on GPU: inductor needs triton, which is not installed; TRAIN_COMPILE=0")
-    how = f"backend {s.compile_backend}, mode {s.compile_mode}"
+    how = f"backend {s.compile_backend}, mode {s.compile_mode}, {compile_layout(s, ds, os.environ)}"
     if s.compile == "auto":
         steps = "epochs" if s.max_steps < 0 else f"{s.max_steps} steps"
         return Decision(True, f"auto: a GPU run ({steps}) on {compat.stack().describe()}: inductor fuses the "
@@ -90,6 +93,44 @@ def decide_compile(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None, ch
     note = "; CUDA graphs are skipped on CPU, so reduce-overhead behaves like default" if (
         s.compile_mode == "reduce-overhead" and not hw.is_gpu) else ""  # fmt: skip
     return Decision(True, f"set by TRAIN_COMPILE ({how}){note}")
+
+
+REGIONAL_ENV = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"  # read by Accelerate's TorchDynamoPlugin
+CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def compiled_by_accelerate(s: TrainSettings, ds: dict[str, Any] | None) -> bool:
+    """Who compiles: with DeepSpeed or FSDP, Transformers' torch_compile (Accelerate compiles each repeated block
+    after wrapping the model, its regional compilation); otherwise the trainer compiles each decoder layer in place
+    (trainer.run.models.compile_layers) before the batch search, so the search sizes the model that trains."""
+    return ds is not None or s.zero_stage > 0 or s.fsdp != "none"
+
+
+def compile_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a compiled run sets before torch compiles anything (the user's value wins): Accelerate's regional
+    compilation (used with DeepSpeed and FSDP), and the inductor and triton caches on the cache volume next to
+    HF_HOME (the images set /cache/inductor and /cache/triton; a run from source gets HF_HOME/../torch-compile/),
+    so a restarted run and every later run with the same model, shapes and versions reuse the compiled kernels
+    (the output folder would serve only its own run)."""
+    env = {REGIONAL_ENV: environ.get(REGIONAL_ENV, "1")}
+    xdg_cache = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    caches = Path(environ.get("HF_HOME") or Path(xdg_cache) / "huggingface").parent / "torch-compile"
+    for name, folder in CACHE_ENV.items():
+        env[name] = environ.get(name) or str(caches / folder)
+    return env
+
+
+def compile_layout(s: TrainSettings, ds: dict[str, Any] | None, environ: Mapping[str, str]) -> str:
+    """How a compiled run compiles and where its caches are, for the decision's reason."""
+    env = compile_environment(environ)
+    how = ("regional: each decoder layer compiled in place, one compile reused by every layer; the loss, the mask "
+           "and the records hook stay eager")  # fmt: skip
+    if compiled_by_accelerate(s, ds):
+        regional = env[REGIONAL_ENV].lower() in ("1", "true", "yes")
+        how = ("by Accelerate, regional (each repeated block)" if regional
+               else f"by Accelerate, the whole model ({REGIONAL_ENV}={env[REGIONAL_ENV]})")  # fmt: skip
+    caches = ", ".join(f"{name}={env[name]}" for name in CACHE_ENV)
+    return f"{how}; caches {caches}; a partial last batch is left out of each epoch (counted at start)"
 
 
 def _check_backend(backend: str) -> None:
