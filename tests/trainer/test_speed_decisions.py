@@ -110,8 +110,9 @@ def test_split_effective_keeps_the_product(effective: int, largest: int, split: 
 
 def test_flash_attention_4_is_a_train_attn_value_with_clear_refusals() -> None:
     fa4 = with_libraries(H100, flash_attn_4=True)
-    assert resolve(fa4, attn="flash_attention_4").decisions.attn == config.Decision("flash_attention_4",
-                                                                                    "set by TRAIN_ATTN")  # fmt: skip
+    attn = resolve(fa4, attn="flash_attention_4").decisions.attn
+    assert attn.value == "flash_attention_4" and attn.reason.startswith("set by TRAIN_ATTN; packed records: one row")
+    assert "cu_seq_lens" in attn.reason  # the varlen kernel gets the records' boundaries (trainer.run.packed_attention)
     refusals = [
         (H100, {}, "needs the flash-attn-4 package"),
         (with_libraries(A100, flash_attn_4=True), {}, "needs a Hopper or newer GPU"),
@@ -127,9 +128,11 @@ def test_flash_attention_4_is_a_train_attn_value_with_clear_refusals() -> None:
 def test_auto_attention_follows_the_measured_table(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(speed, "MEASURED_ATTENTION", {"hopper": "flash_attention_4"})
     chosen = resolve(with_libraries(H100, flash_attn_4=True)).decisions.attn
-    assert chosen == config.Decision("flash_attention_4", "auto: measured fastest on hopper GPUs (docs/benchmarks.md)")
+    assert chosen.value == "flash_attention_4"
+    assert chosen.reason.startswith("auto: measured fastest on hopper GPUs (docs/benchmarks.md); packed records:")
     assert resolve(H100).decisions.attn.value == "sdpa"  # measured, but not installed here: the safe choice
-    assert resolve(A100).decisions.attn.reason.endswith("not measured on ampere GPUs yet (docs/benchmarks.md)")
+    reason = resolve(A100).decisions.attn.reason
+    assert "not measured on ampere GPUs yet (docs/benchmarks.md); plain text gets no mask" in reason
 
 
 def test_liger_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,6 +147,24 @@ def test_liger_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(speed, "MEASURED_LIGER", frozenset({"hopper"}))
     assert resolve(liger).decisions.liger.value is True
     assert "liger-kernel is not installed" in resolve(H100).decisions.liger.reason
+
+
+def test_liger_refuses_a_model_it_does_not_patch(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Liger (triton kernels: cannot run on this CPU machine) stands in as its registry of patched model types."""
+    import sys
+    import types
+
+    registry = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    registry.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": None, "mistral": None}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", registry)
+    folder = tmp_path / "gpt2-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2"}')
+    liger = with_libraries(H100, liger_kernel=True)
+    assert resolve(liger, liger="1").decisions.liger.value is True  # the presets are Llamas
+    with pytest.raises(ConfigError) as info:
+        resolve(liger, liger="1", model=str(folder))
+    assert "Liger has no kernels for this model's type 'gpt2' (it patches llama, mistral)" in info.value.message
 
 
 def test_old_rows_refuse_flash_attention_4_before_torch() -> None:

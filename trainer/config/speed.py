@@ -8,12 +8,13 @@ a generation that is not in a table keeps the safe choice, and the reason says i
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.config.decision import Decision
+from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 
@@ -133,6 +134,27 @@ def compile_layout(s: TrainSettings, ds: dict[str, Any] | None, environ: Mapping
     return f"{how}; caches {caches}; a partial last batch is left out of each epoch (counted at start)"
 
 
+# torch.compile backends that compile a forward only (no backward: they cannot train the model), and the package
+# each of the others needs beyond torch; a name torch does not know is refused by _check_backend once torch loads.
+INFERENCE_ONLY_BACKENDS = frozenset({"tvm", "tensorrt", "torch_tensorrt", "openxla_eval"})
+BACKEND_PACKAGES = {"onnxrt": "onnxruntime", "openxla": "torch_xla", "ipex": "intel_extension_for_pytorch"}
+
+
+def backend_problem(s: TrainSettings, available: Callable[[str], bool]) -> str | None:
+    """Why TRAIN_COMPILE_BACKEND cannot train the model here (None when it can, or when nothing compiles)."""
+    backend = s.compile_backend
+    if s.compile == "0":
+        return None
+    if backend in INFERENCE_ONLY_BACKENDS:
+        return (f"TRAIN_COMPILE_BACKEND={backend} compiles the forward pass only (inference): it cannot train the "
+                "model; use inductor (the default) or TRAIN_COMPILE=0")  # fmt: skip
+    package = BACKEND_PACKAGES.get(backend)
+    if package and not available(package):
+        return (f"TRAIN_COMPILE_BACKEND={backend} needs the {package} package, which is not installed; use inductor "
+                "(the default) or TRAIN_COMPILE=0")  # fmt: skip
+    return None
+
+
 def _check_backend(backend: str) -> None:
     import torch._dynamo
 
@@ -202,7 +224,27 @@ def _flash_problem(attn: str, hw: Hardware, precision: str) -> str | None:
     return None
 
 
+def records_apart(attn: str) -> str:
+    """How a batch of packed records is kept apart with `attn` (trainer.run.packed_attention), for the reason."""
+    if attn.startswith("flash_attention"):
+        return ("packed records: one row per batch and their boundaries (cu_seq_lens, computed in the DataLoader) "
+                "for the varlen kernel")  # fmt: skip
+    if not compat.stack().packs_by_position_ids:
+        return "packed records: a per-record additive 4D mask (this transformers finds no records in position ids)"
+    if attn == "sdpa":
+        return ("plain text gets no mask (SDPA's causal flash/cuDNN kernels); a batch of packed records one boolean "
+                "block-diagonal mask built once for every layer: the fastest exact form on this path "
+                "(SDPA's flash and cuDNN kernels take no mask; Transformers' own packed mask is the same mask but "
+                "costs a host sync per forward, and its detection put a dense mask on plain text under compile)")
+    return "packed records: Transformers' per-record mask from the position ids"
+
+
 def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
+    chosen = _choose_attn(s, hw, precision)
+    return Decision(chosen.value, f"{chosen.reason}; {records_apart(chosen.value)}")
+
+
+def _choose_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
     if s.attn in ("flash_attention_2", "flash_attention_4"):
         problem = _flash_problem(s.attn, hw, precision)
         if problem:
@@ -224,16 +266,43 @@ def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
 # ---- Liger kernels ------------------------------------------------------------------------------------------------
 
 
-def decide_liger(s: TrainSettings, hw: Hardware) -> Decision:
+def liger_model_problem(model_folder: str) -> str | None:
+    """Why Liger would leave the model as it is (Transformers only logs a warning for a model type Liger does not
+    patch: a silent slow path), or None. Asks the installed Liger which model types it patches."""
+    model_type = "llama" if is_preset(model_folder) else _model_type(Path(model_folder))
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return None  # not importable: decide_liger refuses TRAIN_LIGER=1 for that already
+    if model_type in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return None
+    return (f"TRAIN_LIGER=1: Liger has no kernels for this model's type {model_type!r} (it patches "
+            f"{', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))}); set TRAIN_LIGER=0")
+
+
+def _model_type(folder: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def decide_liger(s: TrainSettings, hw: Hardware, model_folder: str | None = None) -> Decision:
     installed = hw.libraries.get("liger_kernel", False)
     if s.liger == "0":
         return Decision(False, "TRAIN_LIGER=0")
     if s.liger == "1":
         if not installed:
-            raise ConfigError("TRAIN_LIGER=1 needs the liger-kernel package, which is not installed; "
-                              "`pip install liger-kernel` or TRAIN_LIGER=0")  # fmt: skip
+            raise ConfigError("TRAIN_LIGER=1 needs the liger-kernel package, which the images do not ship (auto "
+                              "never needs it: it is on only where measured faster); `pip install liger-kernel` "
+                              "or TRAIN_LIGER=0")  # fmt: skip
         if not hw.is_gpu:
             raise ConfigError("TRAIN_LIGER=1 needs a CUDA GPU (Liger's kernels are triton kernels); set TRAIN_LIGER=0")
+        problem = liger_model_problem(model_folder or s.model)
+        if problem:
+            raise ConfigError(problem)
         return Decision(True, "set by TRAIN_LIGER: Liger's fused RMSNorm, SwiGLU, RoPE and cross-entropy")
     generation = gpu_generation(hw)
     if generation is None:

@@ -13,8 +13,9 @@ items carry none. Training never needs a KV cache, so use_cache is off; the mode
   itself (only without a cache, hence use_cache off).
 - sdpa/eager on transformers 4.x (4.46; 4.57 on torch < 2.6): no such detection. The hook turns the position ids
   into a 4D additive causal mask, block-diagonal per record, which these versions take as is.
-- flash_attention_2 (every row): the varlen kernel reads records from position ids only for a batch of one row,
-  so the collator concatenates a batch's sequences into one row (Transformers' padding-free layout).
+- flash-attention 2/3/4: the collator concatenates a batch's sequences into one row (Transformers' padding-free
+  layout) and, on transformers 5, gives the varlen kernel the records' boundaries (cu_seq_lens_q/k, max_length_q/k)
+  computed on the host; 4.x's flash-attention 2 reads them from the one row's position ids.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from trainer.compat import stack
 
 log = logging.getLogger("trainer")
 
-FLASH = "flash_attention_2"
+FLASH_FAMILY = frozenset({"flash_attention_2", "flash_attention_3", "flash_attention_4"})  # one flash path in 5.x
 CAUSAL_SDPA = "trainkit_sdpa"  # Transformers' sdpa, registered without a mask builder (see the module docstring)
 
 
@@ -56,15 +57,15 @@ def isolate_records(model: Any, attn: str) -> None:
         "additive": "a per-record 4D attention mask (this transformers finds no records in position ids)",
         None: "position ids (Transformers' packed-sequence masks)",
     }[kind]
-    if attn == FLASH:
-        how = "one row per batch for flash-attention's varlen kernel"
+    if attn in FLASH_FAMILY:
+        how = "one row per batch and its records' boundaries (cu_seq_lens) for flash-attention's varlen kernel"
     log.info("model: use_cache off for training; packed records are kept apart by %s", how)
 
 
 def _record_mask_kind(attn: str) -> str | None:
     """The mask the hook builds for a batch of records: boolean for CAUSAL_SDPA, additive on stacks that find no
     records in position ids, none where Transformers or the varlen kernel keeps records apart."""
-    if attn == FLASH:
+    if attn in FLASH_FAMILY:
         return None
     if implementation(attn) == CAUSAL_SDPA:
         return "boolean"
@@ -99,10 +100,13 @@ def record_mask(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def collator_for(attn: str) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
-    """The training DataLoader's collator: Transformers' default one; for flash-attention, packed records in one row."""
+    """The training DataLoader's collator: Transformers' default one; for flash-attention, packed records in one row
+    with the varlen kernel's metadata (on transformers 5; 4.x's flash-attention 2 reads them from position ids)."""
     from transformers import default_data_collator
 
-    return one_row_collator if attn == FLASH else default_data_collator
+    if attn not in FLASH_FAMILY:
+        return default_data_collator
+    return varlen_collator if stack().transformers_5 else one_row_collator
 
 
 def one_row_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,4 +117,18 @@ def one_row_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
     if "position_ids" in batch:
         for key in ("input_ids", "labels", "position_ids"):
             batch[key] = batch[key].reshape(1, -1)
+    return batch
+
+
+def varlen_collator(features: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row, plus the records' boundaries as flash-attention's varlen kernel takes them (cu_seq_lens_q/k, int32,
+    and integer max_length_q/k, as Transformers' DataCollatorWithFlattening gives them): computed here on the
+    host, in the DataLoader, so the kernel needs no host sync in any layer and the compiled layer no graph break.
+    Transformers' flash path reads records from position ids only for a one-row batch without these."""
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    batch = one_row_collator(features)
+    if "position_ids" in batch:
+        (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(batch["position_ids"])
+        batch.update(cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k, max_length_q=int(max_q), max_length_k=int(max_k))
     return batch
