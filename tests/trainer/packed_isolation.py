@@ -13,6 +13,7 @@ the records alone with the compiled code set aside (torch.compiler's force_eager
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -56,7 +57,7 @@ def compare(attn: str, data: str, output_dir: str, compiled: bool = False) -> di
         for start, end in itertools.pairwise(starts):
             if (labels[start:end] == -100).all():
                 continue  # padding
-            with torch.compiler.set_stance("force_eager"):
+            with torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext():
                 alone = model(input_ids=ids[None, start:end]).logits
             alone = per_token_loss(alone, labels[None, start:end]).reshape(-1)
             worst = max(worst, (packed[start:end] - alone).abs().max().item())

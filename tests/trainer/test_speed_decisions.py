@@ -171,3 +171,15 @@ def test_old_rows_refuse_flash_attention_4_before_torch() -> None:
     old = compat.Stack(torch=(2, 4, 0), transformers=(4, 57, 6), flash_attn=(2, 6, 3))
     assert "TRAIN_ATTN=flash_attention_4" in compat.unsupported(old)
     assert "TRAIN_ATTN=flash_attention_4" not in compat.unsupported(compat.Stack((2, 11), (5, 23), None))
+
+
+def test_compile_caches_go_to_the_cache_volume_unless_the_user_chose() -> None:
+    """The images set /cache/inductor and /cache/triton (kept); from source they go beside HF_HOME, so a restarted
+    run and the next one reuse the compiled kernels."""
+    env = speed.compile_environment({"HF_HOME": "/vol/huggingface"})
+    assert env == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1",
+                   "TORCHINDUCTOR_CACHE_DIR": "/vol/torch-compile/inductor",
+                   "TRITON_CACHE_DIR": "/vol/torch-compile/triton"}  # fmt: skip
+    image = {"HF_HOME": "/cache/huggingface", "TORCHINDUCTOR_CACHE_DIR": "/cache/inductor",
+             "TRITON_CACHE_DIR": "/cache/triton", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "0"}  # fmt: skip
+    assert speed.compile_environment(image) == {k: v for k, v in image.items() if k != "HF_HOME"}
