@@ -67,3 +67,22 @@ def test_compile_time_and_first_step_are_recorded(compiled_run: dict[str, Any]) 
     assert "regional" in reason and "TORCHINDUCTOR_CACHE_DIR=" in reason
     env = config["environment"]
     assert env["TORCHINDUCTOR_CACHE_DIR"] and env["TRITON_CACHE_DIR"]
+
+
+def test_a_compiled_run_evaluates_every_sequence(tmp_path: Path) -> None:
+    """drop_last holds for training only: the Trainer of a compiled run (dataloader_drop_last, as its
+    TrainingArguments say) still evaluates the partial last batch."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+
+    from trainer.run.checkpoint import AtomicCheckpointTrainer
+
+    items = [{"input_ids": torch.arange(8), "labels": torch.arange(8)} for _ in range(5)]
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))  # fmt: skip
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                             dataloader_drop_last=True, use_cpu=True, report_to=[])  # fmt: skip
+    trainer = AtomicCheckpointTrainer(model=model, args=args, train_dataset=items, eval_dataset=items)
+    assert len(trainer.get_train_dataloader()) == 2  # the fifth sequence is left out of training (counted)
+    assert sum(len(b["input_ids"]) for b in trainer.get_eval_dataloader()) == 5
+    assert trainer.args.dataloader_drop_last is True
