@@ -237,9 +237,12 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
             and "activation_checkpointing" not in c["training_arguments"]
         ),
     ),
-    ("TRAIN_COMPILE", "full", lambda c: c["training_arguments"]["torch_compile"] is True),
-    ("TRAIN_COMPILE_BACKEND", "full", lambda c: c["training_arguments"]["torch_compile_backend"] == "inductor"),
-    ("TRAIN_COMPILE_MODE", "full", lambda c: c["training_arguments"]["torch_compile_mode"] == "reduce-overhead"),
+    # the trainer compiles each decoder layer itself (trainer.run.models); Transformers compiles only under
+    # DeepSpeed/FSDP (test_speed_decisions.py)
+    ("TRAIN_COMPILE", "full", lambda c: c["decisions"]["compile"]["value"] is True
+     and c["training_arguments"]["dataloader_drop_last"] is True),
+    ("TRAIN_COMPILE_BACKEND", "full", lambda c: "backend inductor" in c["decisions"]["compile"]["reason"]),
+    ("TRAIN_COMPILE_MODE", "full", lambda c: "mode reduce-overhead" in c["decisions"]["compile"]["reason"]),
     ("TRAIN_ATTN", "full", lambda c: c["decisions"]["attn"]["value"] == "eager"),
     (
         "TRAIN_LIGER",

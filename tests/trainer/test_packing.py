@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from train_runs import finish, start, train_env
 
 from trainer.data import cache
@@ -79,11 +80,16 @@ def run_isolation(python: str | Path, tmp: Path, *attns: str) -> list[dict]:
 
 
 def test_a_packed_records_loss_equals_its_loss_alone(tmp_path: Path) -> None:
-    """The real dataset items and the model as the run builds it (sdpa on CPU, use_cache as the run sets it): each
-    trained token's loss in a packed sequence equals its loss with the record alone."""
-    (result,) = run_isolation(sys.executable, tmp_path, "auto")
-    assert result["records"] >= 6 and result["trained_tokens"] > 100
-    assert result["max_diff"] < 1e-5, result
+    """The real dataset items and the model as the run builds it (use_cache as the run sets it), for every attention
+    implementation the CPU runs (auto: sdpa; eager), eager and with its layers compiled by inductor: each trained
+    token's loss in a packed sequence equals its loss with the record alone. (flash-attention cannot run here: its
+    collator's boundaries are checked in the test below.)"""
+    variants = ["auto", "auto:compiled", "eager", "eager:compiled"]
+    results = run_isolation(sys.executable, tmp_path, *variants)
+    assert [r["attn"] for r in results] == variants
+    for result in results:
+        assert result["records"] >= 6 and result["trained_tokens"] > 100
+        assert result["max_diff"] < 1e-5, result
 
 
 @pytest.mark.row_12_1
@@ -96,6 +102,28 @@ def test_the_oldest_row_packs_the_same_way_and_keeps_records_apart(tmp_path: Pat
         assert result["records"] >= 6 and result["max_diff"] < 1e-5, result
     here = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), DataSpec(96), tmp_path)
     assert results[0]["meta"] == here.meta["packing"]  # the same packing on both stacks
+
+
+@pytest.mark.parametrize("attn", ["flash_attention_2", "flash_attention_4"])
+def test_flash_attention_gets_each_records_boundaries_from_the_collator(tmp_path: Path, attn: str) -> None:
+    """flash-attention's kernels cannot run on the CPU: the varlen metadata the collator gives them is checked
+    against the records themselves. One row; cu_seq_lens at every record start (int32, ending at the row's length);
+    max_length_q/k plain ints (no host sync, no graph break in a compiled layer)."""
+    from trainer.run.packed_attention import collator_for
+
+    write_pairs(tmp_path / "pairs.jsonl", 40)
+    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), 96, "text", tmp_path)
+    batch = collator_for(attn)([dataset[i] for i in range(4)])
+    positions = batch["position_ids"]
+    assert positions.shape == batch["input_ids"].shape == batch["labels"].shape == (1, 4 * 96)
+    starts = [i for i, p in enumerate(positions[0].tolist()) if p == 0]
+    assert len(starts) > 4  # several records per sequence
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        assert batch[key].dtype == torch.int32 and batch[key].tolist() == [*starts, 4 * 96]
+    lengths = [b - a for a, b in itertools.pairwise([*starts, 4 * 96])]
+    assert type(batch["max_length_q"]) is int and batch["max_length_q"] == batch["max_length_k"] == max(lengths)
+    plain = collator_for(attn)([{k: v for k, v in dataset[i].items() if k != "position_ids"} for i in range(2)])
+    assert plain["input_ids"].shape == (2, 96) and "cu_seq_lens_q" not in plain  # plain text: the causal kernel
 
 
 @pytest.mark.parametrize("long_records", ["truncate", "drop"])

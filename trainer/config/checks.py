@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer import compat, transformers_names
-from trainer.config import deepspeed
+from trainer.config import deepspeed, speed
 from trainer.config.inputs import Inputs
 from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.schema import TrainSettings
@@ -63,6 +63,9 @@ def _combination_problems(s: TrainSettings) -> list[str]:
         problems.append(
             f"TRAIN_QUANT={s.quant} needs TRAIN_LORA=1: quantized weights are frozen, only LoRA adapters train (QLoRA)"
         )
+    backend = speed.backend_problem(s, module_available)
+    if backend:
+        problems.append(backend)
     if s.compile == "1" and s.zero_stage == 3:
         problems.append(
             "TRAIN_COMPILE=1 with TRAIN_ZERO_STAGE=3: ZeRO-3 gathers parameters in hooks that break torch.compile "

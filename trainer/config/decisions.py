@@ -269,7 +269,7 @@ def decide_all(
     parts: dict[str, Decision] = {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
         "packing": decide_packing(inputs),
-        "model": decide_model(inputs, preset),
+        "model": (model := decide_model(inputs, preset)),
         "precision": precision,
         "tf32": decide(decide_tf32, s, hw, fallback=_decide(False, "refused")),
         "deepspeed": deepspeed_decision,
@@ -281,7 +281,7 @@ def decide_all(
         "grad_accum": speed.decide_grad_accum(s),
         "nproc_per_node": decide(decide_nproc, s, hw, fallback=_decide(1, "refused")),
         "compile": decide(speed.decide_compile, s, hw, ds, import_heavy, fallback=_decide(False, "refused")),
-        "liger": decide(speed.decide_liger, s, hw, fallback=_decide(False, "refused")),
+        "liger": decide(speed.decide_liger, s, hw, model.value, fallback=_decide(False, "refused")),
         "non_blocking": speed.decide_non_blocking(hw, pin_memory.value),
         "nan_inf_filter": speed.decide_nan_inf_filter(hw),
         "quant": decide(decide_quant, s, hw, fallback=_decide("none", "refused")),

@@ -35,6 +35,7 @@ class RunConfig:
     deepspeed: dict[str, Any] | None = None
     env: dict[str, str] = field(default_factory=dict)  # process environment the run sets (before torch)
     startup: dict[str, Any] = field(default_factory=dict)  # seconds per start-up phase (trainer.run.startup)
+    training_data: dict[str, Any] = field(default_factory=dict)  # batches per epoch, what is left out (run.train)
 
     @property
     def settings(self) -> TrainSettings:
@@ -58,6 +59,7 @@ class RunConfig:
             "deepspeed": self.deepspeed,
             "hub": self.hub,
             "startup": self.startup,
+            "training_data": self.training_data,
             "environment": {**recorded_environment(os.environ if environ is None else environ), **self.env},
         }
         data = json.loads(json.dumps(data, default=str))

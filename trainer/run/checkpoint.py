@@ -116,6 +116,15 @@ def _atomic_trainer_class() -> type:
 
             return shield_workers(super().get_train_dataloader())
 
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+            # A compiled run drops the partial last batch in training only (trainer.run.train.batches_per_epoch):
+            # every evaluation sequence is evaluated.
+            dropping, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+            try:
+                return super().get_eval_dataloader(eval_dataset)
+            finally:
+                self.args.dataloader_drop_last = dropping
+
         def _get_output_dir(self, trial: Any) -> str:
             if self._staging_dir is not None:
                 return self._staging_dir

@@ -207,6 +207,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
 
     s = cfg.settings
     out = Path(s.output_dir)
+    if cfg.decisions.compile.value:
+        _prepare_compile(cfg)
     args = _training_arguments(cfg)
     if args.should_save:
         acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
@@ -242,6 +244,9 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         from trainer.run.batch_search import apply_auto_batch
 
         apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
+    cfg.training_data = batches_per_epoch(len(dataset), args, s.seq_len)
+    if args.should_save:
+        cfg.write_run_config(out)
     trainer = AtomicCheckpointTrainer(
         model=model,
         args=args,
@@ -280,6 +285,36 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
 
         return push_after_run(cfg, out, args.world_size)
     return EXIT_OK
+
+
+def _prepare_compile(cfg: RunConfig) -> None:
+    """Regional compilation and the compile caches on the cache volume (trainer.config.speed.compile_environment),
+    set before Transformers builds its Accelerator; recorded in run_config.json's environment."""
+    from trainer.config.speed import compile_environment
+
+    env = compile_environment(os.environ)
+    os.environ.update(env)
+    cfg.env.update(env)
+    log.info("torch.compile: %s", cfg.decisions.compile.reason)
+
+
+def batches_per_epoch(sequences: int, args: Any, seq_len: int) -> dict[str, Any]:
+    """How the training DataLoader splits an epoch: full batches, and the partial last batch a compiled run leaves
+    out (a different random one each epoch). With fewer sequences than one batch there is one shape only: the
+    batch is kept (drop_last turned off)."""
+    batch = args.per_device_train_batch_size * max(1, args.world_size)
+    if sequences < batch:
+        args.dataloader_drop_last = False
+    partial = sequences % batch if args.dataloader_drop_last else 0
+    record = {"sequences": sequences, "global_batch": batch, "left_out_per_epoch": partial,
+              "left_out_tokens_per_epoch": partial * seq_len}  # fmt: skip
+    if partial:
+        log.warning(
+            "data: each epoch leaves out %d of %d sequences (%d tokens), its partial last batch: a compiled model "
+            "would recompile for that shape (a different random %d each epoch; TRAIN_BATCH_SIZE dividing %d "
+            "leaves out none)", partial, sequences, partial * seq_len, partial, sequences,
+        )  # fmt: skip
+    return record
 
 
 def _prepare_trackers(cfg: RunConfig, args: Any, resume: Resume) -> dict[str, Any] | None:
