@@ -112,7 +112,7 @@ def test_flash_attention_gets_each_records_boundaries_from_the_collator(tmp_path
     from trainer.run.packed_attention import collator_for
 
     write_pairs(tmp_path / "pairs.jsonl", 40)
-    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), 96, "text", tmp_path)
+    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), DataSpec(96), tmp_path)
     batch = collator_for(attn)([dataset[i] for i in range(4)])
     positions = batch["position_ids"]
     assert positions.shape == batch["input_ids"].shape == batch["labels"].shape == (1, 4 * 96)
