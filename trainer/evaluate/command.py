@@ -40,9 +40,14 @@ def register(commands: Any) -> None:
     )
     add_model_arguments(parser)
     add_decoding_arguments(parser)
-    parser.add_argument("--data", required=True, metavar="DATA", help="the eval set: a file, folder or glob in any "
-                        "layout training takes")  # fmt: skip
+    parser.add_argument("--data", metavar="DATA", help="the eval set: a file, folder or glob in any layout training "
+                        "takes")  # fmt: skip
     parser.add_argument("--output", required=True, metavar="DIR", help="the folder to write (new, or empty)")
+    parser.add_argument("--tasks", metavar="T1,T2", help="lm-eval-harness tasks (offline: `python -m trainer fetch "
+                        "--tasks T1,T2` first)")  # fmt: skip
+    parser.add_argument("--limit", type=float, help="--tasks: at most N examples per task (a fraction below 1)")
+    parser.add_argument("--num-fewshot", type=int, metavar="K", help="--tasks: K examples in each prompt")
+    parser.add_argument("--include-path", metavar="DIR", help="--tasks: a folder of your own lm-eval task YAML files")
     parser.add_argument("--regex", metavar="PATTERN", help="also score whether each answer matches PATTERN")
     parser.add_argument("--seq-len", type=int, metavar="N", help="pack the data into N-token sequences (default: "
                         "the run's TRAIN_SEQ_LEN)")  # fmt: skip
@@ -72,24 +77,35 @@ def main(args: argparse.Namespace) -> int:
     from trainer.generate.loading import memory_report, plan_of
 
     check_arguments(args)
+    if not args.data and not args.tasks:
+        raise ConfigError("eval: give --data (your eval set), --tasks (lm-eval-harness tasks), or both")
     out = Path(args.output)
     _check_out(out)
     pattern = _pattern(args.regex)
     plan = plan_of(args.model, args.adapter, "eval")  # the run's data settings, before any weights are read
-    overrides = {"TRAIN_SEQ_LEN": str(args.seq_len)} if args.seq_len else {}
-    settings = data_settings(plan.run_config, args.data, overrides)
-    source = eval_source(settings)
+    task_dict = _tasks(args)  # an unknown task, or one not fetched, exits here too
+    if args.data:
+        overrides = {"TRAIN_SEQ_LEN": str(args.seq_len)} if args.seq_len else {}
+        settings = data_settings(plan.run_config, args.data, overrides)
+        source = eval_source(settings)
     loaded, generator = load_for(args, "eval")
+    results: dict[str, Any] = {"model": plan.described}
     records: list[dict[str, Any]] = []
-    without = 0
-    if not args.no_generate:
-        records, without = _generate(generator, source, settings, pattern, args.batch_size)
-    with tempfile.TemporaryDirectory(prefix="trainkit-eval-cache-") as cache:
-        from trainer.evaluate.loss import loss_on, packed
+    if args.data:
+        records, without = ([], 0) if args.no_generate else _generate(generator, source, settings, pattern,
+                                                                      args.batch_size)  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="trainkit-eval-cache-") as cache:
+            from trainer.evaluate.loss import loss_on, packed
 
-        dataset = packed(settings, source, loaded.tokenizer, Path(cache))
-        loss = loss_on(loaded.model, dataset, args.batch_size, loaded.device)
-    results = _summary(args, plan, generator, loss, records, without, pattern is not None)
+            dataset = packed(settings, source, loaded.tokenizer, Path(cache))
+            loss = loss_on(loaded.model, dataset, args.batch_size, loaded.device)
+        results.update(_summary(args, generator, loss, records, without, pattern is not None))
+    if task_dict:
+        from trainer.evaluate.harness import run_tasks
+
+        results["tasks"] = run_tasks(loaded, task_dict, args.include_path, args.limit, args.num_fewshot,
+                                     args.batch_size)  # fmt: skip
+    results["time"] = time.time()
     write_atomically(out, results, records)
     print_table(results, out)
     print(memory_report(loaded), file=sys.stderr)
@@ -123,11 +139,21 @@ def _generate(generator: Any, source: Any, settings: Any, pattern: Any, batch_si
     return records, without
 
 
-def _summary(args: argparse.Namespace, plan: Any, generator: Any, loss: Any, records: list[dict[str, Any]],
-             without: int, regex: bool) -> dict[str, Any]:  # fmt: skip
+def _tasks(args: argparse.Namespace) -> dict[str, Any]:
+    if args.tasks is None:
+        if args.limit is not None or args.num_fewshot is not None or args.include_path:
+            raise ConfigError("--limit, --num-fewshot and --include-path go with --tasks")
+        return {}
+    from trainer.evaluate.harness import load_tasks, split_tasks
+
+    return load_tasks(split_tasks(args.tasks), args.include_path)
+
+
+def _summary(args: argparse.Namespace, generator: Any, loss: Any, records: list[dict[str, Any]], without: int,
+             regex: bool) -> dict[str, Any]:  # fmt: skip
     from trainer.evaluate.metrics import mean_of, perplexity
 
-    results: dict[str, Any] = {"model": plan.described, "data": args.data, "loss": loss.loss,
+    results: dict[str, Any] = {"data": args.data, "loss": loss.loss,
                                "perplexity": perplexity(loss.loss), "trained_tokens": loss.trained_tokens,
                                "sequences": loss.sequences}  # fmt: skip
     if not args.no_generate:
@@ -136,7 +162,6 @@ def _summary(args: argparse.Namespace, plan: Any, generator: Any, loss: Any, rec
         if regex:
             results.update(regex=mean_of(records, "regex"), regex_pattern=args.regex)
         results["decoding"] = generator.describe()
-    results["time"] = time.time()
     return results
 
 
@@ -168,11 +193,12 @@ def print_table(results: dict[str, Any], out: Path) -> None:
 
     from trainer.evaluate.metrics import summary_rows
 
-    table = Table(title=f"eval: {results['model']} on {results['data']}", title_justify="left")
+    console = Console(highlight=False, width=max(100, Console().width))
+    console.print(f"eval: {results['model']}" + (f" on {results['data']}" if results.get("data") else ""))
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in summary_rows(results):
         table.add_row(name, value)
-    console = Console(highlight=False, width=max(100, Console().width))
     console.print(table)
     console.print(f"written: {out / RESULTS}, {out / RECORDS}")

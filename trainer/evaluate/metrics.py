@@ -41,4 +41,7 @@ def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     for name in ("trained_tokens", "sequences", "records_generated", "records_without_reference"):
         if results.get(name) is not None:
             rows.append((name, str(results[name])))
+    for task, metrics in results.get("tasks", {}).items():
+        for name, value in metrics.items():
+            rows.append((f"{task} {name}", f"{value:.4f}" if isinstance(value, float) else str(value)))
     return rows
