@@ -135,3 +135,52 @@ def test_quant_exits_2_where_bitsandbytes_cannot_run_it(tmp_path: Path) -> None:
                             check=False)  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert "needs bitsandbytes 0.46+" in result.stderr and "Traceback" not in result.stderr
+
+
+TASK_YAML = """task: trainkit_qa
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "<|im_start|>user\\n{{{{question}}}}<|im_end|>\\n<|im_start|>assistant\\n"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
+
+
+def test_lm_eval_task_from_local_files_runs_offline_and_a_missing_one_exits_2(
+    memorized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An lm-eval task of our own (local JSON Lines, the memorized questions with every answer as a choice) runs
+    offline with --limit; `fetch --tasks` finds it in place; a task whose data was never fetched exits 2."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    answers = [a for _, a in PAIRS]
+    rows = [{"question": q, "choices": answers, "label": i} for i, (q, _) in enumerate(PAIRS)]
+    (tasks / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "trainkit_qa.yaml").write_text(TASK_YAML.format(data=tasks / "qa.jsonl"))
+    env = {"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    result = run_trainer(["eval", str(memorized / "out"), "--tasks", "trainkit_qa", "--include-path", str(tasks),
+                          "--limit", "2", "--output", str(tmp_path / "tasks-eval")], env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    scored = json.loads((tmp_path / "tasks-eval" / "eval_results.json").read_text())["tasks"]["trainkit_qa"]
+    assert scored["samples"] == 2 and scored["acc"] == 1.0  # the memorized answer is the likeliest choice
+    for name, value in {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    from trainer.__main__ import main
+
+    assert main(["fetch", "--tasks", "trainkit_qa", "--include-path", str(tasks)]) == 0
+    assert "lm-eval tasks in the cache: trainkit_qa" in capsys.readouterr().out
+    _user_error(
+        ["eval", str(memorized / "out"), "--tasks", "arc_easy", "--output", str(tmp_path / "arc")],
+        capsys,
+        "lm-eval task 'arc_easy': its data is not in the cache",
+        "python -m trainer fetch --tasks arc_easy",
+    )
+    _user_error(["eval", str(memorized / "out"), "--tasks", "no_such_task", "--output", str(tmp_path / "x")], capsys,
+                "'no_such_task': unknown to lm-eval")  # fmt: skip

@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
         results["tasks"] = run_tasks(loaded, task_dict, args.include_path, args.limit, args.num_fewshot,
                                      args.batch_size)  # fmt: skip
     results["time"] = time.time()
-    write_atomically(out, results, records)
+    write_atomically(out, results, records if args.data else None)
     print_table(results, out)
     print(memory_report(loaded), file=sys.stderr)
     return EXIT_OK
@@ -114,6 +114,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _generate(generator: Any, source: Any, settings: Any, pattern: Any, batch_size: int
               ) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from trainer.evaluate.metrics import scores
@@ -126,7 +127,7 @@ def _generate(generator: Any, source: Any, settings: Any, pattern: Any, batch_si
         except ConfigError as exc:
             raise ConfigError(f"eval --data {reference.where}: {exc.message}") from None
     records = []
-    with Progress(TextColumn("answering"), BarColumn(), MofNCompleteColumn()) as bar:
+    with Progress(TextColumn("answering"), BarColumn(), MofNCompleteColumn(), console=Console(stderr=True)) as bar:
         task = bar.add_task("eval", total=len(found))
         for start in range(0, len(found), batch_size):
             chunk = found[start : start + batch_size]
@@ -165,16 +166,17 @@ def _summary(args: argparse.Namespace, generator: Any, loss: Any, records: list[
     return results
 
 
-def write_atomically(out: Path, results: dict[str, Any], records: list[dict[str, Any]]) -> None:
+def write_atomically(out: Path, results: dict[str, Any], records: list[dict[str, Any]] | None) -> None:
     """DIR complete or not at all: written in a staging folder next to it, fsynced, then renamed."""
     staging = out.parent / f".tmp-eval-{out.name}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        with open(staging / RECORDS, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-            fh.flush()
-            os.fsync(fh.fileno())
+        if records is not None:
+            with open(staging / RECORDS, "w", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+                fh.flush()
+                os.fsync(fh.fileno())
         with open(staging / RESULTS, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(results, indent=2) + "\n")
             fh.flush()
@@ -201,4 +203,4 @@ def print_table(results: dict[str, Any], out: Path) -> None:
     for name, value in summary_rows(results):
         table.add_row(name, value)
     console.print(table)
-    console.print(f"written: {out / RESULTS}, {out / RECORDS}")
+    console.print(f"written: {out / RESULTS}" + (f", {out / RECORDS}" if results.get("data") else ""))

@@ -46,9 +46,8 @@ def prompt_of(row: Any) -> Prompt:
     raise ValueError("no `prompt` text or `messages` list")
 
 
-def read_requests(path: Path, generator: Generator, max_bad_lines: int) -> list[Request]:
-    """Every request of the file, encoded; more bad lines than --max-bad-lines is a ConfigError naming them by
-    file:line (fewer are skipped, each named on stderr)."""
+def read_requests(path: Path, max_bad_lines: int) -> tuple[list[Request], list[str]]:
+    """(requests, bad lines "file:line: why") of the file, read before the model is loaded; `check_bad` decides."""
     if not path.is_file():
         raise ConfigError(f"generate --input {path}: no such file; give a JSON Lines file of {{\"prompt\": ...}} or "
                           "{\"messages\": [...]} lines")  # fmt: skip
@@ -60,20 +59,45 @@ def read_requests(path: Path, generator: Generator, max_bad_lines: int) -> list[
                 continue
             try:
                 row = json.loads(line)
-                requests.append(Request(number, row, generator.encode(prompt_of(row))))
-            except (ValueError, ConfigError) as exc:
-                reason = exc.message if isinstance(exc, ConfigError) else str(exc)
-                bad.append(f"{path}:{number}: {reason}")
-    if len(bad) > max_bad_lines:
-        more = f"\n  ... and {len(bad) - SHOWN_BAD} more" if len(bad) > SHOWN_BAD else ""
-        shown = "\n  ".join(bad[:SHOWN_BAD]) + more
-        raise ConfigError(f"generate --input {path}: {len(bad)} bad line(s) of {len(bad) + len(requests)}:\n  {shown}\n"
-                          f"fix them, or pass --max-bad-lines N to skip up to N (each is named)")  # fmt: skip
+                requests.append(Request(number, row, prompt_of(row)))
+            except ValueError as exc:
+                bad.append(f"{path}:{number}: {exc}")
+    check_bad(path, bad, len(requests) + len(bad), max_bad_lines)
+    if blank:
+        print(f"generate: {blank} blank line(s) in {path} (no request)", file=sys.stderr)
+    return requests, bad
+
+
+def encode_requests(path: Path, requests: list[Request], bad: list[str], generator: Generator, max_bad_lines: int
+                    ) -> list[Request]:  # fmt: skip
+    """The requests the model can take (a chat template where messages need one, room in its context); the others
+    are bad lines too."""
+    from trainer.data.chat import in_file_order
+
+    kept, total = [], len(requests) + len(bad)
+    for request in requests:
+        try:
+            generator.encode(request.prompt)
+            kept.append(request)
+        except ConfigError as exc:
+            bad.append(f"{path}:{request.line}: {exc.message}")
+    bad[:] = in_file_order(bad)
+    check_bad(path, bad, total, max_bad_lines)
     for message in bad:
         print(f"skipped (--max-bad-lines {max_bad_lines}): {message}", file=sys.stderr)
-    print(f"generate: {len(requests)} request(s) from {path}" + (f", {len(bad)} bad line(s) skipped" if bad else "")
-          + (f", {blank} blank line(s)" if blank else ""), file=sys.stderr)  # fmt: skip
-    return requests
+    print(f"generate: {len(kept)} request(s) from {path}" + (f", {len(bad)} bad line(s) skipped" if bad else ""),
+          file=sys.stderr)  # fmt: skip
+    return kept
+
+
+def check_bad(path: Path, bad: list[str], total: int, max_bad_lines: int) -> None:
+    """More bad lines than --max-bad-lines: a ConfigError naming the first ones by file:line."""
+    if len(bad) <= max_bad_lines:
+        return
+    more = f"\n  ... and {len(bad) - SHOWN_BAD} more" if len(bad) > SHOWN_BAD else ""
+    shown = "\n  ".join(bad[:SHOWN_BAD]) + more
+    raise ConfigError(f"generate --input {path}: {len(bad)} bad line(s) of {total}:\n  {shown}\nfix them, or pass "
+                      "--max-bad-lines N to skip up to N (each is named)")  # fmt: skip
 
 
 def done_lines(out: Path, resume: bool) -> int:
@@ -96,6 +120,7 @@ def done_lines(out: Path, resume: bool) -> int:
 
 def run_batch(generator: Generator, requests: list[Request], out: Path, batch_size: int, skip: int) -> int:
     """Generate for requests[skip:] in batches, appending each answer as one line; Ctrl-C keeps the lines written."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     todo = requests[skip:]
@@ -104,7 +129,7 @@ def run_batch(generator: Generator, requests: list[Request], out: Path, batch_si
     written = 0
     columns = (TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     try:
-        with open(out, "a", encoding="utf-8") as fh, Progress(*columns, transient=False) as bar:
+        with open(out, "a", encoding="utf-8") as fh, Progress(*columns, console=Console(stderr=True)) as bar:
             task = bar.add_task("generate", total=len(todo))
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start : start + batch_size]

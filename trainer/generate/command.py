@@ -55,7 +55,7 @@ def register(commands: Any) -> None:
     )
     add_model_arguments(parser)
     add_decoding_arguments(parser)
-    parser.add_argument("--input", metavar="FILE", help="JSON Lines: {\"prompt\": text} or {\"messages\": [...]}")
+    parser.add_argument("--input", metavar="FILE", help='JSON Lines: {"prompt": text} or {"messages": [...]}')
     parser.add_argument("--output", metavar="FILE", help="with --input: the answers (appended line by line)")
     parser.add_argument("--resume", action="store_true", help="--output exists: continue after its complete lines")
     parser.add_argument("--max-bad-lines", type=int, default=0, metavar="N", help="skip up to N bad --input lines")
@@ -112,17 +112,16 @@ def main(args: argparse.Namespace) -> int:
     check_arguments(args)
     if (args.input is None) != (args.output is None):
         raise ConfigError("--input and --output go together: generate MODEL --input prompts.jsonl --output out.jsonl")
-    if args.output:
-        from trainer.generate.batch import done_lines
+    if args.input:  # the files are checked before loading: a mistake costs no load time
+        from trainer.generate.batch import done_lines, encode_requests, read_requests, run_batch
 
-        skip = done_lines(Path(args.output), args.resume)  # before loading: a mistake costs no load time
+        skip = done_lines(Path(args.output), args.resume)
+        requests, bad = read_requests(Path(args.input), args.max_bad_lines)
     loaded, generator = load_for(args, "generate")
     print(generator.describe(), file=sys.stderr)
     print(memory_report(loaded), file=sys.stderr)
     if args.input:
-        from trainer.generate.batch import read_requests, run_batch
-
-        requests = read_requests(Path(args.input), generator, args.max_bad_lines)
+        requests = encode_requests(Path(args.input), requests, bad, generator, args.max_bad_lines)
         code = run_batch(generator, requests, Path(args.output), args.batch_size, min(skip, len(requests)))
     else:
         code = chat(generator)
