@@ -170,12 +170,11 @@ def test_lm_eval_task_from_local_files_runs_offline_and_a_missing_one_exits_2(
     assert result.returncode == 0, result.stderr[-3000:]
     scored = json.loads((tmp_path / "tasks-eval" / "eval_results.json").read_text())["tasks"]["trainkit_qa"]
     assert scored["samples"] == 2 and scored["acc"] == 1.0  # the memorized answer is the likeliest choice
+    result = run_trainer(["fetch", "--tasks", "trainkit_qa", "--include-path", str(tasks)], env=env)  # offline check
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lm-eval tasks in the cache: trainkit_qa" in result.stdout
     for name, value in {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
         monkeypatch.setenv(name, value)
-    from trainer.__main__ import main
-
-    assert main(["fetch", "--tasks", "trainkit_qa", "--include-path", str(tasks)]) == 0
-    assert "lm-eval tasks in the cache: trainkit_qa" in capsys.readouterr().out
     _user_error(
         ["eval", str(memorized / "out"), "--tasks", "arc_easy", "--output", str(tmp_path / "arc")],
         capsys,
