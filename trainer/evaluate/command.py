@@ -91,6 +91,11 @@ def main(args: argparse.Namespace) -> int:
     loaded, generator = load_for(args, "eval")
     results: dict[str, Any] = {"model": plan.described}
     records: list[dict[str, Any]] = []
+    if task_dict:  # first: the loss below switches the model's KV cache off, which generating tasks want on
+        from trainer.evaluate.harness import run_tasks
+
+        results["tasks"] = run_tasks(loaded, task_dict, args.include_path, args.limit, args.num_fewshot,
+                                     args.batch_size)  # fmt: skip
     if args.data:
         records, without = ([], 0) if args.no_generate else _generate(generator, source, settings, pattern,
                                                                       args.batch_size)  # fmt: skip
@@ -100,11 +105,6 @@ def main(args: argparse.Namespace) -> int:
             dataset = packed(settings, source, loaded.tokenizer, Path(cache))
             loss = loss_on(loaded.model, dataset, args.batch_size, loaded.device)
         results.update(_summary(args, generator, loss, records, without, pattern is not None))
-    if task_dict:
-        from trainer.evaluate.harness import run_tasks
-
-        results["tasks"] = run_tasks(loaded, task_dict, args.include_path, args.limit, args.num_fewshot,
-                                     args.batch_size)  # fmt: skip
     results["time"] = time.time()
     write_atomically(out, results, records if args.data else None)
     print_table(results, out)
