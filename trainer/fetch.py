@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     if args.tasks:
         from trainer.evaluate.harness import load_tasks, split_tasks
 
-        report["tasks"] = sorted(load_tasks(split_tasks(args.tasks), args.include_path, fetching=not offline()))
+        report["tasks"] = load_tasks(split_tasks(args.tasks), args.include_path, fetching=not offline()).names
     print(json.dumps(report, indent=2) if args.json else _text(report))
     return EXIT_OK
 

@@ -83,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     _check_out(out)
     pattern = _pattern(args.regex)
     plan = plan_of(args.model, args.adapter, "eval")  # the run's data settings, before any weights are read
-    task_dict = _tasks(args)  # an unknown task, or one not fetched, exits here too
+    tasks = _tasks(args)  # an unknown task, or one not fetched, exits here too
     if args.data:
         overrides = {"TRAIN_SEQ_LEN": str(args.seq_len)} if args.seq_len else {}
         settings = data_settings(plan.run_config, args.data, overrides)
@@ -91,11 +91,10 @@ def main(args: argparse.Namespace) -> int:
     loaded, generator = load_for(args, "eval")
     results: dict[str, Any] = {"model": plan.described}
     records: list[dict[str, Any]] = []
-    if task_dict:  # first: the loss below switches the model's KV cache off, which generating tasks want on
+    if tasks:  # first: the loss below switches the model's KV cache off, which generating tasks want on
         from trainer.evaluate.harness import run_tasks
 
-        results["tasks"] = run_tasks(loaded, task_dict, args.include_path, args.limit, args.num_fewshot,
-                                     args.batch_size)  # fmt: skip
+        results["tasks"] = run_tasks(loaded, tasks, args.limit, args.num_fewshot, args.batch_size)
     if args.data:
         records, without = ([], 0) if args.no_generate else _generate(generator, source, settings, pattern,
                                                                       args.batch_size)  # fmt: skip
@@ -140,11 +139,11 @@ def _generate(generator: Any, source: Any, settings: Any, pattern: Any, batch_si
     return records, without
 
 
-def _tasks(args: argparse.Namespace) -> dict[str, Any]:
+def _tasks(args: argparse.Namespace) -> Any:
     if args.tasks is None:
         if args.limit is not None or args.num_fewshot is not None or args.include_path:
             raise ConfigError("--limit, --num-fewshot and --include-path go with --tasks")
-        return {}
+        return None
     from trainer.evaluate.harness import load_tasks, split_tasks
 
     return load_tasks(split_tasks(args.tasks), args.include_path)

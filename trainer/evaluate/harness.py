@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.errors import ConfigError
@@ -38,19 +39,28 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", "")
 
 
-def load_tasks(tasks: list[str], include_path: str | None, fetching: bool = False) -> dict[str, Any]:
-    """lm-eval's task objects, with their datasets loaded (from the cache when offline, downloaded by `fetch`)."""
-    from lm_eval.tasks import get_task_dict
+@dataclass
+class Tasks:
+    """lm-eval tasks whose data is in place, and the TaskManager that found them (indexing its YAML files is slow:
+    it is made once)."""
 
+    names: list[str]
+    manager: Any
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+
+def load_tasks(tasks: list[str], include_path: str | None, fetching: bool = False) -> Tasks:
+    """The tasks, each with its datasets loaded once (from the cache when offline, downloaded by `fetch`)."""
     manager = _task_manager(include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(*(f"lm-eval task {t!r}: unknown to lm-eval (`lm_eval --tasks list` lists them; "
                             "--include-path DIR adds your own YAML tasks)" for t in unknown))  # fmt: skip
-    loaded: dict[str, Any] = {}
     for task in tasks:
         try:
-            loaded.update(get_task_dict([task], manager))
+            manager.load([task])
         except Exception as exc:  # datasets' offline and connection errors have no common class
             if fetching or not _offline():
                 raise ConfigError(f"lm-eval task {task!r}: its data could not be loaded ({type(exc).__name__}: "
@@ -58,19 +68,19 @@ def load_tasks(tasks: list[str], include_path: str | None, fetching: bool = Fals
             raise ConfigError(f"lm-eval task {task!r}: its data is not in the cache ({os.environ.get('HF_HOME', '~')}"
                               "), and HF_HUB_OFFLINE=1; fetch it where the Hub is reachable: python -m trainer fetch "
                               f"--tasks {task}") from None  # fmt: skip
-    return loaded
+    return Tasks(tasks, manager)
 
 
-def run_tasks(loaded: Any, task_dict: dict[str, Any], include_path: str | None, limit: float | None,
-              num_fewshot: int | None, batch_size: int) -> dict[str, dict[str, float]]:  # fmt: skip
+def run_tasks(loaded: Any, tasks: Tasks, limit: float | None, num_fewshot: int | None, batch_size: int
+              ) -> dict[str, dict[str, float]]:  # fmt: skip
     """{task: {metric: value}} from lm-eval's simple_evaluate on the loaded model (its weights, tokenizer, adapter)
-    for the tasks `load_tasks` gave."""
+    for the tasks `load_tasks` found (their data from the cache it filled)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
     model = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch_size)
-    out = simple_evaluate(model=model, tasks=list(task_dict.values()), limit=limit, num_fewshot=num_fewshot,
-                          log_samples=False, task_manager=_task_manager(include_path))  # fmt: skip
+    out = simple_evaluate(model=model, tasks=tasks.names, limit=limit, num_fewshot=num_fewshot, log_samples=False,
+                          task_manager=tasks.manager)  # fmt: skip
     results: dict[str, dict[str, float]] = {}
     for task, metrics in (out or {}).get("results", {}).items():
         results[task] = {name.removesuffix(",none"): value for name, value in metrics.items()
