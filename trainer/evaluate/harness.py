@@ -7,6 +7,7 @@ the task and the fetch command, raised before any task runs."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -25,7 +26,9 @@ def split_tasks(text: str) -> list[str]:
     return tasks
 
 
+@functools.lru_cache(maxsize=4)
 def _task_manager(include_path: str | None) -> Any:
+    """lm-eval's index of its tasks (some 15,000 YAML files, seconds to read): made once per process."""
     try:
         from lm_eval.tasks import TaskManager
     except ImportError:
