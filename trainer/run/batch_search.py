@@ -110,7 +110,7 @@ def memory_probe(model: Any, seq_len: int, vocab_size: int, device: Any, precisi
     import torch
 
     from trainer.compat import out_of_memory_error
-    from trainer.run.models import compute_dtype
+    from trainer.precision import compute_dtype
 
     oom = out_of_memory_error()
     dtype = compute_dtype(precision)
