@@ -45,12 +45,14 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--json goes with --show N (the summary line is JSON already)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     from trainer.config import load_settings
+    from trainer.data.chat import template_of
     from trainer.data.dataset import build_dataset
     from trainer.data.shards import peak_rss_bytes
     from trainer.tokenizer import tokenizer_for
 
     settings = load_settings()
-    tokenizer = tokenizer_for(settings)
+    template = template_of(settings)
+    tokenizer = tokenizer_for(settings, template.text, template.origin)
     dataset = build_dataset(settings, tokenizer)
     summary = {"folder": str(dataset.folder), "sequences": len(dataset), **{k: dataset.meta.get(k) for k in STATS}}
     summary["peak_rss_bytes"] = peak_rss_bytes()

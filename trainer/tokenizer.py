@@ -61,18 +61,16 @@ def has_tokenizer(folder: str | Path) -> bool:
     return path.is_dir() and any((path / name).exists() for name in TOKENIZER_FILES)
 
 
-def tokenizer_for(settings: Any) -> PreTrainedTokenizerBase:
+def tokenizer_for(settings: Any, template: str | None, origin: str) -> PreTrainedTokenizerBase:
     """TRAIN_TOKENIZER's tokenizer when it is set, else TRAIN_MODEL's own (or the byte-level one), with the chat
-    template the checks found (TRAIN_CHAT_TEMPLATE's, else the folder's, whichever file of it this Transformers
-    reads); saved with the tokenizer in final/ and every checkpoint."""
-    from trainer.data.chat import template_of
-
+    template the checks found (`template`, from `origin`: trainer.data.chat.template_of, TRAIN_CHAT_TEMPLATE's, else
+    the folder's, whichever file of it this Transformers reads); saved with the tokenizer in final/ and every
+    checkpoint. The data layer uses tokenizers, so this module asks nothing of it."""
     tok = load_tokenizer(tokenizer_folder(settings) or model_folder(settings))
-    choice = template_of(settings)
-    if choice.text and (settings.chat_template or not tok.chat_template):
-        tok.chat_template = choice.text
-    if choice.text:
-        log.info("tokenizer: chat template: %s", choice.origin)
+    if template and (settings.chat_template or not tok.chat_template):
+        tok.chat_template = template
+    if template:
+        log.info("tokenizer: chat template: %s", origin)
     return tok
 
 
@@ -90,3 +88,13 @@ def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def fit_embeddings(model: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Give every id of `tokenizer` an embedding row (a model folder without its tokenizer gets the byte-level one);
+    the run does it before training, export before adding the run's adapter."""
+    weight = model.get_input_embeddings().weight
+    rows = int(getattr(weight, "ds_shape", weight.shape)[0])  # ZeRO-3: the local shard is empty
+    if len(tokenizer) > rows:
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+        log.info("model: embeddings resized to %d for the tokenizer", model.get_input_embeddings().weight.shape[0])

@@ -31,6 +31,7 @@ def per_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
     from trainer.config import load_settings, resolve
+    from trainer.data.chat import template_of
     from trainer.data.dataset import build_dataset
     from trainer.run.models import build_model
     from trainer.run.packed_attention import collator_for
@@ -39,7 +40,8 @@ def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
     env = {"TRAIN_DATA": data, "TRAIN_OUTPUT_DIR": output_dir, "TRAIN_SEQ_LEN": "96", "TRAIN_ATTN": attn}
     settings = load_settings(env)
     cfg = resolve(settings)
-    tokenizer = tokenizer_for(settings)
+    template = template_of(settings)
+    tokenizer = tokenizer_for(settings, template.text, template.origin)
     dataset = build_dataset(settings, tokenizer)
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer).train()  # as Trainer runs it (no dropout in Llama)

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 COMPLETE_MARKER = "trainkit_complete"  # written last into every published checkpoint (trainer.run.checkpoint)
 STATE_FILE = "trainer_state.json"  # Transformers' record of the step, the batch, the best checkpoint
-MODES = ("auto", "never")  # TRAIN_RESUME's words; anything else is a checkpoint folder
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 CHECKSUM_MAX_BYTES = 1 << 20
 CANNOT_CHANGE = ("model", "tokenizer", "lora", "lora_r", "lora_alpha", "lora_targets", "quant", "zero_stage", "fsdp")
@@ -131,13 +130,6 @@ def decide(settings: TrainSettings) -> Resume:
 
 
 # ---- whether the run may continue ----------------------------------------------------------------------------------
-
-
-def setting_problems(resume: str) -> list[str]:
-    """What is wrong with a TRAIN_RESUME value, known without reading the checkpoint (stage 1 of the checks)."""
-    if resume in MODES or Path(resume).is_dir():
-        return []
-    return [f"TRAIN_RESUME={resume!r}: no such checkpoint folder; use auto, never or an existing checkpoint-N path"]
 
 
 def resumable_problems(folder: Path) -> list[str]:

@@ -183,6 +183,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from transformers import set_seed
 
     from trainer.data.cache import Stopped, default_cache_dir
+    from trainer.data.chat import template_of
     from trainer.data.dataset import build_dataset
     from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
     from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
@@ -207,7 +208,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         cfg.write_run_config(out)
     tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
     clock.mark("libraries")
-    tokenizer = tokenizer_for(s)
+    template = template_of(s)
+    tokenizer = tokenizer_for(s, template.text, template.origin)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         with full_disk_ends_run(default_cache_dir(s.output_dir), "writing the tokenized data cache"):
             dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
