@@ -5,6 +5,7 @@ pure-data modules free of the docker SDK and torch."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,19 @@ def test_rooms_on_one_floor_import_each_other_one_way_only() -> None:
     through = [describe(e) for e in between_rooms() if floor_of(e[0]) == floor_of(e[1]) and {room(e[0]), room(e[1])}
                <= in_circles]  # fmt: skip
     assert circles == [], "rooms on one floor in a circle:\n" + "\n".join([*circles, "through:", *through])
+
+
+def test_the_architecture_doc_puts_every_room_on_its_floor() -> None:
+    """docs/architecture.md's numbered floors name each room of the tree (`errors`, `hub/`, `fetch.py`, `scripts/`)."""
+    text = (ROOT / "docs" / "architecture.md").read_text().split("### Floors", 1)[1].split("###", 1)[0]
+    drawn = {}
+    for level, line in enumerate(re.findall(r"^\d+\. (.*)$", text, re.MULTILINE)):
+        for name in re.findall(r"`([^`]+)`", line):
+            stem = name.removesuffix("/").removesuffix(".py")
+            drawn[stem if stem in ("scripts", "benchmarks") else f"trainer/{stem}"] = level
+    rooms = {room(path) for path in modules().values()} - {"trainer/__init__"}
+    placed = {name: drawn.get(name if name.startswith("trainer/") else name.split("/")[0]) for name in rooms}
+    assert {name: level for name, level in placed.items() if level != floor_of(ROOT / f"{name}.py")} == {}
 
 
 def test_pure_data_modules_import_neither_docker_nor_torch() -> None:
