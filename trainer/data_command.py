@@ -50,7 +50,8 @@ def main(args: argparse.Namespace) -> int:
     from trainer.tokenizer import tokenizer_for
 
     inputs = load_inputs()
-    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    choice = inputs.template()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
     summary = {"folder": str(dataset.folder), "sequences": len(dataset), **{k: dataset.meta.get(k) for k in STATS}}
     summary["peak_rss_bytes"] = peak_rss_bytes()

@@ -221,7 +221,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
     clock.mark("libraries")
     inputs = cfg.inputs
-    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    choice = inputs.template()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         with full_disk_ends_run(inputs.cache_dir, "writing the tokenized data cache"):
             dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir,
