@@ -19,9 +19,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import EXIT_OK, ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config.schema import TrainSettings
 
 RESULTS = "eval_results.json"
 RECORDS = "records.jsonl"
@@ -111,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _generate(generator: Any, source: Any, settings: Any, pattern: Any, batch_size: int
+def _generate(generator: Any, source: Any, settings: TrainSettings, pattern: Any, batch_size: int
               ) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn

@@ -30,9 +30,12 @@ import math
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import EXIT_DIVERGED
+
+if TYPE_CHECKING:
+    from trainer.config.schema import TrainSettings
 
 log = logging.getLogger("trainer")
 
@@ -58,13 +61,13 @@ def all_finite(tensors: Iterable[Any]) -> Any:
     return torch.stack([n.to(device, torch.float32) for n in norms]).isfinite().all()
 
 
-def settings_digest(settings: Any) -> str:
+def settings_digest(settings: TrainSettings) -> str:
     """A digest of the TRAIN_* settings: the same digest, the same run (its data order and weights included)."""
     text = json.dumps(settings.model_dump(mode="json"), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def retried_after_divergence(output_dir: Path, settings: Any) -> bool:
+def retried_after_divergence(output_dir: Path, settings: TrainSettings) -> bool:
     """True when this output folder's last run diverged with these same settings (OUTPUT_DIR/diverged.json): it would
     diverge again from the same checkpoint, so a restart by torchrun (TRAIN_MAX_RESTARTS), compose
     (restart: on-failure) or the user exits EXIT_DIVERGED at once, asking for a change instead of training."""
@@ -224,7 +227,7 @@ def _guard_class() -> type:
 
         # ---- the end of the run ----
 
-        def report(self, lr: float, output_dir: Path, main_process: bool, settings: Any) -> int:
+        def report(self, lr: float, output_dir: Path, main_process: bool, settings: TrainSettings) -> int:
             """Log what happened and what to do, record it (RECORD, read by any restart); the exit code."""
             if main_process:
                 record = {"step": self.diverged_at, "reason": self.reason, "last_finite_loss": self.last_finite_loss,

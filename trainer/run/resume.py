@@ -156,7 +156,7 @@ def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     return {k: v for k, v in mask_secrets(values).items() if resume_rule(k) is not OnResume.NOT_RECORDED}
 
 
-def run_record(settings: Any, hub: dict[str, Any]) -> records.CheckpointRecord:
+def run_record(settings: TrainSettings, hub: dict[str, Any]) -> records.CheckpointRecord:
     """What every checkpoint of this run records for a later resume: its settings and the Hub commits it loaded
     (RunConfig's `hub`); the trackers add their runs, the writer the step and the files."""
     return records.CheckpointRecord(settings=recorded_settings(settings), hub=dict(hub))
