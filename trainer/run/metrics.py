@@ -103,10 +103,22 @@ def reset_peak_memory() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
         return
+    _return_freed_heap()  # freed probe tensors glibc still holds would otherwise count as resident
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
         log.debug("peak resident memory cannot be reset here: peak_mem_bytes keeps the process's peak")
+
+
+def _return_freed_heap() -> None:
+    """glibc's malloc_trim: give the heap's free pages back to the system (a no-op where libc has none)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _status_kib(field: str) -> int | None:
