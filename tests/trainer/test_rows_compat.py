@@ -12,9 +12,9 @@ from trainer import compat
 from trainer.compat import Stack
 
 ROWS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())["cuda"]
-STACKS = {  # each row's torch and transformers (versions.toml), and flash-attn as that row's image has it
-    "12.1": Stack(torch=(2, 1, 0), transformers=(4, 46, 3), flash_attn=(1, 0, 7)),
-    "12.4": Stack(torch=(2, 4, 0), transformers=(4, 57, 6), flash_attn=(2, 4, 2)),
+STACKS = {  # each row's torch and transformers (versions.toml), flash-attn as that row's image has it, TRL (3.11+ only)
+    "12.1": Stack(torch=(2, 1, 0), transformers=(4, 46, 3), flash_attn=(1, 0, 7), trl=None),
+    "12.4": Stack(torch=(2, 4, 0), transformers=(4, 57, 6), flash_attn=(2, 4, 2), trl=None),
     "12.6": Stack(torch=(2, 6, 0), transformers=(5, 23, 0), flash_attn=(2, 8, 3)),
     "12.8": Stack(torch=(2, 7, 0), transformers=(5, 23, 0), flash_attn=(2, 8, 3)),
 }

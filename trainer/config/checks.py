@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer import compat, transformers_names
-from trainer.config import deepspeed
+from trainer.config import deepspeed, methods
 from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.schema import TrainSettings
 from trainer.data.chat import template_problems
@@ -128,7 +128,11 @@ def _deepspeed_config_problems(s: TrainSettings) -> list[str]:
 
 def _train_args_problems(s: TrainSettings) -> list[str]:
     try:
-        return transformers_names.check_train_args(transformers_names.split_train_args(s.args))
+        tokens = transformers_names.split_train_args(s.args)
+        if methods.is_preference(s):
+            owner = f"TRL {methods.METHODS[s.method].config}"
+            return transformers_names.check_train_args(tokens, methods.config_fields(s.method), owner)
+        return transformers_names.check_train_args(tokens)
     except ConfigError as exc:
         return exc.problems
 
@@ -263,6 +267,8 @@ STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
     _nvme_problems,
     _output_problems,
     _data_problems,
+    methods.option_problems,
+    methods.data_problems,
     push_problems,
     _eval_problems,
 )
@@ -276,4 +282,5 @@ def static_problems(settings: TrainSettings) -> list[str]:
 
 def _chat_template_problems(s: TrainSettings) -> list[str]:
     """After the Hub: the template comes with a Hub tokenizer."""
-    return template_problems(s, source_of(s))
+    found = methods.template_problem(s)
+    return [found] if found else template_problems(s, source_of(s))

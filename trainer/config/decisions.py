@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed, speed
+from trainer.config import deepspeed, methods, speed
 from trainer.config.decision import Decision
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
@@ -64,6 +64,8 @@ class Decisions:
     args: Decision[dict[str, Any]] = field(default_factory=lambda: Decision({}, "TRAIN_ARGS empty"))
     data_format: Decision[str] = field(default_factory=lambda: Decision("", "not detected"))  # trainer.data.chat
     chat_template: Decision[str] = field(default_factory=lambda: Decision("none", "no conversations"))
+    method: Decision[str] = field(default_factory=lambda: Decision("sft", "TRAIN_METHOD=sft"))  # config.methods
+    reference: Decision[str] = field(default_factory=lambda: Decision("none", "TRAIN_METHOD=sft"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -289,6 +291,8 @@ def decide_all(
         "resume": _decide(s.resume, _resume_reason(s.resume)),
         "cuda_alloc_conf": alloc_decision,
         **{what: Decision(*found) for what, found in chat_report(s, source).items()},
+        "method": methods.decide_method(s),
+        "reference": methods.decide_reference(s),
     }
     if problems:
         raise ConfigError(*problems)

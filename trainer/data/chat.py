@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.data import preference
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ FROM_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": 
               "tool": "tool", "observation": "tool", "function_call": "assistant"}  # fmt: skip
 CHAT_LAYOUTS = ("messages", "conversations", "chat_pair")
 LAYOUT_NAMES = {"messages": "messages", "conversations": "ShareGPT conversations", "chat_pair":
-                "conversational prompt/completion", "pair": "prompt/completion", "text": "text"}  # fmt: skip
+                "conversational prompt/completion", "pair": "prompt/completion", "text": "text",
+                **preference.PREFERENCE_LAYOUTS}  # fmt: skip
 LOSS_ON = ("assistant", "last", "all")
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "assets" / "chat_templates"
 BUILTIN_TEMPLATES = {p.stem: p for p in sorted(TEMPLATES_DIR.glob("*.jinja"))}
@@ -51,6 +53,9 @@ class BadRecord(ValueError):
 
 def layout_of_record(row: dict[str, Any], text_field: str) -> str | None:
     """The layout of one JSON record; None when it holds nothing trainkit reads."""
+    found = preference.layout_of_record(row)
+    if found:
+        return found
     if isinstance(row.get("messages"), list):
         return "messages"
     if isinstance(row.get("conversations"), list):
@@ -65,6 +70,9 @@ def layout_of_columns(schema: Any, text_field: str) -> str | None:
     import pyarrow as pa
 
     names = schema.names
+    found = preference.layout_of_columns(schema)
+    if found:
+        return found
     for layout in ("messages", "conversations"):
         if layout in names and pa.types.is_list(schema.field(layout).type):
             return layout

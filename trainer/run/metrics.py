@@ -142,7 +142,22 @@ class MetricsCallback(TrainerCallback):
             "peak_mem_bytes": peak_memory_bytes(),
             "mfu": mfu,
             "time": time.time(),
+            **method_metrics(logs),
         }
+
+
+# The metrics TRL's preference trainers log besides their "group/name" ones (rewards/margins, logps/chosen, ...).
+METHOD_METRIC_NAMES = ("nll_loss", "log_odds_ratio", "log_odds_chosen", "kl", "accuracy", "margin", "mean_reward",
+                       "min_reward", "max_reward")  # fmt: skip
+
+
+def method_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A preference method's own metrics under TRL's names (`prefix` "eval_" for an evaluation's); none for SFT."""
+    return {
+        key: _number(value) for key, value in logs.items()
+        if key.startswith(prefix) and (prefix or not key.startswith("eval_"))
+        and ("/" in key or key[len(prefix):] in METHOD_METRIC_NAMES)
+    }  # fmt: skip
 
 
 def append_line(path: Path, line: str) -> None:

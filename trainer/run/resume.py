@@ -46,7 +46,8 @@ STATE_FILE = "trainer_state.json"  # Transformers' record of the step, the batch
 MODES = ("auto", "never")  # TRAIN_RESUME's words; anything else is a checkpoint folder
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 CHECKSUM_MAX_BYTES = 1 << 20
-CANNOT_CHANGE = ("model", "tokenizer", "lora", "lora_r", "lora_alpha", "lora_targets", "quant", "zero_stage", "fsdp")
+CANNOT_CHANGE = ("model", "tokenizer", "lora", "lora_r", "lora_alpha", "lora_targets", "quant", "zero_stage", "fsdp",
+                 "method", "pref_beta", "pref_loss", "pref_reference")  # = trainer.config.methods.RESUME_FIXED
 # What the run trains on, and in which order (the sampler's seed, the global batch).
 DATA_CHANGES = ("data", "text_field", "seq_len", "data_max_bad_lines", "packing", "long_records", "seed",
                 "batch_size", "grad_accum", "nproc_per_node")  # fmt: skip
