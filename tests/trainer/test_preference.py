@@ -16,8 +16,10 @@ from train_runs import assert_same_weights, finish, logged_steps, start, train_e
 
 from trainer.config.checks import static_problems
 from trainer.config.parse import parse_settings
+from trainer.errors import ConfigError
+from trainer.run.resume import check_drift
 
-STEPS = 8
+STEPS = 6
 HELD_OUT = 0.25  # 12 of 48 pairs
 
 
@@ -28,8 +30,9 @@ def pair_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def method_env(out: Path, data: Path, method: str = "dpo", **more: object) -> dict[str, str]:
     """A short LoRA run with the built-in chatml template; evaluation on the held-out pairs at the last step."""
-    return train_env(out, data=data, method=method, chat_template="chatml", lora=1, seq_len=96, batch_size=4,
-                     max_steps=STEPS, eval_split=HELD_OUT, eval_steps=STEPS, **more)  # fmt: skip
+    settings = {"method": method, "chat_template": "chatml", "lora": 1, "seq_len": 96, "batch_size": 4,
+                "max_steps": STEPS, "eval_split": HELD_OUT, "eval_steps": STEPS, **more}  # fmt: skip
+    return train_env(out, data=data, **settings)
 
 
 def lines(out: Path) -> tuple[list[dict], list[dict]]:
@@ -58,6 +61,19 @@ def test_dpo_with_lora_learns_the_preference(dpo_run: Path) -> None:
     assert (dpo_run / "final" / "model.safetensors").is_file() and (dpo_run / "final" / "adapter").is_dir()
 
 
+def test_the_lora_reference_stays_the_starting_model(dpo_run: Path) -> None:
+    """TRL's reference is a frozen copy of the starting adapter, whose lora_B starts at zero (so it equals the base):
+    after training it is still zero, while the trained adapter's is not."""
+    from safetensors.torch import load_file
+
+    checkpoint = dpo_run / f"checkpoint-{STEPS}"
+    reference = load_file(str(checkpoint / "ref" / "adapter_model.safetensors"))
+    trained = load_file(str(checkpoint / "adapter_model.safetensors"))
+    b_weights = [name for name in reference if "lora_B" in name]
+    assert b_weights and all(not reference[name].any() for name in b_weights)
+    assert all(trained[name].any() for name in b_weights)
+
+
 def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = method_env(out, pair_file)
@@ -72,19 +88,25 @@ def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file:
     assert f"continuing from {out / f'checkpoint-{stopped}'}" in restart_err
     assert logged_steps(out)[:STEPS] == list(range(1, STEPS + 1))
     assert_same_weights(out / "final", dpo_run / "final")
-    changed = finish(start({**env, "TRAIN_RESUME": str(out / f"checkpoint-{stopped}"), "TRAIN_PREF_BETA": "0.5",
-                            "TRAIN_OUTPUT_DIR": str(tmp_path / "other")}))  # fmt: skip
-    assert changed[0] == 2 and "TRAIN_PREF_BETA was 0.0, now 0.5" in changed[1], changed[1][-2000:]
+    changed = parse_settings({**env, "TRAIN_PREF_LOSS": "ipo"})  # the method's options cannot change on resume
+    with pytest.raises(ConfigError, match="TRAIN_PREF_LOSS was 'auto', now 'ipo'"):
+        check_drift(out / f"checkpoint-{stopped}", changed)
 
 
-@pytest.mark.parametrize(("method", "metric"), [("orpo", "rewards/margins"), ("kto", "rewards/chosen")])
-def test_orpo_and_kto_learn_their_own_metric(method: str, metric: str, pair_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("method", "lora", "metric", "reference"),
+    [("orpo", 1, "log_odds_chosen", "none"), ("kto", 0, "rewards/margins", "frozen copy")],
+)  # fmt: skip
+def test_orpo_and_kto_learn_their_own_metric(method: str, lora: int, metric: str, reference: str, pair_file: Path,
+                                             tmp_path: Path) -> None:  # fmt: skip
+    """ORPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the reference)."""
     out = tmp_path / "out"
-    code, err = finish(start(method_env(out, pair_file, method=method, eval_split=0, eval_steps=0)))
+    code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0)))
     assert code == 0, err[-3000:]
     train, _ = lines(out)
     values = [r[metric] for r in train]
     assert values[-1] > values[0] and values[-1] > 0, values
+    assert json.loads((out / "run_config.json").read_text())["decisions"]["reference"]["value"] == reference
 
 
 def test_data_show_json_marks_each_sides_answer_trained(pair_file: Path, tmp_path: Path, run_trainer) -> None:

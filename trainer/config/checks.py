@@ -281,6 +281,6 @@ def static_problems(settings: TrainSettings) -> list[str]:
 
 
 def _chat_template_problems(s: TrainSettings) -> list[str]:
-    """After the Hub: the template comes with a Hub tokenizer."""
-    found = methods.template_problem(s)
-    return [found] if found else template_problems(s, source_of(s))
+    """After the Hub: the template comes with a Hub tokenizer; a Hub dataset's pairs are read once fetched."""
+    found = methods.data_problems(s, hub=True) or [methods.template_problem(s)]
+    return [p for p in found if p] or template_problems(s, source_of(s))

@@ -262,6 +262,9 @@ def decide_all(
     ds, deepspeed_decision = decide_deepspeed(s, precision.value)
     pin_memory = decide_pin_memory(s, hw)
     auto_batch = speed.decide_auto_batch(s, hw, ds)
+    if methods.is_preference(s) and auto_batch.value:  # TRAIN_AUTO_BATCH=1 is refused (methods.option_problems)
+        auto_batch = Decision(False, f"TRAIN_METHOD={s.method}: the batch search probes SFT's packed batches; "
+                              "TRAIN_BATCH_SIZE is used as set")  # fmt: skip
     alloc_value, alloc_decision = alloc_conf_decision(environ)
     parts: dict[str, Decision] = {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),

@@ -70,6 +70,10 @@ def option_problems(s: Any) -> list[str]:
                 problems.append(f"TRAIN_METHOD={s.method} with {setting}={value}: trainkit's preference layer is not "
                                 "tested with sharding yet; use one GPU per process (DDP) with TRAIN_LORA=1 or "
                                 "TRAIN_QUANT for large models")  # fmt: skip
+        if s.optim == "adamw_apex_fused" or s.auto_batch == "1":
+            what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
+            problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
+                            "trainer only); use TRAIN_OPTIM=auto and set TRAIN_BATCH_SIZE")  # fmt: skip
         if s.packing != "auto":
             problems.append(f"TRAIN_PACKING={s.packing} is for TRAIN_METHOD=sft: pairs are never packed (each side "
                             "is one padded sequence); remove it")  # fmt: skip
@@ -99,12 +103,15 @@ def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str 
     return None
 
 
-def data_problems(s: Any) -> list[str]:
-    """The layouts of TRAIN_DATA and TRAIN_EVAL_DATA against the method, then (preference methods) every record."""
+def data_problems(s: Any, hub: bool = False) -> list[str]:
+    """The layouts of TRAIN_DATA and TRAIN_EVAL_DATA against the method, then (preference methods) every record:
+    local data in the static checks, Hub datasets (`hub`) once fetched, after every other check passed."""
     from trainer.data.discovery import eval_source_of, source_of
+    from trainer.hub.ids import parse_dataset_id
 
     problems = []
-    sources = [source_of(s)] + ([eval_source_of(s)] if s.eval_data else [])
+    scans = [("data", source_of)] + ([("eval_data", eval_source_of)] if s.eval_data else [])
+    sources = [scan(s) for key, scan in scans if bool(parse_dataset_id(getattr(s, key))) == hub]
     for source in sources:
         if source.problems or (source.embedded and s.method == "sft"):
             continue
