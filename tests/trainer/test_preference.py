@@ -178,6 +178,7 @@ def test_a_method_option_that_does_not_apply_is_an_error(tmp_path: Path) -> None
     assert "--simpo_gama is not a TRL ORPOConfig flag" in found
     assert "did you mean simpo_gamma?" in problems(tmp_path, [GOOD], TRAIN_METHOD="simpo", TRAIN_ARGS="--simpo_gama 1")
     assert problems(tmp_path, [GOOD], TRAIN_ARGS="--use_weighting") == ""  # a DPOConfig field
+    assert "TRAIN_LOSS_ON is for TRAIN_METHOD=sft" in problems(tmp_path, [GOOD], TRAIN_LOSS_ON="last")
 
 
 def test_a_bad_pair_exits_2_before_torch(tmp_path: Path, run_trainer, imported_modules) -> None:

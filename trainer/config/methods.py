@@ -44,6 +44,9 @@ OPTION_METHODS = {
     "pref_loss": ("dpo",),
     "pref_reference": tuple(m for m, facts in METHODS.items() if facts.reference),
 }
+# SFT's data settings, which a preference method would otherwise silently ignore
+SFT_ONLY = {"packing": "pairs are never packed (each side is one padded sequence)",
+            "loss_on": "a preference method trains each side's answer (the prompt never)"}  # fmt: skip
 # What a resumed run may not change (trainer.run.resume.CANNOT_CHANGE): the method and every option of it
 RESUME_FIXED = ("method", *OPTION_METHODS)
 
@@ -74,9 +77,9 @@ def option_problems(s: Any) -> list[str]:
             what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
             problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
                             "trainer only); use TRAIN_OPTIM=auto and set TRAIN_BATCH_SIZE")  # fmt: skip
-        if s.packing != "auto":
-            problems.append(f"TRAIN_PACKING={s.packing} is for TRAIN_METHOD=sft: pairs are never packed (each side "
-                            "is one padded sequence); remove it")  # fmt: skip
+        for name, why in SFT_ONLY.items():
+            if name in s.model_fields_set:
+                problems.append(f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it")
     return problems
 
 
