@@ -204,9 +204,9 @@ def method_arguments(s: Any) -> dict[str, Any]:
         args["loss_type"] = ["sigmoid" if s.pref_loss == "auto" else s.pref_loss]
     if facts.reference:
         args["precompute_ref_log_probs"] = s.pref_reference == "precompute"
-    # truncate: TRL keeps the start (the prompt both sides share, then as much of each answer as fits); drop: the
-    # run drops long pairs itself before TRL sees them (trainer.run.preference), so TRL cuts nothing
-    args["max_length"] = s.seq_len if s.long_records == "truncate" else None
+    # truncate: TRL keeps the prompt both sides share and cuts each answer where the limit falls (RewardTrainer drops
+    # instead: the run drops those pairs itself and says so); drop: the run drops long pairs before TRL sees them
+    args["max_length"] = s.seq_len
     return args
 
 

@@ -299,7 +299,10 @@ LOSS_ON_MEANING = {"assistant": "every assistant turn", "last": "the last assist
 def chat_report(settings: Any, source: Any) -> dict[str, tuple[str, str]]:
     """{what: (value, reason)} for `config`'s decisions and `doctor`: the detected format, the template."""
     setting = f"TRAIN_LOSS_ON={settings.loss_on}"
-    if source.conversational:
+    method = getattr(settings, "method", "sft")
+    if method != "sft":
+        trained = f"TRAIN_METHOD={method}: each side's answer trained, never the prompt"
+    elif source.conversational:
         trained = f"loss on {LOSS_ON_MEANING[settings.loss_on]} ({setting})"
     elif "pair" in source.layouts and settings.loss_on != "all":
         trained = f"loss on the completions ({setting})"

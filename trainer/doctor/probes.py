@@ -378,6 +378,11 @@ def chat_probe(settings: Any, source: DataSource) -> Probe:
     if source.conversational and template in ("none", "refused"):
         fix = why if template == "refused" else no_template_problem(layouts, why)
         return Probe("chat", "Data format", shown, FAIL, fix, value)
+    from trainer.config.methods import layout_problem
+
+    mismatch = None if source.problems else layout_problem(settings.method, source.layouts, source.variable)
+    if mismatch:  # the layout the data holds against the one TRAIN_METHOD needs
+        return Probe("chat", "Data format", shown, FAIL, mismatch, value)
     return Probe("chat", "Data format", shown, OK, value=value)
 
 

@@ -39,8 +39,9 @@ def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]],
         held = max(1, int(len(rows) * s.eval_split))
         rows, evaluation = rows[:-held], rows[-held:]
         log.info("eval: the last %d of %d pairs held out (TRAIN_EVAL_SPLIT=%g)", held, held + len(rows), s.eval_split)
-    rows = _kept(rows, tokenizer, s.seq_len, s.long_records, "train")
-    evaluation = _kept(evaluation, tokenizer, s.seq_len, s.long_records, "eval") if evaluation else evaluation
+    long_records = "drop" if s.method == "reward" else s.long_records  # a reward model scores whole pairs
+    rows = _kept(rows, tokenizer, s.seq_len, long_records, "train")
+    evaluation = _kept(evaluation, tokenizer, s.seq_len, long_records, "eval") if evaluation else evaluation
     if s.method == "kto" and records.paired:
         log.info("data: KTO on pairs: each of %d pairs is two examples (chosen: label true, rejected: false)",
                  len(rows))
@@ -62,7 +63,8 @@ def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records
     if not long:
         return rows
     if long_records == "drop":
-        log.warning("data: %d of %d %s pairs longer than TRAIN_SEQ_LEN=%d dropped (TRAIN_LONG_RECORDS=drop)",
+        log.warning("data: %d of %d %s pairs longer than TRAIN_SEQ_LEN=%d dropped (TRAIN_LONG_RECORDS=drop; a "
+                    "reward model always drops them: it scores whole answers)",
                     len(long), len(rows), what, seq_len)  # fmt: skip
         skip = set(long)
         return [row for i, row in enumerate(rows) if i not in skip]
