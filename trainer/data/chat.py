@@ -316,7 +316,10 @@ def chat_report(settings: Any, source: Any) -> dict[str, tuple[str, str]]:
     if not choice.text:
         return {"data_format": data_format, "chat_template": ("none", choice.origin)}
     marked = "{% generation %} markers" if GENERATION_TAG.search(choice.text) else "prefix rendering"
-    use = f"renders the conversations (trained tokens by {marked})" if source.conversational else "no conversations"
+    if "preference_chat" in source.layouts:
+        use = "renders the conversational pairs (TRL's chat-template tokenization)"
+    else:
+        use = f"renders the conversations (trained tokens by {marked})" if source.conversational else "no conversations"
     return {"data_format": data_format, "chat_template": (choice.origin, f"{use}; saved with final/ and checkpoints")}
 
 
