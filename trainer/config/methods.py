@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.decision import Decision
-from trainer.data.preference import PAIRED, PREFERENCE_LAYOUTS, PreferenceRecords, read_records
+from trainer.data.preference import PREFERENCE_LAYOUTS, PreferenceRecords, read_records
 
 
 @dataclass(frozen=True)
@@ -246,6 +246,3 @@ def trainer_class(method: str) -> Any:
 
     return getattr(importlib.import_module(METHODS[method].module), METHODS[method].trainer)
 
-
-def paired_only(layouts: tuple[str, ...]) -> bool:
-    return all(x in PAIRED for x in layouts)
