@@ -87,14 +87,14 @@ def peak_rss() -> int:
 
 def child_trainkit(data: Path, seq: int, workers: str, packing: str = "auto") -> dict:
     from trainer.data.discovery import discover
-    from trainer.data.packing import Packing
     from trainer.data.shards import prepare
+    from trainer.data.spec import DataSpec
     from trainer.tokenizer import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer()
+    spec = DataSpec(seq, packing=packing, workers=None if workers == "auto" else int(workers))
     with tempfile.TemporaryDirectory(prefix="data-prep-", dir=data.parent) as folder:
-        meta = prepare(discover(str(data)), tokenizer, seq, "text", Path(folder), 0,
-                       workers=None if workers == "auto" else int(workers), packing=Packing(packing))  # fmt: skip
+        meta = prepare(discover(str(data)), tokenizer, spec, Path(folder))
     return {"tokens": meta["tokens"], "seconds": meta["seconds"], "workers": meta["workers"], "cores": meta["cores"],
             "rss": peak_rss(), "worker_rss": meta["peak_rss_worker_bytes"], "packing": meta["packing"]}  # fmt: skip
 

@@ -259,7 +259,7 @@ def train_bpe(data: Path, folder: Path, vocab: int = 8192):
 
 
 def baseline_tokenize_pack(data: Path, tok, seq: int) -> int:
-    from data_prep import pack_with_datasets_map  # benchmarks/ is this script's folder
+    from benchmarks.data_prep import pack_with_datasets_map
 
     return pack_with_datasets_map(data, tok, seq)
 
@@ -267,9 +267,10 @@ def baseline_tokenize_pack(data: Path, tok, seq: int) -> int:
 def trainkit_tokenize_pack(data: Path, tok, seq: int) -> int:
     from trainer.data.discovery import discover
     from trainer.data.shards import prepare
+    from trainer.data.spec import DataSpec
 
     with tempfile.TemporaryDirectory(dir=data.parent) as folder:
-        return prepare(discover(str(data)), tok, seq, "text", Path(folder), 0)["tokens"] // seq * seq
+        return prepare(discover(str(data)), tok, DataSpec(seq), Path(folder))["tokens"] // seq * seq
 
 
 def timed(fn, *args) -> tuple[float, int]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import shlex
 import sys
 from pathlib import Path
 
 import cluster_k8s
 import cluster_slurm
 from cluster_env import EnvFile, read_env
+from cluster_quote import comment, identifier, image_reference, sh
 from errors import UserError, exit_missing_package, exit_on_user_error
 
 try:
@@ -71,9 +71,9 @@ def write_private(path: Path, text: str, mode: int) -> None:
 
 def write_secrets_file(env: EnvFile, path: Path) -> None:
     """`export NAME='value'` lines from the one .env parser, readable by the user only; bash reads them back exactly."""
-    lines = [f"export {name}={shlex.quote(value)}" for name, value in env.secrets.items()]
+    lines = [f"export {identifier(name, str(env.path))}={sh(value)}" for name, value in env.secrets.items()]
     write_private(
-        path, f"# secrets of a trainkit job, from {env.path}; keep private\n" + "\n".join(lines) + "\n", 0o600
+        path, f"# secrets of a trainkit job, from {comment(env.path)}; keep private\n" + "\n".join(lines) + "\n", 0o600
     )
 
 
@@ -147,6 +147,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError("--sweep makes a Slurm job array; for Kubernetes, write one manifest per value.")
     if args.image is None and not (args.target == "slurm-apptainer" and args.sif):
         args.image = default_image()
+    if args.image is not None:
+        image_reference(args.image)
     if args.env_file is None and Path(".env").is_file():
         args.env_file = Path(".env")
 

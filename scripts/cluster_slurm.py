@@ -12,9 +12,10 @@ SIGTERM would SIGKILL the workers 30 s later on torch < 2.12; it ignores SIGUSR1
 from __future__ import annotations
 
 import argparse
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from cluster_quote import comment, identifier, mount_path, sbatch_value, sh
 
 if TYPE_CHECKING:
     from cluster_env import EnvFile
@@ -39,10 +40,10 @@ def header(args: argparse.Namespace, how: str) -> list[str]:
     ]
     if not args.cache:
         lines.append(
-            f"# /cache is {cache_dir(args)} (no --cache given): the containers' own filesystems are too small."
+            f"# /cache is {comment(cache_dir(args))} (no --cache given): the containers' own filesystems are too small."
         )
     lines += [
-        f"#SBATCH --job-name={args.job_name}",
+        f"#SBATCH --job-name={sbatch_value(args.job_name, '--job-name')}",
         f"#SBATCH --nodes={args.nodes}",
         "#SBATCH --ntasks-per-node=1",
     ]
@@ -57,7 +58,7 @@ def header(args: argparse.Namespace, how: str) -> list[str]:
     placement = {"mem": mem, "partition": args.partition, "account": args.account, "time": args.time,
                  "qos": args.qos, "constraint": args.constraint, "exclude": args.exclude,
                  "reservation": args.reservation, "dependency": args.dependency}  # fmt: skip
-    lines += [f"#SBATCH --{name}={value}" for name, value in placement.items() if value]
+    lines += [f"#SBATCH --{name}={sbatch_value(value, '--' + name)}" for name, value in placement.items() if value]
     if args.sweep_combinations:
         lines.append(f"#SBATCH --array=0-{len(args.sweep_combinations) - 1}")
     lines += [
@@ -65,7 +66,7 @@ def header(args: argparse.Namespace, how: str) -> list[str]:
         f"#SBATCH --signal=B:USR1@{args.stop_signal_s}",
         "#SBATCH --requeue",
         "#SBATCH --open-mode=append",
-        f"#SBATCH --output={args.log}",
+        f"#SBATCH --output={sbatch_value(args.log, '--log')}",
         "",
         "set -euo pipefail",
     ]
@@ -79,9 +80,9 @@ def cache_dir(args: argparse.Namespace) -> str:
 
 def mounts(args: argparse.Namespace) -> list[tuple[str, str, bool]]:
     """(host path, container path, read-only) for each folder the job uses; /cache always."""
-    pairs = [(args.data, "/data", True), (args.models, "/models", True), (args.output, "/output", False)]
-    found = [(str(Path(src).resolve()), dst, ro) for src, dst, ro in pairs if src]
-    return [*found, (cache_dir(args), "/cache", False)]
+    pairs = [(args.data, "/data", True), (args.models, "/models", True), (args.output, "/output", False),
+             (cache_dir(args), "/cache", False)]  # fmt: skip
+    return [(mount_path(str(Path(src).resolve()), f"--{dst[1:]}"), dst, ro) for src, dst, ro in pairs if src]
 
 
 def env_names(env: EnvFile, args: argparse.Namespace) -> list[str]:
@@ -90,14 +91,15 @@ def env_names(env: EnvFile, args: argparse.Namespace) -> list[str]:
     names = [*env.settings, *swept, *env.secrets, *JOB_ENV]
     if args.max_restarts is not None:
         names.append("TRAIN_MAX_RESTARTS")
-    return list(dict.fromkeys(names))
+    return [identifier(name, f"{env.path or '--sweep'}") for name in dict.fromkeys(names)]
 
 
 def env_block(env: EnvFile, args: argparse.Namespace, secrets_file: Path) -> list[str]:
-    lines = ["", f"# Settings from {env.path or '(no .env)'}; only the placement differs between 1 GPU and many nodes."]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.settings.items()]
+    source = comment(env.path or "(no .env)")
+    lines = ["", f"# Settings from {source}; only the placement differs between 1 GPU and many nodes."]
+    lines += [f"export {identifier(name, str(env.path))}={sh(value)}" for name, value in env.settings.items()]
     if args.max_restarts is not None:
-        lines.append(f"export TRAIN_MAX_RESTARTS={args.max_restarts}")
+        lines.append(f"export TRAIN_MAX_RESTARTS={sh(args.max_restarts)}")
     lines += [f"export {name}={value}  # ~/.local packages must not shadow the image's" for name, value in
               JOB_ENV.items()]  # fmt: skip
     if args.sweep_combinations:
@@ -112,7 +114,7 @@ def sweep_block(combinations: list[dict[str, str]]) -> list[str]:
     lines = ["", "# Sweep: array task i trains with combination i and writes to /output/sweep-i.",
              'case "$SLURM_ARRAY_TASK_ID" in']  # fmt: skip
     for index, combo in enumerate(combinations):
-        exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in combo.items())
+        exports = " ".join(f"{identifier(name, '--sweep')}={sh(value)}" for name, value in combo.items())
         lines.append(f"    {index}) export {exports} ;;")
     lines += ["esac", 'export TRAIN_OUTPUT_DIR="/output/sweep-$SLURM_ARRAY_TASK_ID"']
     return lines
@@ -122,7 +124,7 @@ def secret_loader(secrets_file: Path) -> list[str]:
     """Secrets live in a file only the user can read, written by scripts/cluster.py from the one .env parser."""
     return [
         "",
-        f"TRAINKIT_SECRETS_FILE={shlex.quote(str(secrets_file))}",
+        f"TRAINKIT_SECRETS_FILE={sh(secrets_file)}",
         'if [ ! -r "$TRAINKIT_SECRETS_FILE" ]; then',
         '    echo "error: cannot read $TRAINKIT_SECRETS_FILE (this job\'s secrets); run scripts/cluster.py again." >&2',
         "    exit 2",
@@ -135,10 +137,10 @@ def folders_block(args: argparse.Namespace) -> list[str]:
     """Inputs must exist; writable bind-mount sources are created (a missing one fails the container's start)."""
     lines = ["", "# Bind-mount sources must exist before the containers start."]
     for src, dst, read_only in mounts(args):
-        if read_only:
-            quoted = shlex.quote(src)
-            lines.append(f'[ -e {quoted} ] || {{ echo "error: {src} (for {dst}) does not exist" >&2; exit 2; }}')
-    writable = [shlex.quote(src) for src, _dst, read_only in mounts(args) if not read_only]
+        if read_only:  # the path is printed as printf's argument, never pasted into the message
+            message = f"printf 'error: %s (for %s) does not exist\\n' {sh(src)} {sh(dst)} >&2"
+            lines.append(f"[ -e {sh(src)} ] || {{ {message}; exit 2; }}")
+    writable = [sh(src) for src, _dst, read_only in mounts(args) if not read_only]
     lines.append(f"mkdir -p {' '.join(writable)}")
     return lines
 
@@ -227,4 +229,4 @@ def slurm_apptainer(args: argparse.Namespace, env: EnvFile, secrets_file: Path) 
 
 
 def shell_command(words: list[str]) -> str:
-    return " \\\n    ".join(word if isinstance(word, Raw) else shlex.quote(word) for word in words)
+    return " \\\n    ".join(word if isinstance(word, Raw) else sh(word) for word in words)

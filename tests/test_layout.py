@@ -33,7 +33,7 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 # entry is a room: a package or module directly under trainer/, or a whole folder of host code.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
-     "trainer/machine"),  # what the machine and the installed versions are: no other trainkit code
+     "trainer/machine", "trainer/checkpoint_record"),  # the machine, the installed versions, a checkpoint's record
     ("trainer/hub",),  # the Hub, torch-free
     ("trainer/data", "trainer/tokenizer"),
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks

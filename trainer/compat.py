@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
@@ -183,12 +183,21 @@ def compile_default_problem(st: Stack | None = None) -> str | None:
     return None
 
 
-def unsupported_problems(settings: Any, st: Stack | None = None) -> list[str]:
+class Switches(Protocol):
+    """The settings a row may not run (trainer.config.schema.TrainSettings has them; this floor cannot import it)."""
+
+    attn: str
+    fsdp: str
+    optim: str
+    method: str
+
+
+def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[str]:
     """The chosen switches this stack cannot run, one message each naming the row and the reason."""
     st = st or stack()
     found = unsupported(st)
     chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}",
-              f"TRAIN_METHOD={getattr(settings, 'method', 'sft')}"}
+              f"TRAIN_METHOD={settings.method}"}
     return [f"{switch} is not supported on {st.describe()}: {found[switch]}" for switch in sorted(chosen & set(found))]
 
 

@@ -15,9 +15,12 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
 
 STATS = ("tokens", "records", "seconds", "tokens_per_s", "cores", "workers", "skipped_lines", "peak_rss_worker_bytes")
 IGNORE_INDEX = -100
@@ -44,16 +47,16 @@ def main(args: argparse.Namespace) -> int:
 
         raise ConfigError("--json goes with --show N (the summary line is JSON already)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    from trainer.config import load_settings
-    from trainer.data.dataset import build_dataset
+    from trainer.config import load_inputs
+    from trainer.data.dataset import load_or_prepare
     from trainer.data.shards import peak_rss_bytes
     from trainer.tokenizer import tokenizer_for
 
-    settings = load_settings()
-    tokenizer = tokenizer_for(settings)
-    if settings.method != "sft":
-        return show_pairs(settings, tokenizer, args.show, args.json)
-    dataset = build_dataset(settings, tokenizer)
+    inputs = load_inputs()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    if inputs.settings.method != "sft":
+        return show_pairs(inputs, tokenizer, args.show, args.json)
+    dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
     summary = {"folder": str(dataset.folder), "sequences": len(dataset), **{k: dataset.meta.get(k) for k in STATS}}
     summary["peak_rss_bytes"] = peak_rss_bytes()
     if args.show is None:
@@ -69,14 +72,14 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def show_pairs(settings: Any, tokenizer: Any, count: int | None, as_json: bool) -> int:
+def show_pairs(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool) -> int:
     """A preference method's data: a summary line, or its first `count` pairs (KTO examples) as TRL tokenizes them:
     the prompt never trained, each side's answer trained; cut at TRAIN_SEQ_LEN as the run cuts them."""
     from trainer.config.methods import records_of
-    from trainer.data.discovery import source_of
     from trainer.data.preference import encoded, longest
 
-    records = records_of(settings, source_of(settings))
+    settings = inputs.settings
+    records = records_of(inputs)
     summary = {"method": settings.method, "records": len(records.rows), "layouts": records.layouts,
                "skipped_lines": len(records.skipped)}  # fmt: skip
     if count is None:

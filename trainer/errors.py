@@ -10,6 +10,10 @@ EXIT_USER = 2
 # The run finished (final/ is complete and kept) but TRAIN_PUSH_TO_HUB's export or upload failed: push it later with
 # `python -m trainer push`. Distinct from 1 so that schedulers do not restart a finished run for it.
 EXIT_PUSH_FAILED = 3
+# Training diverged (a non-finite loss or gradient norm, TRAIN_ON_NAN): no checkpoint of non-finite weights, no
+# final/, nothing pushed; the newest checkpoint is the last finite one. Distinct so that no scheduler retries it
+# as a crash (Kubernetes' ExitCode policy fails the job at once on 1-127) and scripts can tell it apart.
+EXIT_DIVERGED = 4
 EXIT_SIGNAL_BASE = 128
 
 

@@ -32,12 +32,10 @@ def register(commands: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from trainer.config import parse_settings
+    from trainer.config import Inputs, parse_settings
     from trainer.hub.download import cache_dir, offline
-    from trainer.hub.sources import hub_sources
 
-    settings = parse_settings()
-    sources = hub_sources(settings)
+    sources = Inputs(parse_settings()).hub
     if sources.problems:
         raise ConfigError(*sources.problems)
     entries = {

@@ -21,6 +21,7 @@ NOT_SECRET = frozenset(
         "INCLUDE_NUM_INPUT_TOKENS_SEEN",
         "TOKENS_PER_S",
         "INCLUDE_TOKENS_PER_SECOND",
+        "LEFT_OUT_TOKENS_PER_EPOCH",
     }
 )
 MASK = "***"

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from trainer.hub.sources import TOKENIZER_FILES, model_folder, tokenizer_folder
+from trainer.data.chat import TemplateChoice
+from trainer.hub.sources import TOKENIZER_FILES
 
 log = logging.getLogger("trainer")
 
@@ -61,15 +61,12 @@ def has_tokenizer(folder: str | Path) -> bool:
     return path.is_dir() and any((path / name).exists() for name in TOKENIZER_FILES)
 
 
-def tokenizer_for(settings: Any) -> PreTrainedTokenizerBase:
-    """TRAIN_TOKENIZER's tokenizer when it is set, else TRAIN_MODEL's own (or the byte-level one), with the chat
-    template the checks found (TRAIN_CHAT_TEMPLATE's, else the folder's, whichever file of it this Transformers
-    reads); saved with the tokenizer in final/ and every checkpoint."""
-    from trainer.data.chat import template_of
-
-    tok = load_tokenizer(tokenizer_folder(settings) or model_folder(settings))
-    choice = template_of(settings)
-    if choice.text and (settings.chat_template or not tok.chat_template):
+def tokenizer_for(folder: str, choice: TemplateChoice) -> PreTrainedTokenizerBase:
+    """The tokenizer in `folder` (TRAIN_TOKENIZER's when it is set, else TRAIN_MODEL's own, or the byte-level one),
+    with the chat template the checks found (`choice`: TRAIN_CHAT_TEMPLATE's, else the folder's, whichever file of it
+    this Transformers reads); saved with the tokenizer in final/ and every checkpoint."""
+    tok = load_tokenizer(folder)
+    if choice.text and (choice.from_setting or not tok.chat_template):
         tok.chat_template = choice.text
     if choice.text:
         log.info("tokenizer: chat template: %s", choice.origin)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,40 @@ def test_a_kept_combined_row_is_measured_again_when_its_winners_changed() -> Non
     assert not bench.still_valid(stale)  # adafactor beat the defaults since: the stack differs
     current = _measured("combined", "combined", bench.combined_plan()[0], 510.0, DEFAULTS)
     assert bench.still_valid(current) and bench.still_valid(rows[3])
+
+
+def test_on_a_gpu_the_defaults_row_leaves_the_batch_to_the_search(tmp_path: Path) -> None:
+    """Issue 34 item 5: TRAIN_BATCH_SIZE (and TRAIN_GRAD_ACCUM, whose product the search would keep) are removed
+    from the `auto` row's environment, the user's own included; a CPU, with no search, keeps TRAIN_BATCH_SIZE."""
+    from trainer.bench.catalogue import UNSET
+    from trainer.bench.runner import child_environment
+
+    gpu = _bench_with([]).defaults_env()
+    assert gpu["TRAIN_BATCH_SIZE"] == gpu["TRAIN_GRAD_ACCUM"] == UNSET
+    cpu = Bench([], Context("tiny", False, 64, batch_size=8, on_gpu=False, max_batch=64),
+                RunPlan(1, 1, 60, tmp_path), ui=None).defaults_env()  # fmt: skip
+    assert cpu["TRAIN_BATCH_SIZE"] == "8"
+    os.environ["TRAIN_BATCH_SIZE"] = "16"  # the user's setting, inherited by every row unless a row says otherwise
+    try:
+        child = child_environment(gpu, RunPlan(1, 1, 60, tmp_path), tmp_path / "out")
+    finally:
+        del os.environ["TRAIN_BATCH_SIZE"]
+    assert "TRAIN_BATCH_SIZE" not in child and "TRAIN_GRAD_ACCUM" not in child and child["TRAIN_PRECISION"] == "auto"
+    row = _measured(DEFAULTS, "defaults", gpu, 100.0, "fp32")
+    result = BenchResult(meta={}, baseline="fp32", rows=[row], recommended=DEFAULTS, recommended_env=gpu)
+    assert "# TRAIN_BATCH_SIZE: leave it unset (the trainer chooses)" in env_lines(result)
+
+
+def test_a_row_logs_once_per_window_not_per_step(tmp_path: Path) -> None:
+    """Issue 34 item 6: each metrics line costs the trainer a host-device sync (its read of the loss); the bench
+    asks for a line per window of steps, the warm-up and the measured steps each whole windows."""
+    from trainer.bench.runner import run_controls
+
+    plan = RunPlan(warmup=4, steps=12, timeout_s=60, work_dir=tmp_path)
+    assert plan.log_steps == 4 and run_controls(plan, tmp_path)["TRAIN_LOG_STEPS"] == "4"
+    assert RunPlan(1, 2, 60, tmp_path).log_steps == 1 and RunPlan(0, 6, 60, tmp_path).log_steps == 6
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s, "tokens_per_s": float(s), "peak_mem_bytes": 1}) + "\n"
+                               for s in (4, 8, 12, 16)))  # fmt: skip
+    measured = summarize_metrics(metrics, plan.warmup, plan.log_steps)
+    assert measured.measured_steps == 12 and measured.tokens_per_s == 12.0

@@ -140,7 +140,8 @@ def test_zero2_with_cpu_offload(tmp_path: Path) -> None:
 
 def test_torch_compile(tmp_path: Path) -> None:
     out, _ = train(tmp_path, compile=1)
-    assert json.loads((out / "run_config.json").read_text())["training_arguments"]["torch_compile"] is True
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["decisions"]["compile"]["value"] is True and "regional" in config["decisions"]["compile"]["reason"]
 
 
 @needs("flash_attn", "flash_attention_2")
@@ -182,6 +183,26 @@ def test_auto_batch_searches_up_to_a_real_out_of_memory(tmp_path: Path) -> None:
     state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["train_batch_size"] == decision["value"]
     assert "TRAIN_BATCH_SIZE was not set, so the search chose it" in proc.stderr
+
+
+@needs_bf16
+def test_auto_batch_probes_the_compiled_model_and_a_restart_reuses_its_result(tmp_path: Path) -> None:
+    """With compile on, the search probes the compiled model (issue 42 item 1); peak_mem_bytes is the training
+    steps' peak, not the out-of-memory probes' (item 2); the same run again takes the cached result (issue 34)."""
+    import torch
+
+    data = tmp_path / "data.txt"
+    data.write_text("".join(f"line {i}: a sentence long enough to fill many blocks of tokens.\n" for i in range(40000)))
+    run = {"model": "125m", "seq_len": 1024, "batch_size": None, "auto_batch": 1, "compile": 1, "data": data,
+           "precision": "bf16"}  # fmt: skip
+    out, _ = train(tmp_path, **run)
+    first = decisions(out)["batch_size"]
+    assert "probed compiled" in first["reason"] and "out of memory" in first["reason"], first
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert max(r["peak_mem_bytes"] for r in metrics(out)) < 0.95 * total  # the probes came to the limit
+    out, _ = train(tmp_path, resume="never", start_over=1, **run)
+    again = decisions(out)["batch_size"]
+    assert again["value"] == first["value"] and "cached result of an earlier search" in again["reason"], again
 
 
 @needs_bf16

@@ -1,16 +1,19 @@
 """Does attention stay inside each packed record? Run by tests/trainer/test_packing.py on the project's venv and on
 the oldest row's (.venv-oldest), so each stack answers for itself.
 
-    python tests/trainer/packed_isolation.py DATA_FILE OUTPUT_DIR [TRAIN_ATTN ...]
+    python tests/trainer/packed_isolation.py DATA_FILE OUTPUT_DIR [TRAIN_ATTN[:compiled] ...]
 
 Builds the dataset and the model exactly as a training run does (settings from TRAIN_* with the user's defaults,
-trainer.data.dataset.build_dataset, trainer.run.models.build_model, the run's collator), feeds one batch of packed
+trainer.data.dataset.load_or_prepare, trainer.run.models.build_model, the run's collator), feeds one batch of packed
 sequences, and compares each trained token's loss with the same record's loss computed alone. Prints one JSON line
 per attention implementation: the largest difference, and how many records and trained tokens were compared.
+`:compiled` builds the model with TRAIN_COMPILE=1 (its decoder layers compiled in place, as a run does) and computes
+the records alone with the compiled code set aside (torch.compiler's force_eager stance).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -29,18 +32,19 @@ def per_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return losses.reshape(labels.shape)
 
 
-def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
-    from trainer.config import load_settings, resolve
-    from trainer.data.dataset import build_dataset
+def compare(attn: str, data: str, output_dir: str, compiled: bool = False) -> dict[str, object]:
+    from trainer.config import load_inputs, resolve
+    from trainer.data.dataset import load_or_prepare
     from trainer.run.models import build_model
     from trainer.run.packed_attention import collator_for
     from trainer.tokenizer import tokenizer_for
 
-    env = {"TRAIN_DATA": data, "TRAIN_OUTPUT_DIR": output_dir, "TRAIN_SEQ_LEN": "96", "TRAIN_ATTN": attn}
-    settings = load_settings(env)
-    cfg = resolve(settings)
-    tokenizer = tokenizer_for(settings)
-    dataset = build_dataset(settings, tokenizer)
+    env = {"TRAIN_DATA": data, "TRAIN_OUTPUT_DIR": output_dir, "TRAIN_SEQ_LEN": "96", "TRAIN_ATTN": attn,
+           "TRAIN_COMPILE": "1" if compiled else "auto"}  # fmt: skip
+    inputs = load_inputs(env)
+    cfg = resolve(inputs)
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer).train()  # as Trainer runs it (no dropout in Llama)
     items = sorted((dataset[i] for i in range(len(dataset))), key=lambda it: -int((it["position_ids"] == 0).sum()))
@@ -53,10 +57,13 @@ def compare(attn: str, data: str, output_dir: str) -> dict[str, object]:
         for start, end in itertools.pairwise(starts):
             if (labels[start:end] == -100).all():
                 continue  # padding
-            alone = per_token_loss(model(input_ids=ids[None, start:end]).logits, labels[None, start:end]).reshape(-1)
+            with torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext():
+                alone = model(input_ids=ids[None, start:end]).logits
+            alone = per_token_loss(alone, labels[None, start:end]).reshape(-1)
             worst = max(worst, (packed[start:end] - alone).abs().max().item())
             records, tokens = records + 1, tokens + int((labels[start + 1 : end] != -100).sum())
-    return {"attn": attn, "max_diff": worst, "records": records, "trained_tokens": tokens,
+    name = attn + (":compiled" if compiled else "")
+    return {"attn": name, "max_diff": worst, "records": records, "trained_tokens": tokens,
             "sequences": len(dataset), "meta": dataset.meta["packing"]}  # fmt: skip
 
 
@@ -64,7 +71,8 @@ def main() -> None:
     data, output_dir, *attns = sys.argv[1:]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     for attn in attns or ["auto"]:
-        print(json.dumps(compare(attn, data, output_dir)), flush=True)
+        name, _, how = attn.partition(":")
+        print(json.dumps(compare(name, data, output_dir, compiled=how == "compiled")), flush=True)
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ def trainkit_config(out: Path, data: Path) -> Any:
     from trainer import config
 
     config.apply_process_defaults()
-    return config.resolve(config.load_settings())
+    return config.resolve(config.load_inputs())
 
 
 def trainkit_run(cfg: Any, sync_debug: bool) -> tuple[int, dict[int, dict[str, Any]]]:

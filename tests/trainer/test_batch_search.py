@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.run.batch_search import memory_probe, search_largest
+from trainer.run.batch_search import memory_probe, search_batch, search_largest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -81,3 +81,68 @@ def test_auto_batch_on_a_cpu_keeps_the_batch_and_says_why(run_trainer, trainer_e
     assert result.stderr.count("profile: recording steps") == 1  # one profiler for the run
     state = json.loads((output / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["train_batch_size"] == 3
+
+
+def test_with_compile_on_the_search_probes_the_compiled_model_and_training_peak_is_its_own() -> None:
+    """Issue 42 items 1 and 2: one compile serves every probed size (the batch dimension is dynamic), the forward
+    and backward that run are the compiled ones, and after the search the peak memory is the training step's."""
+    sys.path.insert(0, str(HERE))
+    from batch_search_ranks import tiny_model_with_memory_limit
+    from torch._dynamo.utils import counters
+
+    from trainer.config.schema import TrainSettings
+    from trainer.run.metrics import peak_memory_bytes, reset_peak_memory
+
+    torch._dynamo.reset()
+    counters.clear()
+    settings = TrainSettings(model="tiny", seq_len=128, batch_size=8, compile="1")
+    model = tiny_model_with_memory_limit(24)
+    found, how = search_batch(model, settings, torch.device("cpu"), "fp32", 1 << 20, 64, None, compiled=True)
+    assert found.batch == 24 and (32, False) in found.probes and (16, True) in found.probes, found.probes
+    assert how.startswith("probed compiled"), how
+    assert counters["stats"]["unique_graphs"] >= 1  # the probes ran compiled code ...
+    assert not counters["recompiles"], dict(counters["recompiles"])  # ... compiled once for every size
+    assert all(p.grad is None for p in model.parameters())
+
+    probes_peak = peak_memory_bytes()
+    reset_peak_memory()  # what apply_auto_batch does after the search
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, model.config.vocab_size, (1, 128))
+    model(input_ids=ids, labels=ids).loss.backward()  # one real training step, eager, at batch 1
+    optimizer.step()
+    assert peak_memory_bytes() < probes_peak - (50 << 20)  # the metric is the step's peak, not the probes'
+
+
+@pytest.mark.parametrize(
+    ("error", "oom"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in a non-"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
+        (RuntimeError("expected scalar type Float but found Half"), False),
+        (ValueError("out of memory."), False),
+    ],
+)
+def test_every_out_of_memory_form_is_a_batch_that_does_not_fit(error: BaseException, oom: bool) -> None:
+    from trainer.run.batch_search import is_out_of_memory
+
+    assert is_out_of_memory(error) is oom
+    wrapped = RuntimeError("backend compiler failed")
+    wrapped.__cause__ = error
+    assert is_out_of_memory(wrapped) is oom
+
+
+def test_a_searched_batch_is_remembered_for_the_same_key_only(tmp_path: Path) -> None:
+    from trainer.run.batch_search import cached_batch, remember_batch, search_cache_file
+
+    key = {"model": "1b", "seq_len": 2048, "gpu": "NVIDIA H200", "versions": {"torch": "2.11.0"}}
+    path = search_cache_file(str(tmp_path), key)
+    assert cached_batch(path, key) is None
+    remember_batch(path, key, 29, "probed 8 fits, 16 fits, 32 out of memory")
+    assert cached_batch(path, key) == (29, "probed 8 fits, 16 fits, 32 out of memory")
+    other = {**key, "versions": {"torch": "2.12.0"}}
+    assert search_cache_file(str(tmp_path), other) != path and cached_batch(path, other) is None
+    path.write_text('{"key": ')  # a torn record is no result
+    assert cached_batch(path, key) is None

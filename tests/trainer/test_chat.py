@@ -188,11 +188,12 @@ def test_loss_on_last_and_all(tmp_path: Path) -> None:
         assert loss_on == "all" or "asstmark0a" not in trained
     from trainer.data.dataset import load_or_prepare
     from trainer.data.discovery import discover
+    from trainer.data.spec import DataSpec
 
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}."}) + "\n" for i in range(40)))
     for loss_on in ("assistant", "all"):  # prompt/completion: all trains the prompts too
-        dataset = load_or_prepare(discover(str(pairs)), tokenizer, 16, "text", tmp_path / "cache", loss_on=loss_on)
+        dataset = load_or_prepare(discover(str(pairs)), tokenizer, DataSpec(16, loss_on=loss_on), tmp_path / "cache")
         labels = [label for i in range(len(dataset)) for label in dataset.block(i)[1].tolist()]
         trained = tokenizer.decode([label for label in labels if label != -100])
         assert " A1." in trained and ("1?" in trained) == (loss_on == "all"), loss_on  # "Q" starts a record: no label

@@ -187,8 +187,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_CHAT_TEMPLATE", "full", lambda c: c["decisions"]["chat_template"]["value"].startswith("built-in chatml")),
     ("TRAIN_LOSS_ON", "full", lambda c: "TRAIN_LOSS_ON=last" in c["decisions"]["data_format"]["reason"]),
     ("TRAIN_SEQ_LEN", "full", lambda c: c["settings"]["TRAIN_SEQ_LEN"] == {"value": 64, "source": "env"}),
-    ("TRAIN_PACKING", "full", lambda c: c["settings"]["TRAIN_PACKING"] == {"value": "records", "source": "env"}),
-    ("TRAIN_LONG_RECORDS", "full", lambda c: c["settings"]["TRAIN_LONG_RECORDS"] == {"value": "drop", "source": "env"}),
+    ("TRAIN_PACKING", "full", lambda c: c["decisions"]["packing"]["value"] == "records"),
+    ("TRAIN_LONG_RECORDS", "full", lambda c: "dropped, TRAIN_LONG_RECORDS=drop" in c["decisions"]["packing"]["reason"]),
     ("TRAIN_PRECISION", "full", lambda c: c["training_arguments"]["bf16"] and not c["training_arguments"]["fp16"]),
     ("TRAIN_TF32", "full", lambda c: c["decisions"]["tf32"] == {"value": False, "reason": "set by TRAIN_TF32"}),
     ("TRAIN_OPTIM", "full", lambda c: c["training_arguments"]["optim"] == "adafactor"),
@@ -246,9 +246,12 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
             and "activation_checkpointing" not in c["training_arguments"]
         ),
     ),
-    ("TRAIN_COMPILE", "full", lambda c: c["training_arguments"]["torch_compile"] is True),
-    ("TRAIN_COMPILE_BACKEND", "full", lambda c: c["training_arguments"]["torch_compile_backend"] == "inductor"),
-    ("TRAIN_COMPILE_MODE", "full", lambda c: c["training_arguments"]["torch_compile_mode"] == "reduce-overhead"),
+    # the trainer compiles each decoder layer itself (trainer.run.models); Transformers compiles only under
+    # DeepSpeed/FSDP (test_speed_decisions.py)
+    ("TRAIN_COMPILE", "full", lambda c: c["decisions"]["compile"]["value"] is True
+     and c["training_arguments"]["dataloader_drop_last"] is True),
+    ("TRAIN_COMPILE_BACKEND", "full", lambda c: "backend inductor" in c["decisions"]["compile"]["reason"]),
+    ("TRAIN_COMPILE_MODE", "full", lambda c: "mode reduce-overhead" in c["decisions"]["compile"]["reason"]),
     ("TRAIN_ATTN", "full", lambda c: c["decisions"]["attn"]["value"] == "eager"),
     (
         "TRAIN_LIGER",
@@ -271,6 +274,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         lambda c: c["training_arguments"]["save_steps"] == 3 and c["training_arguments"]["save_strategy"] == "steps",
     ),
     ("TRAIN_SAVE_TOTAL_LIMIT", "full", lambda c: c["training_arguments"]["save_total_limit"] == 2),
+    ("TRAIN_ON_NAN", "defaults", lambda c: c["settings"]["TRAIN_ON_NAN"]["value"] == "stop"),
     ("TRAIN_LOG_STEPS", "full", lambda c: c["training_arguments"]["logging_steps"] == 1),
     ("TRAIN_SEED", "full", lambda c: c["training_arguments"]["seed"] == 7),
     ("TRAIN_RESUME", "full", lambda c: c["decisions"]["resume"]["value"].endswith("checkpoint-5")),
@@ -329,6 +333,8 @@ def test_cpu_auto_decisions(scenario) -> None:
     assert d["attn"]["value"] == "sdpa"
     assert d["pin_memory"]["value"] is False and ta["dataloader_pin_memory"] is False
     assert d["nproc_per_node"]["value"] == 1
+    assert d["packing"] == {"value": "stream", "reason": "auto: plain text, one stream cut into sequences (records "
+                            "may span two)"}  # fmt: skip
     assert ta["use_cpu"] is True and ta["bf16"] is False and ta["fp16"] is False
     assert ta["report_to"] == ["tensorboard"] and ta["remove_unused_columns"] is False
     assert ta["neftune_noise_alpha"] is None and ta["torch_compile"] is False

@@ -9,15 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from trainer import config
-from trainer.data.dataset import build_dataset
-from trainer.data.discovery import discover, source_of
+from trainer.data.dataset import load_or_prepare
+from trainer.data.discovery import discover
 from trainer.doctor.probes import data_probe
 from trainer.errors import ConfigError
+from trainer.machine.hardware import Hardware
 from trainer.tokenizer import byte_level_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
+CPU = Hardware(device="cpu", cpu_count=2, cxx_compiler="/usr/bin/g++")
 
 
 @pytest.fixture
@@ -36,26 +39,32 @@ def test_a_dangling_symlink_is_the_same_problem_for_checks_doctor_and_the_run(da
     (problem,) = source.problems
     assert "gone.txt" in problem and "dangling symlink" in problem
 
-    settings = config.parse_settings({"TRAIN_DATA": str(dangling), "TRAIN_OUTPUT_DIR": str(tmp_path / "out")})
+    inputs = config.Inputs(config.parse_settings({"TRAIN_DATA": str(dangling), "TRAIN_OUTPUT_DIR": str(tmp_path)}))
     with pytest.raises(ConfigError) as checks:
         config.load_settings({"TRAIN_DATA": str(dangling), "TRAIN_OUTPUT_DIR": str(tmp_path / "out")})
     assert problem in checks.value.problems
 
-    row = data_probe(source_of(settings))
+    row = data_probe(inputs.data)
     assert row.status == "fail" and "gone.txt" in row.fix and row.value["readable"] is False
 
     with pytest.raises(ConfigError) as run:
-        build_dataset(settings, byte_level_tokenizer(), tmp_path / "cache")
+        load_or_prepare(inputs.data, byte_level_tokenizer(), inputs.data_spec, tmp_path / "cache")
     assert run.value.problems == [problem]
 
 
-def test_the_scan_travels_with_the_settings_object(tmp_path: Path) -> None:
+def test_the_scan_travels_with_the_run_inputs_not_on_the_settings(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("hello\n")
-    settings = config.parse_settings({"TRAIN_DATA": str(tmp_path)})
-    first = source_of(settings)
+    settings = config.parse_settings({"TRAIN_DATA": str(tmp_path), "TRAIN_OUTPUT_DIR": str(tmp_path / "out")})
+    inputs = config.Inputs(settings)
+    assert config.static_problems(inputs) == []
+    first = inputs.data
     (tmp_path / "b.txt").write_text("a file added after the scan\n")
-    assert source_of(settings) is first  # the same scan, passed along
-    assert len(source_of(config.parse_settings({"TRAIN_DATA": str(tmp_path)})).files) == 2  # a new run scans anew
+    cfg = config.resolve(inputs, CPU, environ={}, import_heavy=False)
+    assert cfg.inputs.data is first and len(first.files) == 1  # the checks' scan, passed along to the run
+    assert len(config.Inputs(settings).data.files) == 2  # a new run scans anew
+    assert set(vars(settings)) <= set(type(settings).model_fields)  # nothing was kept on the settings object
+    with pytest.raises(ValidationError):
+        settings.data = "/elsewhere"  # frozen: a run's settings never change under it
 
 
 def test_hub_style_folder_trains_on_the_train_split_and_names_the_rest(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import pytest
 from trainer.data import discovery, shards
 from trainer.data.dataset import ShardedDataset, load_or_prepare
 from trainer.data.discovery import discover
+from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
 from trainer.tokenizer import byte_level_tokenizer
 
@@ -24,7 +25,7 @@ EOS = 257  # byte-level tokenizer
 
 def blocks(path: Path, seq: int, cache: Path, field: str = "text") -> tuple[list[int], list[int], object]:
     """(ids, labels) of every prepared block, flattened, and the dataset."""
-    dataset = load_or_prepare(discover(str(path)), byte_level_tokenizer(), seq, field, cache)
+    dataset = load_or_prepare(discover(str(path)), byte_level_tokenizer(), DataSpec(seq, field), cache)
     pairs = [dataset.block(i) for i in range(len(dataset))]
     return [t for ids, _ in pairs for t in ids.tolist()], [t for _, lab in pairs for t in lab.tolist()], dataset
 

@@ -20,6 +20,7 @@ import zstandard
 
 from trainer.data.dataset import load_or_prepare
 from trainer.data.discovery import discover
+from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
 from trainer.tokenizer import byte_level_tokenizer
 
@@ -35,7 +36,8 @@ def jsonl_bytes(texts: list[str] = TEXTS) -> bytes:
 
 
 def prepared_stream(path: Path, cache: Path, seq: int = 16, max_bad_lines: int = 0) -> list[int]:
-    dataset = load_or_prepare(discover(str(path)), byte_level_tokenizer(), seq, "text", cache, max_bad_lines)
+    spec = DataSpec(seq, max_bad_lines=max_bad_lines)
+    dataset = load_or_prepare(discover(str(path)), byte_level_tokenizer(), spec, cache)
     return [t for i in range(len(dataset)) for t in dataset.block(i)[0].tolist()]
 
 
@@ -203,7 +205,8 @@ def test_worker_processes_make_the_same_shards_as_one_process(tmp_path: Path, mo
     for workers in (0, 2):
         folder = tmp_path / f"w{workers}"
         folder.mkdir()
-        meta = shards.prepare(discover(str(path)), byte_level_tokenizer(), 16, "text", folder, 2, workers=workers)
+        spec = DataSpec(16, max_bad_lines=2, workers=workers)
+        meta = shards.prepare(discover(str(path)), byte_level_tokenizer(), spec, folder)
         files = [(folder / name).read_bytes() for name in ("tokens-00000.bin", "mask-00000.bin")]
         results.append((meta["workers"], meta["skipped_lines"], meta["tokens"], meta["has_mask"], *files))
     assert [r[0] for r in results] == [0, 2]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from train_runs import finish, global_step, start, train_env, write_corpus
 
-from trainer.run.checkpoint import COMPLETE_MARKER
+from trainer.checkpoint_record import COMPLETE_MARKER
 
 
 @pytest.fixture

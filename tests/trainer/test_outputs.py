@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from trainer.checkpoint_record import COMPLETE_MARKER
 from trainer.machine.peaks import peak_flops
 from trainer.run.metrics import METRIC_KEYS, flops_per_token, matmul_params
-from trainer.run.resume import COMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from train_runs import finish, start, train_env
 
 from trainer.data import cache
 from trainer.data.dataset import load_or_prepare
 from trainer.data.discovery import discover
-from trainer.data.packing import Packing
+from trainer.data.spec import DataSpec
 from trainer.tokenizer import byte_level_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,11 +80,16 @@ def run_isolation(python: str | Path, tmp: Path, *attns: str) -> list[dict]:
 
 
 def test_a_packed_records_loss_equals_its_loss_alone(tmp_path: Path) -> None:
-    """The real dataset items and the model as the run builds it (sdpa on CPU, use_cache as the run sets it): each
-    trained token's loss in a packed sequence equals its loss with the record alone."""
-    (result,) = run_isolation(sys.executable, tmp_path, "auto")
-    assert result["records"] >= 6 and result["trained_tokens"] > 100
-    assert result["max_diff"] < 1e-5, result
+    """The real dataset items and the model as the run builds it (use_cache as the run sets it), for every attention
+    implementation the CPU runs (auto: sdpa; eager), eager and with its layers compiled by inductor: each trained
+    token's loss in a packed sequence equals its loss with the record alone. (flash-attention cannot run here: its
+    collator's boundaries are checked in the test below.)"""
+    variants = ["auto", "auto:compiled", "eager", "eager:compiled"]
+    results = run_isolation(sys.executable, tmp_path, *variants)
+    assert [r["attn"] for r in results] == variants
+    for result in results:
+        assert result["records"] >= 6 and result["trained_tokens"] > 100
+        assert result["max_diff"] < 1e-5, result
 
 
 @pytest.mark.row_12_1
@@ -94,8 +100,30 @@ def test_the_oldest_row_packs_the_same_way_and_keeps_records_apart(tmp_path: Pat
     assert [r["attn"] for r in results] == ["auto", "eager"]
     for result in results:
         assert result["records"] >= 6 and result["max_diff"] < 1e-5, result
-    here = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), 96, "text", tmp_path)
+    here = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), DataSpec(96), tmp_path)
     assert results[0]["meta"] == here.meta["packing"]  # the same packing on both stacks
+
+
+@pytest.mark.parametrize("attn", ["flash_attention_2", "flash_attention_4"])
+def test_flash_attention_gets_each_records_boundaries_from_the_collator(tmp_path: Path, attn: str) -> None:
+    """flash-attention's kernels cannot run on the CPU: the varlen metadata the collator gives them is checked
+    against the records themselves. One row; cu_seq_lens at every record start (int32, ending at the row's length);
+    max_length_q/k plain ints (no host sync, no graph break in a compiled layer)."""
+    from trainer.run.packed_attention import collator_for
+
+    write_pairs(tmp_path / "pairs.jsonl", 40)
+    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), DataSpec(96), tmp_path)
+    batch = collator_for(attn)([dataset[i] for i in range(4)])
+    positions = batch["position_ids"]
+    assert positions.shape == batch["input_ids"].shape == batch["labels"].shape == (1, 4 * 96)
+    starts = [i for i, p in enumerate(positions[0].tolist()) if p == 0]
+    assert len(starts) > 4  # several records per sequence
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        assert batch[key].dtype == torch.int32 and batch[key].tolist() == [*starts, 4 * 96]
+    lengths = [b - a for a, b in itertools.pairwise([*starts, 4 * 96])]
+    assert type(batch["max_length_q"]) is int and batch["max_length_q"] == batch["max_length_k"] == max(lengths)
+    plain = collator_for(attn)([{k: v for k, v in dataset[i].items() if k != "position_ids"} for i in range(2)])
+    assert plain["input_ids"].shape == (2, 96) and "cu_seq_lens_q" not in plain  # plain text: the causal kernel
 
 
 @pytest.mark.parametrize("long_records", ["truncate", "drop"])
@@ -104,8 +132,8 @@ def test_no_sequence_starts_inside_a_record_and_long_ones_are_counted(
 ) -> None:
     records = write_pairs(tmp_path / "pairs.jsonl", 300, long=3)
     with caplog.at_level(logging.INFO, logger="trainer"):
-        dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), 96, "text",
-                                  tmp_path / "cache", packing=Packing(long_records=long_records))  # fmt: skip
+        dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(),
+                                  DataSpec(96, long_records=long_records), tmp_path / "cache")  # fmt: skip
     found = [seg for seg, labels in segments(dataset) if any(lab != -100 for lab in labels)]
     if long_records == "truncate":
         want = [r[:96] for r in records]
@@ -121,7 +149,7 @@ def test_no_sequence_starts_inside_a_record_and_long_ones_are_counted(
 
 def test_padding_is_under_5_percent_and_never_trained(tmp_path: Path) -> None:
     records = write_pairs(tmp_path / "pairs.jsonl", 3000, seed=1, seq=512)
-    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), 512, "text",
+    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), DataSpec(512),
                               tmp_path / "cache")  # fmt: skip
     meta = dataset.meta["packing"]
     assert meta["padding_share"] <= 0.05 and meta["records_packed"] == 3000
@@ -139,9 +167,9 @@ def test_prompt_completion_never_trains_a_completion_without_its_prompt(tmp_path
     default) does cut pairs, which the same check sees."""
     write_pairs(tmp_path / "pairs.jsonl", 200, seed=2, seq=64)
 
-    def orphans(packing: Packing) -> int:
-        dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), 64, "text",
-                                  tmp_path / packing.mode, packing=packing)  # fmt: skip
+    def orphans(spec: DataSpec) -> int:
+        dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), spec,
+                                  tmp_path / spec.packing)  # fmt: skip
         count = 0
         for i in range(len(dataset)):
             ids, labels = dataset.block(i)
@@ -150,8 +178,8 @@ def test_prompt_completion_never_trains_a_completion_without_its_prompt(tmp_path
                 count += not has_its_prompt(text, int(at))
         return count
 
-    assert orphans(Packing()) == 0
-    assert orphans(Packing(mode="stream")) > 0
+    assert orphans(DataSpec(64)) == 0
+    assert orphans(DataSpec(64, packing="stream")) > 0
 
 
 def test_bos_follows_the_tokenizer_and_is_never_doubled(tmp_path: Path) -> None:
@@ -168,7 +196,7 @@ def test_bos_follows_the_tokenizer_and_is_never_doubled(tmp_path: Path) -> None:
     assert tok("the fox")["input_ids"][0] == bos  # the tokenizer adds BOS itself
     lines = [{"prompt": "the quick", "completion": " brown fox"}, {"prompt": "<s>the lazy", "completion": " dog"}]
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), tok, 64, "text", tmp_path / "cache")
+    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), tok, DataSpec(64), tmp_path / "cache")
     (item,) = (dataset[i] for i in range(len(dataset)))  # both records in one sequence, then padding
     ids, labels, positions = (item[k].tolist() for k in ("input_ids", "labels", "position_ids"))
     starts = [i for i, p in enumerate(positions) if p == 0]
@@ -184,8 +212,8 @@ def test_records_mode_keeps_a_txt_document_whole_across_reading_units(tmp_path: 
     truncated to one sequence and counted with its full length."""
     text = "".join(f"line {i}: the quick brown fox\n" for i in range(80_000))  # > 2 MiB: three reading units
     (tmp_path / "doc.txt").write_text(text)
-    dataset = load_or_prepare(discover(str(tmp_path / "doc.txt")), byte_level_tokenizer(), 64, "text",
-                              tmp_path / "cache", packing=Packing(mode="records"))  # fmt: skip
+    dataset = load_or_prepare(discover(str(tmp_path / "doc.txt")), byte_level_tokenizer(),
+                              DataSpec(64, packing="records"), tmp_path / "cache")  # fmt: skip
     meta = dataset.meta["packing"]
     assert (meta["records_packed"], meta["records_truncated"], len(dataset)) == (1, 1, 1)
     assert meta["longest_record"] == len(text.encode()) + 1  # with its EOS
@@ -198,7 +226,7 @@ def test_auto_streams_plain_text_and_packs_pairs_whole_in_one_corpus(tmp_path: P
         "".join(json.dumps({"text": f"plain text {i} " * 9}) + "\n" for i in range(60))
     )
     write_pairs(tmp_path / "d" / "b.jsonl", 40)
-    dataset = load_or_prepare(discover(str(tmp_path / "d")), byte_level_tokenizer(), 96, "text", tmp_path / "cache")
+    dataset = load_or_prepare(discover(str(tmp_path / "d")), byte_level_tokenizer(), DataSpec(96), tmp_path / "cache")
     meta = dataset.meta["packing"]
     assert meta["stream_blocks"] > 0 and meta["record_blocks"] > 0 and meta["records_packed"] == 40
     # The stream's last partial window is packed with the records (they are padded anyway): every token is kept.
@@ -214,7 +242,7 @@ def test_a_plain_text_tail_short_of_a_sequence_is_counted_and_said(tmp_path: Pat
     log says how many."""
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"plain text {i} " * 9}) + "\n" for i in range(60)))
     with caplog.at_level(logging.INFO, logger="trainer"):
-        dataset = load_or_prepare(discover(str(tmp_path / "a.jsonl")), byte_level_tokenizer(), 96, "text",
+        dataset = load_or_prepare(discover(str(tmp_path / "a.jsonl")), byte_level_tokenizer(), DataSpec(96),
                                   tmp_path / "cache")  # fmt: skip
     left_out = dataset.meta["packing"]["stream_tail_dropped_tokens"]
     assert 0 < left_out < 96 and len(dataset) * 96 + left_out == dataset.meta["tokens"]
@@ -225,9 +253,31 @@ def test_a_plain_text_tail_short_of_a_sequence_is_counted_and_said(tmp_path: Pat
 def test_the_packing_settings_are_part_of_the_cache_key(tmp_path: Path) -> None:
     write_pairs(tmp_path / "pairs.jsonl", 5)
     source, tok = discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer()
-    keys = {cache.cache_key(source, tok, 64, "text", Packing(mode, long).key())
+    keys = {cache.cache_key(source, tok, DataSpec(64, packing=mode, long_records=long))
             for mode in ("auto", "stream", "records") for long in ("truncate", "drop")}  # fmt: skip
     assert len(keys) == 6
+    limits = {cache.cache_key(source, tok, DataSpec(64, max_bad_lines=n, workers=w)) for n, w in ((0, None), (5, 2))}
+    assert len(limits) == 1  # how the data is made and checked does not change what it holds
+
+
+def test_auto_packing_is_a_decision_with_its_reason(tmp_path: Path) -> None:
+    """TRAIN_PACKING=auto is decided from the data's record layouts by the packer's own rule, and shown."""
+    from trainer import config
+    from trainer.machine.hardware import Hardware
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl").write_text(json.dumps({"text": "plain text"}) + "\n")
+    write_pairs(tmp_path / "d" / "b.jsonl", 3)
+    cpu = Hardware(device="cpu", cpu_count=2, cxx_compiler="/usr/bin/g++")
+    shown = {}
+    for data in ("d/a.jsonl", "d/b.jsonl", "d"):
+        settings = config.parse_settings({"TRAIN_DATA": str(tmp_path / data), "TRAIN_OUTPUT_DIR": str(tmp_path)})
+        decision = config.resolve(settings, cpu, environ={}, import_heavy=False).decisions.packing
+        shown[data] = decision.value
+        assert decision.reason.startswith("auto: "), decision
+    assert shown == {"d/a.jsonl": "stream", "d/b.jsonl": "records", "d": "records+stream"}
+    for layout, records in (("text", False), ("pair", True), ("messages", True)):  # the decision's rule is the packer's
+        assert DataSpec(64).records_for(has_mask=records) == (DataSpec(64).packing_of((layout,))[0] == "records")
 
 
 def test_a_resumed_run_maps_the_cache_of_the_first_run(tmp_path: Path) -> None:

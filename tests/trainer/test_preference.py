@@ -15,6 +15,7 @@ from preference_data import pairs, write_jsonl
 from train_runs import assert_same_weights, finish, logged_steps, start, train_env, wait_for
 
 from trainer.config.checks import static_problems
+from trainer.config.inputs import Inputs
 from trainer.config.parse import parse_settings
 from trainer.errors import ConfigError
 from trainer.run.resume import check_drift
@@ -135,7 +136,7 @@ def problems(tmp_path: Path, rows: list, **env: str) -> str:
     data.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
     settings = parse_settings({"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"),
                                "TRAIN_METHOD": "dpo", "TRAIN_CHAT_TEMPLATE": "chatml", **env})  # fmt: skip
-    return "\n".join(static_problems(settings))
+    return "\n".join(static_problems(Inputs(settings)))
 
 
 @pytest.mark.parametrize(

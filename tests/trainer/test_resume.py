@@ -22,8 +22,8 @@ from train_runs import (
     wait_for,
 )
 
+from trainer.checkpoint_record import COMPLETE_MARKER
 from trainer.run.checkpoint import SAVE_DELAY_ENV
-from trainer.run.resume import COMPLETE_MARKER
 
 
 def test_kill_9_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer import checkpoint_record as records
 from trainer import config
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
@@ -19,9 +20,9 @@ from trainer.run.checkpoint import publish
 def checkpoint(root: Path, step: int, *, marker: bool = True, hub: dict | None = None, batch: int = 4) -> Path:
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    (folder / resume.STATE_FILE).write_text(json.dumps({"global_step": step, "train_batch_size": batch}))
+    (folder / records.STATE_FILE).write_text(json.dumps({"global_step": step, "train_batch_size": batch}))
     if marker:
-        (folder / resume.COMPLETE_MARKER).write_text(json.dumps({"step": step, "hub": hub or {}}))
+        (folder / records.COMPLETE_MARKER).write_text(json.dumps({"step": step, "hub": hub or {}}))
     return folder
 
 
@@ -50,7 +51,7 @@ def test_never_and_an_empty_output_start_from_scratch(tmp_path: Path) -> None:
 
 def test_a_path_is_checked_before_the_run_continues(tmp_path: Path) -> None:
     partial = checkpoint(tmp_path, 3, marker=False)
-    with pytest.raises(ConfigError, match=resume.COMPLETE_MARKER):
+    with pytest.raises(ConfigError, match=records.COMPLETE_MARKER):
         resume.decide(settings(tmp_path, str(partial)))
     stateless = tmp_path / "checkpoint-9"
     stateless.mkdir()
@@ -69,8 +70,8 @@ def test_a_missing_folder_is_a_static_problem(tmp_path: Path) -> None:
 def test_what_a_checkpoint_recorded(tmp_path: Path) -> None:
     commit = {"repo_id": "org/model", "sha": "a" * 40, "revision": "main"}
     folder = checkpoint(tmp_path, 7, hub={"model": commit, "junk": "not a record"}, batch=16)
-    assert resume.recorded_step(folder) == 7 and resume.recorded_batch_size(folder) == 16
-    assert resume.recorded_hub_commits(folder) == {"model": commit}
+    assert records.recorded_step(folder) == 7 and records.recorded_batch_size(folder) == 16
+    assert records.read_record(folder).hub == {"model": commit}
     assert resume.hub_pins(settings(tmp_path, "auto")) == {"model": {**commit, "checkpoint": str(folder)}}
     assert resume.hub_pins(settings(tmp_path, "never")) == {}
 
@@ -78,10 +79,10 @@ def test_what_a_checkpoint_recorded(tmp_path: Path) -> None:
 def test_what_a_run_records_is_what_a_resume_reads_back(tmp_path: Path) -> None:
     commit = {"repo_id": "org/model", "revision": "main", "sha": "b" * 40}
     cfg = config.resolve(settings(tmp_path, "auto"), Hardware(device="cpu"), {}, import_heavy=False)
-    assert resume.to_record(cfg.hub) == {}  # no Hub ID: nothing to pin
+    assert resume.run_record(cfg.settings, cfg.hub).hub == {}  # no Hub ID: nothing to pin
     staged = tmp_path / ".tmp-checkpoint-4"
     staged.mkdir()
-    (staged / resume.STATE_FILE).write_text(json.dumps({"global_step": 4}))
-    publish(staged, tmp_path / "checkpoint-4", {**resume.to_record({"model": commit}), "step": 4})
+    (staged / records.STATE_FILE).write_text(json.dumps({"global_step": 4}))
+    publish(staged, tmp_path / "checkpoint-4", resume.run_record(cfg.settings, {"model": commit}), 4)
     assert resume.decide(settings(tmp_path, "auto")).checkpoint == tmp_path / "checkpoint-4"
-    assert resume.recorded_hub_commits(tmp_path / "checkpoint-4") == {"model": commit}
+    assert records.read_record(tmp_path / "checkpoint-4").hub == {"model": commit}

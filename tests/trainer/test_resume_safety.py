@@ -15,7 +15,7 @@ from pathlib import Path
 
 from train_runs import finish, global_step, start, train_env
 
-from trainer.run.checkpoint import COMPLETE_MARKER
+from trainer.checkpoint_record import COMPLETE_MARKER
 
 
 def _run(out: Path, **train: object) -> tuple[int, str]:

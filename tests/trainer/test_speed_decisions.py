@@ -39,7 +39,9 @@ def test_a_long_gpu_run_gets_the_fast_path_with_its_reasons() -> None:
     d, ta = cfg.decisions, cfg.training_arguments
     if compat.compile_default_problem() is None:  # this venv's torch is the one compat judges
         assert d.compile.value is True and d.compile.reason.startswith("auto: a GPU run (epochs)")
-        assert ta["torch_compile"] is True and ta["torch_compile_backend"] == "inductor"
+        assert "regional: each decoder layer compiled in place" in d.compile.reason
+        # the trainer compiles the layers itself (trainer.run.models); Transformers does not compile the whole
+        assert ta["torch_compile"] is False and ta["dataloader_drop_last"] is True
     assert d.auto_batch.value is True and d.auto_batch.reason.startswith("auto: on")
     assert "with no accumulation" in d.batch_size.reason  # TRAIN_BATCH_SIZE not set: the search chooses it
     assert d.non_blocking.value is True and ta["accelerator_config"] == {"non_blocking": True}
@@ -58,7 +60,7 @@ def test_cpu_keeps_every_speed_auto_off_and_says_why() -> None:
     assert ta["torch_compile"] is False and "torch_compile_mode" not in ta
     assert d.auto_batch.value is False and "no GPU" in d.auto_batch.reason
     assert d.non_blocking.value is False and "accelerator_config" not in ta
-    assert d.nan_inf_filter.value is True and ta["logging_nan_inf_filter"] is True
+    assert d.nan_inf_filter.value is False and ta["logging_nan_inf_filter"] is False  # TRAIN_ON_NAN sees the NaN
     assert d.liger == config.Decision(False, "auto: off (no GPU)") and ta["use_liger_kernel"] is False
     assert resolve(CPU, compile="1").decisions.compile.reason.startswith("set by TRAIN_COMPILE")
 
@@ -74,6 +76,13 @@ def test_cpu_keeps_every_speed_auto_off_and_says_why() -> None:
 def test_compile_auto_stays_off_where_it_does_not_pay(env: dict[str, str], why: str) -> None:
     decision = resolve(H100, **env).decisions.compile
     assert decision.value is False and why in decision.reason
+
+
+def test_with_fsdp_accelerate_compiles_each_block_after_wrapping() -> None:
+    cfg = resolve(H100, compile="1", fsdp="full_shard")
+    assert "by Accelerate, regional" in cfg.decisions.compile.reason
+    ta = cfg.training_arguments
+    assert ta["torch_compile"] is True and ta["torch_compile_backend"] == "inductor" and ta["dataloader_drop_last"]
 
 
 def test_compile_auto_asks_compat_whether_the_stack_is_known_to_work() -> None:
@@ -101,8 +110,9 @@ def test_split_effective_keeps_the_product(effective: int, largest: int, split: 
 
 def test_flash_attention_4_is_a_train_attn_value_with_clear_refusals() -> None:
     fa4 = with_libraries(H100, flash_attn_4=True)
-    assert resolve(fa4, attn="flash_attention_4").decisions.attn == config.Decision("flash_attention_4",
-                                                                                    "set by TRAIN_ATTN")  # fmt: skip
+    attn = resolve(fa4, attn="flash_attention_4").decisions.attn
+    assert attn.value == "flash_attention_4" and attn.reason.startswith("set by TRAIN_ATTN; packed records: one row")
+    assert "cu_seq_lens" in attn.reason  # the varlen kernel gets the records' boundaries (trainer.run.packed_attention)
     refusals = [
         (H100, {}, "needs the flash-attn-4 package"),
         (with_libraries(A100, flash_attn_4=True), {}, "needs a Hopper or newer GPU"),
@@ -118,9 +128,11 @@ def test_flash_attention_4_is_a_train_attn_value_with_clear_refusals() -> None:
 def test_auto_attention_follows_the_measured_table(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(speed, "MEASURED_ATTENTION", {"hopper": "flash_attention_4"})
     chosen = resolve(with_libraries(H100, flash_attn_4=True)).decisions.attn
-    assert chosen == config.Decision("flash_attention_4", "auto: measured fastest on hopper GPUs (docs/benchmarks.md)")
+    assert chosen.value == "flash_attention_4"
+    assert chosen.reason.startswith("auto: measured fastest on hopper GPUs (docs/benchmarks.md); packed records:")
     assert resolve(H100).decisions.attn.value == "sdpa"  # measured, but not installed here: the safe choice
-    assert resolve(A100).decisions.attn.reason.endswith("not measured on ampere GPUs yet (docs/benchmarks.md)")
+    reason = resolve(A100).decisions.attn.reason
+    assert "not measured on ampere GPUs yet (docs/benchmarks.md); plain text gets no mask" in reason
 
 
 def test_liger_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,7 +149,37 @@ def test_liger_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "liger-kernel is not installed" in resolve(H100).decisions.liger.reason
 
 
+def test_liger_refuses_a_model_it_does_not_patch(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Liger (triton kernels: cannot run on this CPU machine) stands in as its registry of patched model types."""
+    import sys
+    import types
+
+    registry = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    registry.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": None, "mistral": None}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", registry)
+    folder = tmp_path / "gpt2-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2"}')
+    liger = with_libraries(H100, liger_kernel=True)
+    assert resolve(liger, liger="1").decisions.liger.value is True  # the presets are Llamas
+    with pytest.raises(ConfigError) as info:
+        resolve(liger, liger="1", model=str(folder))
+    assert "Liger has no kernels for this model's type 'gpt2' (it patches llama, mistral)" in info.value.message
+
+
 def test_old_rows_refuse_flash_attention_4_before_torch() -> None:
     old = compat.Stack(torch=(2, 4, 0), transformers=(4, 57, 6), flash_attn=(2, 6, 3))
     assert "TRAIN_ATTN=flash_attention_4" in compat.unsupported(old)
     assert "TRAIN_ATTN=flash_attention_4" not in compat.unsupported(compat.Stack((2, 11), (5, 23), None))
+
+
+def test_compile_caches_go_to_the_cache_volume_unless_the_user_chose() -> None:
+    """The images set /cache/inductor and /cache/triton (kept); from source they go beside HF_HOME, so a restarted
+    run and the next one reuse the compiled kernels."""
+    env = speed.compile_environment({"HF_HOME": "/vol/huggingface"})
+    assert env == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1",
+                   "TORCHINDUCTOR_CACHE_DIR": "/vol/torch-compile/inductor",
+                   "TRITON_CACHE_DIR": "/vol/torch-compile/triton"}  # fmt: skip
+    image = {"HF_HOME": "/cache/huggingface", "TORCHINDUCTOR_CACHE_DIR": "/cache/inductor",
+             "TRITON_CACHE_DIR": "/cache/triton", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "0"}  # fmt: skip
+    assert speed.compile_environment(image) == {k: v for k, v in image.items() if k != "HF_HOME"}

@@ -3,7 +3,8 @@
 A real run of each side, one process and two (torchrun over gloo), counted by tests/trainer/step_syncs.py (its
 docstring says what a step's window holds and what is counted). A plain Transformers `Trainer` script is the
 reference: its own loop reads the loss (the NaN/Inf filter) and, with several ranks, gathers the token count
-every step (transformers 5); trainkit must count exactly the same per step. On a GPU every host read is a
+every step (transformers 5); trainkit must count the same per step, or fewer reads (it turns the NaN/Inf
+filter off: trainer.run.divergence counts non-finite gradients on the device). On a GPU every host read is a
 synchronization, so equal reads means no added synchronization (tests/gpu/test_step_syncs_gpu.py checks it with
 CUDA's own sync debug mode).
 The one addition allowed is the stop agreement's all-reduce, on its own CPU gloo group, once per step.
@@ -43,9 +44,12 @@ def test_a_step_reads_and_collects_what_plain_transformers_does(nproc: int, tmp_
         assert result["exit_code"] == 0
         assert set(plain) == set(ours) == COUNTED_STEPS, result
         for step in COUNTED_STEPS:
-            mine = dict(ours[step])
+            mine, theirs = dict(ours[step]), dict(plain[step])
             stop_agreement = mine.pop("collective:other", 0)
-            assert mine == plain[step], f"rank {rank} step {step}: trainkit {ours[step]}, plain {plain[step]}"
+            # trainkit turns Transformers' NaN/Inf loss filter off (its divergence guard counts on the device): it
+            # may read less than plain, never more
+            assert mine.pop("read", 0) <= theirs.pop("read", 0), f"rank {rank} step {step}: {ours[step]}, {plain[step]}"
+            assert mine == theirs, f"rank {rank} step {step}: trainkit {ours[step]}, plain {plain[step]}"
             assert stop_agreement == (1 if nproc > 1 else 0), ours[step]
         # the counting sees host reads (plain's NaN/Inf filter reads the loss); the stop agreement's all-reduce above
         # shows it sees collectives (plain's own per-step token-count gather exists from transformers 4.5x on)

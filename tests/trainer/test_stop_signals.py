@@ -28,8 +28,8 @@ from train_runs import (
     write_corpus,
 )
 
+from trainer.checkpoint_record import COMPLETE_MARKER
 from trainer.run.checkpoint import SAVE_DELAY_ENV
-from trainer.run.resume import COMPLETE_MARKER
 
 WORKER_DEATH = "DataLoader worker"
 

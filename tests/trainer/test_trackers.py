@@ -5,6 +5,8 @@ read back with the wandb package). One run and its resume feed both."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,10 +18,12 @@ from pathlib import Path
 
 import pytest
 from hub_support import run_env
+from train_runs import finish, logged_steps, start, train_env, wait_for
 
 SECRET = "hf_trackerSecretTokenValue123456"
 PASSWORD = "s3cretPassw0rd"
 BLOCK = 32768
+SERVERS: dict[str, subprocess.Popen] = {}  # url -> the mlflow_server fixture's process (the outage test stops it)
 
 
 def _free_port() -> int:
@@ -50,9 +54,11 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 assert server.poll() is None, (root / "server.log").read_text()[-3000:]
                 time.sleep(0.5)
         print(f"mlflow server answered after {time.monotonic() - started:.1f}s")
+        SERVERS[url] = server
         yield url
     finally:
-        server.terminate()
+        if server.poll() is None:
+            server.terminate()
         server.wait(timeout=30)
         log.close()
 
@@ -107,13 +113,17 @@ def _history_steps(records: list) -> list[int]:
 def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer, mlflow_server, tmp_path) -> None:
     env = run_env(tmp_path, report_to="tensorboard,wandb,mlflow", max_steps=2, save_steps=2,
                   args="--weight_decay 0.01")  # fmt: skip (a token in TRAIN_ARGS is refused: test_secrets_outputs)
-    env.update(MLFLOW_TRACKING_URI=mlflow_server, MLFLOW_EXPERIMENT_NAME="trainkit-test", HF_TOKEN=SECRET,
+    credentialed = mlflow_server.replace("http://", f"http://user:{PASSWORD}@")  # the userinfo is not the host
+    env.update(MLFLOW_TRACKING_URI=credentialed, MLFLOW_EXPERIMENT_NAME="trainkit-test", HF_TOKEN=SECRET,
                HF_ENDPOINT=f"https://user:{PASSWORD}@mirror.example")  # fmt: skip
     first = run_trainer([], env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-4000:]
     assert "W&B: offline (no WANDB_API_KEY)" in first.stderr
+    assert f"View run {tmp_path.name}-output at: {mlflow_server}/#/experiments/" in first.stdout  # MLflow's own link
+    assert PASSWORD not in first.stdout + first.stderr
     second = run_trainer([], env={**env, "TRAIN_MAX_STEPS": "4"}, timeout=600)
     assert second.returncode == 0, second.stderr[-4000:]
+    assert PASSWORD not in second.stdout + second.stderr
     out = tmp_path / "output"
     runs = json.loads((out / "trackers.json").read_text())["trackers"]
     assert json.loads((out / "checkpoint-4" / "trainkit_complete").read_text())["trackers"] == runs
@@ -174,3 +184,22 @@ def test_bad_report_to_exits_2_before_torch(run_trainer, imported_modules, tmp_p
     assert result.returncode == 2
     assert f"TRAIN_REPORT_TO={value!r}" in result.stderr and expected in result.stderr
     assert "torch" not in imported_modules(result.stderr)
+
+
+def test_an_mlflow_server_lost_mid_run_costs_the_run_nothing(mlflow_server, tmp_path) -> None:
+    """Last in this module: it stops the module's server. The run logs to it, loses it after step 2, and still
+    trains to the end, writes its checkpoints and final/, and exits 0; the loss is reported once, masked."""
+    out = tmp_path / "output"
+    env = {**train_env(out, report_to="mlflow", max_steps=6, save_steps=3),
+           "MLFLOW_TRACKING_URI": mlflow_server.replace("http://", f"http://user:{PASSWORD}@")}  # fmt: skip
+    proc = start(env)
+    wait_for(lambda: 2 in logged_steps(out), proc)
+    server = SERVERS[mlflow_server]
+    os.killpg(server.pid, signal.SIGKILL)  # the server and its workers: gone without a word
+    server.wait(timeout=30)
+    code, err = finish(proc)
+    assert code == 0, err[-4000:]
+    assert logged_steps(out) == [1, 2, 3, 4, 5, 6]
+    assert (out / "final" / "model.safetensors").is_file() and (out / "checkpoint-6").is_dir()
+    assert err.count("MLflow stopped working") == 1 and "it is left out for the rest of this run" in err
+    assert "Traceback" not in err and PASSWORD not in err

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 BASELINE = "fp32"
+UNSET = "(unset)"  # a row's value that removes the variable from the trainer's environment (the trainer's default)
 DEFAULTS = "auto"
 COMBINED = "combined"
 MAX_BATCH = "max_batch"

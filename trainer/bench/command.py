@@ -39,9 +39,9 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--rows", help="comma-separated rows or groups to run (default: all; see --list); "
                         "the fp32 baseline always runs")
-    parser.add_argument("--steps", type=_positive_int, default=10, help="measured steps per row (default 10)")
-    parser.add_argument("--warmup", type=_non_negative_int, default=3,
-                        help="warm-up steps per row, excluded from the medians (default 3)")
+    parser.add_argument("--steps", type=_positive_int, default=12, help="measured steps per row (default 12)")
+    parser.add_argument("--warmup", type=_non_negative_int, default=4,
+                        help="warm-up steps per row, excluded from the medians (default 4)")
     parser.add_argument("--row-timeout", type=_positive_int, default=1800, metavar="SECONDS",
                         help="stop a row that runs longer than this (default 1800)")
     parser.add_argument("--max-batch", type=_positive_int, default=1024,

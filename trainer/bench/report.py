@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainer.bench.catalogue import UNSET
 from trainer.bench.runner import OK, StepCallback
 
 CSV_COLUMNS = (
@@ -138,7 +139,8 @@ def env_lines(result: BenchResult) -> list[str]:
         f"# measured on {meta.get('device', '?')} for TRAIN_MODEL={meta.get('model')} "
         f"TRAIN_SEQ_LEN={meta.get('seq_len')}",
     ]
-    lines += [f"{key}={value}" for key, value in result.recommended_env.items()]
+    for key, value in result.recommended_env.items():
+        lines.append(f"# {key}: leave it unset (the trainer chooses)" if value == UNSET else f"{key}={value}")
     return lines
 
 
@@ -183,6 +185,8 @@ def markdown(result: BenchResult) -> str:
         f"- model `{meta.get('model')}`, seq_len {meta.get('seq_len')}, micro-batch {meta.get('batch_size')}; "
         f"{meta.get('warmup')} warm-up + {meta.get('steps')} measured steps per row (medians)",
         f"- baseline: `{result.baseline}`; speed and memory columns are relative to it",
+        "- tokens/s and MFU: the measured steps only, checkpoint time left out (no checkpoint is written while a row "
+        "is measured), padding not counted as tokens; the `auto` row on a GPU lets the batch search choose the batch",
         f"- peak memory: {meta.get('memory', 'peak memory')}",
         f"- load average before the bench: {meta.get('load_before', 'unknown')}",
         *([f"- **interrupted**: {meta['interrupted']}"] if meta.get("interrupted") else []),

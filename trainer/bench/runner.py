@@ -6,6 +6,7 @@ A row that fails never raises: it comes back as a status (skipped, oom, error) w
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -18,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer.bench.catalogue import UNSET
 
 OK, SKIPPED, OOM, ERROR = "ok", "skipped", "oom", "error"
 
@@ -60,6 +63,12 @@ class RunPlan:
     def max_steps(self) -> int:
         return self.warmup + self.steps
 
+    @property
+    def log_steps(self) -> int:
+        """Steps per metrics line: each line is the mean of its steps, and costs one host-device sync (the trainer
+        reads the loss), so lines come as rarely as the warm-up and measured steps allow (both whole lines)."""
+        return math.gcd(self.warmup, self.steps) or 1
+
 
 StepCallback = Callable[[int], None]
 
@@ -69,12 +78,19 @@ def run_controls(plan: RunPlan, output_dir: Path) -> dict[str, str]:
     return {
         "TRAIN_OUTPUT_DIR": str(output_dir),
         "TRAIN_MAX_STEPS": str(plan.max_steps),
-        "TRAIN_LOG_STEPS": "1",
+        "TRAIN_LOG_STEPS": str(plan.log_steps),
         "TRAIN_SAVE_STEPS": str(plan.max_steps + 1_000_000),
         "TRAIN_RESUME": "never",
         "TRAIN_PROFILE": "0",
         "TRAIN_MEMORY_SNAPSHOT": "0",
     }
+
+
+def child_environment(env: Mapping[str, str], plan: RunPlan, output_dir: Path) -> dict[str, str]:
+    """The row's variables over this process's, with the run controls; a variable the row marks UNSET is removed
+    (the `auto` row's TRAIN_BATCH_SIZE: the batch search chooses it, as for a user who sets none)."""
+    merged = {**os.environ, **env, **run_controls(plan, output_dir), "PYTHONUNBUFFERED": "1"}
+    return {key: value for key, value in merged.items() if value != UNSET}
 
 
 def row_dir(plan: RunPlan, name: str) -> Path:
@@ -92,7 +108,7 @@ def run_row(name: str, env: Mapping[str, str], plan: RunPlan, on_step: StepCallb
     output_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=tmp_root))
     share_data_cache(output_dir, plan.work_dir)
     try:
-        child_env = {**os.environ, **env, **run_controls(plan, output_dir), "PYTHONUNBUFFERED": "1"}
+        child_env = child_environment(env, plan, output_dir)
         started = time.monotonic()
         returncode, timed_out = _run_trainer(child_env, log_dir, output_dir / "metrics.jsonl", plan, on_step)
         wall_s = time.monotonic() - started
@@ -131,7 +147,7 @@ def _run_trainer(env: dict[str, str], log_dir: Path, metrics: Path, plan: RunPla
                     _stop(proc)
                     return proc.returncode, True
                 if on_step is not None:
-                    on_step(_count_lines(metrics))
+                    on_step(_count_lines(metrics) * plan.log_steps)
                 time.sleep(0.5)
         except BaseException:
             _stop(proc)
@@ -167,7 +183,7 @@ def classify(returncode: int, timed_out: bool, stderr: str, metrics: Path, plan:
     if returncode != 0:
         return RowOutcome(*failure_reason(returncode, stderr))
     try:
-        return RowOutcome(OK, measured=summarize_metrics(metrics, plan.warmup))
+        return RowOutcome(OK, measured=summarize_metrics(metrics, plan.warmup, plan.log_steps))
     except ValueError as exc:
         return RowOutcome(ERROR, str(exc))
 
@@ -234,8 +250,9 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def summarize_metrics(path: Path, warmup: int) -> Measured:
-    """Medians over the steps after the warm-up; peak memory is the maximum. ValueError if nothing was measured."""
+def summarize_metrics(path: Path, warmup: int, log_steps: int = 1) -> Measured:
+    """Medians over the lines after the warm-up (each the mean of `log_steps` steps); peak memory is the maximum.
+    ValueError if nothing was measured."""
     steps = [r for r in read_metrics(path) if r.get("tokens_per_s") is not None and _step(r) > warmup]
     if not steps:
         raise ValueError(f"the trainer exited 0 but {path.name} has no logged step after the {warmup} warm-up steps")
@@ -246,7 +263,7 @@ def summarize_metrics(path: Path, warmup: int) -> Measured:
         step_time_s=_median_of(steps, "step_time_s"),
         mfu=_median_of(steps, "mfu"),
         peak_mem_bytes=max(peaks) if peaks else None,
-        measured_steps=len(steps),
+        measured_steps=len(steps) * log_steps,
     )
 
 

@@ -18,6 +18,7 @@ from trainer.bench.catalogue import (
     DEFAULTS,
     GRAD_ACCUM,
     MAX_BATCH,
+    UNSET,
     RowSpec,
     catalogue,
 )
@@ -186,8 +187,13 @@ class Bench:
         return best
 
     def defaults_env(self) -> dict[str, str]:
-        """The trainer's defaults; TRAIN_COMPILE as auto decides for a long run (a row's few steps turn it off)."""
-        return {**self.baseline_env(), **AUTO_ENV, "TRAIN_COMPILE": "1" if self.ctx.auto_compile else "auto"}
+        """The trainer's defaults; TRAIN_COMPILE as auto decides for a long run (a row's few steps turn it off). On a
+        GPU TRAIN_BATCH_SIZE and TRAIN_GRAD_ACCUM are left unset, so the batch search chooses the batch (set, it
+        would keep their product)."""
+        env = {**self.baseline_env(), **AUTO_ENV, "TRAIN_COMPILE": "1" if self.ctx.auto_compile else "auto"}
+        if self.ctx.on_gpu:
+            env.update(TRAIN_BATCH_SIZE=UNSET, TRAIN_GRAD_ACCUM=UNSET)
+        return env
 
     def run_defaults(self, spec: RowSpec) -> RowResult:
         """The baseline with the technique variables left at auto; the note says what the trainer chose."""

@@ -7,15 +7,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer import compat, transformers_names
-from trainer.config import deepspeed, methods
+from trainer.config import deepspeed, methods, speed
+from trainer.config.inputs import Inputs
 from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.schema import TrainSettings
 from trainer.data.chat import template_problems
-from trainer.data.discovery import eval_source_of, source_of
 from trainer.errors import ConfigError
 from trainer.hub.ids import parse_dataset_id
 from trainer.hub.push import push_problems
-from trainer.hub.sources import TOKENIZER_FILES, hub_ref, hub_sources
+from trainer.hub.sources import TOKENIZER_FILES, hub_ref
 from trainer.machine.hardware import module_available
 from trainer.run import resume
 
@@ -63,6 +63,9 @@ def _combination_problems(s: TrainSettings) -> list[str]:
         problems.append(
             f"TRAIN_QUANT={s.quant} needs TRAIN_LORA=1: quantized weights are frozen, only LoRA adapters train (QLoRA)"
         )
+    backend = speed.backend_problem(s, module_available)
+    if backend:
+        problems.append(backend)
     if s.compile == "1" and s.zero_stage == 3:
         problems.append(
             "TRAIN_COMPILE=1 with TRAIN_ZERO_STAGE=3: ZeRO-3 gathers parameters in hooks that break torch.compile "
@@ -178,20 +181,18 @@ def _eval_problems(s: TrainSettings) -> list[str]:
             f"TRAIN_KEEP_BEST=1 keeps an evaluated checkpoint, so TRAIN_SAVE_STEPS={s.save_steps} must be a multiple "
             f"of TRAIN_EVAL_STEPS={s.eval_steps}; e.g. TRAIN_EVAL_STEPS=0 (evaluate at every save)"
         )
-    if s.eval_data and not parse_dataset_id(s.eval_data):
-        problems += eval_source_of(s).problems
     return problems
 
 
-def _hub_problems(s: TrainSettings) -> list[str]:
+def _hub_problems(inputs: Inputs) -> list[str]:
     """Resolves (and downloads, unless HF_HUB_OFFLINE=1) the Hub IDs; run only when everything else is right. A Hub
     dataset's files are checked here, once fetched."""
-    found = hub_sources(s).problems_of
+    s, found = inputs.settings, inputs.hub.problems_of
     problems = [*found.get("model", ()), *found.get("tokenizer", ())]
     if parse_dataset_id(s.data):
-        problems += source_of(s).problems
+        problems += inputs.data.problems
     if parse_dataset_id(s.eval_data):
-        problems += eval_source_of(s).problems
+        problems += inputs.eval_data.problems
     return problems
 
 
@@ -241,46 +242,55 @@ def _readable(path: Path) -> bool:
     return True
 
 
-# ---- data (discovery and its checks live in trainer.data.discovery; one scan per settings object) -----------------
+# ---- data (discovery and its checks live in trainer.data.discovery; one scan per run, kept by Inputs) -------------
 
 
-def _data_problems(s: TrainSettings) -> list[str]:
-    if parse_dataset_id(s.data):
+def _data_problems(inputs: Inputs) -> list[str]:
+    if parse_dataset_id(inputs.settings.data):
         return []  # a Hub dataset is scanned after it is fetched (_hub_problems)
-    return list(source_of(s).problems)
+    return list(inputs.data.problems)
+
+
+def _eval_data_problems(inputs: Inputs) -> list[str]:
+    eval_data = inputs.settings.eval_data
+    if not eval_data or parse_dataset_id(eval_data):
+        return []  # a Hub dataset is scanned after it is fetched (_hub_problems)
+    return list(inputs.eval_data.problems)
 
 
 def _resume_problems(s: TrainSettings) -> list[str]:
     return resume.setting_problems(s.resume)  # the checkpoint itself is read by the run (trainer.run.resume.decide)
 
 
-STATIC_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
-    _combination_problems,
-    compat.unsupported_problems,
-    _library_problems,
-    _optimizer_problems,
-    _deepspeed_config_problems,
-    _train_args_problems,
-    _model_problems,
-    _tokenizer_problems,
-    _resume_problems,
-    _nvme_problems,
-    _output_problems,
+def _on_settings(check: Callable[[TrainSettings], list[str]]) -> Callable[[Inputs], list[str]]:
+    return lambda inputs: check(inputs.settings)
+
+
+STATIC_CHECKS: tuple[Callable[[Inputs], list[str]], ...] = (
+    *map(_on_settings, (
+        _combination_problems, compat.unsupported_problems, _library_problems, _optimizer_problems,
+        _deepspeed_config_problems, _train_args_problems, _model_problems, _tokenizer_problems, _resume_problems,
+        _nvme_problems, _output_problems,
+    )),
     _data_problems,
-    methods.option_problems,
+    _on_settings(methods.option_problems),
     methods.data_problems,
-    push_problems,
-    _eval_problems,
-)
+    _on_settings(push_problems),
+    _on_settings(_eval_problems),
+    _eval_data_problems,
+)  # fmt: skip
 
 
-def static_problems(settings: TrainSettings) -> list[str]:
-    """Every problem that can be found without torch, in a stable order; the Hub is asked only when there is none."""
-    problems = [problem for check in STATIC_CHECKS for problem in check(settings)]
-    return problems or _hub_problems(settings) or _chat_template_problems(settings)
+def static_problems(inputs: Inputs) -> list[str]:
+    """Every problem that can be found without torch, in a stable order; the Hub is asked only when there is none.
+    The Hub snapshots and data scans are kept on `inputs`, for `resolve` and the run."""
+    problems = [problem for check in STATIC_CHECKS for problem in check(inputs)]
+    return problems or _hub_problems(inputs) or _chat_template_problems(inputs)
 
 
-def _chat_template_problems(s: TrainSettings) -> list[str]:
+def _chat_template_problems(inputs: Inputs) -> list[str]:
     """After the Hub: the template comes with a Hub tokenizer; a Hub dataset's pairs are read once fetched."""
-    found = methods.data_problems(s, hub=True) or [methods.template_problem(s)]
-    return [p for p in found if p] or template_problems(s, source_of(s))
+    found = methods.data_problems(inputs, hub=True) or [methods.template_problem(inputs)]
+    return [p for p in found if p] or template_problems(
+        inputs.data, inputs.settings.chat_template, inputs.tokenizer_folder
+    )

@@ -24,7 +24,7 @@ def register(commands: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from trainer import config
 
-    cfg = config.resolve(config.load_settings())
+    cfg = config.resolve(config.load_inputs())
     config.build_training_arguments(cfg)  # Transformers' own validation: what it refuses is exit 2 here too
     if args.json:
         print(json.dumps(cfg.to_dict(masked=True), indent=2))

@@ -14,13 +14,12 @@ from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
 from trainer.config import deepspeed, methods, speed
 from trainer.config.decision import Decision
+from trainer.config.inputs import Inputs
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.data.chat import chat_report
-from trainer.data.discovery import source_of
 from trainer.errors import ConfigError
-from trainer.hub.sources import hub_sources, model_folder
 from trainer.machine.gpus import NprocError, processes_per_node
 from trainer.machine.hardware import module_available
 
@@ -36,6 +35,7 @@ class Decisions:
     """Every decision of a resolved run, in the order `python -m trainer config` shows them."""
 
     data: Decision[str]
+    packing: Decision[str]  # stream, records, or records+stream (plain text streamed, records whole)
     model: Decision[str]
     precision: Decision[str]  # fp32, bf16 or fp16
     tf32: Decision[bool]
@@ -174,14 +174,14 @@ def decide_debug(s: TrainSettings, hw: Hardware) -> dict[str, Decision]:
     }
 
 
-def decide_deepspeed(s: TrainSettings, precision: str) -> tuple[dict[str, Any] | None, Decision]:
+def decide_deepspeed(s: TrainSettings, precision: str, model_folder: str) -> tuple[dict[str, Any] | None, Decision]:
     if s.deepspeed_config:
         return deepspeed.load_user_config(s.deepspeed_config), _decide(
             s.deepspeed_config, "TRAIN_DEEPSPEED_CONFIG wins over the generated config"
         )
     if s.zero_stage == 0:
         return None, _decide(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
-    largest = deepspeed.largest_tensor_elements(model_folder(s)) if s.zero_offload == "nvme" else 0
+    largest = deepspeed.largest_tensor_elements(model_folder) if s.zero_offload == "nvme" else 0
     ds = deepspeed.generate(s.zero_stage, s.zero_offload, s.nvme_path, precision, largest)
     return ds, _decide(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")
 
@@ -228,9 +228,9 @@ def _resume_reason(resume: str) -> str:
     }.get(resume, "resume from this checkpoint")
 
 
-def decide_model(s: TrainSettings, preset: bool) -> Decision[str]:
+def decide_model(inputs: Inputs, preset: bool) -> Decision[str]:
     """The folder (or preset name) the run loads: a Hub ID's value is its snapshot in HF_HOME's cache."""
-    sources = hub_sources(s)
+    s, sources = inputs.settings, inputs.hub
     snap = sources.model
     if snap is None:
         return _decide(s.model, "preset, trained from scratch" if preset else "local folder, loaded offline")
@@ -249,17 +249,25 @@ def _fsdp_reason(s: TrainSettings, hw: Hardware) -> str:
     return f"{version} {s.fsdp}, auto-wrapping {wrap}{cpu}"
 
 
+def decide_packing(inputs: Inputs) -> Decision[str]:
+    """TRAIN_PACKING for the data's record layouts (the packer applies the same rule to each piece: DataSpec)."""
+    s = inputs.settings
+    if methods.is_preference(s):
+        return _decide("none", f"TRAIN_METHOD={s.method}: {methods.SFT_ONLY['packing']}")
+    return _decide(*inputs.data_spec.packing_of(inputs.data.layouts))
+
+
 def decide_all(
-    s: TrainSettings, hw: Hardware, environ: Mapping[str, str], import_heavy: bool = True
+    inputs: Inputs, hw: Hardware, environ: Mapping[str, str], import_heavy: bool = True
 ) -> tuple[Decisions, dict[str, Any] | None, str]:
     """(decisions, DeepSpeed config or None, PYTORCH_CUDA_ALLOC_CONF value); ConfigError naming every problem."""
-    source = source_of(s)
+    s, source = inputs.settings, inputs.data
     problems = list(source.problems)
     decide = _Collector(problems)
     data = source.decision()
     preset = is_preset(s.model)
     precision = decide(decide_precision, s, hw, fallback=_decide("fp32", "refused"))
-    ds, deepspeed_decision = decide_deepspeed(s, precision.value)
+    ds, deepspeed_decision = decide_deepspeed(s, precision.value, inputs.model_folder)
     pin_memory = decide_pin_memory(s, hw)
     auto_batch = speed.decide_auto_batch(s, hw, ds)
     if methods.is_preference(s) and auto_batch.value:  # TRAIN_AUTO_BATCH=1 is refused (methods.option_problems)
@@ -268,7 +276,8 @@ def decide_all(
     alloc_value, alloc_decision = alloc_conf_decision(environ)
     parts: dict[str, Decision] = {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
-        "model": decide_model(s, preset),
+        "packing": decide_packing(inputs),
+        "model": (model := decide_model(inputs, preset)),
         "precision": precision,
         "tf32": decide(decide_tf32, s, hw, fallback=_decide(False, "refused")),
         "deepspeed": deepspeed_decision,
@@ -280,7 +289,7 @@ def decide_all(
         "grad_accum": speed.decide_grad_accum(s),
         "nproc_per_node": decide(decide_nproc, s, hw, fallback=_decide(1, "refused")),
         "compile": decide(speed.decide_compile, s, hw, ds, import_heavy, fallback=_decide(False, "refused")),
-        "liger": decide(speed.decide_liger, s, hw, fallback=_decide(False, "refused")),
+        "liger": decide(speed.decide_liger, s, hw, model.value, fallback=_decide(False, "refused")),
         "non_blocking": speed.decide_non_blocking(hw, pin_memory.value),
         "nan_inf_filter": speed.decide_nan_inf_filter(hw),
         "quant": decide(decide_quant, s, hw, fallback=_decide("none", "refused")),
@@ -293,13 +302,18 @@ def decide_all(
         "report_to": decide(decide_report_to, s, fallback=_decide("none", "refused")),
         "resume": _decide(s.resume, _resume_reason(s.resume)),
         "cuda_alloc_conf": alloc_decision,
-        **{what: Decision(*found) for what, found in chat_report(s, source).items()},
+        **{what: Decision(*found) for what, found in _chat_report(inputs).items()},
         "method": methods.decide_method(s),
         "reference": methods.decide_reference(s),
     }
     if problems:
         raise ConfigError(*problems)
     return Decisions(**parts), ds, alloc_value
+
+
+def _chat_report(inputs: Inputs) -> dict[str, tuple[str, str]]:
+    s = inputs.settings
+    return chat_report(inputs.data, s.loss_on, s.chat_template, inputs.tokenizer_folder, s.method)
 
 
 class _Collector:

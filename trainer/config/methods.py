@@ -11,10 +11,14 @@ import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.config.decision import Decision
-from trainer.data.preference import PREFERENCE_LAYOUTS, PreferenceRecords, read_records
+from trainer.config.schema import TrainSettings
+from trainer.data.preference import PREFERENCE_LAYOUTS, PreferenceRecords
+
+if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
 
 
 @dataclass(frozen=True)
@@ -47,18 +51,16 @@ OPTION_METHODS = {
 # SFT's data settings, which a preference method would otherwise silently ignore
 SFT_ONLY = {"packing": "pairs are never packed (each side is one padded sequence)",
             "loss_on": "a preference method trains each side's answer (the prompt never)"}  # fmt: skip
-# What a resumed run may not change (trainer.run.resume.CANNOT_CHANGE): the method and every option of it
-RESUME_FIXED = ("method", *OPTION_METHODS)
 
 
-def is_preference(settings: Any) -> bool:
-    return getattr(settings, "method", "sft") != "sft"
+def is_preference(settings: TrainSettings) -> bool:
+    return settings.method != "sft"
 
 
 # ---- checks (stage 1) -----------------------------------------------------------------------------------------
 
 
-def option_problems(s: Any) -> list[str]:
+def option_problems(s: TrainSettings) -> list[str]:
     """A TRAIN_PREF_* option given for a method it does not apply to is an error, never silently ignored."""
     problems = []
     for name, methods in OPTION_METHODS.items():
@@ -106,16 +108,16 @@ def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str 
     return None
 
 
-def data_problems(s: Any, hub: bool = False) -> list[str]:
+def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
     """The layouts of TRAIN_DATA and TRAIN_EVAL_DATA against the method, then (preference methods) every record:
     local data in the static checks, Hub datasets (`hub`) once fetched, after every other check passed."""
-    from trainer.data.discovery import eval_source_of, source_of
     from trainer.hub.ids import parse_dataset_id
 
+    s = inputs.settings
     problems = []
-    scans = [("data", source_of)] + ([("eval_data", eval_source_of)] if s.eval_data else [])
-    sources = [scan(s) for key, scan in scans if bool(parse_dataset_id(getattr(s, key))) == hub]
-    for source in sources:
+    keys = ["data"] + (["eval_data"] if s.eval_data else [])
+    for key in (k for k in keys if bool(parse_dataset_id(getattr(s, k))) == hub):
+        source = getattr(inputs, key)
         if source.problems or (source.embedded and s.method == "sft"):
             continue
         if source.embedded:
@@ -126,44 +128,36 @@ def data_problems(s: Any, hub: bool = False) -> list[str]:
         if found:
             problems.append(found)
         elif is_preference(s):
-            problems += records_of(s, source).problems
+            problems += records_of(inputs, key).problems
     return problems
 
 
-def records_of(s: Any, source: Any) -> PreferenceRecords:
-    """Every record of a preference source, read once per settings object (the checks and the run share it)."""
-    cache = getattr(s, "_trainkit_preference_records", None)
-    if cache is None:
-        cache = {}
-        s._trainkit_preference_records = cache
-    key = (source.spec, source.variable, s.data_max_bad_lines)
-    if key not in cache:
-        cache[key] = read_records(source, s.data_max_bad_lines)
-    return cache[key]
+def records_of(inputs: Inputs, key: str = "data") -> PreferenceRecords:
+    """Every record of TRAIN_DATA (`key` "data") or TRAIN_EVAL_DATA ("eval_data"), read and checked once per run
+    (kept on `inputs`: the checks, `data --show` and the run share the one read)."""
+    return inputs.pairs if key == "data" else inputs.eval_pairs
 
 
-def template_problem(s: Any) -> str | None:
+def template_problem(inputs: Inputs) -> str | None:
     """Conversational pairs need a chat template (the same one SFT renders with)."""
-    from trainer.data.chat import no_template_problem, template_of
-    from trainer.data.discovery import source_of
+    from trainer.data.chat import no_template_problem
     from trainer.errors import ConfigError
 
-    source = source_of(s)
-    if not is_preference(s) or source.problems or not any(x != "preference" for x in source.layouts):
+    source = inputs.data
+    if not is_preference(inputs.settings) or source.problems or not any(x != "preference" for x in source.layouts):
         return None
     try:
-        choice = template_of(s)
+        choice = inputs.template()
     except ConfigError as exc:
         return exc.message
-    records = records_of(s, source)
-    chat = any(isinstance(row.get("prompt"), list) for row in records.rows[:1])
+    chat = any(isinstance(row.get("prompt"), list) for row in records_of(inputs).rows[:1])
     return no_template_problem(source.layout_names(), choice.origin) if chat and choice.text is None else None
 
 
 # ---- decisions ------------------------------------------------------------------------------------------------
 
 
-def decide_reference(s: Any) -> Decision[str]:
+def decide_reference(s: TrainSettings) -> Decision[str]:
     """The reference model done the way that costs least (recorded in run_config.json)."""
     if not is_preference(s):
         return Decision("none", "TRAIN_METHOD=sft")
@@ -181,18 +175,18 @@ def decide_reference(s: Any) -> Decision[str]:
                     "saves its memory)")  # fmt: skip
 
 
-def decide_method(s: Any) -> Decision[str]:
+def decide_method(s: TrainSettings) -> Decision[str]:
     if not is_preference(s):
         return Decision("sft", "TRAIN_METHOD=sft (default): supervised training on the data's own tokens")
     facts = METHODS[s.method]
     return Decision(s.method, f"TRL's {facts.trainer} ({facts.module}), {config_fields_text(s)}")
 
 
-def config_fields_text(s: Any) -> str:
+def config_fields_text(s: TrainSettings) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in method_arguments(s).items())
 
 
-def method_arguments(s: Any) -> dict[str, Any]:
+def method_arguments(s: TrainSettings) -> dict[str, Any]:
     """The TRL config fields trainkit sets for the method (TRAIN_ARGS may set others, and wins)."""
     if not is_preference(s):
         return {}

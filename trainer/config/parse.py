@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainer.config.checks import static_problems
+from trainer.config.inputs import Inputs
 from trainer.config.schema import ENV_PREFIX, TrainSettings, allowed_values, env_name, field_of_env
 from trainer.errors import ConfigError
 from trainer.transformers_names import did_you_mean
@@ -64,10 +65,16 @@ def parse_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
     return settings
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
-    """Parse TRAIN_* from `env` (os.environ by default) and run every check that needs no torch."""
-    settings = parse_settings(env)
-    problems = static_problems(settings)
+def load_inputs(env: Mapping[str, str] | None = None) -> Inputs:
+    """Parse TRAIN_* from `env` (os.environ by default) and run every check that needs no torch; the settings with
+    the Hub snapshots and data scans the checks made, for `resolve` and the run."""
+    inputs = Inputs(parse_settings(env))
+    problems = static_problems(inputs)
     if problems:
         raise ConfigError(*problems)
-    return settings
+    return inputs
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
+    """`load_inputs(env).settings`: the checked settings alone."""
+    return load_inputs(env).settings

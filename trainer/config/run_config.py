@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.decisions import Decisions
+from trainer.config.inputs import Inputs
 from trainer.config.schema import TrainSettings, env_name
 from trainer.secrets import mask_secrets
 
@@ -24,16 +25,26 @@ RECORDED_ENV_PREFIXES = (
 
 @dataclass
 class RunConfig:
-    """The resolved run: settings, every derived decision with its reason, and what Transformers is given."""
+    """The resolved run: settings with what they name (Hub snapshots, data scans), every derived decision with its
+    reason, and what Transformers is given."""
 
-    settings: TrainSettings
+    inputs: Inputs
     hardware: Hardware
     decisions: Decisions
     training_arguments: dict[str, Any]
     deepspeed: dict[str, Any] | None = None
     env: dict[str, str] = field(default_factory=dict)  # process environment the run sets (before torch)
-    hub: dict[str, Any] = field(default_factory=dict)  # Hub IDs resolved to commits (trainer.hub), also in checkpoints
     startup: dict[str, Any] = field(default_factory=dict)  # seconds per start-up phase (trainer.run.startup)
+    training_data: dict[str, Any] = field(default_factory=dict)  # batches per epoch, what is left out (run.train)
+
+    @property
+    def settings(self) -> TrainSettings:
+        return self.inputs.settings
+
+    @property
+    def hub(self) -> dict[str, Any]:
+        """The Hub IDs resolved to commits (trainer.hub), as run_config.json and every checkpoint record them."""
+        return self.inputs.hub.record()
 
     def to_dict(self, masked: bool = True, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         source = self.settings.model_fields_set
@@ -48,6 +59,7 @@ class RunConfig:
             "deepspeed": self.deepspeed,
             "hub": self.hub,
             "startup": self.startup,
+            "training_data": self.training_data,
             "environment": {**recorded_environment(os.environ if environ is None else environ), **self.env},
         }
         data = json.loads(json.dumps(data, default=str))

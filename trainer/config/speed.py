@@ -7,10 +7,14 @@ a generation that is not in a table keeps the safe choice, and the reason says i
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.config.decision import Decision
+from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 
@@ -82,7 +86,7 @@ def decide_compile(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None, ch
             )
         if hw.is_gpu and not hw.libraries.get("triton", False):
             raise ConfigError("TRAIN_COMPILE=1 on GPU: inductor needs triton, which is not installed; TRAIN_COMPILE=0")
-    how = f"backend {s.compile_backend}, mode {s.compile_mode}"
+    how = f"backend {s.compile_backend}, mode {s.compile_mode}, {compile_layout(s, ds, os.environ)}"
     if s.compile == "auto":
         steps = "epochs" if s.max_steps < 0 else f"{s.max_steps} steps"
         return Decision(True, f"auto: a GPU run ({steps}) on {compat.stack().describe()}: inductor fuses the "
@@ -90,6 +94,65 @@ def decide_compile(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None, ch
     note = "; CUDA graphs are skipped on CPU, so reduce-overhead behaves like default" if (
         s.compile_mode == "reduce-overhead" and not hw.is_gpu) else ""  # fmt: skip
     return Decision(True, f"set by TRAIN_COMPILE ({how}){note}")
+
+
+REGIONAL_ENV = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"  # read by Accelerate's TorchDynamoPlugin
+CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def compiled_by_accelerate(s: TrainSettings, ds: dict[str, Any] | None) -> bool:
+    """Who compiles: with DeepSpeed or FSDP, Transformers' torch_compile (Accelerate compiles each repeated block
+    after wrapping the model, its regional compilation); otherwise the trainer compiles each decoder layer in place
+    (trainer.run.models.compile_layers) before the batch search, so the search sizes the model that trains."""
+    return ds is not None or s.zero_stage > 0 or s.fsdp != "none"
+
+
+def compile_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a compiled run sets before torch compiles anything (the user's value wins): Accelerate's regional
+    compilation (used with DeepSpeed and FSDP), and the inductor and triton caches on the cache volume next to
+    HF_HOME (the images set /cache/inductor and /cache/triton; a run from source gets HF_HOME/../torch-compile/),
+    so a restarted run and every later run with the same model, shapes and versions reuse the compiled kernels
+    (the output folder would serve only its own run)."""
+    env = {REGIONAL_ENV: environ.get(REGIONAL_ENV, "1")}
+    xdg_cache = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    caches = Path(environ.get("HF_HOME") or Path(xdg_cache) / "huggingface").parent / "torch-compile"
+    for name, folder in CACHE_ENV.items():
+        env[name] = environ.get(name) or str(caches / folder)
+    return env
+
+
+def compile_layout(s: TrainSettings, ds: dict[str, Any] | None, environ: Mapping[str, str]) -> str:
+    """How a compiled run compiles and where its caches are, for the decision's reason."""
+    env = compile_environment(environ)
+    how = ("regional: each decoder layer compiled in place, one compile reused by every layer; the loss, the mask "
+           "and the records hook stay eager")  # fmt: skip
+    if compiled_by_accelerate(s, ds):
+        regional = env[REGIONAL_ENV].lower() in ("1", "true", "yes")
+        how = ("by Accelerate, regional (each repeated block)" if regional
+               else f"by Accelerate, the whole model ({REGIONAL_ENV}={env[REGIONAL_ENV]})")  # fmt: skip
+    caches = ", ".join(f"{name}={env[name]}" for name in CACHE_ENV)
+    return f"{how}; caches {caches}; a partial last batch is left out of each epoch (counted at start)"
+
+
+# torch.compile backends that compile a forward only (no backward: they cannot train the model), and the package
+# each of the others needs beyond torch; a name torch does not know is refused by _check_backend once torch loads.
+INFERENCE_ONLY_BACKENDS = frozenset({"tvm", "tensorrt", "torch_tensorrt", "openxla_eval"})
+BACKEND_PACKAGES = {"onnxrt": "onnxruntime", "openxla": "torch_xla", "ipex": "intel_extension_for_pytorch"}
+
+
+def backend_problem(s: TrainSettings, available: Callable[[str], bool]) -> str | None:
+    """Why TRAIN_COMPILE_BACKEND cannot train the model here (None when it can, or when nothing compiles)."""
+    backend = s.compile_backend
+    if s.compile == "0":
+        return None
+    if backend in INFERENCE_ONLY_BACKENDS:
+        return (f"TRAIN_COMPILE_BACKEND={backend} compiles the forward pass only (inference): it cannot train the "
+                "model; use inductor (the default) or TRAIN_COMPILE=0")  # fmt: skip
+    package = BACKEND_PACKAGES.get(backend)
+    if package and not available(package):
+        return (f"TRAIN_COMPILE_BACKEND={backend} needs the {package} package, which is not installed; use inductor "
+                "(the default) or TRAIN_COMPILE=0")  # fmt: skip
+    return None
 
 
 def _check_backend(backend: str) -> None:
@@ -161,7 +224,27 @@ def _flash_problem(attn: str, hw: Hardware, precision: str) -> str | None:
     return None
 
 
+def records_apart(attn: str) -> str:
+    """How a batch of packed records is kept apart with `attn` (trainer.run.packed_attention), for the reason."""
+    if attn.startswith("flash_attention"):
+        return ("packed records: one row per batch and their boundaries (cu_seq_lens, computed in the DataLoader) "
+                "for the varlen kernel")  # fmt: skip
+    if not compat.stack().packs_by_position_ids:
+        return "packed records: a per-record additive 4D mask (this transformers finds no records in position ids)"
+    if attn == "sdpa":
+        return ("plain text gets no mask (SDPA's causal flash/cuDNN kernels); a batch of packed records one boolean "
+                "block-diagonal mask built once for every layer: the fastest exact form on this path "
+                "(SDPA's flash and cuDNN kernels take no mask; Transformers' own packed mask is the same mask but "
+                "costs a host sync per forward, and its detection put a dense mask on plain text under compile)")
+    return "packed records: Transformers' per-record mask from the position ids"
+
+
 def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
+    chosen = _choose_attn(s, hw, precision)
+    return Decision(chosen.value, f"{chosen.reason}; {records_apart(chosen.value)}")
+
+
+def _choose_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
     if s.attn in ("flash_attention_2", "flash_attention_4"):
         problem = _flash_problem(s.attn, hw, precision)
         if problem:
@@ -183,16 +266,43 @@ def decide_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
 # ---- Liger kernels ------------------------------------------------------------------------------------------------
 
 
-def decide_liger(s: TrainSettings, hw: Hardware) -> Decision:
+def liger_model_problem(model_folder: str) -> str | None:
+    """Why Liger would leave the model as it is (Transformers only logs a warning for a model type Liger does not
+    patch: a silent slow path), or None. Asks the installed Liger which model types it patches."""
+    model_type = "llama" if is_preset(model_folder) else _model_type(Path(model_folder))
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return None  # not importable: decide_liger refuses TRAIN_LIGER=1 for that already
+    if model_type in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return None
+    return (f"TRAIN_LIGER=1: Liger has no kernels for this model's type {model_type!r} (it patches "
+            f"{', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))}); set TRAIN_LIGER=0")
+
+
+def _model_type(folder: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def decide_liger(s: TrainSettings, hw: Hardware, model_folder: str | None = None) -> Decision:
     installed = hw.libraries.get("liger_kernel", False)
     if s.liger == "0":
         return Decision(False, "TRAIN_LIGER=0")
     if s.liger == "1":
         if not installed:
-            raise ConfigError("TRAIN_LIGER=1 needs the liger-kernel package, which is not installed; "
-                              "`pip install liger-kernel` or TRAIN_LIGER=0")  # fmt: skip
+            raise ConfigError("TRAIN_LIGER=1 needs the liger-kernel package, which the images do not ship (auto "
+                              "never needs it: it is on only where measured faster); `pip install liger-kernel` "
+                              "or TRAIN_LIGER=0")  # fmt: skip
         if not hw.is_gpu:
             raise ConfigError("TRAIN_LIGER=1 needs a CUDA GPU (Liger's kernels are triton kernels); set TRAIN_LIGER=0")
+        problem = liger_model_problem(model_folder or s.model)
+        if problem:
+            raise ConfigError(problem)
         return Decision(True, "set by TRAIN_LIGER: Liger's fused RMSNorm, SwiGLU, RoPE and cross-entropy")
     generation = gpu_generation(hw)
     if generation is None:
@@ -216,7 +326,9 @@ def decide_non_blocking(hw: Hardware, pin_memory: bool) -> Decision:
 
 
 def decide_nan_inf_filter(hw: Hardware) -> Decision:
-    if not hw.is_gpu:
-        return Decision(True, "Transformers' default: a NaN/Inf step loss is left out of the logged loss")
-    return Decision(False, "off on GPUs: Transformers' NaN/Inf filter reads each step's loss on the host (a GPU "
-                           "synchronization per step); a NaN/Inf loss shows in the logged loss instead")  # fmt: skip
+    # Transformers' filter replaces a NaN/Inf step loss by the mean so far (0.0 right after a log): it would hide a
+    # diverged run from the logged loss and from TRAIN_ON_NAN's guard (trainer.run.divergence), and costs a
+    # synchronization per step on GPUs.
+    return Decision(False, "off: a NaN/Inf loss stays in the logged loss (as null) and TRAIN_ON_NAN acts on it; "
+                           "Transformers' filter would log it as the mean so far and, on GPUs, read each step's loss "
+                           "on the host (a synchronization per step)")  # fmt: skip

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
+from trainer.config import speed
 from trainer.config.decisions import Decision, Decisions
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
@@ -55,11 +56,16 @@ def _eval_arguments(s: TrainSettings) -> dict[str, Any]:
     return args
 
 
-def _compile_arguments(s: TrainSettings, decisions: Decisions) -> dict[str, Any]:
-    # Transformers turns torch_compile on when a backend or mode is given, so pass them only when compiling.
+def _compile_arguments(s: TrainSettings, decisions: Decisions, ds: dict[str, Any] | None) -> dict[str, Any]:
+    # Transformers turns torch_compile on when a backend or mode is given, so pass them only when it compiles.
     if not decisions.compile.value:
         return {"torch_compile": False}
-    return {"torch_compile": True, "torch_compile_backend": s.compile_backend, "torch_compile_mode": s.compile_mode}
+    # A partial last batch would recompile the model for its shape: a compiled run's training DataLoader drops it
+    # (a different random one each epoch; trainer.run.train counts and records what is left out).
+    if not speed.compiled_by_accelerate(s, ds):
+        return {"torch_compile": False, "dataloader_drop_last": True}  # trainer.run.models compiles each layer
+    return {"torch_compile": True, "torch_compile_backend": s.compile_backend, "torch_compile_mode": s.compile_mode,
+            "dataloader_drop_last": True}  # fmt: skip
 
 
 def _speed_arguments(decisions: Decisions) -> dict[str, Any]:
@@ -116,7 +122,7 @@ def derived_training_arguments(
         "neftune_noise_alpha": s.neftune_alpha or None,
         "deepspeed": ds,
         **_checkpointing_arguments(s),
-        **_compile_arguments(s, decisions),
+        **_compile_arguments(s, decisions, ds),
         **_speed_arguments(decisions),
         **_fsdp_arguments(s),
         **_eval_arguments(s),

@@ -1,12 +1,12 @@
 """The tokenized-data cache: its key, its atomic write, and the barrier that lets one process per node prepare it.
 
 A cache entry is `CACHE_DIR/<key>/` (token shards + meta.json), keyed by the files' identity (path, size, mtime and
-a hash of three 64 KiB samples of the content), the tokenizer, `seq_len`, the text field and the packing settings
-(TRAIN_PACKING, TRAIN_LONG_RECORDS). It is written into `CACHE_DIR/.tmp-<key>-<host>-<pid>/`, fsynced and renamed
-into place, so a folder named by its key is always complete. An interrupted preparation leaves only a .tmp folder,
-which the next preparation removes before it starts again from the beginning. Every use checks the shards' sizes
-against meta.json: an entry that does not match (a truncated or missing shard, no valid meta.json) is taken for
-absent, and local rank 0 replaces it.
+a hash of three 64 KiB samples of the content), the tokenizer and its chat template, and the data spec's fields
+that shape the tokens (trainer.data.spec: TRAIN_SEQ_LEN, TRAIN_TEXT_FIELD, TRAIN_PACKING, ...). It is written into
+`CACHE_DIR/.tmp-<key>-<host>-<pid>/`, fsynced and renamed into place, so a folder named by its key is always
+complete. An interrupted preparation leaves only a .tmp folder, which the next preparation removes before it starts
+again from the beginning. Every use checks the shards' sizes against meta.json: an entry that does not match (a
+truncated or missing shard, no valid meta.json) is taken for absent, and local rank 0 replaces it.
 
 Ranks: local rank 0 of each node prepares under an exclusive lock (`<key>.lock`; on shared storage the lock also
 keeps nodes from preparing twice); the other local ranks wait for the finished folder, for a failure marker from
@@ -24,11 +24,17 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trainer.data.discovery import DataSource
+    from trainer.data.spec import DataSpec
 
 log = logging.getLogger("trainer")
 
@@ -47,7 +53,7 @@ def never() -> bool:
     return False
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     specials = f"eos={tokenizer.eos_token_id}|pad={tokenizer.pad_token_id}|bos={tokenizer.bos_token_id}"
@@ -55,10 +61,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(f"{text}|{specials}".encode()).hexdigest()
 
 
-def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, packing: dict[str, str] | None = None,
-              loss_on: str = "assistant") -> str:  # fmt: skip
-    """The files' identity (hence their record layouts), the tokenizer, its chat template, the loss setting and the
-    packing settings."""
+def cache_key(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSpec) -> str:
+    """The files' identity (hence their record layouts), the tokenizer, its chat template and what of the spec shapes
+    the tokens (DataSpec.key: sequence length, text field, packing, loss)."""
     from trainer.data.chat import template_hash
 
     files = []
@@ -66,9 +71,8 @@ def cache_key(source: Any, tokenizer: Any, seq_len: int, text_field: str, packin
         st = p.stat()
         files.append([str(p.resolve()), st.st_size, st.st_mtime_ns, content_sample(p, st.st_size)])
     tok = tokenizer_fingerprint(tokenizer)
-    chat = {"layouts": list(source.layouts), "template": template_hash(tokenizer), "loss_on": loss_on}
-    blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "seq": seq_len, "field": text_field,
-                       "packing": packing or {}, "chat": chat})  # fmt: skip
+    chat = {"layouts": list(source.layouts), "template": template_hash(tokenizer)}
+    blob = json.dumps({"v": CACHE_VERSION, "files": files, "tok": tok, "spec": spec.key(), "chat": chat})
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -170,7 +174,7 @@ def _remove_interrupted(cache_dir: Path, key: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any], bool]:
+def prepare_once(cache_dir: Path, key: str, build: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
     """(meta, prepared_here): the finished entry, made here by `build(tmp_folder) -> meta` unless it exists."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     folder, failed = cache_dir / key, cache_dir / f"{key}.failed"
@@ -196,7 +200,7 @@ def prepare_once(cache_dir: Path, key: str, build: Any) -> tuple[dict[str, Any],
         return meta, True
 
 
-def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S, should_stop: Any = never
+def wait_for(cache_dir: Path, key: str, timeout_s: float = WAIT_TIMEOUT_S, should_stop: Callable[[], bool] = never
              ) -> dict[str, Any]:  # fmt: skip
     """meta.json of the entry local rank 0 is preparing; a clear error if it fails or takes longer than timeout_s."""
     folder, failed = cache_dir / key, cache_dir / f"{key}.failed"

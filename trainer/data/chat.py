@@ -37,7 +37,6 @@ CHAT_LAYOUTS = ("messages", "conversations", "chat_pair")
 LAYOUT_NAMES = {"messages": "messages", "conversations": "ShareGPT conversations", "chat_pair":
                 "conversational prompt/completion", "pair": "prompt/completion", "text": "text",
                 **preference.PREFERENCE_LAYOUTS}  # fmt: skip
-LOSS_ON = ("assistant", "last", "all")
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "assets" / "chat_templates"
 BUILTIN_TEMPLATES = {p.stem: p for p in sorted(TEMPLATES_DIR.glob("*.jinja"))}
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -232,20 +231,22 @@ def trained_turns(conv: Conversation, loss_on: str) -> list[int]:
 class TemplateChoice:
     text: str | None
     origin: str  # what the `config`/`doctor` reports and the log say
+    from_setting: bool = False  # TRAIN_CHAT_TEMPLATE's: it replaces the tokenizer's own
 
 
 def chosen_template(setting: str, tokenizer_folder: str | Path | None) -> TemplateChoice:
     """TRAIN_CHAT_TEMPLATE's template (a built-in name or a .jinja file) or the tokenizer folder's own."""
     if setting:
         if setting in BUILTIN_TEMPLATES:
-            return TemplateChoice(BUILTIN_TEMPLATES[setting].read_text(), f"built-in {setting} (TRAIN_CHAT_TEMPLATE)")
+            return TemplateChoice(BUILTIN_TEMPLATES[setting].read_text(), f"built-in {setting} (TRAIN_CHAT_TEMPLATE)",
+                                  True)  # fmt: skip
         path = Path(setting)
         if not path.is_file():
             raise ConfigError(
                 f"TRAIN_CHAT_TEMPLATE={setting!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
                 "nor a Jinja file; give a readable .jinja file path or a built-in name"
             )
-        return TemplateChoice(path.read_text(encoding="utf-8"), f"{path} (TRAIN_CHAT_TEMPLATE)")
+        return TemplateChoice(path.read_text(encoding="utf-8"), f"{path} (TRAIN_CHAT_TEMPLATE)", True)
     if tokenizer_folder is None or not Path(tokenizer_folder).is_dir():
         return TemplateChoice(None, "the byte-level tokenizer has none")
     found = folder_template(Path(tokenizer_folder))
@@ -274,17 +275,10 @@ def folder_template(folder: Path) -> tuple[str, str] | None:
     return None
 
 
-def template_of(settings: Any) -> TemplateChoice:
-    """The template a run with these settings renders conversations with (torch-free; Hub IDs resolved)."""
-    from trainer.hub.sources import model_folder, tokenizer_folder
-
-    return chosen_template(settings.chat_template, tokenizer_folder(settings) or model_folder(settings))
-
-
-def template_problems(settings: Any, source: Any) -> list[str]:
-    """TRAIN_CHAT_TEMPLATE that names nothing; conversations with no template anywhere."""
+def template_problems(source: Any, setting: str, tokenizer_folder: str) -> list[str]:
+    """TRAIN_CHAT_TEMPLATE (`setting`) that names nothing; conversations with no template anywhere."""
     try:
-        choice = template_of(settings)
+        choice = chosen_template(setting, tokenizer_folder)
     except ConfigError as exc:
         return exc.problems
     if source.conversational and choice.text is None:
@@ -296,21 +290,23 @@ LOSS_ON_MEANING = {"assistant": "every assistant turn", "last": "the last assist
                    "all": "every token"}  # fmt: skip
 
 
-def chat_report(settings: Any, source: Any) -> dict[str, tuple[str, str]]:
-    """{what: (value, reason)} for `config`'s decisions and `doctor`: the detected format, the template."""
-    setting = f"TRAIN_LOSS_ON={settings.loss_on}"
-    method = getattr(settings, "method", "sft")
+def chat_report(source: Any, loss_on: str, template_setting: str, tokenizer_folder: str, method: str = "sft"
+                ) -> dict[str, tuple[str, str]]:  # fmt: skip
+    """{what: (value, reason)} for `config`'s decisions and `doctor`: the detected format (TRAIN_LOSS_ON `loss_on`,
+    or a preference `method`'s rule), the template (TRAIN_CHAT_TEMPLATE `template_setting`, else the tokenizer
+    folder's own)."""
+    setting = f"TRAIN_LOSS_ON={loss_on}"
     if method != "sft":
         trained = f"TRAIN_METHOD={method}: each side's answer trained, never the prompt"
     elif source.conversational:
-        trained = f"loss on {LOSS_ON_MEANING[settings.loss_on]} ({setting})"
-    elif "pair" in source.layouts and settings.loss_on != "all":
+        trained = f"loss on {LOSS_ON_MEANING[loss_on]} ({setting})"
+    elif "pair" in source.layouts and loss_on != "all":
         trained = f"loss on the completions ({setting})"
     else:
         trained = f"loss on every token ({setting})"
     data_format = (source.layout_names(), trained)
     try:
-        choice = template_of(settings)
+        choice = chosen_template(template_setting, tokenizer_folder)
     except ConfigError as exc:
         return {"data_format": data_format, "chat_template": ("refused", exc.message)}
     if not choice.text:

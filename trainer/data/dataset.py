@@ -1,4 +1,4 @@
-"""The map-style dataset over the token shards, and `build_dataset`, the training run's one call into the data.
+"""The map-style dataset over the token shards, and `load_or_prepare`, the training run's one call into the data.
 
 Each item is one block of `seq_len` tokens read from a memory-mapped shard, so no process holds the corpus:
 pages are read on demand and shared by every rank and DataLoader worker on the node.
@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trainer.data import cache
-from trainer.data.discovery import EMBEDDED_CORPUS, DataSource, source_of
-from trainer.data.packing import FLAG_START, FLAG_TRAINED, Packing, report_left_out
+from trainer.data.discovery import EMBEDDED_CORPUS, DataSource
+from trainer.data.packing import FLAG_START, FLAG_TRAINED, report_left_out
 from trainer.data.packing import describe as describe_packing
+from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("trainer")
 
@@ -93,62 +98,44 @@ def positions_of(starts: np.ndarray) -> np.ndarray:
     return index - np.maximum.accumulate(np.where(starts, index, 0))
 
 
-def load_or_prepare(source: DataSource, tokenizer: Any, seq_len: int, text_field: str, cache_dir: Path,
-                    max_bad_lines: int = 0, should_stop: Any = cache.never, packing: Packing | None = None,
-                    loss_on: str = "assistant"
-                    ) -> ShardedDataset:  # fmt: skip
-    """The source's shards from the cache (made here, or by local rank 0, when the cache does not have them).
+def load_or_prepare(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSpec, cache_dir: Path,
+                    should_stop: Callable[[], bool] = cache.never) -> ShardedDataset:  # fmt: skip
+    """The source's shards, as `spec` says, from the cache (made here, or by local rank 0, when the cache does not
+    have them); the scan's problems are a ConfigError. The run's one call into the data, for training and for
+    evaluation data alike.
 
     `should_stop()` True (a SIGTERM arrived) ends the preparation or the wait with `cache.Stopped`."""
     from trainer.data.shards import prepare
 
-    packing = packing or Packing()
-    key = cache.cache_key(source, tokenizer, seq_len, text_field, packing.key(), loss_on)
+    if source.problems:
+        raise ConfigError(*source.problems)
+    if source.embedded:
+        log.warning("data: %s is missing or empty: training on the small EMBEDDED DEFAULT CORPUS (%s); mount your data "
+                    "at /data or set TRAIN_DATA", source.spec, EMBEDDED_CORPUS.name)  # fmt: skip
+    else:
+        log.info("data: %s", source.describe())
+    key = cache.cache_key(source, tokenizer, spec)
     meta = cache.read_meta(cache_dir / key)
     prepared = False
     if meta is None and cache.local_rank() != 0:
         meta = cache.wait_for(cache_dir, key, should_stop=should_stop)
     elif meta is None:
-        meta, prepared = cache.prepare_once(
-            cache_dir, key,
-            lambda tmp: prepare(source, tokenizer, seq_len, text_field, tmp, max_bad_lines, should_stop,
-                                packing=packing, loss_on=loss_on),
-        )  # fmt: skip
+        meta, prepared = cache.prepare_once(cache_dir, key, lambda tmp: prepare(source, tokenizer, spec, tmp,
+                                                                                should_stop))  # fmt: skip
     dataset = ShardedDataset(cache_dir / key, meta)
     if prepared:
         per_core = meta["tokens_per_s"] / max(1, meta["cores"])
         log.info(
             "data: tokenized %s into %d sequences of %d tokens in %.2fs (%.0f tokens/s, %.0f per core on %d); "
             "cached at %s",
-            source.describe(), len(dataset), seq_len, meta["seconds"], meta["tokens_per_s"], per_core, meta["cores"],
-            cache_dir / key,
+            source.describe(), len(dataset), spec.seq_len, meta["seconds"], meta["tokens_per_s"], per_core,
+            meta["cores"], cache_dir / key,
         )  # fmt: skip
     else:
         log.info("data: mapped %d packed sequences from the cache %s (no tokenization)", len(dataset), cache_dir / key)
     log.info("data: %s", describe_packing(meta))
     report_left_out(meta)
     return dataset
-
-
-def build_dataset(settings: Any, tokenizer: Any, cache_dir: Path | None = None, should_stop: Any = cache.never
-                  ) -> ShardedDataset:  # fmt: skip
-    """The training run's dataset, from the scan made by the checks (`source_of`); see `load_or_prepare`."""
-    source = source_of(settings)
-    if source.problems:
-        raise ConfigError(*source.problems)
-    if source.embedded:
-        log.warning(
-            "data: %s is missing or empty: training on the small EMBEDDED DEFAULT CORPUS (%s); "
-            "mount your data at /data or set TRAIN_DATA",
-            settings.data,
-            EMBEDDED_CORPUS.name,
-        )
-    else:
-        log.info("data: %s", source.describe())
-    folder = cache_dir or cache.default_cache_dir(settings.output_dir)
-    return load_or_prepare(source, tokenizer, settings.seq_len, settings.text_field, folder,
-                           settings.data_max_bad_lines, should_stop, Packing.from_settings(settings),
-                           settings.loss_on)  # fmt: skip
 
 
 class BlockRange:

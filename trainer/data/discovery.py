@@ -1,9 +1,9 @@
 """Which files TRAIN_DATA names, and what is wrong with them: the one definition of data discovery.
 
 `discover(spec, text_field)` scans once and returns a `DataSource` holding the files, the decision shown by
-`python -m trainer config`, and every problem found. The torch-free checks (`trainer.config`), doctor and the
-training run all read the same scan: `source_of(settings)` makes it on first use and keeps it with the settings
-object, which is what travels from the checks to `resolve` and on to the run.
+`python -m trainer config`, and every problem found; `scan` does it for TRAIN_DATA or TRAIN_EVAL_DATA, a Hub dataset
+included. The torch-free checks (`trainer.config`), doctor and the training run all read the same scan: the run's
+`trainer.config.inputs.Inputs` makes it on first use and travels from the checks to `resolve` and on to the run.
 
 Rules: files are picked by suffix (see `formats.file_kind`), hidden files are skipped, empty files hold no data,
 and a dangling symlink or an unreadable file is a problem that names the file (never skipped in silence).
@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.data.formats import (
     MAX_LINE_BYTES,
@@ -31,13 +31,16 @@ from trainer.data.formats import (
     too_many_bad_lines,
 )  # fmt: skip
 
+if TYPE_CHECKING:
+    from trainer.data.spec import DataSpec
+    from trainer.hub.sources import HubSources
+
 DEFAULT_DATA = "/data"
 EMBEDDED_CORPUS = Path(__file__).resolve().parents[1] / "assets" / "corpus.txt"
 SAVED_DATASET_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
 MAX_FILES_CHECKED = 1000  # beyond this, the reader reports problems as it meets them
 SPLITS = ("train", "validation", "valid", "dev", "test", "eval")
 EVAL_SPLITS = ("validation", "valid", "dev", "eval", "test")  # the first one a folder has is the evaluation data
-_SOURCE_ATTRS = {"data": "_trainkit_data_source", "eval_data": "_trainkit_eval_data_source"}
 
 
 @dataclass(frozen=True)
@@ -94,49 +97,31 @@ class DataSource:
         return list(self.files)
 
 
-def source_of(settings: Any) -> DataSource:
-    """The scan of `settings.data`, made once per settings object and then passed along with it."""
-    return _scan_once(settings, "data")
-
-
-def eval_source_of(settings: Any) -> DataSource:
-    """The scan of `settings.eval_data` (a hub-style folder gives its validation split), made once per settings
-    object; its problems name TRAIN_EVAL_DATA."""
-    return _scan_once(settings, "eval_data")
-
-
-def _scan_once(settings: Any, key: str) -> DataSource:
-    """The scan of the data setting `key` ("data" or "eval_data"), kept on the settings object until it changes."""
-    attr, spec = _SOURCE_ATTRS[key], getattr(settings, key)
-    source = getattr(settings, attr, None)
-    if source is None or source.spec != spec:
-        split = "train" if key == "data" else "eval"
-        source = _hub_source(settings, key, split) or discover(
-            spec, settings.text_field, settings.data_max_bad_lines, split
-        )
-        if key == "eval_data":  # discover's messages name TRAIN_DATA
-            renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
-                            else p for p in source.problems)  # fmt: skip
-            source = dataclasses.replace(source, problems=renamed, variable="TRAIN_EVAL_DATA")
-        setattr(settings, attr, source)
+def scan(key: str, value: str, spec: DataSpec, hub: HubSources) -> DataSource:
+    """The scan of TRAIN_DATA (`key` "data") or TRAIN_EVAL_DATA ("eval_data", a hub-style folder gives its validation
+    split) set to `value`: a Hub dataset's snapshot (already fetched into `hub`) or local data. Its problems name the
+    setting."""
+    split = "train" if key == "data" else "eval"
+    source = _hub_scan(key, value, spec, hub, split) or discover(value, spec.text_field, spec.max_bad_lines, split)
+    if key == "eval_data":  # discover's messages name TRAIN_DATA
+        renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
+                        else p for p in source.problems)  # fmt: skip
+        source = dataclasses.replace(source, problems=renamed, variable="TRAIN_EVAL_DATA")
     return source
 
 
-def _hub_source(settings: Any, key: str, split: str) -> DataSource | None:
-    """The scan of a Hub dataset's snapshot (downloaded by trainer.hub on first use); None for local data."""
+def _hub_scan(key: str, value: str, spec: DataSpec, hub: HubSources, split: str) -> DataSource | None:
+    """The scan of a Hub dataset's snapshot; None for local data."""
     from trainer.hub.datasets import describe, local_data_spec
     from trainer.hub.ids import parse_dataset_id
-    from trainer.hub.sources import hub_sources
 
-    spec = getattr(settings, key)
-    if parse_dataset_id(spec) is None:
+    if parse_dataset_id(value) is None:
         return None
-    sources = hub_sources(settings)
-    snap = getattr(sources, key)
+    snap = hub.snapshot(key)
     if snap is None:
-        return DataSource(spec, problems=tuple(sources.problems_of.get(key, ())))
-    found = discover(local_data_spec(snap.path, snap.ref), settings.text_field, settings.data_max_bad_lines, split)
-    return dataclasses.replace(found, spec=spec, reason=f"{describe(snap)}: {found.reason}")
+        return DataSource(value, problems=tuple(hub.problems_of.get(key, ())))
+    found = discover(local_data_spec(snap.path, snap.ref), spec.text_field, spec.max_bad_lines, split)
+    return dataclasses.replace(found, spec=value, reason=f"{describe(snap)}: {found.reason}")
 
 
 def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split: str = "train") -> DataSource:

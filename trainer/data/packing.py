@@ -26,33 +26,14 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data.spec import DataSpec
+
 log = logging.getLogger("trainer")
 
 FLAG_TRAINED = 1
 FLAG_START = 2
 PACK_WINDOW_TOKENS = 1 << 22  # unfinished sequences the best-fit packer keeps open, in tokens
 MIN_OPEN_BINS, MAX_OPEN_BINS = 16, 1024
-MODES = ("auto", "stream", "records")
-LONG_RECORDS = ("truncate", "drop")
-
-
-@dataclass(frozen=True)
-class Packing:
-    """TRAIN_PACKING and TRAIN_LONG_RECORDS: part of the cache key."""
-
-    mode: str = "auto"
-    long_records: str = "truncate"
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> Packing:
-        return cls(settings.packing, settings.long_records)
-
-    def records_for(self, has_mask: bool) -> bool:
-        """Whether a piece's records keep their boundaries (auto: pieces with a loss mask, i.e. not plain text)."""
-        return self.mode == "records" or (self.mode == "auto" and has_mask)
-
-    def key(self) -> dict[str, str]:
-        return {"packing": self.mode, "long_records": self.long_records}
 
 
 @dataclass
@@ -70,9 +51,9 @@ class PackStats:
     stream_tail_dropped_tokens: int = 0  # the same where nothing is padded anyway (plain text only)
     longest_record: int = 0
 
-    def to_meta(self, packing: Packing, seq_len: int) -> dict[str, Any]:
-        share = self.padding_tokens / max(1, self.record_blocks * seq_len)
-        return {**packing.key(), **self.__dict__, "padding_share": round(share, 6)}
+    def to_meta(self, spec: DataSpec) -> dict[str, Any]:
+        share = self.padding_tokens / max(1, self.record_blocks * spec.seq_len)
+        return {**spec.packing_meta(), **self.__dict__, "padding_share": round(share, 6)}
 
 
 def describe(meta: dict[str, Any]) -> str:
@@ -139,11 +120,11 @@ class Packer:
     and settles the stream's tail that did not fill a block."""
 
     writer: Any
-    seq_len: int
+    spec: DataSpec
     dtype: str
     pad_id: int
-    packing: Packing
     open_bins: int = 0
+    seq_len: int = field(init=False)
     stats: PackStats = field(default_factory=PackStats)
     _bins: dict[int, _Bin] = field(default_factory=dict)
     _rooms: list[tuple[int, int]] = field(default_factory=list)  # (room left, bin serial), sorted
@@ -156,11 +137,12 @@ class Packer:
     _tail_len: int = 0
 
     def __post_init__(self) -> None:
+        self.seq_len = self.spec.seq_len
         self.open_bins = self.open_bins or open_bins_for(self.seq_len)
 
     def add(self, piece: Any) -> None:
         """A tokenized unit (shards.Piece): its records one by one, or its tokens onto the stream."""
-        if self.packing.records_for(piece.mask is not None):
+        if self.spec.records_for(piece.mask is not None):
             self._records(piece)
         else:
             self._stream(piece.ids, piece.mask)
@@ -218,7 +200,7 @@ class Packer:
             return
         self.stats.longest_record = max(self.stats.longest_record, length)
         if length > self.seq_len:
-            if self.packing.long_records == "drop":
+            if self.spec.long_records == "drop":
                 self.stats.records_dropped_too_long += 1
                 return
             ids, flags = ids[: self.seq_len], flags[: self.seq_len]

@@ -1,6 +1,6 @@
 """Streaming tokenization into memory-mapped token shards.
 
-`prepare(source, tokenizer, seq_len, text_field, folder, max_bad_lines)` reads the corpus as bounded work units
+`prepare(source, tokenizer, spec, folder)` reads the corpus as bounded work units
 (readers.py), tokenizes them (worker processes for the byte-level tokenizer; the Rust tokenizer's own threads for
 a model folder's tokenizer) into records ([BOS where the tokenizer adds one] text EOS), packs them (packing.py:
 whole records per sequence, or one stream) and appends whole `seq_len` blocks to shard files:
@@ -23,18 +23,23 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trainer.data.cache import Stopped, never
+from trainer.data.discovery import DataSource
 from trainer.data.formats import too_many_bad_lines
-from trainer.data.packing import Packer, Packing, nothing_packed
+from trainer.data.packing import Packer, nothing_packed
 from trainer.data.readers import Columns, LineChunk, iter_units, parse_chunk
+from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("trainer")
 
@@ -390,27 +395,24 @@ class Tally:
                 "peak_rss_worker_bytes": self.worker_rss}  # fmt: skip
 
 
-def corpus_bytes(source: Any) -> int:
+def corpus_bytes(source: DataSource) -> int:
     return sum(p.stat().st_size for p in source.identity_files() if p.exists())
 
 
-def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: Path, max_bad_lines: int,
-            should_stop: Any = never, workers: int | None = None, packing: Packing | None = None,
-            loss_on: str = "assistant"
-            ) -> dict[str, Any]:  # fmt: skip
-    """Tokenize the whole source into shards in `folder` (which must exist and be empty); returns meta.json.
+def prepare(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSpec, folder: Path,
+            should_stop: Callable[[], bool] = never) -> dict[str, Any]:  # fmt: skip
+    """Tokenize the whole source into shards in `folder` (which must exist and be empty), as `spec` says; returns
+    meta.json.
 
     `should_stop()` is asked after each unit: True raises `Stopped` (a SIGTERM must not wait for a whole corpus).
-    `workers`: worker processes (0: this process); None picks `worker_count`. `packing`: trainer.data.packing.
     """
     start = time.perf_counter()
-    packing = packing or Packing()
-    encoder = Encoder.for_tokenizer(tokenizer, loss_on)
+    encoder = Encoder.for_tokenizer(tokenizer, spec.loss_on)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else encoder.eos
-    workers = worker_count(encoder, corpus_bytes(source)) if workers is None else workers
-    tally, tokens = Tally(max_bad_lines, source.variable), 0
-    with ShardWriter(folder, seq_len, encoder.dtype, int(pad_id)) as writer:
-        packer = Packer(writer, seq_len, encoder.dtype, int(pad_id), packing)
+    workers = worker_count(encoder, corpus_bytes(source)) if spec.workers is None else spec.workers
+    tally, tokens, text_field = Tally(spec.max_bad_lines, source.variable), 0, spec.text_field
+    with ShardWriter(folder, spec.seq_len, encoder.dtype, int(pad_id)) as writer:
+        packer = Packer(writer, spec, encoder.dtype, int(pad_id))
         for piece in tokenize_all(iter_units(source, text_field), encoder, text_field, workers):
             tally.add(piece)
             tokens += len(piece.ids)
@@ -421,13 +423,13 @@ def prepare(source: Any, tokenizer: Any, seq_len: int, text_field: str, folder: 
         if tokens == 0:
             raise ConfigError(f"TRAIN_DATA: {source.describe()} holds no text; add records or fix TRAIN_TEXT_FIELD")
         if writer.tokens == 0:
-            raise ConfigError(nothing_packed(source, packer.stats, seq_len))
+            raise ConfigError(nothing_packed(source, packer.stats, spec.seq_len))
         seconds = time.perf_counter() - start
         cores = workers + 1 if workers else (len(os.sched_getaffinity(0)) if _rust_threads(encoder) else 1)
         speed = {"tokens": tokens, "seconds": round(seconds, 3), "workers": workers, "cores": cores,
                  "tokens_per_s": round(tokens / max(seconds, 1e-9))}  # fmt: skip
         return writer.finish({"source": source.describe(), **speed, **tally.report(text_field), "prepared_by": _who(),
-                              "packing": packer.stats.to_meta(packing, seq_len)})  # fmt: skip
+                              "packing": packer.stats.to_meta(spec)})  # fmt: skip
 
 
 def _who() -> dict[str, Any]:

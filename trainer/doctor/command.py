@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from trainer.data.discovery import DEFAULT_DATA, discover, source_of
+from trainer.data.discovery import DEFAULT_DATA, discover
 from trainer.doctor.probes import (
     FAIL,
     INFO,
@@ -58,9 +58,10 @@ def register(commands: Any) -> None:
 
 def collect() -> list[Probe]:
     hw = hardware.probe()
-    settings, config_probe = settings_and_config_probe(hw)
+    inputs, config_probe = settings_and_config_probe(hw)
+    settings = inputs.settings if inputs else None
     env_data = os.environ.get("TRAIN_DATA") or DEFAULT_DATA
-    source = source_of(settings) if settings else discover(env_data, os.environ.get("TRAIN_TEXT_FIELD") or "text")
+    source = inputs.data if inputs else discover(env_data, os.environ.get("TRAIN_TEXT_FIELD") or "text")
     output_path = settings.output_dir if settings else os.environ.get("TRAIN_OUTPUT_DIR", "/output")
     num_workers = settings.num_workers if settings else 2
     return [
@@ -78,7 +79,7 @@ def collect() -> list[Probe]:
         user_probe(),
         cache_probe(),
         data_probe(source),
-        *([chat_probe(settings, source)] if settings and source.ok else []),
+        *([chat_probe(inputs)] if inputs and source.ok else []),
         output_probe(output_path),
         config_probe,
     ]

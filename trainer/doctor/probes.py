@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.checks import writable_dir_problem
+from trainer.config.inputs import Inputs
 from trainer.data.discovery import DataSource
 from trainer.doctor import driver
 from trainer.errors import ConfigError
@@ -367,11 +368,12 @@ def data_probe(source: DataSource) -> Probe:
     return Probe("data", "Data", f"{path}: {source.describe()}", status, "; ".join(source.problems), value)
 
 
-def chat_probe(settings: Any, source: DataSource) -> Probe:
+def chat_probe(inputs: Inputs) -> Probe:
     """The data's record format and the chat template that renders conversations (trainer.data.chat)."""
     from trainer.data.chat import chat_report, no_template_problem
 
-    report = chat_report(settings, source)
+    s, source = inputs.settings, inputs.data
+    report = chat_report(source, s.loss_on, s.chat_template, inputs.tokenizer_folder, s.method)
     (layouts, loss), (template, why) = report["data_format"], report["chat_template"]
     shown = f"format {layouts} ({loss}); chat template: {template}"
     value = {what: {"value": v, "reason": r} for what, (v, r) in report.items()}
@@ -380,7 +382,7 @@ def chat_probe(settings: Any, source: DataSource) -> Probe:
         return Probe("chat", "Data format", shown, FAIL, fix, value)
     from trainer.config.methods import layout_problem
 
-    mismatch = None if source.problems else layout_problem(settings.method, source.layouts, source.variable)
+    mismatch = None if source.problems else layout_problem(s.method, source.layouts, source.variable)
     if mismatch:  # the layout the data holds against the one TRAIN_METHOD needs
         return Probe("chat", "Data format", shown, FAIL, mismatch, value)
     return Probe("chat", "Data format", shown, OK, value=value)
@@ -400,8 +402,9 @@ def output_probe(path: str) -> Probe:
     )
 
 
-def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Any, Probe]:
-    """The TRAIN_* settings (None when a value is invalid) and whether they can run on this machine.
+def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Inputs | None, Probe]:
+    """The TRAIN_* settings with what they name (None when a value is invalid), and whether they can run on this
+    machine.
 
     Static checks (load_settings) and the machine-dependent ones (resolve) both run, so that every
     problem is listed at once, not just the first stage's.
@@ -409,17 +412,17 @@ def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Any, Probe]:
     from trainer import config
 
     try:
-        settings = config.parse_settings()
+        inputs = config.Inputs(config.parse_settings())
     except ConfigError as exc:
         return None, config_failure(exc.problems)
-    problems = config.static_problems(settings)  # on this settings object, so the data is scanned once
+    problems = config.static_problems(inputs)  # the same inputs for both stages, so the data is scanned once
     try:
-        config.resolve(settings, hw)
+        config.resolve(inputs, hw)
     except ConfigError as exc:
         problems += [problem for problem in exc.problems if problem not in problems]
     if problems:
-        return settings, config_failure(problems)
-    return settings, Probe("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
+        return inputs, config_failure(problems)
+    return inputs, Probe("config", "TRAIN_* settings", "possible here", OK, value={"ok": True, "error": None})
 
 
 def config_failure(problems: list[str]) -> Probe:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import EXIT_CRASH, EXIT_OK, ConfigError
+from trainer.hub.weights import DIVERGED_HINT, check_weights, first_nonfinite
 
 log = logging.getLogger("trainer")
 DTYPE_CHOICES = {"auto": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -86,6 +87,9 @@ def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto"
 
     source = resolve_source(src, adapter_only)
     _check_out(out, replace)
+    for folder in (source.folder, source.adapter):  # a damaged file or a diverged run's NaN: exit 2, naming it
+        if folder is not None:
+            check_weights(folder, f"export {src}")
     staging = out.parent / f".tmp-export-{out.name}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -137,6 +141,10 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
         reference_model = model = _load_full(source.folder)
         tokenizer = _tokenizer(source.folder)
         dtype_name = DTYPE_CHOICES[dtype] or str(model.dtype).removeprefix("torch.")
+    bad = first_nonfinite(model.state_dict().items())  # what consolidating or merging made
+    if bad:
+        raise ConfigError(f"export {source.folder}: the model holds non-finite weights, first in {bad!r}: "
+                          f"{DIVERGED_HINT}")  # fmt: skip
     ids = verify.probe_ids(tokenizer, model.config.vocab_size)
     reference = verify.logits(reference_model, ids)
     _save(model, tokenizer, staging, dtype_name)

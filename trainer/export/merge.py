@@ -1,6 +1,6 @@
 """A LoRA adapter merged into the base its run recorded.
 
-The base is, in order: `--base`; the Hub commit the checkpoint's marker (or run_config.json) pinned, from HF_HOME's
+The base is, in order: `--base`; the Hub commit the checkpoint's record (or run_config.json) pinned, from HF_HOME's
 cache or downloaded; the run's model folder; the adapter's own base_model_name_or_path. A quantized base (QLoRA) is
 loaded unquantized in the run's compute dtype, so the merged weights are plain tensors.
 """
@@ -27,7 +27,7 @@ def compute_dtype_name(source: Source) -> str:
 
 
 def _recorded_hub_model(source: Source) -> dict[str, Any] | None:
-    return (source.marker.get("hub") or {}).get("model") or (source.run_config.get("hub") or {}).get("model")
+    return source.record.hub.get("model") or (source.run_config.get("hub") or {}).get("model")
 
 
 def _snapshot(repo_id: str, revision: str, what: str) -> str:

@@ -8,8 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.checkpoint_record import (
+    CheckpointRecord,
+    checkpoint_step,
+    complete_checkpoints,
+    has_record,
+    has_trainer_state,
+    holds_full_model,
+    read_record,
+)  # fmt: skip
 from trainer.errors import ConfigError
-from trainer.run.resume import COMPLETE_MARKER, checkpoint_step, newest_complete_checkpoint
 
 ADAPTER = "adapter"  # a LoRA adapter (a checkpoint, or final/adapter/), merged into its recorded base
 ZERO = "zero"  # DeepSpeed ZeRO shards (global_step*/), consolidated with zero_to_fp32
@@ -23,12 +31,12 @@ class Source:
     kind: str
     run_dir: Path | None  # the run folder holding run_config.json and metrics.jsonl, when known
     run_config: dict[str, Any] = field(default_factory=dict)
-    marker: dict[str, Any] = field(default_factory=dict)
+    record: CheckpointRecord = field(default_factory=CheckpointRecord)  # what the checkpoint recorded
     adapter: Path | None = None  # where the adapter lives for ADAPTER
 
     @property
     def step(self) -> int | None:
-        return self.marker.get("step", checkpoint_step(self.folder))
+        return self.record.step if self.record.step is not None else checkpoint_step(self.folder)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -40,30 +48,26 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _pick_from_run(run: Path) -> Path:
     final = run / "final"
-    if (final / COMPLETE_MARKER).is_file():
+    if has_record(final):
         return final
-    newest = newest_complete_checkpoint(run)
-    if newest is None:
-        raise ConfigError(f"export {run}: a run folder without final/ or a complete checkpoint-N/ (with its "
-                          f"{COMPLETE_MARKER} marker); give a checkpoint folder instead")  # fmt: skip
-    return newest
-
-
-def _has_weights(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and (any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")))
+    complete = complete_checkpoints(run)
+    if not complete:
+        raise ConfigError(f"export {run}: a run folder without final/ or a checkpoint-N/ recorded as complete; give "
+                          "a checkpoint folder instead")  # fmt: skip
+    return complete[-1]
 
 
 def _kind(folder: Path, adapter_only: bool) -> tuple[str, Path | None]:
     if (folder / "adapter_config.json").is_file():
         return ADAPTER, folder
     # final/ of a LoRA run the trainer could merge itself: the merged model, and its adapter in adapter/
-    if (folder / "adapter" / "adapter_config.json").is_file() and (adapter_only or not _has_weights(folder)):
+    if (folder / "adapter" / "adapter_config.json").is_file() and (adapter_only or not holds_full_model(folder)):
         return ADAPTER, folder / "adapter"
     if any(p.is_dir() and any(p.glob("*model_states.pt")) for p in folder.glob("global_step*")):
         return ZERO, None
     if any(p.is_dir() for p in folder.glob("pytorch_model_fsdp_*")):
         return FSDP, None
-    if ((folder / "config.json").is_file() and any(folder.glob("*.safetensors"))) or any(folder.glob("*.bin")):
+    if holds_full_model(folder):
         return FULL, None
     raise ConfigError(f"export {folder}: no model in it (no adapter_config.json, ZeRO global_step*/ shards, FSDP "
                       "pytorch_model_fsdp_*/ shards, or config.json with weights)")  # fmt: skip
@@ -75,7 +79,7 @@ def resolve_source(src: Path, adapter_only: bool = False) -> Source:
         raise ConfigError(f"export {src}: no such folder; give a run folder, a checkpoint-N folder or final/")
     is_run = (
         (src / "run_config.json").is_file()
-        and not (src / "trainer_state.json").is_file()
+        and not has_trainer_state(src)
         and not (src / "config.json").is_file()
     )
     folder = _pick_from_run(src) if is_run else src
@@ -84,5 +88,5 @@ def resolve_source(src: Path, adapter_only: bool = False) -> Source:
     return Source(
         folder=folder, kind=kind, run_dir=run_dir, adapter=adapter,
         run_config=_read_json(run_dir / "run_config.json") if run_dir else {},
-        marker=_read_json(folder / COMPLETE_MARKER),
+        record=read_record(folder) or CheckpointRecord(),
     )  # fmt: skip

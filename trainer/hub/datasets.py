@@ -9,10 +9,13 @@ split to TRAIN_EVAL_DATA, and the reader streams the files into the same prepare
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainer.data.formats import COMPRESSIBLE, COMPRESSIONS, FORMATS, is_glob
 from trainer.hub.ids import HubRef
+
+if TYPE_CHECKING:
+    from trainer.hub.download import Snapshot
 
 
 def data_patterns(ref: HubRef) -> tuple[str, ...]:
@@ -42,5 +45,5 @@ def no_files_problem(variable: str, snapshot_path: Path, ref: HubRef, sha: str) 
             "config folder or file to the ID, e.g. hf://datasets/org/name/en or .../en/train-*.parquet")  # fmt: skip
 
 
-def describe(snapshot: Any) -> str:
+def describe(snapshot: Snapshot) -> str:
     return f"Hub dataset {snapshot.ref.repo_id} at commit {snapshot.sha}"

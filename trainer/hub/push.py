@@ -15,10 +15,11 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.errors import EXIT_OK, ConfigError
 from trainer.hub.ids import HubRef, parse_model_id
+from trainer.hub.weights import check_weights
 from trainer.secrets import mask_url_credentials
 
 log = logging.getLogger("trainer")
@@ -85,7 +86,13 @@ def _online() -> Iterator[None]:
         constants.HF_HUB_OFFLINE = before
 
 
-def push_problems(settings: Any) -> list[str]:
+class PushSettings(Protocol):
+    """TRAIN_PUSH_TO_HUB (trainer.config.schema.TrainSettings has it; this floor cannot import it)."""
+
+    push_to_hub: str
+
+
+def push_problems(settings: PushSettings) -> list[str]:
     """TRAIN_PUSH_TO_HUB's problems found before training: offline mode asked for, or no token."""
     if not settings.push_to_hub:
         return []
@@ -109,6 +116,7 @@ def push_folder(folder: Path, spec: str, private: bool = True, variable: str = "
     ref = parse_model_id(spec)
     if ref is None:
         raise ConfigError(f"{variable}: {spec!r} is not a Hub repository; expected org/name or org/name@branch")
+    check_weights(folder, f"{variable} {folder}")  # nothing damaged or non-finite is uploaded
     endpoint = mask_url_credentials(constants.ENDPOINT)
     refusal = offline_refusal(variable) if check_offline else None
     if refusal:

@@ -1,7 +1,7 @@
 """TRAIN_MODEL, TRAIN_TOKENIZER (org/name[@revision]) and TRAIN_DATA, TRAIN_EVAL_DATA (hf://datasets/...) given as
-Hub IDs: resolved once per settings object, into HF_HOME's cache.
+Hub IDs: resolved once per run (trainer.config.inputs calls `resolve_hub`), into HF_HOME's cache.
 
-A run that resumes uses the commit its checkpoint recorded (trainer.run.resume reads the checkpoint's marker),
+A run that resumes uses the commit its checkpoint recorded (the pins trainer.run.resume reads from the checkpoint),
 even if the branch has moved since; a fresh run resolves the revision asked for. The result is what the checks
 report (stage 1, before torch), what `config` and run_config.json show, and the folder the run loads.
 """
@@ -9,6 +9,7 @@ report (stage 1, before torch), what `config` and run_config.json show, and the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,9 @@ from trainer.errors import ConfigError
 from trainer.hub.datasets import data_patterns, no_files_problem
 from trainer.hub.download import Snapshot, snapshot
 from trainer.hub.ids import HubRef, parse_dataset_id, parse_model_id
-from trainer.run.resume import hub_pins
 
 log = logging.getLogger("trainer")
 
-_ATTR = "_trainkit_hub_sources"
 KEYS = ("model", "tokenizer", "data", "eval_data")  # the settings that may name the Hub
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # any one: a tokenizer
 TOKENIZER_PATTERNS = (
@@ -30,7 +29,7 @@ TOKENIZER_PATTERNS = (
 )  # fmt: skip
 
 
-@dataclass
+@dataclass(frozen=True)
 class HubSources:
     """What TRAIN_MODEL, TRAIN_TOKENIZER, TRAIN_DATA and TRAIN_EVAL_DATA resolved to on the Hub (None: not a Hub
     ID), and what went wrong, per setting."""
@@ -45,6 +44,15 @@ class HubSources:
     @property
     def problems(self) -> list[str]:
         return [p for key in KEYS if key in self.problems_of for p in self.problems_of[key]]
+
+    def snapshot(self, key: str) -> Snapshot | None:
+        """The snapshot of one setting ("model", "tokenizer", "data", "eval_data"); None: not a Hub ID, or refused."""
+        return {"model": self.model, "tokenizer": self.tokenizer, "data": self.data, "eval_data": self.eval_data}[key]
+
+    def folder(self, key: str, value: str) -> str:
+        """Where the setting `key` set to `value` is read from: its snapshot's folder, else the value itself."""
+        snap = self.snapshot(key)
+        return str(snap.path) if snap else value
 
     def snapshots(self) -> dict[str, Snapshot]:
         """{variable: snapshot} for every setting that named the Hub."""
@@ -64,27 +72,6 @@ def hub_ref(spec: str) -> HubRef | None:
     return parse_model_id(spec)
 
 
-def hub_sources(settings: Any) -> HubSources:
-    """The resolution of every Hub ID in the settings, made once per settings object (downloads happen here)."""
-    found = getattr(settings, _ATTR, None)
-    if found is None:
-        found = _resolve(settings)
-        setattr(settings, _ATTR, found)
-    return found
-
-
-def model_folder(settings: Any) -> str:
-    """The folder (or preset name) the run loads TRAIN_MODEL from."""
-    snap = hub_sources(settings).model
-    return str(snap.path) if snap else settings.model
-
-
-def tokenizer_folder(settings: Any) -> str:
-    """The folder TRAIN_TOKENIZER names (its Hub snapshot), or "" when it is not set."""
-    snap = hub_sources(settings).tokenizer
-    return str(snap.path) if snap else settings.tokenizer
-
-
 def _ref_of(key: str, spec: str) -> HubRef | None:
     return parse_dataset_id(spec) if key in ("data", "eval_data") else hub_ref(spec)
 
@@ -93,12 +80,16 @@ def _allowed(key: str, ref: HubRef) -> tuple[str, ...] | None:
     return {"tokenizer": TOKENIZER_PATTERNS, "data": data_patterns(ref), "eval_data": data_patterns(ref)}.get(key)
 
 
-def _resolve(settings: Any) -> HubSources:
-    sources = HubSources()
-    pins = hub_pins(settings)  # the commits the checkpoint this run resumes from recorded
+def resolve_hub(wanted: Mapping[str, str], pins: Mapping[str, Mapping[str, str]]) -> HubSources:
+    """What each Hub ID among `wanted` ({"model": TRAIN_MODEL's value, ...}) resolves to, downloaded into HF_HOME's
+    cache; `pins` ({key: {repo_id, sha, checkpoint}}, from the checkpoint a run resumes from) fix their commits.
+    Downloads happen here: the run's configuration calls it once (trainer.config.inputs)."""
+    found: dict[str, Snapshot] = {}
+    pinned: dict[str, str] = {}
+    problems_of: dict[str, list[str]] = {}
     for key in KEYS:
         variable = f"TRAIN_{key.upper()}"
-        ref = _ref_of(key, getattr(settings, key))
+        ref = _ref_of(key, wanted.get(key, ""))
         if ref is None:
             continue
         pin = pins.get(key, {})
@@ -106,14 +97,14 @@ def _resolve(settings: Any) -> HubSources:
         try:
             snap = snapshot(ref, variable, revision=revision, allow=_allowed(key, ref))
         except ConfigError as exc:
-            sources.problems_of[key] = exc.problems
+            problems_of[key] = exc.problems
             continue
         empty = no_files_problem(variable, snap.path, ref, snap.sha) if key in ("data", "eval_data") else None
         if empty:
-            sources.problems_of[key] = [empty]
+            problems_of[key] = [empty]
             continue
-        setattr(sources, key, snap)
+        found[key] = snap
         if revision:
-            sources.pinned[key] = pin["checkpoint"]
+            pinned[key] = pin["checkpoint"]
             log.info("%s: %s pinned to commit %s by %s (resume)", variable, ref, revision, pin["checkpoint"])
-    return sources
+    return HubSources(**found, pinned=pinned, problems_of=problems_of)

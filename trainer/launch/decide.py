@@ -97,18 +97,18 @@ def _launch_settings(env: Mapping[str, str]) -> tuple[int, int, bool]:
     """max_restarts, rdzv_timeout, and whether Hub IDs were fetched. Every torch-free check of the trainer (TRAIN_*
     names and values, data, output folder, Hub IDs: downloaded here, once per node) runs here first, so a mistake is
     one message and exit 2 instead of one per worker and restart."""
-    from trainer.config import load_settings
+    from trainer.config import load_inputs
     from trainer.errors import ConfigError
-    from trainer.hub.sources import hub_sources
 
     try:
-        settings = load_settings(env)
+        inputs = load_inputs(env)
     except ConfigError as exc:
         raise LaunchError(exc.message) from None
+    settings = inputs.settings
     max_restarts = settings.max_restarts
     if "TRAIN_MAX_RESTARTS" not in env and env.get("PET_MAX_RESTARTS", "").strip():
         max_restarts = int_var(env, "PET_MAX_RESTARTS")
-    return max_restarts, settings.rdzv_timeout, bool(hub_sources(settings).snapshots())
+    return max_restarts, settings.rdzv_timeout, bool(inputs.hub.snapshots())
 
 
 def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> LaunchPlan:

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainer.errors import OUTCOME_DIR_ENV, exit_code_for_signal
+from trainer.errors import EXIT_DIVERGED, OUTCOME_DIR_ENV, exit_code_for_signal
 from trainer.launch.decide import LaunchPlan
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -73,6 +73,8 @@ def supervise(plan: LaunchPlan) -> int:
     code = child.wait()
     if stops and plan.distributed and code != 0:  # torchrun exits 1 for any failed worker, a clean stop too
         code = outcome_after_stop(trainers, outcomes)
+    elif plan.distributed and code != 0:
+        code = diverged_or(code, outcomes)
     shutil.rmtree(outcomes, ignore_errors=True)
     if code < 0:  # die the way the child died
         with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler to reset
@@ -94,6 +96,17 @@ def outcome_after_stop(trainers: list[int], outcomes: Path) -> int:
         log(f"the stop did not end cleanly: trainer exit codes {sorted(codes.values())}; exit {failed[0]}")
         return failed[0]
     return max(codes.values(), default=exit_code_for_signal(signal.SIGTERM))
+
+
+def diverged_or(code: int, outcomes: Path) -> int:
+    """EXIT_DIVERGED when a worker (of any of torchrun's attempts) ended the run for a non-finite loss (torchrun
+    itself exits 1 for it), else `code`."""
+    for path in outcomes.iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) == EXIT_DIVERGED:
+                log(f"a trainer process found the run diverged (exit {EXIT_DIVERGED}); torchrun exited {code}")
+                return EXIT_DIVERGED
+    return code
 
 
 def recorded_codes(trainers: list[int], outcomes: Path) -> dict[int, int | None]:

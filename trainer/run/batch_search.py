@@ -10,11 +10,20 @@ most MAX_BATCH), or halves while it does not; then it bisects between the larges
 that did not. The result is the largest batch that fits. Each verdict is agreed by every rank before the next
 size is chosen (a MIN all-reduce over the CPU gloo group of the stop agreement): all ranks probe the same sizes
 and end on the same batch, and a rank that runs out of memory never leaves the others waiting.
+
+The model probed is the model that trains: with torch.compile on, the probe runs the model compiled with the run's
+backend and mode (or as it is, where it was compiled in place), with the batch dimension marked dynamic, so one
+compile serves every size and the compiled forward and backward set the memory. Where compiling the probe fails
+(not an out-of-memory), the search probes the eager model and its reason says so: eager activations are the larger,
+so the batch found is one that fits, possibly smaller than the compiled model could take.
+After the search the device's peak-memory statistics are reset: `peak_mem_bytes` is the training steps' peak.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,36 +114,111 @@ def optimizer_state_bytes(model: Any, world_size: int) -> int:
     return trainable * (8 + (4 if world_size > 1 else 0))
 
 
-def memory_probe(model: Any, seq_len: int, vocab_size: int, device: Any, precision: str, reserve: int) -> Probe:
-    """fits(batch): one forward and backward pass at `batch` on `device` ran without running out of memory."""
+def memory_probe(
+    model: Any, seq_len: int, vocab_size: int, device: Any, precision: str, reserve: int, forward: Any = None
+) -> Probe:
+    """fits(batch): one forward and backward pass at `batch` on `device` ran without running out of memory.
+    `forward`: the callable that runs the model (the compiled model, whose batch dimension is then marked dynamic so
+    one compile serves every size); the model itself where not given."""
     import torch
 
-    from trainer.compat import out_of_memory_error
     from trainer.run.models import compute_dtype
 
-    oom = out_of_memory_error()
     dtype = compute_dtype(precision)
+    run = model if forward is None else forward
 
     def fits(batch: int) -> bool:
         held = ids = loss = None
         try:
             held = torch.empty(reserve, dtype=torch.uint8, device=device)
             ids = torch.randint(0, vocab_size, (batch, seq_len), device=device)
+            if forward is not None and batch > 1:  # a size of 1 is specialised by dynamo: it compiles apart
+                torch._dynamo.mark_dynamic(ids, 0)
             mixed = dtype != torch.float32
             autocast = torch.autocast(device.type, dtype=dtype) if mixed else contextlib.nullcontext()
             with autocast:
-                loss = model(input_ids=ids, labels=ids).loss
+                loss = run(input_ids=ids, labels=ids).loss
             loss.backward()
             return True
-        except oom:
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
             return False
-        finally:
+        finally:  # the tensors, the gradients, the failed try's frames (gc), then the allocator's cache
             del held, ids, loss
             model.zero_grad(set_to_none=True)
             if device.type == "cuda":
+                gc.collect()
                 torch.cuda.empty_cache()
 
     return fits
+
+
+ALLOCATION_FAILURES = ("CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether `exc` means the batch did not fit: torch's out-of-memory error, every form Accelerate's batch-size
+    finder reduces the batch for (a "CUDA error: out of memory" from a kernel, cuDNN's NOT_SUPPORTED at a size),
+    and the cuBLAS and cuDNN workspace allocation failures."""
+    from accelerate.utils.memory import should_reduce_batch_size
+
+    from trainer.compat import out_of_memory_error
+
+    while exc is not None:  # a compiler's error may wrap the allocator's (BackendCompilerFailed from autotuning)
+        if isinstance(exc, out_of_memory_error()) or (isinstance(exc, Exception) and should_reduce_batch_size(exc)):
+            return True
+        if isinstance(exc, RuntimeError) and any(code in str(exc) for code in ALLOCATION_FAILURES):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def compiled_in_place(model: Any) -> bool:
+    """Whether `model` or one of its modules was compiled in place (`Module.compile`, regional compilation)."""
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def compiled_like_training(model: Any, settings: TrainSettings) -> Any:
+    """The model as the run's torch.compile runs it: compiled with TRAIN_COMPILE_BACKEND and TRAIN_COMPILE_MODE (as
+    Accelerate compiles it for Trainer), or the model itself where its modules were compiled in place."""
+    import torch
+
+    if compiled_in_place(model):
+        return model
+    return torch.compile(model, backend=settings.compile_backend, mode=settings.compile_mode)
+
+
+def search_batch(
+    model: Any, settings: TrainSettings, device: Any, precision: str, reserve: int, ceiling: int, group: Any,
+    compiled: bool,
+) -> tuple[Search, str]:
+    """The search over `model` as it trains (compiled when `compiled`), and how it was probed (for the reason).
+    A compiled probe that fails for another reason than memory gives way to the eager model, and says why."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    probe = functools.partial(memory_probe, model, settings.seq_len, vocab, device, precision, reserve)
+    if compiled:
+        try:
+            forward = compiled_like_training(model, settings)
+            how = (f"probed compiled as the run compiles it (backend {settings.compile_backend}, mode "
+                   f"{settings.compile_mode}; one compile, the batch dimension dynamic)")  # fmt: skip
+            return search_largest(agreed(probe(forward=forward), group), settings.batch_size, ceiling), how
+        except Exception as exc:  # any compile failure: the eager model is still a safe bound
+            import torch
+
+            torch._dynamo.reset()
+            model.zero_grad(set_to_none=True)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("auto batch: compiling the probe failed (%s); probing the eager model", first[:300])
+            how = (f"probed eager: compiling the probe failed ({first[:200]}); eager activations take more memory "
+                   "than compiled ones, so a larger batch may fit the compiled run")  # fmt: skip
+            return search_largest(agreed(probe(), group), settings.batch_size, ceiling), how
+    return search_largest(agreed(probe(), group), settings.batch_size, ceiling), "probed eager (TRAIN_COMPILE off)"
+
+
+def batch_ceiling(blocks: int, world_size: int, effective: int | None) -> int:
+    """The largest batch worth trying: the blocks one rank gets, the effective batch when set, MAX_BATCH."""
+    return max(1, min(MAX_BATCH, blocks // max(world_size, 1), effective or MAX_BATCH))
 
 
 def choose_batch(
@@ -145,13 +229,14 @@ def choose_batch(
     blocks: int,
     group: Any,
     effective: int | None = None,
+    compiled: bool = False,
 ) -> Decision[int]:
     """The Decision for the per-device batch (at most `effective` when given); `model` is moved to args.device
     (where Trainer would put it)."""
     from trainer.config.decisions import Decision
     from trainer.errors import ConfigError
 
-    ceiling = max(1, min(MAX_BATCH, blocks // max(args.world_size, 1), effective or MAX_BATCH))
+    ceiling = batch_ceiling(blocks, args.world_size, effective)
     if args.device.type != "cuda":
         reason = "TRAIN_AUTO_BATCH=1 needs a GPU (a CPU has no out-of-memory error to search against); TRAIN_BATCH_SIZE"
         log.warning("auto batch: no GPU, so the batch stays TRAIN_BATCH_SIZE=%d", settings.batch_size)
@@ -162,13 +247,11 @@ def choose_batch(
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    vocab = model.get_input_embeddings().weight.shape[0]
     import torch
 
     headroom = int(HEADROOM * torch.cuda.get_device_properties(args.device).total_memory)
-    fits = memory_probe(model, settings.seq_len, vocab, args.device, precision,
-                        optimizer_state_bytes(model, args.world_size) + headroom)  # fmt: skip
-    found = search_largest(agreed(fits, group), settings.batch_size, ceiling)
+    reserve = optimizer_state_bytes(model, args.world_size) + headroom
+    found, how = search_batch(model, settings, args.device, precision, reserve, ceiling, group, compiled)
     if checkpointing:
         model.gradient_checkpointing_disable()  # Trainer switches it on again from TrainingArguments
     if found.batch == 0:
@@ -176,8 +259,89 @@ def choose_batch(
             f"TRAIN_AUTO_BATCH=1: not even a batch of 1 fits in GPU memory at TRAIN_SEQ_LEN={settings.seq_len}; "
             "lower TRAIN_SEQ_LEN, or use TRAIN_GRAD_CKPT=1, TRAIN_LORA=1 or sharding (TRAIN_FSDP, TRAIN_ZERO_STAGE)"
         )
-    log.info("auto batch: %d per device (%s)", found.batch, found.reason(ceiling))
-    return Decision(found.batch, found.reason(ceiling))
+    reason = f"{found.reason(ceiling)}; {how}"
+    log.info("auto batch: %d per device (%s)", found.batch, reason)
+    return Decision(found.batch, reason)
+
+
+def search_key(cfg: RunConfig, args: Any, model: Any) -> dict[str, Any]:
+    """What the batch that fits depends on: the model and its trainable part, TRAIN_SEQ_LEN, the precision, attention,
+    compile, Liger and checkpointing decisions, the processes, the GPU and the versions."""
+    import accelerate
+    import torch
+    import transformers
+
+    from trainer.run.models import count_parameters
+
+    s, d = cfg.settings, cfg.decisions
+    props = torch.cuda.get_device_properties(args.device)
+    return {
+        "model": s.model, "parameters": count_parameters(model), "seq_len": s.seq_len,
+        "precision": d.precision.value, "attn": d.attn.value, "liger": d.liger.value, "grad_ckpt": s.grad_ckpt,
+        "compile": f"{s.compile_backend}/{s.compile_mode}" if d.compile.value else "off", "lora": s.lora,
+        "quant": s.quant, "optim": d.optim.value, "world_size": args.world_size, "gpu": props.name,
+        "gpu_memory": props.total_memory,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "accelerate": accelerate.__version__},
+    }  # fmt: skip
+
+
+def search_cache_file(output_dir: str, key: dict[str, Any]) -> Path:
+    """Where the search's result for `key` is kept: beside the data cache (a volume shared by runs in the image)."""
+    import hashlib
+    import json
+
+    from trainer.data.cache import default_cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return default_cache_dir(output_dir).parent / "batch_search" / f"{digest}.json"
+
+
+def cached_batch(path: Path, key: dict[str, Any]) -> tuple[int, str] | None:
+    """(batch, reason) a search with the same key found before; None when there is none (or it is unreadable)."""
+    import json
+
+    try:
+        record = json.loads(path.read_text())
+        if record["key"] == key and int(record["batch"]) > 0:
+            return int(record["batch"]), str(record["reason"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return None
+
+
+def remember_batch(path: Path, key: dict[str, Any], batch: int, reason: str) -> None:
+    import json
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"key": key, "batch": batch, "reason": reason}, indent=1))
+    os.replace(tmp, path)  # complete or absent: a run stopped mid-write leaves no half record
+
+
+def searched_or_cached(cfg: RunConfig, args: Any, model: Any, search: Callable[[], Decision[int]],
+                       ceiling: int) -> Decision[int]:  # fmt: skip
+    """The search's Decision, from the cache where the same model, sequence length, precision, GPU and versions
+    were searched before (every rank takes rank 0's cache verdict), else searched and remembered by rank 0."""
+    from trainer.config.decisions import Decision
+    from trainer.run.signals import from_rank_0
+
+    if args.device.type != "cuda":
+        return search()
+    key = {**search_key(cfg, args, model), "ceiling": ceiling}
+    path = search_cache_file(cfg.settings.output_dir, key)
+    hit = from_rank_0(cached_batch(path, key) if args.process_index == 0 else None, args.world_size)
+    if hit is not None:
+        batch, earlier = hit
+        log.info("auto batch: %d per device, cached in %s (no search)", batch, path)
+        why = (f"TRAIN_AUTO_BATCH: the cached result of an earlier search for this model, sequence length, precision, "
+               f"GPU and versions ({path}; delete it to search again): {earlier}")
+        return Decision(batch, why)
+    decision = search()
+    if args.process_index == 0:
+        remember_batch(path, key, decision.value, decision.reason)
+    return decision
 
 
 def split_effective(effective: int, largest: int) -> tuple[int, int]:
@@ -193,9 +357,10 @@ def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume:
     A resumed run keeps its checkpoint's batch, so the samples it skips are the ones it trained on."""
     import dataclasses
 
+    from trainer.checkpoint_record import recorded_batch_size
     from trainer.config.decisions import Decision
     from trainer.config.speed import effective_batch_set
-    from trainer.run.resume import recorded_batch_size
+    from trainer.run.metrics import reset_peak_memory
     from trainer.run.signals import control_group
 
     s = cfg.settings
@@ -207,7 +372,10 @@ def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume:
     else:
         precision = cfg.decisions.precision.value
         group = control_group(args.world_size)
-        decision = choose_batch(model, args, s, precision, blocks, group, effective)
+        ceiling = batch_ceiling(blocks, args.world_size, effective)
+        decision = searched_or_cached(cfg, args, model, lambda: choose_batch(
+            model, args, s, precision, blocks, group, effective, cfg.decisions.compile.value), ceiling)  # fmt: skip
+    reset_peak_memory()  # the probes' peak is not the training steps' (peak_mem_bytes)
     micro, accum = split_effective(effective, decision.value) if effective else (decision.value, s.grad_accum)
     if effective:
         why = f"TRAIN_BATCH_SIZE x TRAIN_GRAD_ACCUM = {effective} kept: {micro} x {accum} accumulation steps"

@@ -5,16 +5,15 @@ mid-save leaves a folder that `get_last_checkpoint` and `rotate_checkpoints` tak
 (the newest one is even protected from rotation). `AtomicCheckpointTrainer` points that save at a
 staging folder instead: `OUTPUT_DIR/.tmp-checkpoint-N/checkpoint-N/`. Rotation inside the staging
 folder sees one checkpoint and deletes nothing. When every rank is done, the main process writes the
-`trainkit_complete` marker, fsyncs the files, renames the folder to `OUTPUT_DIR/checkpoint-N` (one
-atomic rename on the same filesystem) and only then rotates the real checkpoints. So a
-`checkpoint-N` folder exists only when complete; `.tmp-*` leftovers of a killed save are deleted on
-the next start. Resume additionally requires the marker, which guards against folders copied in by hand; what a
-checkpoint recorded and whether a run may continue from it is trainer.run.resume's to say.
+checkpoint's record (trainer.checkpoint_record: its marker, with the files and their hashes), fsyncs the files,
+renames the folder to `OUTPUT_DIR/checkpoint-N` (one atomic rename on the same filesystem) and only then rotates the
+real checkpoints. So a `checkpoint-N` folder exists only when complete; `.tmp-*` leftovers of a killed save are
+deleted on the next start. Resume additionally requires the record, which guards against folders copied in by hand;
+whether a run may continue from a checkpoint is trainer.run.resume's to say.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -22,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.run.resume import COMPLETE_MARKER, STATE_FILE, manifest
+from trainer.checkpoint_record import CheckpointRecord, state_path, write_record
 
 log = logging.getLogger("trainer")
 
 TMP_PREFIX = ".tmp-"
-# Test hook: "SECONDS@STEP" (or "SECONDS@*" for every save) sleeps inside a save, before its marker, so a test
+# Test hook: "SECONDS@STEP" (or "SECONDS@*" for every save) sleeps inside a save, before its record, so a test
 # can signal or kill -9 the trainer mid-save.
 SAVE_DELAY_ENV = "TRAINKIT_TEST_SAVE_DELAY"
 
@@ -76,9 +75,9 @@ def remove_stale_temps(output_dir: str | Path) -> list[Path]:
     return removed
 
 
-def publish(staged: Path, final: Path, info: dict[str, Any]) -> None:
-    """Mark `staged` complete, flush it, and move it to `final` with one rename."""
-    (staged / COMPLETE_MARKER).write_text(json.dumps({**info, "files": manifest(staged), "time": time.time()}) + "\n")
+def publish(staged: Path, final: Path, run: CheckpointRecord, step: int, final_model: bool = False) -> None:
+    """Record `staged` complete (the run's record at `step`), flush it, and move it to `final` with one rename."""
+    write_record(staged, run, step, final=final_model)
     fsync_tree(staged)
     if final.exists():  # e.g. a run restarted with TRAIN_RESUME=never reaches the same step
         old = final.with_name(f"{TMP_PREFIX}old-{final.name}")
@@ -120,12 +119,21 @@ def _atomic_trainer_class(base: type) -> type:
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
 
         _staging_dir: str | None = None
-        checkpoint_info: dict[str, Any] = {}  # noqa: RUF012 - set per run (train.py): what each marker records
+        checkpoint_record: CheckpointRecord | None = None  # set per run (train.py): what each checkpoint records
 
         def get_train_dataloader(self) -> Any:
             from trainer.run.signals import shield_workers
 
             return shield_workers(super().get_train_dataloader())
+
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+            # A compiled run drops the partial last batch in training only (trainer.run.train.batches_per_epoch):
+            # every evaluation sequence is evaluated.
+            dropping, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+            try:
+                return super().get_eval_dataloader(eval_dataset)
+            finally:
+                self.args.dataloader_drop_last = dropping
 
         def _get_output_dir(self, trial: Any) -> str:
             if self._staging_dir is not None:
@@ -134,6 +142,9 @@ def _atomic_trainer_class(base: type) -> type:
 
         def _save_checkpoint(self, model: Any, trial: Any, *more: Any, **named: Any) -> None:
             # transformers 4.46 passes metrics=, later versions do not: hand on whatever this version passes.
+            guards = [c for c in self.callback_handler.callbacks if hasattr(c, "allows_save")]
+            if not all([c.allows_save(self.state, self.control, model) for c in guards]):
+                return  # no checkpoint of a diverged run (trainer.run.divergence); the loop ends after this step
             run_dir = Path(super()._get_output_dir(trial))
             step = self.state.global_step
             staging = run_dir / f"{TMP_PREFIX}checkpoint-{step}"
@@ -162,18 +173,18 @@ def _atomic_trainer_class(base: type) -> type:
             time.sleep(_test_save_delay(step))
             self.accelerator.wait_for_everyone()
             if self.args.should_save:
-                publish(staging / final.name, final, {**self.checkpoint_info, "step": step})
+                publish(staging / final.name, final, self._run_record(), step)
                 shutil.rmtree(staging, ignore_errors=True)
 
         def _best_outside_staging(self, staging: Path, final: Path) -> None:
             """Transformers names the best checkpoint (TRAIN_KEEP_BEST) by the folder it saved into, the staging one:
-            point it at the published folder, in the state and in the trainer_state.json being published."""
+            point it at the published folder, in the state and in the state file being published."""
             best = self.state.best_model_checkpoint
             if not best or Path(best).parent != staging:
                 return
             self.state.best_model_checkpoint = str(final.parent / Path(best).name)
             if self.args.should_save:
-                self.state.save_to_json(str(staging / final.name / STATE_FILE))
+                self.state.save_to_json(str(state_path(staging / final.name)))
 
         def save_final(self, output_dir: Path, tokenizer: Any) -> None:
             """Model + tokenizer to `output_dir`, published atomically like a checkpoint.
@@ -200,7 +211,10 @@ def _atomic_trainer_class(base: type) -> type:
                 self.save_model(str(staging))
             if self.args.should_save:
                 tokenizer.save_pretrained(str(staging))
-                publish(staging, output_dir, {**self.checkpoint_info, "step": self.state.global_step, "final": True})
+                publish(staging, output_dir, self._run_record(), self.state.global_step, final_model=True)
+
+        def _run_record(self) -> CheckpointRecord:
+            return self.checkpoint_record if self.checkpoint_record is not None else CheckpointRecord()
 
         def _can_merge_lora(self) -> bool:
             model = self.model

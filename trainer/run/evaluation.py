@@ -4,28 +4,30 @@ TRAIN_KEEP_BEST: trainer.config.training_arguments)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from trainer.run.metrics import method_metrics
+from trainer.run.metrics import append_line, json_line, method_metrics
+
+if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
+    from trainer.data.dataset import BlockRange, ShardedDataset
 
 log = logging.getLogger("trainer")
 
 
-def split_datasets(settings: Any, tokenizer: Any, train: Any, should_stop: Any) -> tuple[Any, Any | None]:
+def split_datasets(inputs: Inputs, tokenizer: Any, train: ShardedDataset, should_stop: Callable[[], bool]
+                   ) -> tuple[ShardedDataset | BlockRange, ShardedDataset | BlockRange | None]:  # fmt: skip
     """(training dataset, eval dataset or None) per TRAIN_EVAL_DATA / TRAIN_EVAL_SPLIT."""
-    from trainer.data import cache
     from trainer.data.dataset import hold_out, load_or_prepare
-    from trainer.data.discovery import eval_source_of
-    from trainer.data.packing import Packing
-    from trainer.errors import ConfigError
 
+    settings = inputs.settings
     if settings.eval_split > 0:
         train, held = hold_out(train, settings.eval_split)
         log.info("eval: %d packed sequences held out (TRAIN_EVAL_SPLIT=%g), %d train", len(held),
@@ -33,13 +35,8 @@ def split_datasets(settings: Any, tokenizer: Any, train: Any, should_stop: Any) 
         return train, held
     if not settings.eval_data:
         return train, None
-    source = eval_source_of(settings)
-    if source.problems:
-        raise ConfigError(*source.problems)
-    folder = cache.default_cache_dir(settings.output_dir)
-    evaluation = load_or_prepare(source, tokenizer, settings.seq_len, settings.text_field, folder,
-                                 settings.data_max_bad_lines, should_stop, Packing.from_settings(settings),
-                                 settings.loss_on)  # fmt: skip
+    source = inputs.eval_data
+    evaluation = load_or_prepare(source, tokenizer, inputs.data_spec, inputs.cache_dir, should_stop)
     log.info("eval: %s (%s), %d packed sequences", source.describe(), source.reason, len(evaluation))
     return train, evaluation
 
@@ -74,5 +71,4 @@ class EvalMetricsCallback(TrainerCallback):
             "time": time.time(),
             **method_metrics(logs, "eval_"),
         }
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_line(self.path, json_line(record))  # strict JSON: a NaN eval loss is null

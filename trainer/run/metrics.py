@@ -5,17 +5,24 @@ samples_per_s, step_time_s, peak_mem_bytes, mfu, time.
 
 - step_time_s: mean wall time of the optimizer steps since the previous log line, measured between
   consecutive step ends (data loading included, checkpoint saves excluded).
-- samples_per_s / tokens_per_s: global (all ranks) = per-device batch x grad accum x world size / step time.
-- peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU.
+- samples_per_s / tokens_per_s: global (all ranks) = per-device batch x grad accum x world size / step time;
+  tokens_per_s counts useful tokens only: padding (records packing fills each sequence's tail with it) is left out,
+  as the training data's share of it (meta.json's packing statistics); so is the MFU computed from it.
+- peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU; the peak of
+  the training steps: the statistics are reset after the batch search and after each evaluation.
 - mfu: model FLOPs utilization on known GPUs, null on CPU and unknown GPUs. FLOPs per token are
   6 x N (N = parameters taking part in matmuls: all but the input embedding) + 12 x layers x hidden x
   seq_len (attention scores, PaLM appendix B), divided by the dense bf16/fp16 peak of the GPU.
+
+Every line is strict JSON (RFC 8259): a non-finite value (a diverged run's NaN loss or grad norm) is written as
+null, never as a bare NaN/Infinity and never as 0.0; the log names the step (trainer.run.divergence).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import sys
 import time
@@ -75,21 +82,58 @@ def flops_per_token(model: Any, seq_len: int) -> float:
 
 
 def peak_memory_bytes() -> int:
+    """Peak CUDA memory allocated on a GPU; the peak resident memory on a CPU. Both since the last
+    reset_peak_memory()."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return int(torch.cuda.max_memory_allocated())
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return hwm * 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def reset_peak_memory() -> None:
+    """Start the peak over from what is in use now (after the batch search, after evaluation): Linux resets a
+    process's peak resident memory when "5" is written to /proc/self/clear_refs."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        log.debug("peak resident memory cannot be reset here: peak_mem_bytes keeps the process's peak")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _number(x: Any) -> float | None:
+    """A finite float, else None (written as null)."""
     if x is None:
         return None
     try:
-        return float(x)
+        value = float(x)
     except (TypeError, ValueError):
         return None
+    return value if math.isfinite(value) else None
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """One strict JSON line: non-finite floats become null."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(clean, allow_nan=False)
 
 
 class MetricsCallback(TrainerCallback):
@@ -102,9 +146,12 @@ class MetricsCallback(TrainerCallback):
         self.peak_flops = peak_flops
         self._last: float | None = None
         self._step_times: list[float] = []
+        self.useful_share = 1.0  # of the tokens trained, those that are not padding (on_train_begin)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = time.perf_counter()
+        loader = kwargs.get("train_dataloader")
+        self.useful_share = useful_token_share(getattr(loader, "dataset", None))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         now = time.perf_counter()
@@ -115,10 +162,13 @@ class MetricsCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._last = time.perf_counter()  # the next step's time excludes the save
 
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        reset_peak_memory()  # evaluation's peak is not a training step's
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
-        append_line(self.path, json.dumps(self.record(args, state, logs)))
+        append_line(self.path, json_line(self.record(args, state, logs)))
         self._step_times.clear()
 
     def record(self, args: Any, state: Any, logs: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +176,7 @@ class MetricsCallback(TrainerCallback):
         batch = state.train_batch_size or args.per_device_train_batch_size
         samples = batch * args.gradient_accumulation_steps * max(args.world_size, 1)
         samples_per_s = samples / step_time if step_time else None
-        tokens_per_s = samples_per_s * self.seq_len if samples_per_s else None
+        tokens_per_s = samples_per_s * self.seq_len * self.useful_share if samples_per_s else None
         mfu = None
         if tokens_per_s and self.peak_flops:
             mfu = tokens_per_s / max(args.world_size, 1) * self.flops_per_token / self.peak_flops
@@ -144,6 +194,18 @@ class MetricsCallback(TrainerCallback):
             "time": time.time(),
             **method_metrics(logs),
         }
+
+
+def useful_token_share(dataset: Any) -> float:
+    """The share of the training sequences' tokens that are not padding, from the packed data's statistics (a
+    held-out split's training part reads its whole dataset's); 1.0 where the data says nothing of padding."""
+    base = getattr(dataset, "dataset", dataset)
+    meta = getattr(base, "meta", None)
+    packing = meta.get("packing") if isinstance(meta, dict) else None
+    if not packing or not packing.get("padding_tokens"):
+        return 1.0
+    blocks = int(packing.get("record_blocks", 0)) + int(packing.get("stream_blocks", 0))
+    return max(0.0, 1.0 - int(packing["padding_tokens"]) / max(1, blocks * int(meta["seq_len"])))
 
 
 # The metrics TRL's preference trainers log besides their "group/name" ones (rewards/margins, logps/chosen, ...).

@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Pre
 from trainer.compat import model_dtype_kwargs
 from trainer.config.presets import PRESETS, is_preset
 from trainer.config.sharding import fsdp_checkpoints_activations, uses_fsdp
-from trainer.run.packed_attention import isolate_records
+from trainer.config.speed import compiled_by_accelerate
+from trainer.run.packed_attention import implementation, isolate_records
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -85,7 +86,7 @@ def pretrained_kwargs(
     """from_pretrained's arguments. The weights are read straight onto `device` when it is a GPU (build_device);
     a quantized model is placed on this rank's GPU, except under FSDP, which places (and shards) it itself; ZeRO-3
     with quantization is refused at configuration time."""
-    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": attn}
+    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": implementation(attn)}
     kwargs.update(model_dtype_kwargs(base_weights_dtype(quant, lora, precision, sharded)))
     if quant != "none":
         kwargs["quantization_config"] = _quantization_config(quant, precision, sharded)
@@ -120,7 +121,8 @@ def build_device(cfg: Any) -> torch.device:
 def build_preset(config: LlamaConfig, attn: str, device: torch.device | str) -> PreTrainedModel:
     """A preset with fresh weights, allocated and initialised on `device` (fp32: the master weights)."""
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, attn_implementation=attn, **model_dtype_kwargs(torch.float32))
+        dtype = model_dtype_kwargs(torch.float32)
+        return AutoModelForCausalLM.from_config(config, attn_implementation=implementation(attn), **dtype)
 
 
 def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
@@ -146,8 +148,22 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
     isolate_records(model, attn)  # use_cache off; attention never crosses packed records
     if s.lora:
         model = apply_lora(model, s)
+    if cfg.decisions.compile.value and not compiled_by_accelerate(s, cfg.deepspeed):
+        compile_layers(model, s.compile_backend, s.compile_mode)
     log_parameter_counts(model)
     return model
+
+
+def compile_layers(model: torch.nn.Module, backend: str, mode: str) -> int:
+    """torch.compile each decoder layer in place (regional compilation): the layers share one compiled graph (their
+    code and shapes are the same; parameters are inputs), so the compile time does not grow with depth; the
+    decoder's own forward (the attention mask, the records hook) and the loss stay eager. Returns the layer count."""
+    layers = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0)
+    for layer in layers:
+        layer.compile(backend=backend, mode=mode)
+    log.info("torch.compile: %d %s layers compiled in place (backend %s, mode %s); the first step compiles them",
+             len(layers), type(layers[0]).__name__, backend, mode)  # fmt: skip
+    return len(layers)
 
 
 def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str, sharded: bool) -> PreTrainedModel:

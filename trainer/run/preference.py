@@ -27,14 +27,12 @@ log = logging.getLogger("trainer")
 def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(train rows, eval rows or None) as the method's TRL trainer takes them, long pairs dropped or left to TRL's
     truncation (TRAIN_LONG_RECORDS), every count logged."""
-    from trainer.data.discovery import eval_source_of, source_of
-
     s = cfg.settings
-    records = records_of(s, source_of(s))
+    records = records_of(cfg.inputs)
     for line in records.skipped:
         log.warning("data: skipped %s (TRAIN_DATA_MAX_BAD_LINES=%d)", line, s.data_max_bad_lines)
     rows = list(records.rows)
-    evaluation = list(records_of(s, eval_source_of(s)).rows) if s.eval_data else None
+    evaluation = list(records_of(cfg.inputs, "eval_data").rows) if s.eval_data else None
     if s.eval_split > 0:
         held = max(1, int(len(rows) * s.eval_split))
         rows, evaluation = rows[:-held], rows[-held:]

@@ -148,7 +148,16 @@ def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any) -> li
         from trainer.run.profiling import MemorySnapshotCallback
 
         callbacks.append(MemorySnapshotCallback(out))
-    return callbacks
+    return [*callbacks, divergence_guard(cfg)]  # last: it may cancel a save another callback asked for
+
+
+def divergence_guard(cfg: RunConfig) -> Any:
+    """TRAIN_ON_NAN's guard; the logged loss only where fp16's scaler skips non-finite steps itself or DeepSpeed
+    keeps the gradients (trainer.run.divergence)."""
+    from trainer.run.divergence import DivergenceGuard
+
+    loss_only = cfg.decisions.precision.value == "fp16" or bool(cfg.decisions.deepspeed.value)
+    return DivergenceGuard(cfg.settings.on_nan, watch_gradients=not loss_only)
 
 
 def fused_adam_kwargs(args: Any) -> dict[str, Any]:
@@ -180,13 +189,17 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 
 
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
+    from trainer.run.divergence import RECORD as DIVERGED_RECORD
+    from trainer.run.divergence import DivergenceGuard
     from trainer.run.evaluation import EvalMetricsCallback
     from trainer.run.output_lock import acquire_output_lock
-    from trainer.run.resume import archive_run_config, recorded_settings, set_aside_earlier_run, to_record
+    from trainer.run.resume import archive_run_config, run_record, set_aside_earlier_run
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
     out = Path(s.output_dir)
+    if cfg.decisions.compile.value:
+        _prepare_compile(cfg)
     args = _training_arguments(cfg)
     if args.should_save:
         acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
@@ -198,14 +211,15 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         cfg.write_run_config(out)
     tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
     clock.mark("libraries")
-    tokenizer = tokenizer_for(s)
-    if cfg.settings.method == "sft":
+    inputs = cfg.inputs
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    if s.method == "sft":
         trainer = _sft_trainer(cfg, args, tokenizer, stop, resume, clock)
     else:  # preference tuning on TRL's trainers (trainer.run.preference)
         trainer = _preference_trainer(cfg, args, tokenizer, stop, resume, clock)
     if trainer is None:
         return _interrupted(stop, None)
-    trainer.checkpoint_info = {**to_record(cfg.hub), "settings": recorded_settings(s)}  # read back by run.resume
+    trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by run.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
 
@@ -217,11 +231,16 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     checkpoint = str(resume.checkpoint) if resume.checkpoint else None
     with resuming_from(checkpoint):
         trainer.train(resume_from_checkpoint=checkpoint)
+    guard = next(c for c in trainer.callback_handler.callbacks if isinstance(c, DivergenceGuard))
+    if guard.diverged_at is not None:
+        return guard.report(args.learning_rate, out, args.should_save, s)
     if stop.requested and trainer.state.global_step < trainer.state.max_steps:
         return _interrupted(stop, trainer.state.global_step)
     if stop.requested:
         log.warning("the stop came after the last step: finishing the run (final/, exit 0) instead")
     trainer.save_final(out / "final", tokenizer)
+    if args.should_save:
+        (out / DIVERGED_RECORD).unlink(missing_ok=True)  # an earlier attempt's record: these settings finished
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
     if s.push_to_hub and args.process_index == 0:
         from trainer.export.publish import push_after_run
@@ -234,23 +253,24 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
     """The packed dataset, the model and the atomic Trainer of an SFT run; None when a stop came while preparing."""
     from transformers import set_seed
 
-    from trainer.data.cache import Stopped, default_cache_dir
-    from trainer.data.dataset import build_dataset
+    from trainer.data.cache import Stopped
+    from trainer.data.dataset import load_or_prepare
     from trainer.run.checkpoint import AtomicCheckpointTrainer
     from trainer.run.disk_space import full_disk_ends_run
     from trainer.run.evaluation import split_datasets
     from trainer.run.models import build_model
     from trainer.run.packed_attention import collator_for
 
-    s = cfg.settings
+    inputs = cfg.inputs
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
-        with full_disk_ends_run(default_cache_dir(s.output_dir), "writing the tokenized data cache"):
-            dataset = build_dataset(s, tokenizer, should_stop=lambda: stop.requested)
-        dataset, eval_dataset = split_datasets(s, tokenizer, dataset, should_stop=lambda: stop.requested)
+        with full_disk_ends_run(inputs.cache_dir, "writing the tokenized data cache"):
+            dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir,
+                                      should_stop=lambda: stop.requested)  # fmt: skip
+        dataset, eval_dataset = split_datasets(inputs, tokenizer, dataset, should_stop=lambda: stop.requested)
     except Stopped:
         return None
     clock.mark("data")
-    set_seed(s.seed)  # the same initial weights for the same seed
+    set_seed(cfg.settings.seed)  # the same initial weights for the same seed
     model = build_model(cfg, tokenizer)
     clock.mark("model")
     _before_training(cfg, args, model, resume)
@@ -258,6 +278,7 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
         from trainer.run.batch_search import apply_auto_batch
 
         apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
+    _record_training_data(cfg, args, len(dataset))
     return AtomicCheckpointTrainer(
         model=model,
         args=args,
@@ -283,6 +304,7 @@ def _preference_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: Gracefu
     model = preference.build_policy(cfg, tokenizer)
     clock.mark("model")
     _before_training(cfg, args, model, resume)
+    _record_training_data(cfg, args, len(rows[0]))
     return preference.build_trainer(cfg, args, tokenizer, model, rows, _callbacks(cfg, model, stop, clock))
 
 
@@ -298,6 +320,43 @@ def _before_training(cfg: RunConfig, args: Any, model: Any, resume: Resume) -> N
     log.info("resume: %s", resume.reason)
     if resume.checkpoint and args.should_save:
         truncate_after(out / "metrics.jsonl", resume.step)
+
+
+def _record_training_data(cfg: RunConfig, args: Any, sequences: int) -> None:
+    """run_config.json's `training_data`: how the DataLoader splits an epoch (batches_per_epoch)."""
+    cfg.training_data = batches_per_epoch(sequences, args, cfg.settings.seq_len)
+    if args.should_save:
+        cfg.write_run_config(Path(cfg.settings.output_dir))
+
+
+def _prepare_compile(cfg: RunConfig) -> None:
+    """Regional compilation and the compile caches on the cache volume (trainer.config.speed.compile_environment),
+    set before Transformers builds its Accelerator; recorded in run_config.json's environment."""
+    from trainer.config.speed import compile_environment
+
+    env = compile_environment(os.environ)
+    os.environ.update(env)
+    cfg.env.update(env)
+    log.info("torch.compile: %s", cfg.decisions.compile.reason)
+
+
+def batches_per_epoch(sequences: int, args: Any, seq_len: int) -> dict[str, Any]:
+    """How the training DataLoader splits an epoch: full batches, and the partial last batch a compiled run leaves
+    out (a different random one each epoch). With fewer sequences than one batch there is one shape only: the
+    batch is kept (drop_last turned off)."""
+    batch = args.per_device_train_batch_size * max(1, args.world_size)
+    if sequences < batch:
+        args.dataloader_drop_last = False
+    partial = sequences % batch if args.dataloader_drop_last else 0
+    record = {"sequences": sequences, "global_batch": batch, "left_out_per_epoch": partial,
+              "left_out_tokens_per_epoch": partial * seq_len}  # fmt: skip
+    if partial:
+        log.warning(
+            "data: each epoch leaves out %d of %d sequences (%d tokens), its partial last batch: a compiled model "
+            "would recompile for that shape (a different random %d each epoch; TRAIN_BATCH_SIZE dividing %d "
+            "leaves out none)", partial, sequences, partial * seq_len, partial, sequences,
+        )  # fmt: skip
+    return record
 
 
 def _prepare_trackers(cfg: RunConfig, args: Any, resume: Resume) -> dict[str, Any] | None:

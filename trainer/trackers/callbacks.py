@@ -3,7 +3,7 @@
 Transformers' callbacks log `TrainingArguments.to_dict()` as the run's params. trainkit hands them the resolved
 TRAIN_* settings and decisions instead, masked by the one secret rule (trainer.secrets): no token, password or
 credentialed URL reaches a tracker. They run on the main process only; the run ids they start are recorded (in
-OUTPUT_DIR/trackers.json and every later checkpoint's marker) so that a resumed run continues them.
+OUTPUT_DIR/trackers.json and every later checkpoint's record) so that a resumed run continues them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any
 
 from transformers.integrations import MLflowCallback, WandbCallback
 
+from trainer.checkpoint_record import CheckpointRecord
 from trainer.trackers.environment import save_runs
+from trainer.trackers.outage import DropOnFailure, forget_mlflow_run
 
 
 def tracked_params(cfg: Any) -> dict[str, Any]:
@@ -40,18 +42,20 @@ class _TrackedArguments:
 
 
 class _RunRecord:
-    """Where a started tracker run's id goes: this run's trackers.json and the checkpoint markers' `trackers`."""
+    """Where a started tracker run's id goes: this run's trackers.json and its checkpoints' records (`trackers`)."""
 
-    def __init__(self, output_dir: str, runs: dict[str, dict[str, str]], checkpoint_info: dict[str, Any]) -> None:
-        self.output_dir, self.runs, self.checkpoint_info = output_dir, runs, checkpoint_info
+    def __init__(self, output_dir: str, runs: dict[str, dict[str, str]], checkpoints: CheckpointRecord) -> None:
+        self.output_dir, self.runs, self.checkpoints = output_dir, runs, checkpoints
 
     def started(self, tracker: str, run: dict[str, str]) -> None:
         self.runs[tracker] = run
-        self.checkpoint_info["trackers"] = self.runs
+        self.checkpoints.trackers = self.runs
         save_runs(self.output_dir, self.runs)
 
 
-class TrackedWandbCallback(WandbCallback):
+class TrackedWandbCallback(DropOnFailure, WandbCallback):
+    tracker = "W&B"
+
     def __init__(self, params: dict[str, Any], record: _RunRecord) -> None:
         super().__init__()
         self._params, self._record = params, record
@@ -62,7 +66,12 @@ class TrackedWandbCallback(WandbCallback):
             self._record.started("wandb", {"run_id": self._wandb.run.id, "project": self._wandb.run.project})
 
 
-class TrackedMLflowCallback(MLflowCallback):
+class TrackedMLflowCallback(DropOnFailure, MLflowCallback):
+    tracker = "MLflow"
+
+    def forget(self) -> None:
+        forget_mlflow_run(self)
+
     def __init__(self, params: dict[str, Any], record: _RunRecord, resumed: bool) -> None:
         super().__init__()
         self._params, self._record = params, record
@@ -77,9 +86,9 @@ class TrackedMLflowCallback(MLflowCallback):
 
 def install(trainer: Any, cfg: Any, runs: dict[str, dict[str, str]], main_process: bool) -> None:
     """Swap the Trainer's W&B/MLflow callbacks (from report_to) for the tracked ones; other ranks report nothing."""
-    record = _RunRecord(cfg.settings.output_dir, runs, trainer.checkpoint_info)
+    record = _RunRecord(cfg.settings.output_dir, runs, trainer.checkpoint_record)
     if runs:
-        trainer.checkpoint_info["trackers"] = runs
+        trainer.checkpoint_record.trackers = runs
     params = tracked_params(cfg)
     if trainer.pop_callback(WandbCallback) is not None and main_process:
         trainer.add_callback(TrackedWandbCallback(params, record))

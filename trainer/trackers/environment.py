@@ -4,7 +4,9 @@
   air-gapped clusters sync later with `wandb sync OUTPUT_DIR/wandb/offline-run-*`. Online, the server
   (WANDB_BASE_URL, default api.wandb.ai) must answer at start, else exit 2.
 - MLflow: MLFLOW_TRACKING_URI (a server, checked at start; unset: MLflow's file store OUTPUT_DIR/mlruns) and
-  MLFLOW_EXPERIMENT_NAME (default trainkit).
+  MLFLOW_EXPERIMENT_NAME (default trainkit). Credentials in the URI (http://user:pass@host) move to MLflow's own
+  MLFLOW_TRACKING_USERNAME/PASSWORD, so the URI MLflow prints ("View run at") and records holds none. A server that
+  goes away later is logged once and dropped (trainer.trackers.outage).
 - A resumed run continues its tracker runs: their ids are kept in OUTPUT_DIR/trackers.json and in every checkpoint's
   marker (`trackers`), and handed back as WANDB_RUN_ID (+ WANDB_RESUME=allow) and MLFLOW_RUN_ID.
 Variables the user set win (setdefault), except the run ids of a resumed run.
@@ -12,17 +14,19 @@ Variables the user set win (setdefault), except the run ids of a resumed run.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import ConfigError
-from trainer.secrets import mask_url_credentials
+from trainer.secrets import mask_url_credentials, mask_value
 
 log = logging.getLogger("trainer")
 
@@ -30,6 +34,10 @@ STATE_FILE = "trackers.json"
 WANDB_DEFAULT_URL = "https://api.wandb.ai"
 DEFAULT_PROJECT = "trainkit"
 REACH_TIMEOUT_S = 10.0
+# MLflow's client retries a failed request 7 times with a growing wait (about 4 minutes), with training stopped
+# meanwhile: a server gone mid-run costs the run seconds with these, once (trainer.trackers.outage drops it).
+MLFLOW_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                          "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
 
 
 def run_name(output_dir: str) -> str:
@@ -105,7 +113,7 @@ def _prepare_wandb(cfg: Any, previous: dict[str, str], main_process: bool) -> di
                      "`wandb sync %s`", run_id, Path(out) / "wandb", Path(out) / "wandb" / "offline-run-*")  # fmt: skip
     elif env.get("WANDB_MODE") not in ("offline", "disabled", "dryrun"):
         url = env.get("WANDB_BASE_URL", WANDB_DEFAULT_URL)
-        _check_reachable("W&B", url, url.rstrip("/") + "/healthz", "set WANDB_MODE=offline to log offline")
+        _check_reachable("W&B", url, "/healthz", "set WANDB_MODE=offline to log offline")
         if main_process:
             log.info("W&B: run %s (project %s) at %s", run_id, env["WANDB_PROJECT"], mask_url_credentials(url))
     return {"run_id": run_id, "project": env["WANDB_PROJECT"]}
@@ -120,29 +128,58 @@ def _prepare_mlflow(cfg: Any, previous: dict[str, str], main_process: bool) -> N
         env["MLFLOW_TRACKING_URI"] = (Path(out).resolve() / "mlruns").as_uri()
         env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = env["MLFLOW_TRACKING_URI"]
+    if uri.startswith(("http://", "https://")):
+        for name, value in MLFLOW_CLIENT_DEFAULTS.items():
+            env.setdefault(name, value)
+        bare, user, password = split_credentials(uri)
+        if user is not None:  # MLflow's own basic-auth variables: the URI it prints and records holds no secret
+            env["MLFLOW_TRACKING_URI"] = bare
+            env.setdefault("MLFLOW_TRACKING_USERNAME", user)
+            env.setdefault("MLFLOW_TRACKING_PASSWORD", password or "")
     env.setdefault("MLFLOW_EXPERIMENT_NAME", DEFAULT_PROJECT)
     keyed = [tag.split(":", 1) for tag in run_tags(cfg) if ":" in tag]
     env.setdefault("MLFLOW_TAGS", json.dumps({f"trainkit.{key}": value for key, value in keyed}))
     if previous.get("run_id"):
         env["MLFLOW_RUN_ID"] = previous["run_id"]
     if uri.startswith(("http://", "https://")):
-        _check_reachable("MLflow", uri, uri.rstrip("/") + "/health", "check MLFLOW_TRACKING_URI")
+        auth = (env.get("MLFLOW_TRACKING_USERNAME"), env.get("MLFLOW_TRACKING_PASSWORD"))
+        _check_reachable("MLflow", uri, "/health", "check MLFLOW_TRACKING_URI", auth)
     where = mask_url_credentials(uri)
     if main_process:
         action = f"continuing run {previous['run_id']}" if previous.get("run_id") else "a new run"
         log.info("MLflow: %s in experiment %s at %s", action, env["MLFLOW_EXPERIMENT_NAME"], where)
 
 
-def _check_reachable(tracker: str, base: str, url: str, hint: str) -> None:
-    """Exit 2 (ConfigError) when the tracker's server does not answer; any HTTP answer but 401/403 counts."""
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """`url` without its userinfo, and the user name and password it held (percent-decoded); (url, None, None)
+    when it holds none. `http://user:pass@host:port/path`: the host is `host`, never `user:pass@host`."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, password = userinfo.partition(":")
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
+    return bare, urllib.parse.unquote(user), urllib.parse.unquote(password) if sep else None
+
+
+def _check_reachable(tracker: str, base: str, path: str, hint: str, auth: tuple[str | None, str | None] = (None, None)
+                     ) -> None:  # fmt: skip
+    """Exit 2 (ConfigError) when the tracker's server does not answer; any HTTP answer but 401/403 counts. Credentials
+    in `base` (or `auth`) go in an Authorization header, never into the host name; messages show them masked."""
     shown = mask_url_credentials(base)
+    bare, user, password = split_credentials(base)
+    user, password = (user, password) if user is not None else auth
+    request = urllib.request.Request(bare.rstrip("/") + path, method="GET")
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     try:
-        urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=REACH_TIMEOUT_S).close()
+        urllib.request.urlopen(request, timeout=REACH_TIMEOUT_S).close()
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             raise ConfigError(f"{tracker} at {shown} refused the credentials ({exc.code}); check them") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = mask_value(str(getattr(exc, "reason", exc)))
         raise ConfigError(
             f"TRAIN_REPORT_TO names {tracker}, but {shown} cannot be reached ({reason}); {hint}"
         ) from None

@@ -1,0 +1,89 @@
+"""`Inputs`: what the settings name outside this process, each resolved once, on first use, and carried from the
+checks (stage 1) through `resolve` (stage 2, as `RunConfig.inputs`) to the run: the Hub snapshots, the scans of
+TRAIN_DATA and TRAIN_EVAL_DATA (and, for a preference method, their records), and the data spec the data layer is
+given. The settings object is frozen: nothing is kept on it, so a new settings object is a new run and resolves anew.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from trainer.config.schema import TrainSettings
+from trainer.data.cache import default_cache_dir
+from trainer.data.chat import TemplateChoice, chosen_template
+from trainer.data.discovery import DataSource, scan
+from trainer.data.preference import PreferenceRecords, read_records
+from trainer.data.spec import DataSpec
+from trainer.hub.ids import parse_dataset_id
+from trainer.hub.sources import KEYS, HubSources, resolve_hub
+from trainer.run.resume import hub_pins
+
+
+class Inputs:
+    """The run's settings with what they name resolved: `hub` (downloads, unless HF_HUB_OFFLINE=1), `data` and
+    `eval_data` (scans), each made on first use and kept here."""
+
+    def __init__(self, settings: TrainSettings) -> None:
+        self.settings = settings
+
+    def __repr__(self) -> str:
+        return f"Inputs({self.settings!r})"
+
+    @cached_property
+    def hub(self) -> HubSources:
+        """The Hub IDs resolved to commits and fetched (pinned to the commits of the checkpoint a resume reads)."""
+        s = self.settings
+        return resolve_hub({key: getattr(s, key) for key in KEYS}, hub_pins(s))
+
+    @cached_property
+    def data(self) -> DataSource:
+        """The scan of TRAIN_DATA."""
+        return self._scan("data")
+
+    @cached_property
+    def eval_data(self) -> DataSource:
+        """The scan of TRAIN_EVAL_DATA (a hub-style folder gives its validation split)."""
+        return self._scan("eval_data")
+
+    @cached_property
+    def pairs(self) -> PreferenceRecords:
+        """TRAIN_DATA's preference records, every one read and checked once (trainer.config.methods.records_of)."""
+        return read_records(self.data, self.settings.data_max_bad_lines)
+
+    @cached_property
+    def eval_pairs(self) -> PreferenceRecords:
+        """TRAIN_EVAL_DATA's preference records (as `pairs`)."""
+        return read_records(self.eval_data, self.settings.data_max_bad_lines)
+
+    def _scan(self, key: str) -> DataSource:
+        value = getattr(self.settings, key)
+        hub = self.hub if parse_dataset_id(value) else HubSources()  # local data never asks the Hub
+        return scan(key, value, self.data_spec, hub)
+
+    @property
+    def data_spec(self) -> DataSpec:
+        """What shapes the packed data (and keys its cache)."""
+        s = self.settings
+        return DataSpec(seq_len=s.seq_len, text_field=s.text_field, packing=s.packing, long_records=s.long_records,
+                        loss_on=s.loss_on, max_bad_lines=s.data_max_bad_lines)  # fmt: skip
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where the tokenized data is cached (trainer.data.cache)."""
+        return default_cache_dir(self.settings.output_dir)
+
+    @property
+    def model_folder(self) -> str:
+        """The folder (or preset name) the run loads TRAIN_MODEL from."""
+        return self.hub.folder("model", self.settings.model)
+
+    @property
+    def tokenizer_folder(self) -> str:
+        """The folder TRAIN_TOKENIZER names (its Hub snapshot), else TRAIN_MODEL's: where the tokenizer is read."""
+        return self.hub.folder("tokenizer", self.settings.tokenizer) or self.model_folder
+
+    def template(self) -> TemplateChoice:
+        """The chat template conversations are rendered with (TRAIN_CHAT_TEMPLATE, else the tokenizer's own);
+        ConfigError when TRAIN_CHAT_TEMPLATE names nothing."""
+        return chosen_template(self.settings.chat_template, self.tokenizer_folder)
