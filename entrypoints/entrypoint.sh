@@ -11,6 +11,8 @@
 #   export SRC OUT    python -m trainer export: a run/checkpoint -> a plain model folder (merged, verified)
 #   push SRC REPO     python -m trainer push: upload a model folder to the Hub
 #   data [ARGS...]    python -m trainer data: prepare the tokenized cache; --show N: what will be trained
+#   generate MODEL    python -m trainer generate: chat with a model, or --input/--output a file of prompts
+#   eval MODEL        python -m trainer eval: loss, perplexity and answer scores on --data, to --output DIR
 #   shell [ARGS...]   bash
 #   -ANYTHING ...     arguments for train
 #   CMD [ARGS...]     any other command, run as given (e.g. `python my_script.py`)
@@ -47,6 +49,8 @@ case "$cmd" in
     export) set -- python -m trainer export "$@"; what="python -m trainer export" ;;
     push) set -- python -m trainer push "$@"; what="python -m trainer push" ;;
     data) set -- python -m trainer data "$@"; what="python -m trainer data" ;;
+    generate) set -- python -m trainer generate "$@"; what="python -m trainer generate" ;;
+    eval) set -- python -m trainer eval "$@"; what="python -m trainer eval" ;;
     shell) set -- bash "$@"; what="bash" ;;
     *) set -- "$cmd" "$@"; what="$cmd" ;;
 esac

@@ -1,6 +1,6 @@
 """Run trainkit in a container, the way `docker compose up train` does, from any folder.
 
-    python scripts/run.py [options] train|doctor|bench|fetch|data|export|push [ARGS...]
+    python scripts/run.py [options] train|doctor|bench|fetch|data|export|push|generate|eval [ARGS...]
     python scripts/run.py [options] -- CMD [ARGS...]        (any command inside the image)
 
 run.py's options may also follow the trainer command; other arguments go to the command.
@@ -49,7 +49,7 @@ except ModuleNotFoundError as missing:
 HOST_PASSTHROUGH = ("HF_TOKEN", "WANDB_API_KEY")  # taken from this environment when set
 CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml
 STOP_GRACE_S = 600  # as compose's stop_grace_period: the interruption checkpoint must fit
-TRAINER_COMMANDS = ("train", "doctor", "bench", "fetch", "data", "export", "push")
+TRAINER_COMMANDS = ("train", "doctor", "bench", "fetch", "data", "export", "push", "generate", "eval")
 STACK_BYTES = 67108864
 
 
@@ -113,7 +113,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "command", nargs="?", default="train",
-        help="train (default), doctor, bench, fetch, data, export, push, or -- CMD ...",
+        help="train (default), doctor, bench, fetch, data, export, push, generate, eval, or -- CMD ...",
     )
     head, tail = split_at_double_dash(argv)
     args, passed_on = parser.parse_known_args(head)

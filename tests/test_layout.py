@@ -39,7 +39,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
     ("trainer/run", "trainer/export"),  # the training run; export (and the push at a run's end) reads its outputs
     ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command", "trainer/__main__",
-     "trainer/__init__"),
+     "trainer/__init__", "trainer/generate", "trainer/evaluate"),
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip
 # The imports that run up a floor, on purpose: the checks (config) and the Hub pins (hub) ask trainer.run.resume, the

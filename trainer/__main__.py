@@ -1,4 +1,5 @@
-"""`python -m trainer [train|config|doctor|bench|fetch|export|push|data] ...`: the container's entry into the trainer.
+"""`python -m trainer [train|config|doctor|bench|fetch|export|push|data|generate|eval] ...`: the container's entry
+into the trainer.
 
 Each command lives with its concern and registers its own argparse parser (`register(commands)` in
 trainer/run/command.py, trainer/config/command.py, trainer/doctor/command.py, trainer/bench/command.py,
@@ -18,7 +19,8 @@ from trainer.errors import EXIT_USER, ConfigError
 
 COMMAND_MODULES = (
     "trainer.run.command", "trainer.config.command", "trainer.doctor.command", "trainer.bench.command",
-    "trainer.fetch", "trainer.export.command", "trainer.hub.push", "trainer.data_command",
+    "trainer.fetch", "trainer.export.command", "trainer.hub.push", "trainer.data_command", "trainer.generate.command",
+    "trainer.evaluate.command",
 )  # fmt: skip
 DEFAULT_COMMAND = "train"
 

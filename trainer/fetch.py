@@ -24,10 +24,13 @@ def register(commands: Any) -> None:
         "fetch",
         help="download the configured Hub model, tokenizer and data into the cache (for offline runs)",
         description="Download every Hub ID in the TRAIN_* configuration (TRAIN_MODEL, TRAIN_TOKENIZER, TRAIN_DATA, "
-        "TRAIN_EVAL_DATA) into HF_HOME, then print what to copy or mount where runs are offline. With "
-        "HF_HUB_OFFLINE=1: check that the cache holds them all.",
+        "TRAIN_EVAL_DATA), and with --tasks the datasets of lm-eval-harness tasks, into HF_HOME, then print what to "
+        "copy or mount where runs are offline. With HF_HUB_OFFLINE=1: check that the cache holds them all.",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--tasks", metavar="T1,T2", help="also the datasets of these lm-eval-harness tasks (for "
+                        "`python -m trainer eval --tasks` offline)")  # fmt: skip
+    parser.add_argument("--include-path", metavar="DIR", help="--tasks: a folder of your own lm-eval task YAML files")
     parser.set_defaults(func=main)
 
 
@@ -43,6 +46,10 @@ def main(args: argparse.Namespace) -> int:
         for name, snap in sources.snapshots().items()
     }
     report = {"offline_check": offline(), "cache": cache_dir(), "fetched": entries}
+    if args.tasks:
+        from trainer.evaluate.harness import load_tasks, split_tasks
+
+        report["tasks"] = load_tasks(split_tasks(args.tasks), args.include_path, fetching=not offline()).names
     print(json.dumps(report, indent=2) if args.json else _text(report))
     return EXIT_OK
 
@@ -54,6 +61,13 @@ def _size(folder: Path) -> int:
 
 def _text(report: dict[str, Any]) -> str:
     fetched = report["fetched"]
+    tasks = report.get("tasks")
+    if tasks:
+        verb = "in the cache" if report["offline_check"] else "fetched"
+        where = os.environ.get("HF_DATASETS_CACHE") or os.path.join(os.environ.get("HF_HOME", "~/.cache/huggingface"),
+                                                                    "datasets")  # fmt: skip
+        note = f"lm-eval tasks {verb}: {', '.join(tasks)} (their datasets in {where})"
+        return note if not fetched else note + "\n" + _text({**report, "tasks": None})
     if not fetched:
         return ("nothing to fetch: no TRAIN_MODEL, TRAIN_TOKENIZER, TRAIN_DATA or TRAIN_EVAL_DATA names the Hub "
                 "(presets, local folders and files need no download)")  # fmt: skip

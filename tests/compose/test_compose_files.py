@@ -121,3 +121,8 @@ def test_export_and_push_services_run_their_command_without_gpus(tmp_path):
             assert "deploy" not in service or not service["deploy"].get("resources"), "no GPU needed"
             assert service["environment"]["HF_TOKEN"] is None and service["environment"]["WANDB_API_KEY"] is None
         assert services["train"]["environment"]["WANDB_API_KEY"] is None
+        generate, evaluate = services["generate"], services["eval"]  # on the GPUs where the engine has them
+        assert generate["entrypoint"][-1] == "generate" and generate["command"] == ["/output"]
+        assert evaluate["entrypoint"][-1] == "eval" and evaluate["command"][0] == "/output"
+        gpus = len(files) == 1
+        assert all(bool(s.get("deploy", {}).get("resources")) == gpus for s in (generate, evaluate))

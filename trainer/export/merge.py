@@ -36,8 +36,10 @@ def _snapshot(repo_id: str, revision: str, what: str) -> str:
     return str(snapshot(HubRef(repo_id, revision), what, revision=revision).path)
 
 
-def base_folder(source: Source, override: str | None) -> tuple[str, str]:
-    """(folder, how it was found): the base model the adapter was trained on."""
+def base_folder(source: Source, override: str | None, command: str = "export",
+                fix: str = "pass --base FOLDER or --base org/name@revision") -> tuple[str, str]:
+    """(folder, how it was found): the base model the adapter was trained on; `command` and `fix` word the message
+    when it is missing."""
     if override:
         ref = None if Path(override).is_dir() else parse_model_id(override)
         if ref is not None:
@@ -51,16 +53,15 @@ def base_folder(source: Source, override: str | None) -> tuple[str, str]:
         return folder, f"Hub {hub['repo_id']}@{hub['sha']} (recorded by the run)"
     model = source.run_config.get("settings", {}).get("TRAIN_MODEL", {}).get("value")
     if model in MODEL_PRESETS:
-        raise ConfigError(f"export {source.folder}: the run trained LoRA on the preset {model!r}, whose base weights "
-                          "were initialized at random and saved nowhere but in the run's final/ (merged); export "
-                          "final/ instead")  # fmt: skip
+        raise ConfigError(f"{command} {source.folder}: the run trained LoRA on the preset {model!r}, whose base "
+                          "weights were initialized at random and saved nowhere but in the run's final/ (merged); "
+                          f"{command} final/ instead")  # fmt: skip
     candidates = [model, _adapter_base(source)]
     for candidate in candidates:
         if candidate and Path(candidate).is_dir():
             return candidate, f"{candidate} (recorded by the run)"
     recorded = " or ".join(c for c in candidates if c)
-    raise ConfigError(f"export {source.folder}: the base model the run recorded ({recorded}) is not here; pass "
-                      "--base FOLDER or --base org/name@revision")  # fmt: skip
+    raise ConfigError(f"{command} {source.folder}: the base model the run recorded ({recorded}) is not here; {fix}")
 
 
 def _adapter_base(source: Source) -> str | None:

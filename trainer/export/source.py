@@ -46,18 +46,18 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _pick_from_run(run: Path) -> Path:
+def _pick_from_run(run: Path, command: str) -> Path:
     final = run / "final"
     if has_record(final):
         return final
     complete = complete_checkpoints(run)
     if not complete:
-        raise ConfigError(f"export {run}: a run folder without final/ or a checkpoint-N/ recorded as complete; give "
+        raise ConfigError(f"{command} {run}: a run folder without final/ or a checkpoint-N/ recorded as complete; give "
                           "a checkpoint folder instead")  # fmt: skip
     return complete[-1]
 
 
-def _kind(folder: Path, adapter_only: bool) -> tuple[str, Path | None]:
+def _kind(folder: Path, adapter_only: bool, command: str) -> tuple[str, Path | None]:
     if (folder / "adapter_config.json").is_file():
         return ADAPTER, folder
     # final/ of a LoRA run the trainer could merge itself: the merged model, and its adapter in adapter/
@@ -69,22 +69,23 @@ def _kind(folder: Path, adapter_only: bool) -> tuple[str, Path | None]:
         return FSDP, None
     if holds_full_model(folder):
         return FULL, None
-    raise ConfigError(f"export {folder}: no model in it (no adapter_config.json, ZeRO global_step*/ shards, FSDP "
+    raise ConfigError(f"{command} {folder}: no model in it (no adapter_config.json, ZeRO global_step*/ shards, FSDP "
                       "pytorch_model_fsdp_*/ shards, or config.json with weights)")  # fmt: skip
 
 
-def resolve_source(src: Path, adapter_only: bool = False) -> Source:
-    """SRC -> Source; ConfigError (exit 2) when it is none of the accepted forms."""
+def resolve_source(src: Path, adapter_only: bool = False, command: str = "export") -> Source:
+    """SRC -> Source; ConfigError (exit 2) when it is none of the accepted forms (`command` names the asking
+    command in the message)."""
     if not src.is_dir():
-        raise ConfigError(f"export {src}: no such folder; give a run folder, a checkpoint-N folder or final/")
+        raise ConfigError(f"{command} {src}: no such folder; give a run folder, a checkpoint-N folder or final/")
     is_run = (
         (src / "run_config.json").is_file()
         and not has_trainer_state(src)
         and not (src / "config.json").is_file()
     )
-    folder = _pick_from_run(src) if is_run else src
+    folder = _pick_from_run(src, command) if is_run else src
     run_dir = folder.parent if (folder.parent / "run_config.json").is_file() else None
-    kind, adapter = _kind(folder, adapter_only)
+    kind, adapter = _kind(folder, adapter_only, command)
     return Source(
         folder=folder, kind=kind, run_dir=run_dir, adapter=adapter,
         run_config=_read_json(run_dir / "run_config.json") if run_dir else {},

@@ -1,0 +1,185 @@
+"""`python -m trainer generate` and `eval` on a real model: the tiny preset trained here (chatml template) until
+greedy decoding gives back a fixed answer for each of four questions. Generation from final/ (a batch, prompts of
+different lengths) and from the checkpoint (one prompt at a time, and the terminal chat) must reproduce them;
+eval scores 1.0 on its own set, less on a set with the answers shuffled, and its loss equals the training run's
+own eval loss on the same data. Mistakes exit 2 before any weights are read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO, base_env, run_trainer
+
+PAIRS = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Blue."),
+         ("What is 2+2?", "Four."), ("Who wrote Hamlet?", "Shakespeare.")]  # fmt: skip
+# The cheapest recipe found that makes greedy decoding give every answer back (tiny preset, CPU).
+MEMORIZE = {"TRAIN_MODEL": "tiny", "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_SEQ_LEN": "128", "TRAIN_BATCH_SIZE": "4",
+            "TRAIN_MAX_STEPS": "60", "TRAIN_LR": "0.005", "TRAIN_SAVE_STEPS": "60", "TRAIN_LOG_STEPS": "20",
+            "TRAIN_SEED": "1"}  # fmt: skip
+OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
+
+
+def chat_line(question: str, answer: str) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
+
+
+@pytest.fixture(scope="module")
+def memorized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run that memorized PAIRS, evaluated on them at its last step (metrics.jsonl's eval_loss)."""
+    root = tmp_path_factory.mktemp("memorized")
+    (root / "chat.jsonl").write_text("".join(chat_line(q, a) + "\n" for q, a in PAIRS))
+    env = {**MEMORIZE, "HOME": str(root), "HF_HOME": str(root / "hf"), "TRAIN_OUTPUT_DIR": str(root / "out"),
+           "TRAIN_DATA": str(root / "chat.jsonl"), "TRAIN_EVAL_DATA": str(root / "chat.jsonl")}  # fmt: skip
+    result = run_trainer([], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"id": i, "messages": [{"role": "user", "content": q}]} for i, (q, _) in enumerate(PAIRS)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    batched, single = tmp_path / "batched.jsonl", tmp_path / "single.jsonl"
+    out = memorized / "out"
+    result = run_trainer(["generate", str(out / "final"), "--input", str(prompts), "--output", str(batched)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tokens/s" in result.stderr and "memory: weights" in result.stderr
+    answers = _lines(batched)
+    assert [a["response"] for a in answers] == [a for _, a in PAIRS]
+    assert [a["id"] for a in answers] == [0, 1, 2, 3] and all(a["messages"] for a in answers)  # input kept
+    assert len({a["prompt_tokens"] for a in answers}) == 4  # four prompt lengths, left-padded together
+    result = run_trainer(["generate", str(out / "checkpoint-60"), "--input", str(prompts), "--output", str(single),
+                          "--batch-size", "1"])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _lines(single) == answers  # same text, same token counts
+
+
+def test_chat_keeps_history_until_reset_with_the_saved_template(memorized: Path) -> None:
+    questions = f"{PAIRS[0][0]}\n/reset\n{PAIRS[2][0]}\n/exit\n{PAIRS[1][0]}\n"
+    result = subprocess.run([PYTHON, "-m", "trainer", "generate", str(memorized / "out")], input=questions, cwd=REPO,
+                            env=base_env(), capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [PAIRS[0][1], PAIRS[2][1]]  # nothing after /exit
+    assert "the model's chat template" in result.stderr and "(history cleared)" in result.stderr
+
+
+def test_eval_scores_its_own_set_and_matches_the_runs_eval_loss(memorized: Path, tmp_path: Path) -> None:
+    out = memorized / "out"
+    result = run_trainer(["eval", str(out / "final"), "--data", str(memorized / "chat.jsonl"), "--output",
+                          str(tmp_path / "own"), "--regex", "^[A-Z]"])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    own = json.loads((tmp_path / "own" / "eval_results.json").read_text())
+    assert own["exact_match"] == 1.0 and own["contains"] == 1.0 and own["regex"] == 1.0
+    trained = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    run_loss = [m["eval_loss"] for m in trained if "eval_loss" in m][-1]
+    assert own["loss"] == pytest.approx(run_loss, rel=1e-4)
+    assert "exact_match" in result.stdout and "perplexity" in result.stdout
+    records = _lines(tmp_path / "own" / "records.jsonl")
+    assert [r["where"] for r in records] == [f"{memorized / 'chat.jsonl'}:{n}" for n in range(1, 5)]
+    shuffled = tmp_path / "shuffled.jsonl"
+    answers = [a for _, a in PAIRS]
+    shuffled.write_text("".join(chat_line(q, answers[i - 1]) + "\n" for i, (q, _) in enumerate(PAIRS)))
+    result = run_trainer(["eval", str(out), "--data", str(shuffled), "--output", str(tmp_path / "other")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    other = json.loads((tmp_path / "other" / "eval_results.json").read_text())
+    assert other["exact_match"] == 0.0 and other["loss"] > own["loss"] + 1
+    assert not list(tmp_path.glob(".tmp-eval-*"))
+
+
+def _user_error(argv: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> None:
+    from trainer.__main__ import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, err
+
+
+def test_mistakes_exit_2_before_loading(memorized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    _user_error(["generate", str(empty)], capsys, f"generate {empty}: no model in it")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path / "gone")}))
+    _user_error(["generate", str(adapter)], capsys, str(tmp_path / "gone"), "is not here",
+                "give the base as MODEL and the adapter with --adapter")  # fmt: skip
+    _user_error(["generate", str(memorized / "out"), "--adapter", str(empty)], capsys, "no adapter_config.json")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "fine"}\nnot json\n\n{"text": "no prompt"}\n{"prompt": "x", "response": "y"}\n')
+    _user_error(["generate", str(memorized / "out"), "--input", str(prompts), "--output", str(tmp_path / "o.jsonl")],
+                capsys, "3 bad line(s) of 4", f"{prompts}:2: ", f"{prompts}:4: no `prompt`", f"{prompts}:5: it holds "
+                "response already", "--max-bad-lines")  # fmt: skip
+    assert not (tmp_path / "o.jsonl").exists()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("")
+    _user_error(["eval", str(memorized / "out"), "--data", str(memorized / "chat.jsonl"), "--output",
+                 str(tmp_path / "taken")], capsys, "not empty")  # fmt: skip
+
+
+@pytest.mark.skipif(not OLDEST_PYTHON.exists(), reason="the oldest row's venv (tests/oldest/setup.sh) is not set up")
+def test_quant_exits_2_where_bitsandbytes_cannot_run_it(tmp_path: Path) -> None:
+    """The 12.1 row's bitsandbytes (0.45) has no CPU backend: on this machine --quant is refused before loading.
+    (bitsandbytes 0.46+ quantizes on CPUs: there --quant runs; on GPUs: tests/gpu/test_generate_gpu.py.)"""
+    argv = [str(OLDEST_PYTHON), "-m", "trainer", "generate", "tiny", "--quant", "4bit"]
+    result = subprocess.run(argv, cwd=REPO, env=base_env(tmp_path), capture_output=True, text=True, timeout=300,
+                            check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "needs bitsandbytes 0.46+" in result.stderr and "Traceback" not in result.stderr
+
+
+TASK_YAML = """task: trainkit_qa
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "<|im_start|>user\\n{{{{question}}}}<|im_end|>\\n<|im_start|>assistant\\n"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
+
+
+def test_lm_eval_task_from_local_files_runs_offline_and_a_missing_one_exits_2(
+    memorized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An lm-eval task of our own (local JSON Lines, the memorized questions with every answer as a choice) runs
+    offline with --limit; `fetch --tasks` finds it in place; a task whose data was never fetched exits 2."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    answers = [a for _, a in PAIRS]
+    rows = [{"question": q, "choices": answers, "label": i} for i, (q, _) in enumerate(PAIRS)]
+    (tasks / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "trainkit_qa.yaml").write_text(TASK_YAML.format(data=tasks / "qa.jsonl"))
+    env = {"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    result = run_trainer(["eval", str(memorized / "out"), "--tasks", "trainkit_qa", "--include-path", str(tasks),
+                          "--limit", "2", "--output", str(tmp_path / "tasks-eval")], env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    scored = json.loads((tmp_path / "tasks-eval" / "eval_results.json").read_text())["tasks"]["trainkit_qa"]
+    assert scored["samples"] == 2 and scored["acc"] == 1.0  # the memorized answer is the likeliest choice
+    result = run_trainer(["fetch", "--tasks", "trainkit_qa", "--include-path", str(tasks)], env=env)  # offline check
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "lm-eval tasks in the cache: trainkit_qa" in result.stdout
+    for name, value in {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    _user_error(
+        ["eval", str(memorized / "out"), "--tasks", "arc_easy", "--output", str(tmp_path / "arc")],
+        capsys,
+        "lm-eval task 'arc_easy': its data is not in the cache",
+        "python -m trainer fetch --tasks arc_easy",
+    )
+    _user_error(["eval", str(memorized / "out"), "--tasks", "no_such_task", "--output", str(tmp_path / "x")], capsys,
+                "'no_such_task': unknown to lm-eval")  # fmt: skip

@@ -1,0 +1,93 @@
+"""Loss and perplexity on the trained tokens of an eval set, computed as training computes them: the data layer
+tokenizes, packs and masks it (trainer.data: the same cache, labels -100 where no loss is taken) with the data
+settings of the run the model came from (sequence length, packing, TRAIN_LOSS_ON...), and the model sees each
+packed sequence as the training run's evaluation did (records kept apart: trainer.run.packed_attention)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config.schema import TrainSettings
+    from trainer.data.discovery import DataSource
+    from trainer.data.spec import DataSpec
+
+log = logging.getLogger("trainer")
+# The run's settings that decide what the data becomes; the rest of its configuration plays no part here.
+DATA_SETTINGS = ("TRAIN_SEQ_LEN", "TRAIN_TEXT_FIELD", "TRAIN_PACKING", "TRAIN_LONG_RECORDS", "TRAIN_LOSS_ON",
+                 "TRAIN_DATA_MAX_BAD_LINES")  # fmt: skip
+
+
+@dataclass
+class Loss:
+    loss: float
+    trained_tokens: int
+    sequences: int
+
+
+def data_settings(run_config: dict[str, Any] | None, data: str, overrides: dict[str, str]) -> TrainSettings:
+    """The settings the eval set is read with: the run's recorded data settings (when the model came from a run),
+    this environment's TRAIN_* of the same names, then the command line's; TRAIN_DATA is --data."""
+    from trainer.config.parse import parse_settings
+
+    recorded = (run_config or {}).get("settings", {})
+    env = {name: str(recorded[name]["value"]) for name in DATA_SETTINGS if name in recorded}
+    env.update({name: os.environ[name] for name in DATA_SETTINGS if name in os.environ})
+    env.update(overrides)
+    env["TRAIN_DATA"] = data
+    return parse_settings(env)
+
+
+def eval_source(settings: TrainSettings) -> DataSource:
+    """The scan of --data; a missing or empty one is an error here (training would fall back to its corpus)."""
+    from trainer.data.discovery import discover
+
+    source = discover(settings.data, settings.text_field, settings.data_max_bad_lines, "eval")
+    problems = [p.replace("TRAIN_DATA", "eval --data", 1) for p in source.problems]
+    if problems or source.embedded:
+        raise ConfigError(*(problems or [f"eval --data {settings.data}: no data there"]))
+    return source
+
+
+def data_spec(settings: TrainSettings) -> DataSpec:
+    """What shapes the eval set's packed data, as the run's Inputs.data_spec says for training."""
+    from trainer.config.inputs import Inputs
+
+    return Inputs(settings).data_spec
+
+
+def packed(settings: TrainSettings, source: DataSource, tokenizer: Any, cache_dir: Path) -> Any:
+    from trainer.data.dataset import load_or_prepare
+
+    return load_or_prepare(source, tokenizer, data_spec(settings), cache_dir)
+
+
+def loss_on(model: Any, dataset: Any, batch_size: int, device: Any) -> Loss:
+    """The mean loss per trained token (labels != -100, shifted as the model's own loss shifts them)."""
+    import torch
+
+    from trainer.run.packed_attention import collator_for, isolate_records
+
+    attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    isolate_records(model, attn)  # no cache, and the records of a packed sequence kept apart, as in training
+    collate = collator_for(attn)
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(dataset), batch_size):
+            batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+            batch = {k: v.to(device) for k, v in batch.items()}
+            labels = batch.pop("labels")
+            logits = model(**batch).logits.float()
+            shifted = labels[..., 1:].reshape(-1)
+            total += torch.nn.functional.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]), shifted,
+                                                       ignore_index=-100, reduction="sum").item()  # fmt: skip
+            tokens += int((shifted != -100).sum())
+    if tokens == 0:
+        raise ConfigError("eval --data: no trained tokens in it (every label is masked); nothing to score")
+    return Loss(total / tokens, tokens, len(dataset))

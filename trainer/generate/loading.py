@@ -1,0 +1,245 @@
+"""MODEL -> a model and its tokenizer, ready to generate: the one loader of `generate` and `eval`.
+
+MODEL is a run folder (its final/, else its newest complete checkpoint), final/, an export, a checkpoint (a LoRA
+checkpoint loads the base its run recorded, plus the adapter), a base with `--adapter FOLDER`, a preset (fresh
+random weights, the byte-level tokenizer) or a Hub ID (org/name[@revision], from HF_HOME's cache when offline).
+The tokenizer, and with it the chat template the run trained with, is the one saved with the model. Every mistake
+is a ConfigError (exit 2) raised before any weights are read; `--quant` is refused where bitsandbytes cannot run it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint_record import holds_full_model
+from trainer.errors import ConfigError
+
+log = logging.getLogger("trainer")
+DTYPES = {"auto": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+QUANTS = ("none", "8bit", "4bit")
+QUANT_TYPES = ("nf4", "fp4")
+GENERATE_FIX = "give the base as MODEL and the adapter with --adapter FOLDER"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How the model is loaded (the command line's --dtype, --quant, --quant-type, --double-quant)."""
+
+    dtype: str = "auto"
+    quant: str = "none"
+    quant_type: str = "nf4"
+    double_quant: bool = False
+
+
+@dataclass
+class Plan:
+    """What MODEL names, found from file names and JSON only (no weights read yet)."""
+
+    model: str  # a folder, a Hub snapshot folder or a preset name
+    adapter: Path | None
+    tokenizer_folders: tuple[Path, ...]
+    described: str
+    preset: bool = False
+    run_dir: Path | None = None  # the training run it came from, when known
+    run_config: dict[str, Any] | None = None
+
+
+@dataclass
+class Loaded:
+    model: Any
+    tokenizer: Any
+    plan: Plan
+    device: Any
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            template = template.get("default") or next(iter(template.values()), None)
+        return template or None
+
+
+def plan_of(model: str, adapter: str | None, command: str) -> Plan:
+    """MODEL (+ --adapter) -> Plan; ConfigError naming what is wrong and how to fix it."""
+    from trainer.config.presets import is_preset
+
+    if adapter is not None:
+        return _with_adapter(model, Path(adapter), command)
+    if Path(model).is_dir():
+        return _from_folder(Path(model), command)
+    if is_preset(model):
+        return Plan(model, None, (), f"preset {model!r} (random weights)", preset=True)
+    return _from_hub(model, command)
+
+
+def _from_hub(model: str, command: str) -> Plan:
+    folder = _hub_folder(model, command)
+    return Plan(folder, None, (Path(folder),), f"{model} ({folder})")
+
+
+def _hub_folder(model: str, command: str) -> str:
+    from trainer.config.presets import MODEL_PRESETS
+    from trainer.hub.download import snapshot
+    from trainer.hub.ids import parse_model_id
+
+    ref = parse_model_id(model)
+    if ref is None or model.startswith((".", "/")):
+        raise ConfigError(f"{command} {model}: no such folder, not a preset ({', '.join(MODEL_PRESETS)}) and not a "
+                          "Hub ID org/name[@revision]")  # fmt: skip
+    return str(snapshot(ref, f"{command} MODEL").path)
+
+
+def _from_folder(folder: Path, command: str) -> Plan:
+    from trainer.export import merge
+    from trainer.export.source import ADAPTER, FULL, resolve_source
+
+    source = resolve_source(folder, command=command)
+    if source.kind == ADAPTER:
+        base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
+        folders = (source.folder, source.adapter, Path(base))
+        return Plan(base, source.adapter, folders, f"{source.folder} (LoRA adapter on {how})", run_dir=source.run_dir,
+                    run_config=source.run_config)  # fmt: skip
+    if source.kind != FULL:
+        raise ConfigError(f"{command} {folder}: {source.folder} holds {source.kind.upper()} shards; turn them into a "
+                          f"model folder first: python -m trainer export {folder} OUT, then {command} OUT")  # fmt: skip
+    return Plan(str(source.folder), None, (source.folder,), str(source.folder), run_dir=source.run_dir,
+                run_config=source.run_config)  # fmt: skip
+
+
+def _with_adapter(model: str, adapter: Path, command: str) -> Plan:
+    from trainer.config.presets import is_preset
+
+    if not (adapter / "adapter_config.json").is_file():
+        nested = adapter / "adapter"
+        if not (nested / "adapter_config.json").is_file():
+            raise ConfigError(f"{command} --adapter {adapter}: no adapter_config.json there; give a LoRA checkpoint, "
+                              "final/adapter/ or an --adapter-only export")  # fmt: skip
+        adapter = nested
+    if is_preset(model):
+        raise ConfigError(f"{command} {model} --adapter {adapter}: a preset's base weights are random and saved "
+                          "nowhere; give the run's final/ (the adapter merged) instead")  # fmt: skip
+    base = model if Path(model).is_dir() else _hub_folder(model, command)
+    if Path(model).is_dir() and not holds_full_model(Path(model)):
+        raise ConfigError(f"{command} {model}: no model weights in it (config.json and *.safetensors or *.bin); "
+                          "give the base model folder")  # fmt: skip
+    return Plan(base, adapter, (adapter, Path(base)), f"{model} + LoRA adapter {adapter}")
+
+
+def quant_problem(choice: Choice, on_gpu: bool) -> str | None:
+    """Why bitsandbytes cannot run `--quant` on this machine (read from the installed versions), or None."""
+    from trainer.compat import bitsandbytes_quantizes_on_cpu, installed_version
+
+    if choice.quant == "none":
+        return None
+    version = installed_version("bitsandbytes")
+    if version is None:
+        return f"--quant {choice.quant} needs bitsandbytes: pip install bitsandbytes (it is in the GPU images)"
+    if not on_gpu and not bitsandbytes_quantizes_on_cpu():
+        return (f"--quant {choice.quant} on a machine without a GPU needs bitsandbytes 0.46+ (its CPU backend); "
+                f"{version} is installed: run on a GPU, or leave --quant out")  # fmt: skip
+    return None
+
+
+def load(model: str, adapter: str | None, choice: Choice, command: str = "generate") -> Loaded:
+    """Plan, check, then load: the model in eval mode on this machine's GPU (else the CPU) and its tokenizer."""
+    plan = plan_of(model, adapter, command)
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    problem = quant_problem(choice, on_gpu)
+    if problem:
+        raise ConfigError(problem)
+    if choice.quant != "none" and plan.preset:
+        raise ConfigError(f"{command} {model} --quant: a preset is built from scratch; quantize a trained model")
+    device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
+    tokenizer = _tokenizer(plan)
+    built = _build(plan, choice, tokenizer, device)
+    built.eval()
+    log.info("%s: %s loaded (%s, %s on %s)", command, plan.described, _precision(built, choice), built.dtype, device)
+    return Loaded(built, tokenizer, plan, device)
+
+
+def _precision(model: Any, choice: Choice) -> str:
+    if choice.quant == "4bit":
+        return f"4-bit {choice.quant_type}" + (" double-quantized" if choice.double_quant else "")
+    return "8-bit" if choice.quant == "8bit" else "not quantized"
+
+
+def _tokenizer(plan: Plan) -> Any:
+    from trainer.tokenizer import has_tokenizer, load_tokenizer
+
+    for folder in plan.tokenizer_folders:
+        if has_tokenizer(folder):
+            return load_tokenizer(str(folder))
+    return load_tokenizer(plan.model)  # a preset, or a folder without one: the byte-level tokenizer
+
+
+def _build(plan: Plan, choice: Choice, tokenizer: Any, device: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.compat import model_dtype_kwargs
+
+    if plan.preset:
+        from trainer.run.models import build_preset, preset_config
+
+        model = build_preset(preset_config(plan.model, len(tokenizer), 2048, tokenizer), "sdpa", device)
+        return model.to(getattr(torch, DTYPES[choice.dtype] or "float32"))
+    if not holds_full_model(Path(plan.model)):
+        raise ConfigError(f"{plan.model}: no model weights in it (config.json and *.safetensors or *.bin)")
+    dtype = getattr(torch, DTYPES[choice.dtype]) if DTYPES[choice.dtype] else "auto"
+    kwargs: dict[str, Any] = {"local_files_only": True, **model_dtype_kwargs(dtype)}
+    if choice.quant != "none":
+        kwargs["quantization_config"] = _quantization_config(choice, dtype)
+        kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
+    if choice.quant == "none":
+        model = model.to(device)
+    if plan.adapter is not None:
+        model = _with_peft(model, plan.adapter, tokenizer)
+    return model
+
+
+def _quantization_config(choice: Choice, dtype: Any) -> Any:
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if choice.quant == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16 if _bf16_ok() else torch.float16
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=choice.quant_type, bnb_4bit_use_double_quant=choice.double_quant,
+        bnb_4bit_compute_dtype=compute,
+    )  # fmt: skip
+
+
+def _bf16_ok() -> bool:
+    import torch
+
+    return not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+
+
+def _with_peft(model: Any, adapter: Path, tokenizer: Any) -> Any:
+    from peft import PeftModel
+
+    from trainer.run.models import _fit_embeddings
+
+    _fit_embeddings(model, tokenizer)  # as the run did before adding the adapter
+    return PeftModel.from_pretrained(model, str(adapter))
+
+
+def memory_report(loaded: Loaded) -> str:
+    """Weights' size and the peak memory of this process (GPU: allocated by torch; CPU: resident set)."""
+    import torch
+
+    from trainer.data.shards import peak_rss_bytes
+
+    weights = loaded.model.get_memory_footprint() if hasattr(loaded.model, "get_memory_footprint") else 0
+    if loaded.device.type == "cuda":
+        peak = f"GPU peak {torch.cuda.max_memory_allocated(loaded.device) / 2**20:.0f} MiB"
+    else:
+        peak = f"process peak RSS {peak_rss_bytes() / 2**20:.0f} MiB"
+    return f"memory: weights {weights / 2**20:.1f} MiB, {peak}"
