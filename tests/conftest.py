@@ -31,8 +31,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "pipeline's real NGC images)")  # fmt: skip
 
 
+# The edit-test loop's tier, `pytest -m fast` (docs/development.md has its measured time): the test files that need
+# no Docker, no training run and no network. A file joins only if the tier stays under 3 minutes on 2 cores.
+FAST_FILES = frozenset({
+    "tests/test_layout.py", "tests/test_generated.py", "tests/test_release_workflow.py",
+    "tests/images/test_matrix.py", "tests/images/test_standin_plan.py", "tests/images/test_cuda_auto.py",
+    "tests/images/test_standin_toolkit.py",
+    "tests/cluster/test_cluster_hostlist.py", "tests/cluster/test_one_rule.py", "tests/cluster/test_cluster_launch.py",
+    "tests/cluster/test_cluster_secrets.py",
+    "tests/bench/test_bench_parts.py", "tests/compose/test_compose_files.py",
+    "tests/trainer/test_resume_decide.py", "tests/trainer/test_rows_compat.py", "tests/trainer/test_speed_decisions.py",
+    "tests/trainer/test_doctor_driver.py", "tests/trainer/test_training_arguments_fields.py",
+})  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Stand-in images are opt-in (`--standin`, `--all-rows`): a cold one compiles for about 25 minutes here."""
+    """`fast` on the tier's tests (never on a docker or slow one). Stand-in images are opt-in (`--standin`,
+    `--all-rows`): a cold one compiles for about 25 minutes here."""
+    for item in items:
+        heavy = item.get_closest_marker("docker") or item.get_closest_marker("slow")
+        if item.path.relative_to(ROOT).as_posix() in FAST_FILES and not heavy:
+            item.add_marker(pytest.mark.fast)
     if config.getoption("--standin") or config.getoption("--all-rows") or config.getoption("--row-image"):
         return
     standin = [item for item in items if STANDIN_FIXTURES & set(getattr(item, "fixturenames", ()))]

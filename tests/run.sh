@@ -60,4 +60,10 @@ log "lint"
 
 log "pytest"
 export PATH="$ROOT/.venv/bin:$PATH"
-exec $PY -m pytest -ra "$@"
+status=0
+$PY -m pytest -ra "$@" || status=$?
+if [ $# -eq 0 ]; then   # the whole suite: also the trainer's portable test files on the oldest row's stack
+  log "pytest on the oldest row (.venv-oldest)"
+  bash tests/oldest/run.sh || status=$?
+fi
+exit $status

@@ -1,9 +1,11 @@
 """The layout's rules (docs/architecture.md), checked on the tree: short files, no path hacks, no import circles,
-no more than three imports up a floor, pure-data modules free of the docker SDK and torch."""
+drawn with folders as units no more than three imports up a floor and no circle among the rooms of a floor,
+pure-data modules free of the docker SDK and torch."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,24 +31,29 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
     assert offenders == []
 
 
-# The floors of the tree, lowest first: a module may import its own floor and those below it, never one above. Each
-# entry is a room: a package or module directly under trainer/, or a whole folder of host code.
+# The floors of the tree, lowest first, drawn with folders as units: each room is a package or module directly under
+# trainer/, scripts/ or benchmarks/ ("scripts" and "benchmarks" stand for every room in them). A room may import its
+# own floor and those below, never one above; rooms on one floor never import each other in a circle (drawn, one of
+# those imports would run back up).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
-     "trainer/machine", "trainer/checkpoint_record"),  # the machine, the installed versions, a checkpoint's record
+     "trainer/precision", "trainer/checkpoint_record", "trainer/machine"),  # facts of the machine, the installed
+    # versions and a checkpoint's record: no trainkit code above them
     ("trainer/hub",),  # the Hub, torch-free
-    ("trainer/data", "trainer/tokenizer"),
+    ("trainer/tokenizer",),  # the tokenizers the data is encoded with
+    ("trainer/data",),
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
-    ("trainer/run", "trainer/export"),  # the training run; export (and the push at a run's end) reads its outputs
+    ("trainer/export",),  # a run's outputs -> a model folder; the run calls it at its end (TRAIN_PUSH_TO_HUB)
+    ("trainer/run",),  # the training run
     ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command", "trainer/__main__",
-     "trainer/__init__", "trainer/generate", "trainer/evaluate"),
+     "trainer/__init__", "trainer/generate", "trainer/evaluate"),  # the commands: a command that reads the
+    # configuration lives above config/
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip
-# The imports that run up a floor, on purpose: the checks (config) and the Hub pins (hub) ask trainer.run.resume, the
-# one home of resume; the Hub's dataset snapshots take the data file names from trainer.data.formats.
+# The imports that run up a floor, on purpose (two today): the run's inputs (config/inputs.py) ask trainer.run.resume
+# which checkpoint a run resumes from, for the Hub commits it pins; the Hub's dataset snapshots take the data file
+# names from trainer.data.formats. Each counts once per importing module and imported module.
 MAX_UPWARD = 3
-# A command that reads the configuration lives on a floor above it (trainer/fetch.py, trainer/data_command.py).
-NOT_COUNTED: set[str] = set()
 
 
 def modules() -> dict[str, Path]:
@@ -91,15 +98,28 @@ def import_graph() -> dict[Path, set[Path]]:
 
 
 def room(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return "/".join(parts[:2]) if parts[0] == "trainer" else parts[0]
+    """trainer/X, scripts/X or benchmarks/X: the top-level package or module `path` belongs to."""
+    return "/".join(path.relative_to(ROOT).with_suffix("").parts[:2])
 
 
 def floor_of(path: Path) -> int:
+    name = room(path)
     for level, rooms in enumerate(FLOORS):
-        if room(path) in rooms:
+        if name in rooms or name.split("/")[0] in rooms:
             return level
-    raise AssertionError(f"{room(path)} is on no floor: add it to FLOORS here and to docs/architecture.md's tree")
+    raise AssertionError(f"{name} is on no floor: add it to FLOORS here and to docs/architecture.md's floors")
+
+
+def between_rooms() -> list[tuple[Path, Path]]:
+    """Every import from one room into another, once per importing module and imported module."""
+    graph = import_graph()
+    return sorted((a, b) for a in graph for b in graph[a] if room(a) != room(b))
+
+
+def describe(edge: tuple[Path, Path]) -> str:
+    a, b = edge
+    return (f"{a.relative_to(ROOT)} -> {b.relative_to(ROOT)} "
+            f"({room(a)}, floor {floor_of(a) + 1} -> {room(b)}, floor {floor_of(b) + 1})")  # fmt: skip
 
 
 def test_no_import_circle_in_trainer_scripts_or_benchmarks() -> None:
@@ -118,15 +138,48 @@ def test_no_import_circle_in_trainer_scripts_or_benchmarks() -> None:
     assert circles == [], "import circles:\n" + "\n".join(sorted(circles))
 
 
-def upward_imports() -> list[str]:
-    graph = import_graph()
-    return sorted(f"{a.relative_to(ROOT)} -> {b.relative_to(ROOT)}" for a in graph for b in graph[a]
-                  if floor_of(b) > floor_of(a) and str(a.relative_to(ROOT)) not in NOT_COUNTED)  # fmt: skip
+def upward_imports() -> list[tuple[Path, Path]]:
+    return [(a, b) for a, b in between_rooms() if floor_of(b) > floor_of(a)]
 
 
 def test_at_most_three_imports_run_up_a_floor() -> None:
     found = upward_imports()
-    assert len(found) <= MAX_UPWARD, f"{len(found)} imports run up a floor:\n" + "\n".join(found)
+    assert len(found) <= MAX_UPWARD, f"{len(found)} imports run up a floor:\n" + "\n".join(map(describe, found))
+
+
+def test_rooms_on_one_floor_import_each_other_one_way_only() -> None:
+    """Drawn with folders as units, rooms on one floor that import each other in a circle need an import back up."""
+    level: dict[str, set[str]] = {}
+    for a, b in between_rooms():
+        if floor_of(a) == floor_of(b):
+            level.setdefault(room(a), set()).add(room(b))
+    circles = []
+    for start in level:
+        stack = [(start, [start])]
+        while stack:
+            node, trail = stack.pop()
+            for nxt in level.get(node, ()):
+                if nxt == start:
+                    circles.append(" -> ".join([*trail, start]))
+                elif nxt not in trail:
+                    stack.append((nxt, [*trail, nxt]))
+    in_circles = {name for circle in circles for name in circle.split(" -> ")}
+    through = [describe(e) for e in between_rooms() if floor_of(e[0]) == floor_of(e[1]) and {room(e[0]), room(e[1])}
+               <= in_circles]  # fmt: skip
+    assert circles == [], "rooms on one floor in a circle:\n" + "\n".join([*circles, "through:", *through])
+
+
+def test_the_architecture_doc_puts_every_room_on_its_floor() -> None:
+    """docs/architecture.md's numbered floors name each room of the tree (`errors`, `hub/`, `fetch.py`, `scripts/`)."""
+    text = (ROOT / "docs" / "architecture.md").read_text().split("### Floors", 1)[1].split("###", 1)[0]
+    drawn = {}
+    for level, line in enumerate(re.findall(r"^\d+\. (.*)$", text, re.MULTILINE)):
+        for name in re.findall(r"`([^`]+)`", line):
+            stem = name.removesuffix("/").removesuffix(".py")
+            drawn[stem if stem in ("scripts", "benchmarks") else f"trainer/{stem}"] = level
+    rooms = {room(path) for path in modules().values()} - {"trainer/__init__"}
+    placed = {name: drawn.get(name if name.startswith("trainer/") else name.split("/")[0]) for name in rooms}
+    assert {name: level for name, level in placed.items() if level != floor_of(ROOT / f"{name}.py")} == {}
 
 
 def test_pure_data_modules_import_neither_docker_nor_torch() -> None:

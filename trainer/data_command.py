@@ -53,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
     from trainer.tokenizer import tokenizer_for
 
     inputs = load_inputs()
-    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    choice = inputs.template()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     if inputs.settings.method != "sft":
         return show_pairs(inputs, tokenizer, args.show, args.json)
     dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)

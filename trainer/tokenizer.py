@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from trainer.data.chat import TemplateChoice
 from trainer.hub.sources import TOKENIZER_FILES
 
 log = logging.getLogger("trainer")
@@ -61,15 +61,18 @@ def has_tokenizer(folder: str | Path) -> bool:
     return path.is_dir() and any((path / name).exists() for name in TOKENIZER_FILES)
 
 
-def tokenizer_for(folder: str, choice: TemplateChoice) -> PreTrainedTokenizerBase:
+def tokenizer_for(
+    folder: str, template: str | None, origin: str = "", replace: bool = False
+) -> PreTrainedTokenizerBase:
     """The tokenizer in `folder` (TRAIN_TOKENIZER's when it is set, else TRAIN_MODEL's own, or the byte-level one),
-    with the chat template the checks found (`choice`: TRAIN_CHAT_TEMPLATE's, else the folder's, whichever file of it
-    this Transformers reads); saved with the tokenizer in final/ and every checkpoint."""
+    with the chat template the checks found (`template`, from `origin`; `replace`: TRAIN_CHAT_TEMPLATE's, which
+    replaces the folder's own); saved with the tokenizer in final/ and every checkpoint. The data layer uses
+    tokenizers, so this module asks nothing of it."""
     tok = load_tokenizer(folder)
-    if choice.text and (choice.from_setting or not tok.chat_template):
-        tok.chat_template = choice.text
-    if choice.text:
-        log.info("tokenizer: chat template: %s", choice.origin)
+    if template and (replace or not tok.chat_template):
+        tok.chat_template = template
+    if template:
+        log.info("tokenizer: chat template: %s", origin)
     return tok
 
 
@@ -87,3 +90,13 @@ def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def fit_embeddings(model: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Give every id of `tokenizer` an embedding row (a model folder without its tokenizer gets the byte-level one);
+    the run does it before training, export before adding the run's adapter."""
+    weight = model.get_input_embeddings().weight
+    rows = int(getattr(weight, "ds_shape", weight.shape)[0])  # ZeRO-3: the local shard is empty
+    if len(tokenizer) > rows:
+        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+        log.info("model: embeddings resized to %d for the tokenizer", model.get_input_embeddings().weight.shape[0])

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from trainer.config.schema import TrainSettings, field_names
 
@@ -214,13 +215,6 @@ def _trainers_writing_under(folder: Path) -> list[int]:
     return pids
 
 
-def _wait_for(path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s} s"
-        time.sleep(0.2)
-
-
 def test_sigterm_stops_the_running_row_and_writes_the_rows_so_far(tmp_path: Path) -> None:
     env = bench_env(tmp_path)
     bench_dir = tmp_path / "output" / "bench"
@@ -228,7 +222,7 @@ def test_sigterm_stops_the_running_row_and_writes_the_rows_so_far(tmp_path: Path
                              "--warmup", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        _wait_for(bench_dir / "rows" / "bf16" / "stderr.log", 300)  # fp32 is done, bf16 has started
+        wait_for((bench_dir / "rows" / "bf16" / "stderr.log").exists, 300, "the bf16 row (fp32 done)", interval=0.2)
         time.sleep(1)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from slurm_local import PARTITION, LocalSlurm
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hf_requeue_secret_123"
@@ -38,15 +39,6 @@ FAKE_APPTAINER = textwrap.dedent(
     os.execve(entrypoint, [entrypoint, args[-1]], env)  # args[-2] is the image's entrypoint path
     """
 )
-
-
-def wait_for(condition, timeout_s: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            tail = log.read_text()[-4000:] if log.exists() else "(no log)"
-            raise AssertionError(f"no {what} within {timeout_s} s:\n{tail}")
-        time.sleep(2)
 
 
 @pytest.mark.slow
@@ -76,7 +68,8 @@ def test_time_limited_job_checkpoints_requeues_and_resumes(tmp_path: Path, local
     job_id = submitted.stdout.strip().split(";")[0]
     log = tmp_path / f"trainkit-{job_id}.out"
     try:
-        wait_for(lambda: log.exists() and "resume: continuing from" in log.read_text(), 420, "resumed run", log)
+        wait_for(lambda: log.exists() and "resume: continuing from" in log.read_text(), 420, "a resumed run",
+                 interval=2, log=log)
         resumed_at = int(re.search(r"continuing from \S*checkpoint-(\d+)", log.read_text()).group(1))
         metrics = output / "metrics.jsonl"
 
@@ -84,7 +77,7 @@ def test_time_limited_job_checkpoints_requeues_and_resumes(tmp_path: Path, local
             steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if line.strip()]
             return max(steps, default=0) > resumed_at
 
-        wait_for(trained_after_resume, 180, "step after the resume", log)
+        wait_for(trained_after_resume, 180, "a step after the resume", interval=2, log=log)
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=60)
         deadline = time.monotonic() + 120  # the trainer checkpoints on the way out; let it finish

@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import docker
@@ -61,16 +60,6 @@ def complete_checkpoints(output: Path) -> list[int]:
 
 def global_step(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def files_under(folder: Path) -> list[Path]:

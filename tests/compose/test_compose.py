@@ -22,9 +22,9 @@ from compose_support import (
     complete_checkpoints,
     global_step,
     secret_free_outputs,
-    wait_for,
     write_env,
 )
+from waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -43,7 +43,7 @@ def wait_until_exited(compose: Compose, timeout: float) -> dict:
         state = compose.state()
         return state if state["Status"] == "exited" and not state["Restarting"] else None
 
-    return wait_for(exited, timeout, "the train container to exit")
+    return wait_for(exited, timeout, "the train container to exit", interval=0.2)
 
 
 def resumed_from(logs: str) -> list[int]:
@@ -89,7 +89,7 @@ def test_up_stop_resume_kill_crash_and_finish(project):
     # 1. Train, then `docker compose stop` once a checkpoint exists: the trainer checkpoints and exits 143
     #    well within the grace period (60 s here), instead of being SIGKILLed (137) at its end.
     compose.run("up", "--detach", "train", env=token)
-    wait_for(lambda: complete_checkpoints(output), 300, "a first checkpoint")
+    wait_for(lambda: complete_checkpoints(output), 300, "a first checkpoint", interval=0.2)
     container = compose.container()
     assert SECRET not in json.dumps(container.labels)
     assert SECRET not in json.dumps(docker.from_env().api.inspect_image(container.image.id)["Config"])
@@ -117,7 +117,8 @@ def test_up_stop_resume_kill_crash_and_finish(project):
     #    crashes (SIGKILL, as the OOM killer would): Docker restarts the container by itself (bounded
     #    policy), it resumes from the newest checkpoint and finishes with an uninterrupted run's step count.
     compose.run("up", "--detach", "train", env=token)
-    wait_for(lambda: complete_checkpoints(output)[-1] > last_complete, 300, "a checkpoint after the restart")
+    wait_for(lambda: complete_checkpoints(output)[-1] > last_complete, 300, "a checkpoint after the restart",
+             interval=0.2)
     crash_trainer(compose.container())
     before_crash = complete_checkpoints(output)[-1]
     state = wait_until_exited(compose, 600)

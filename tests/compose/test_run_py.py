@@ -25,10 +25,10 @@ from compose_support import (
     global_step,
     owned_output,
     secret_free_outputs,
-    wait_for,
     write_dataset,
     write_env,
 )
+from waiting import wait_for
 
 MAX_STEPS = 15
 CACHE_VOLUME = "trainkit-test-runpy-cache"
@@ -119,7 +119,7 @@ def test_train_interrupt_resume(run_project, cpu_image, engine_memlock):
     with log_file.open("w") as log:
         proc = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_for(lambda: complete_checkpoints(output), 300, "a first checkpoint")
+            wait_for(lambda: complete_checkpoints(output), 300, "a first checkpoint", interval=0.2)
             labels = [c.labels for c in docker.from_env().containers.list(filters={"label": "org.trainkit.launcher"})]
             assert labels and SECRET not in json.dumps(labels)
             proc.send_signal(signal.SIGINT)

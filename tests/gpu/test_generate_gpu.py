@@ -14,19 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_gpu_paths import HAS_CUDA
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _has_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU (none visible to torch)")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible to torch)")]
 
 
 def _model(folder: Path) -> Path:

@@ -2,7 +2,7 @@
 # The host's "oldest row" venv: the 12.1 row's Python stack (transformers 4.46.3, torch 2.1.2) on the
 # host Python, so the trainer's unit and tiny-train tests catch most version breakage without an image.
 # Usage: bash tests/oldest/setup.sh [VENV]   (default .venv-oldest at the repository root; idempotent)
-# Then:  python -m pytest tests/trainer -m row_12_1 --row-python .venv-oldest/bin/python
+# Then:  python -m pytest tests/trainer -m row_12_1; bash tests/oldest/run.sh (the portable test files on it)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="${1:-$root/.venv-oldest}"

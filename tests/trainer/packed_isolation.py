@@ -43,7 +43,8 @@ def compare(attn: str, data: str, output_dir: str, compiled: bool = False) -> di
            "TRAIN_COMPILE": "1" if compiled else "auto"}  # fmt: skip
     inputs = load_inputs(env)
     cfg = resolve(inputs)
-    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    choice = inputs.template()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
     torch.manual_seed(0)
     model = build_model(cfg, tokenizer).train()  # as Trainer runs it (no dropout in Llama)

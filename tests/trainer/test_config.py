@@ -135,13 +135,67 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
     return {**_base(root, name), **envs[name]}
 
 
+# Where a setting's effect is not in `config --json`, a scenario shows it: "data" prepares the data as the run does
+# (`python -m trainer data`: its log and the cache's meta.json), "model" builds the LoRA model in-process, "launch"
+# decides the torchrun command in-process.
+EFFECT_ENVS: dict[str, dict[str, str]] = {
+    "data": {"TRAIN_TEXT_FIELD": "body", "TRAIN_DATA_MAX_BAD_LINES": "3", "TRAIN_SEQ_LEN": "64",
+             "TRAIN_PACKING": "records", "TRAIN_LONG_RECORDS": "drop"},
+    "model": {"TRAIN_LORA": "1", "TRAIN_LORA_R": "4", "TRAIN_LORA_ALPHA": "8", "TRAIN_LORA_DROPOUT": "0.1",
+              "TRAIN_LORA_TARGETS": "q_proj,v_proj"},
+    "launch": {"TRAIN_NPROC_PER_NODE": "2", "TRAIN_MAX_RESTARTS": "5", "TRAIN_RDZV_TIMEOUT": "60", "NNODES": "2",
+               "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"},
+}  # fmt: skip
+
+
+def _data_effects(root: Path, run_trainer) -> dict[str, Any]:
+    """41 records under "body" only (one longer than 64 tokens) and 2 malformed lines, prepared as the run does."""
+    data = root / "records.jsonl"
+    lines = [json.dumps({"body": f"record {i}: a few words", "id": i}) for i in range(40)]
+    lines[5:5] = ["{not json", "{nor this"]
+    data.write_text("\n".join([*lines, json.dumps({"body": "x" * 300})]) + "\n")
+    env = {**_base(root, "data"), **EFFECT_ENVS["data"], "TRAIN_DATA": str(data),
+           "TRAIN_TOKENIZER": str(root / "tokenizer")}  # fmt: skip
+    result = run_trainer(["data"], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.splitlines()[-1])
+    return {"meta": json.loads((Path(summary["folder"]) / "meta.json").read_text()), "log": result.stderr}
+
+
+def _model_effects(root: Path) -> dict[str, Any]:
+    """The tiny preset with the LoRA settings applied, as the run builds it."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.run.models import apply_lora, preset_config
+    from trainer.tokenizer import byte_level_tokenizer
+
+    settings = config.parse_settings({**_base(root, "model"), **EFFECT_ENVS["model"]})
+    tokenizer = byte_level_tokenizer()
+    model = apply_lora(AutoModelForCausalLM.from_config(preset_config("tiny", len(tokenizer), 32, tokenizer)), settings)
+    adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    q_proj = next(m for name, m in model.named_modules() if name.endswith("q_proj") and hasattr(m, "lora_A"))
+    return {"adapted": adapted, "rank": q_proj.lora_A["default"].out_features, "scaling": q_proj.scaling["default"],
+            "dropout": q_proj.lora_dropout["default"].p}  # fmt: skip
+
+
+def _launch_effects(root: Path) -> dict[str, Any]:
+    """The torchrun command the launcher decides for two nodes of two processes."""
+    from trainer.launch.decide import decide
+
+    plan = decide("train", [], {**_base(root, "launch"), **EFFECT_ENVS["launch"], "PATH": "/usr/bin:/bin"})
+    words = plan.command
+    return {option: words[words.index(f"--{option}") + 1] for option in ("max-restarts", "rdzv-conf")}
+
+
 @pytest.fixture(scope="module")
-def scenario(workdir: Path, config_json) -> Callable[[str], dict[str, Any]]:
+def scenario(workdir: Path, config_json, run_trainer) -> Callable[[str], dict[str, Any]]:
     cache: dict[str, dict[str, Any]] = {}
+    effects = {"data": lambda: _data_effects(workdir, run_trainer), "model": lambda: _model_effects(workdir),
+               "launch": lambda: _launch_effects(workdir)}  # fmt: skip
 
     def get(name: str) -> dict[str, Any]:
         if name not in cache:
-            cache[name] = config_json(_scenario_env(workdir, name))
+            cache[name] = effects[name]() if name in effects else config_json(_scenario_env(workdir, name))
         return cache[name]
 
     return get
@@ -149,7 +203,7 @@ def scenario(workdir: Path, config_json) -> Callable[[str], dict[str, Any]]:
 
 # (variable, scenario, check(resolved config json) -> bool)
 MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
-    ("TRAIN_TOKENIZER", "eval", lambda c: c["settings"]["TRAIN_TOKENIZER"]["value"].endswith("tokenizer")),
+    ("TRAIN_TOKENIZER", "data", lambda c: "tokenizer: loaded from " in c["log"] and "/tokenizer (259" in c["log"]),
     (
         "TRAIN_EVAL_DATA",
         "eval",
@@ -172,12 +226,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_MODEL", "full", lambda c: c["decisions"]["model"]["value"] == "125m"),
     ("TRAIN_DATA", "full", lambda c: c["decisions"]["data"]["value"].endswith("corpus.txt")),
     ("TRAIN_OUTPUT_DIR", "full", lambda c: c["training_arguments"]["output_dir"].endswith("out-full")),
-    ("TRAIN_TEXT_FIELD", "full", lambda c: c["settings"]["TRAIN_TEXT_FIELD"] == {"value": "body", "source": "env"}),
-    (
-        "TRAIN_DATA_MAX_BAD_LINES",
-        "full",
-        lambda c: c["settings"]["TRAIN_DATA_MAX_BAD_LINES"] == {"value": 3, "source": "env"},
-    ),
+    ("TRAIN_TEXT_FIELD", "data", lambda c: c["meta"]["records"] == 41 and c["meta"]["records_without_text"] == 0),
+    ("TRAIN_DATA_MAX_BAD_LINES", "data", lambda c: len(c["meta"]["skipped_lines"]) == 2),  # the default, 0, exits 2
     ("TRAIN_METHOD", "dpo", lambda c: c["decisions"]["method"]["value"] == "dpo"
      and c["training_arguments"]["use_weighting"] is True),  # TRAIN_ARGS takes DPOConfig's own fields
     ("TRAIN_PREF_BETA", "dpo", lambda c: c["training_arguments"]["beta"] == 0.2),
@@ -186,9 +236,13 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
      and c["decisions"]["reference"]["value"] == "precomputed"),
     ("TRAIN_CHAT_TEMPLATE", "full", lambda c: c["decisions"]["chat_template"]["value"].startswith("built-in chatml")),
     ("TRAIN_LOSS_ON", "full", lambda c: "TRAIN_LOSS_ON=last" in c["decisions"]["data_format"]["reason"]),
-    ("TRAIN_SEQ_LEN", "full", lambda c: c["settings"]["TRAIN_SEQ_LEN"] == {"value": 64, "source": "env"}),
-    ("TRAIN_PACKING", "full", lambda c: c["decisions"]["packing"]["value"] == "records"),
-    ("TRAIN_LONG_RECORDS", "full", lambda c: "dropped, TRAIN_LONG_RECORDS=drop" in c["decisions"]["packing"]["reason"]),
+    ("TRAIN_SEQ_LEN", "data", lambda c: c["meta"]["seq_len"] == 64),
+    (
+        "TRAIN_PACKING",
+        "data",
+        lambda c: c["meta"]["packing"]["records_packed"] == 40 and c["meta"]["packing"]["stream_blocks"] == 0,
+    ),
+    ("TRAIN_LONG_RECORDS", "data", lambda c: c["meta"]["packing"]["records_dropped_too_long"] == 1),
     ("TRAIN_PRECISION", "full", lambda c: c["training_arguments"]["bf16"] and not c["training_arguments"]["fp16"]),
     ("TRAIN_TF32", "full", lambda c: c["decisions"]["tf32"] == {"value": False, "reason": "set by TRAIN_TF32"}),
     ("TRAIN_OPTIM", "full", lambda c: c["training_arguments"]["optim"] == "adafactor"),
@@ -260,10 +314,10 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         and c["decisions"]["liger"] == {"value": False, "reason": "auto: off (no GPU)"},
     ),
     ("TRAIN_LORA", "full", lambda c: c["decisions"]["lora"]["value"] is True),
-    ("TRAIN_LORA_R", "full", lambda c: "r=4" in c["decisions"]["lora"]["reason"]),
-    ("TRAIN_LORA_ALPHA", "full", lambda c: "alpha=8" in c["decisions"]["lora"]["reason"]),
-    ("TRAIN_LORA_DROPOUT", "full", lambda c: c["settings"]["TRAIN_LORA_DROPOUT"]["value"] == 0.1),
-    ("TRAIN_LORA_TARGETS", "full", lambda c: "targets=q_proj,v_proj" in c["decisions"]["lora"]["reason"]),
+    ("TRAIN_LORA_R", "model", lambda c: c["rank"] == 4),
+    ("TRAIN_LORA_ALPHA", "model", lambda c: c["scaling"] == 8 / 4),
+    ("TRAIN_LORA_DROPOUT", "model", lambda c: c["dropout"] == 0.1),
+    ("TRAIN_LORA_TARGETS", "model", lambda c: c["adapted"] == {"q_proj", "v_proj"}),
     ("TRAIN_QUANT", "full", lambda c: c["decisions"]["quant"]["value"] == "4bit"),
     ("TRAIN_NEFTUNE_ALPHA", "full", lambda c: c["training_arguments"]["neftune_noise_alpha"] == 5.0),
     ("TRAIN_MAX_STEPS", "full", lambda c: c["training_arguments"]["max_steps"] == 7),
@@ -292,8 +346,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_PROFILE", "full", lambda c: c["decisions"]["profile"]["value"] is True),
     ("TRAIN_MEMORY_SNAPSHOT", "defaults", lambda c: c["decisions"]["memory_snapshot"]["value"] is False),
     ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
-    ("TRAIN_MAX_RESTARTS", "full", lambda c: c["settings"]["TRAIN_MAX_RESTARTS"] == {"value": 5, "source": "env"}),
-    ("TRAIN_RDZV_TIMEOUT", "full", lambda c: c["settings"]["TRAIN_RDZV_TIMEOUT"] == {"value": 60, "source": "env"}),
+    ("TRAIN_MAX_RESTARTS", "launch", lambda c: c["max-restarts"] == "5"),
+    ("TRAIN_RDZV_TIMEOUT", "launch", lambda c: c["rdzv-conf"].startswith("join_timeout=60,")),
     # read by the run's resume (trainer.run.resume; tests/trainer/test_resume_safety.py)
     ("TRAIN_RESUME_CHANGED_DATA", "full", lambda c: c["settings"]["TRAIN_RESUME_CHANGED_DATA"]["value"] is True),
     ("TRAIN_START_OVER", "full", lambda c: c["settings"]["TRAIN_START_OVER"]["value"] is True),
@@ -317,8 +371,8 @@ def test_every_variable_has_a_mapping_test() -> None:
 @pytest.mark.parametrize(("variable", "name", "check"), MAPPING, ids=[m[0] for m in MAPPING])
 def test_variable_maps_to_training_arguments(scenario, variable: str, name: str, check) -> None:
     resolved = scenario(name)
-    assert check(resolved), json.dumps(resolved, indent=1)[:6000]
-    if variable in _scenario_env(Path("/x"), name):
+    assert check(resolved), json.dumps(resolved, indent=1, default=sorted)[:6000]
+    if name not in EFFECT_ENVS and variable in _scenario_env(Path("/x"), name):
         assert resolved["settings"][variable]["source"] == "env"
 
 

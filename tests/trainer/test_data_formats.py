@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from train_runs import train_env
 
 from trainer.data import discovery, shards
 from trainer.data.dataset import ShardedDataset, load_or_prepare
@@ -28,15 +28,6 @@ def blocks(path: Path, seq: int, cache: Path, field: str = "text") -> tuple[list
     dataset = load_or_prepare(discover(str(path)), byte_level_tokenizer(), DataSpec(seq, field), cache)
     pairs = [dataset.block(i) for i in range(len(dataset))]
     return [t for ids, _ in pairs for t in ids.tolist()], [t for _, lab in pairs for t in lab.tolist()], dataset
-
-
-def train_env(out: Path, **train: object) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
-    base = {"output_dir": out, "seq_len": 32, "batch_size": 2, "max_steps": 1, "log_steps": 1}
-    env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train}.items()})
-    env["PYTHONPATH"] = str(REPO)
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def write_format(folder: Path, kind: str, texts: list[str] = TEXTS) -> Path:
@@ -175,9 +166,7 @@ RUN_KINDS = ["mixed", "saved", "prompt_completion", "embedded"]
 def _prepare_run(tmp: Path, kind: str) -> dict[str, str]:
     out = tmp / kind / "out"
     if kind == "embedded":
-        env = train_env(out)
-        env.pop("TRAIN_DATA", None)
-        return env
+        return train_env(out, max_steps=1)  # no TRAIN_DATA: the embedded corpus
     if kind == "prompt_completion":
         path = tmp / kind / "pc.jsonl"
         path.parent.mkdir(parents=True)
@@ -188,8 +177,8 @@ def _prepare_run(tmp: Path, kind: str) -> dict[str, str]:
     if kind == "mixed":
         for fmt in FILE_FORMATS:
             write_format(tmp / kind / "data" / fmt, fmt, TEXTS * 20)
-        return train_env(out, data=tmp / kind / "data")
-    return train_env(out, data=write_format(tmp / kind / "data", kind, TEXTS * 20))
+        return train_env(out, data=tmp / kind / "data", max_steps=1)
+    return train_env(out, data=write_format(tmp / kind / "data", kind, TEXTS * 20), max_steps=1)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import signal
 import socket
 from pathlib import Path
 
-from train_runs import finish, logged_steps, start, train_env, wait_for
+from train_runs import finish, logged_steps, start, train_env
+from waiting import wait_for
 
 from trainer.run.output_lock import LOCK_NAME
 
@@ -20,7 +21,7 @@ from trainer.run.output_lock import LOCK_NAME
 def test_a_second_run_on_a_busy_folder_exits_2_and_a_killed_holder_is_taken_over(tmp_path: Path) -> None:
     out = tmp_path / "out"
     first = start(train_env(out, max_steps=400))
-    wait_for(lambda: 1 in logged_steps(out), first)
+    wait_for(lambda: 1 in logged_steps(out), 300, "step 1", proc=first)
     config_before = (out / "run_config.json").read_bytes()
 
     code, err = finish(start(train_env(out, max_steps=3, seed=8)))

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from preference_data import pairs, write_jsonl
-from train_runs import assert_same_weights, finish, logged_steps, start, train_env, wait_for
+from train_runs import assert_same_weights, finish, logged_steps, start, train_env
+from waiting import wait_for
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
@@ -79,7 +80,7 @@ def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file:
     out = tmp_path / "out"
     env = method_env(out, pair_file)
     proc = start(env)
-    wait_for(lambda: 3 in logged_steps(out), proc)
+    wait_for(lambda: 3 in logged_steps(out), 300, "step 3", proc=proc)
     os.killpg(proc.pid, signal.SIGTERM)
     code, err = finish(proc)
     assert code == 143, err[-3000:]

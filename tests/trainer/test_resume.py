@@ -19,8 +19,8 @@ from train_runs import (
     logged_steps,
     start,
     train_env,
-    wait_for,
 )
+from waiting import wait_for
 
 from trainer.checkpoint_record import COMPLETE_MARKER
 from trainer.run.checkpoint import SAVE_DELAY_ENV
@@ -30,7 +30,7 @@ def test_kill_9_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path
     out = tmp_path / "out"
     env = train_env(out, save_steps=2, max_steps=6)
     proc = start({**env, SAVE_DELAY_ENV: "60@4"})  # the save of step 4 lingers before its completion marker
-    wait_for(lambda: (out / ".tmp-checkpoint-4").is_dir(), proc)
+    wait_for(lambda: (out / ".tmp-checkpoint-4").is_dir(), 300, "the save of step 4", proc=proc)
     assert (out / "checkpoint-2" / COMPLETE_MARKER).is_file()
     assert not (out / "checkpoint-4").exists()  # the save in progress is invisible under its final name
     proc.kill()
@@ -47,9 +47,9 @@ def test_kill_9_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path
 def test_repeated_signals_during_the_save_do_not_abort_it(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = start({**train_env(out, max_steps=200), SAVE_DELAY_ENV: "3@*"})
-    wait_for(lambda: 1 in logged_steps(out), proc)
+    wait_for(lambda: 1 in logged_steps(out), 300, "step 1", proc=proc)
     proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: bool(list(out.glob(".tmp-checkpoint-*"))), proc)
+    wait_for(lambda: list(out.glob(".tmp-checkpoint-*")), 300, "a save", proc=proc)
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGINT)
     code, err = finish(proc)

@@ -10,6 +10,7 @@ import pytest
 
 from trainer import checkpoint_record as records
 from trainer import config
+from trainer.config.checks import resume_problems
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 from trainer.machine.hardware import Hardware
@@ -62,8 +63,9 @@ def test_a_path_is_checked_before_the_run_continues(tmp_path: Path) -> None:
 
 
 def test_a_missing_folder_is_a_static_problem(tmp_path: Path) -> None:
-    assert resume.setting_problems("auto") == resume.setting_problems(str(tmp_path)) == []
-    (problem,) = resume.setting_problems(str(tmp_path / "nope"))
+    for mode in ("auto", "never", str(tmp_path)):
+        assert resume_problems(settings(tmp_path, mode)) == []
+    (problem,) = resume_problems(settings(tmp_path, str(tmp_path / "nope")))
     assert "no such checkpoint folder" in problem
 
 

@@ -24,9 +24,9 @@ from train_runs import (
     global_step,
     logged_steps,
     train_env,
-    wait_for,
     write_corpus,
 )
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
@@ -157,7 +157,7 @@ def test_tiny_trains_and_a_sigterm_checkpoint_resumes_to_identical_weights(corpu
     out = tmp_path / "out"
     env = train_env(out, data=corpus)
     proc = start_oldest(env)
-    wait_for(lambda: 2 in logged_steps(out), proc)
+    wait_for(lambda: 2 in logged_steps(out), 300, "step 2", proc=proc)
     os.killpg(proc.pid, signal.SIGTERM)
     code, err = finish(proc)
     assert code == 143 and "interrupted by SIGTERM" in err, err[-3000:]
@@ -177,20 +177,3 @@ def test_fused_adamw_on_cpu_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"TRAIN_OPTIM=adamw_torch_fused on CPU is not supported on {ROW_NAME}" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-# The trainer's own test files whose every expectation holds on any row: each `python -m trainer` they start runs on
-# the oldest row's Python (tests/trainer/conftest.py and train_runs.py use the venv pytest runs in).
-PORTABLE_SUITES = [
-    "tests/trainer/test_resume.py",
-    "tests/trainer/test_outputs.py",
-    "tests/trainer/test_stop_signals.py",
-]
-
-
-@pytest.mark.slow
-def test_the_trainers_portable_test_files_pass_on_the_oldest_row(tmp_path: Path) -> None:
-    env = {"HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    argv = ["-m", "pytest", *PORTABLE_SUITES, "-q", "-p", "no:cacheprovider", f"--basetemp={tmp_path / 'runs'}"]
-    result = run_oldest(argv, env, timeout=1800)
-    assert result.returncode == 0, result.stdout[-5000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,13 +13,28 @@ import tomllib
 from trainer import compat
 from trainer.compat import Stack
 
-ROWS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())["cuda"]
-STACKS = {  # each row's torch and transformers (versions.toml), flash-attn as that row's image has it, TRL (3.11+ only)
-    "12.1": Stack(torch=(2, 1, 0), transformers=(4, 46, 3), flash_attn=(1, 0, 7), trl=None),
-    "12.4": Stack(torch=(2, 4, 0), transformers=(4, 57, 6), flash_attn=(2, 4, 2), trl=None),
-    "12.6": Stack(torch=(2, 6, 0), transformers=(5, 23, 0), flash_attn=(2, 8, 3)),
-    "12.8": Stack(torch=(2, 7, 0), transformers=(5, 23, 0), flash_attn=(2, 8, 3)),
-}
+VERSIONS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())
+ROWS = VERSIONS["cuda"]
+
+
+def release(version: str | None) -> tuple[int, ...] | None:
+    """(2, 1, 0) from "2.1.0a0+b5021ba" (NGC's torch) or "2.8.3.post2"; None for nothing."""
+    return tuple(int(p) for p in re.match(r"(\d+)\.(\d+)\.(\d+)", version).groups()) if version else None
+
+
+def row_stack(row: str) -> Stack:
+    """A row's stack as versions.toml gives it: NGC's torch, the transformers pin (the row's own over the default), and
+    the flash-attn pin, none where the row builds none (its base keeps its own; where NGC ships flash-attn 2 its own
+    version stands in, and only the major matters to compat); the TRL pin on Python 3.11+ (pyproject's marker)."""
+    facts = ROWS[row]
+    pins = {**VERSIONS["packages"], **facts.get("packages", {})}
+    flash_attn = None if "flash-attn" in facts.get("skip", {}) else pins["flash-attn"]
+    trl = pins["trl"] if tuple(map(int, facts["python"].split("."))) >= (3, 11) else None
+    return Stack(release(facts["torch"]), release(pins["transformers"]), release(flash_attn), release(trl))
+
+
+STACKS = {row: row_stack(row) for row in ROWS}
+DEFAULT_ROW = VERSIONS["default_cuda"]
 
 
 def switches(found: dict[str, str]) -> set[str]:
@@ -32,7 +49,7 @@ def test_described_rows_match_versions_toml(row: str) -> None:
 
 def test_this_venv_is_the_default_row_and_supports_everything() -> None:
     assert compat.stack().transformers_5 and compat.unsupported() == {}
-    assert ROWS["12.8"].get("unsupported", {}) == {}
+    assert ROWS[DEFAULT_ROW].get("unsupported", {}) == {}
 
 
 @pytest.mark.parametrize(
@@ -71,7 +88,8 @@ def test_auto_attention_never_picks_flash_attention_2_where_the_row_has_flash_at
     a100 = Hardware(device="cuda", gpu_count=1, capability=(8, 0), bf16=True, libraries={"flash_attn": True})
     settings = TrainSettings(attn="auto")
     assert decide_attn(settings, a100, "bf16").value == "flash_attention_2"  # the default row
-    monkeypatch.setattr(compat, "stack", lambda: STACKS["12.1"])
+    flash_attn_1 = dataclasses.replace(STACKS["12.1"], flash_attn=(1, 0, 7))  # the row keeps NGC 23.07's own
+    monkeypatch.setattr(compat, "stack", lambda: flash_attn_1)
     decision = decide_attn(settings, a100, "bf16")
     assert decision.value == "sdpa" and "no flash-attn 2 on this stack" in decision.reason
 

@@ -13,7 +13,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from train_runs import children, finish, logged_steps, start, train_env, wait_for
+from train_runs import children, finish, logged_steps, start, train_env
+from waiting import wait_for
 
 from trainer.run.checkpoint import SAVE_DELAY_ENV
 
@@ -25,11 +26,11 @@ def _trainers(launcher: int, nproc: int) -> list[int]:
 
 def _stop_then_kill_one_trainer(proc: subprocess.Popen[str], out: Path, nproc: int, after_step: int) -> None:
     """SIGTERM to the launcher, then SIGKILL to one trainer while the stop checkpoint is being written."""
-    wait_for(lambda: after_step in logged_steps(out), proc)
+    wait_for(lambda: after_step in logged_steps(out), 300, f"step {after_step}", proc=proc)
     trainers = _trainers(proc.pid, nproc)
     assert len(trainers) == nproc
     os.kill(proc.pid, signal.SIGTERM)
-    wait_for(lambda: bool(list(out.glob(".tmp-checkpoint-*"))), proc)
+    wait_for(lambda: list(out.glob(".tmp-checkpoint-*")), 300, "a save", proc=proc)
     os.kill(trainers[-1], signal.SIGKILL)
 
 
@@ -67,7 +68,7 @@ def test_a_stop_after_the_last_step_lets_the_run_and_torchrun_finish(tmp_path: P
     out = tmp_path / "out"
     env = train_env(out, max_steps=3, save_steps=3, nproc_per_node=2, max_restarts=0)
     proc = start({**env, SAVE_DELAY_ENV: "5@3"}, ["-m", "trainer.launch"])
-    wait_for(lambda: bool(list(out.glob(".tmp-checkpoint-3"))), proc)
+    wait_for(lambda: (out / ".tmp-checkpoint-3").is_dir(), 300, "the save of step 3", proc=proc)
     os.kill(proc.pid, signal.SIGTERM)
     code, err = finish(proc)
     assert code == 0, err[-3000:]

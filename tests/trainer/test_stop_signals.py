@@ -24,9 +24,9 @@ from train_runs import (
     logged_steps,
     start,
     train_env,
-    wait_for,
     write_corpus,
 )
+from waiting import wait_for
 
 from trainer.checkpoint_record import COMPLETE_MARKER
 from trainer.run.checkpoint import SAVE_DELAY_ENV
@@ -49,15 +49,16 @@ def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _after_step_2(out: Path, proc) -> None:
-    wait_for(lambda: 2 in logged_steps(out), proc)
+    wait_for(lambda: 2 in logged_steps(out), 300, "step 2", proc=proc)
 
 
 def _while_workers_load_the_first_batch(out: Path, proc) -> None:
-    wait_for(lambda: len(children(proc.pid)) >= 2, proc)  # the workers were just forked for the first batch
+    # the workers were just forked for the first batch
+    wait_for(lambda: len(children(proc.pid)) >= 2, 300, "two DataLoader workers", proc=proc)
 
 
 def _during_the_save_of_step_2(out: Path, proc) -> None:
-    wait_for(lambda: (out / ".tmp-checkpoint-2").is_dir(), proc)
+    wait_for(lambda: (out / ".tmp-checkpoint-2").is_dir(), 300, "the save of step 2", proc=proc)
 
 
 MOMENTS = {
@@ -131,7 +132,7 @@ def test_two_processes_stop_on_the_same_step_with_one_checkpoint(target: str, co
     out = tmp_path / "out"
     env = train_env(out, data=corpus, max_steps=200, nproc_per_node=2, max_restarts=0)
     proc = start(env, ["-m", "trainer.launch"])
-    wait_for(lambda: 3 in logged_steps(out), proc)
+    wait_for(lambda: 3 in logged_steps(out), 300, "step 3", proc=proc)
     if target == "group":
         os.killpg(proc.pid, signal.SIGTERM)
     else:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from hub_support import run_env
-from train_runs import finish, logged_steps, start, train_env, wait_for
+from train_runs import finish, logged_steps, start, train_env
+from waiting import wait_for
 
 SECRET = "hf_trackerSecretTokenValue123456"
 PASSWORD = "s3cretPassw0rd"
@@ -193,7 +194,7 @@ def test_an_mlflow_server_lost_mid_run_costs_the_run_nothing(mlflow_server, tmp_
     env = {**train_env(out, report_to="mlflow", max_steps=6, save_steps=3),
            "MLFLOW_TRACKING_URI": mlflow_server.replace("http://", f"http://user:{PASSWORD}@")}  # fmt: skip
     proc = start(env)
-    wait_for(lambda: 2 in logged_steps(out), proc)
+    wait_for(lambda: 2 in logged_steps(out), 300, "step 2 logged", proc=proc)
     server = SERVERS[mlflow_server]
     os.killpg(server.pid, signal.SIGKILL)  # the server and its workers: gone without a word
     server.wait(timeout=30)

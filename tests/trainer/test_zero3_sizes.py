@@ -16,8 +16,8 @@ os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1"
 from transformers import AutoModelForCausalLM, TrainingArguments
 from trainer.config.deepspeed import generate
 from trainer.run.metrics import flops_per_token, matmul_params
-from trainer.run.models import _fit_embeddings, count_parameters, preset_config
-from trainer.tokenizer import byte_level_tokenizer
+from trainer.run.models import count_parameters, preset_config
+from trainer.tokenizer import byte_level_tokenizer, fit_embeddings
 
 tok = byte_level_tokenizer()
 config = preset_config("tiny", len(tok), 64, tok)
@@ -28,7 +28,7 @@ del plain
 args = TrainingArguments(output_dir=os.environ["OUT"], deepspeed=generate(3, "none", "/tmp", "fp32"), use_cpu=True,
                          report_to="none")  # as the trainer does: TrainingArguments first, then the model
 model = AutoModelForCausalLM.from_config(config)
-_fit_embeddings(model, tok)
+fit_embeddings(model, tok)
 weight = model.get_input_embeddings().weight
 print(json.dumps({
     "local": sum(p.numel() for p in model.parameters()),

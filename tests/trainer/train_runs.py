@@ -11,29 +11,26 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from conftest import base_env
 from safetensors.torch import load_file
-
-from trainer.run.checkpoint import SAVE_DELAY_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 8
 
 
 def train_env(out: Path, **train: object) -> dict[str, str]:
-    """TRAIN_* for a short deterministic run on the tiny preset, with the user's default DataLoader workers."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_") and k != SAVE_DELAY_ENV}
+    """The clean base_env() (none of the caller's variables) + TRAIN_* for a short deterministic run on the tiny
+    preset, with the user's default DataLoader workers; `train` sets or overrides TRAIN_<KEY> (e.g. max_steps=2)."""
     base = {
         "output_dir": out, "seq_len": 32, "batch_size": 2, "log_steps": 1,
         "max_steps": MAX_STEPS, "save_steps": 100, "seed": 7, "deterministic": 1,
     }  # fmt: skip
-    env.update({f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train}.items()})
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return env
+    train_vars = {f"TRAIN_{k.upper()}": str(v) for k, v in {**base, **train}.items()}
+    return {**base_env(), "PYTHONPATH": str(REPO), **train_vars}
 
 
 def start(env: dict[str, str], argv: Sequence[str] = ("-m", "trainer")) -> subprocess.Popen[str]:
@@ -50,17 +47,6 @@ def finish(proc: subprocess.Popen[str], timeout: float = 400) -> tuple[int, str]
         os.killpg(proc.pid, 9)
         raise
     return proc.returncode, err
-
-
-def wait_for(condition: Callable[[], object], proc: subprocess.Popen[str], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"trainer exited early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, 9)
-            raise AssertionError("timed out waiting for the trainer")
-        time.sleep(0.02)
 
 
 def children(pid: int) -> list[int]:

@@ -17,7 +17,6 @@ from trainer.hub.ids import parse_dataset_id
 from trainer.hub.push import push_problems
 from trainer.hub.sources import TOKENIZER_FILES, hub_ref
 from trainer.machine.hardware import module_available
-from trainer.run import resume
 
 
 def _combination_problems(s: TrainSettings) -> list[str]:
@@ -258,8 +257,14 @@ def _eval_data_problems(inputs: Inputs) -> list[str]:
     return list(inputs.eval_data.problems)
 
 
-def _resume_problems(s: TrainSettings) -> list[str]:
-    return resume.setting_problems(s.resume)  # the checkpoint itself is read by the run (trainer.run.resume.decide)
+RESUME_WORDS = ("auto", "never")  # TRAIN_RESUME's words; anything else is a checkpoint folder
+
+
+def resume_problems(s: TrainSettings) -> list[str]:
+    """What is wrong with TRAIN_RESUME, known without reading the checkpoint (the run reads it: trainer.run.resume)."""
+    if s.resume in RESUME_WORDS or Path(s.resume).is_dir():
+        return []
+    return [f"TRAIN_RESUME={s.resume!r}: no such checkpoint folder; use auto, never or an existing checkpoint-N path"]
 
 
 def _on_settings(check: Callable[[TrainSettings], list[str]]) -> Callable[[Inputs], list[str]]:
@@ -269,7 +274,7 @@ def _on_settings(check: Callable[[TrainSettings], list[str]]) -> Callable[[Input
 STATIC_CHECKS: tuple[Callable[[Inputs], list[str]], ...] = (
     *map(_on_settings, (
         _combination_problems, compat.unsupported_problems, _library_problems, _optimizer_problems,
-        _deepspeed_config_problems, _train_args_problems, _model_problems, _tokenizer_problems, _resume_problems,
+        _deepspeed_config_problems, _train_args_problems, _model_problems, _tokenizer_problems, resume_problems,
         _nvme_problems, _output_problems,
     )),
     _data_problems,

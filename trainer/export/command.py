@@ -17,9 +17,9 @@ from typing import Any
 
 from trainer.errors import EXIT_CRASH, EXIT_OK, ConfigError
 from trainer.hub.weights import DIVERGED_HINT, check_weights, first_nonfinite
+from trainer.precision import DTYPE_NAMES
 
 log = logging.getLogger("trainer")
-DTYPE_CHOICES = {"auto": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
     parser.add_argument("out", metavar="OUT", help="the folder to write (must not exist, or be empty)")
     parser.add_argument("--adapter-only", action="store_true", help="keep the LoRA adapter instead of merging it")
     parser.add_argument(
-        "--dtype", choices=list(DTYPE_CHOICES), default="auto",
+        "--dtype", choices=["auto", *DTYPE_NAMES], default="auto",
         help="weights' dtype (auto: the run's compute dtype for LoRA, else the weights' own)",
     )  # fmt: skip
     parser.add_argument(
@@ -125,8 +125,8 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
     if source.kind == ADAPTER:
         folder, base_how = merge.base_folder(source, base)
         tokenizer = _tokenizer(source.folder, source.adapter, folder)
-        dtype_name = DTYPE_CHOICES[dtype] or merge.compute_dtype_name(source)
-        reference_model = merge.with_adapter(merge.load_base(folder, merge.compute_dtype_name(source)),
+        dtype_name = DTYPE_NAMES.get(dtype) or merge.run_dtype_name(source)
+        reference_model = merge.with_adapter(merge.load_base(folder, merge.run_dtype_name(source)),
                                              source.adapter, tokenizer)  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, base_how)
         model = merge.merged(reference_model)
@@ -136,11 +136,11 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
         model = consolidate.model_from_state_dict(source.folder, state)
         reference_model = _unsharded_reference(source.folder) or model
         tokenizer = _tokenizer(source.folder)
-        dtype_name = DTYPE_CHOICES[dtype] or "float32"
+        dtype_name = DTYPE_NAMES.get(dtype) or "float32"
     else:
         reference_model = model = _load_full(source.folder)
         tokenizer = _tokenizer(source.folder)
-        dtype_name = DTYPE_CHOICES[dtype] or str(model.dtype).removeprefix("torch.")
+        dtype_name = DTYPE_NAMES.get(dtype) or str(model.dtype).removeprefix("torch.")
     bad = first_nonfinite(model.state_dict().items())  # what consolidating or merging made
     if bad:
         raise ConfigError(f"export {source.folder}: the model holds non-finite weights, first in {bad!r}: "

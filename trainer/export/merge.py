@@ -15,15 +15,14 @@ from trainer.config.schema import MODEL_PRESETS
 from trainer.errors import ConfigError
 from trainer.export.source import Source
 from trainer.hub.ids import HubRef, parse_model_id
+from trainer.precision import compute_dtype_name
 
 log = logging.getLogger("trainer")
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def compute_dtype_name(source: Source) -> str:
+def run_dtype_name(source: Source) -> str:
     """The run's compute dtype (its precision decision); fp32 when nothing was recorded."""
-    precision = source.run_config.get("decisions", {}).get("precision", {}).get("value", "fp32")
-    return DTYPES.get(precision, "float32")
+    return compute_dtype_name(source.run_config.get("decisions", {}).get("precision", {}).get("value", "fp32"))
 
 
 def _recorded_hub_model(source: Source) -> dict[str, Any] | None:
@@ -87,9 +86,9 @@ def with_adapter(base: Any, adapter: Path, tokenizer: Any) -> Any:
     """base + adapter through PEFT (unmerged): the reference the export is checked against."""
     from peft import PeftModel
 
-    from trainer.run.models import _fit_embeddings
+    from trainer.tokenizer import fit_embeddings
 
-    _fit_embeddings(base, tokenizer)  # as the run did before adding the adapter
+    fit_embeddings(base, tokenizer)  # as the run did before adding the adapter
     return PeftModel.from_pretrained(base, str(adapter))
 
 

@@ -1,6 +1,6 @@
 """TRAIN_PUSH_TO_HUB at the end of a successful run: export final/ (verified, with its model card), then upload it.
 
-Lives with export, on the run's floor: trainer/run/train.py calls it; the upload itself is trainer.hub.push's.
+Lives with export, a floor below the run: trainer/run/train.py calls it; the upload itself is trainer.hub.push's.
 """
 
 from __future__ import annotations

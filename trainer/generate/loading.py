@@ -16,9 +16,10 @@ from typing import Any
 
 from trainer.checkpoint_record import holds_full_model
 from trainer.errors import ConfigError
+from trainer.precision import DTYPE_NAMES
 
 log = logging.getLogger("trainer")
-DTYPES = {"auto": None, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {"auto": None, **DTYPE_NAMES}  # --dtype: auto keeps the saved dtype
 QUANTS = ("none", "8bit", "4bit")
 QUANT_TYPES = ("nf4", "fp4")
 GENERATE_FIX = "give the base as MODEL and the adapter with --adapter FOLDER"
@@ -225,9 +226,9 @@ def _bf16_ok() -> bool:
 def _with_peft(model: Any, adapter: Path, tokenizer: Any) -> Any:
     from peft import PeftModel
 
-    from trainer.run.models import _fit_embeddings
+    from trainer.tokenizer import fit_embeddings
 
-    _fit_embeddings(model, tokenizer)  # as the run did before adding the adapter
+    fit_embeddings(model, tokenizer)  # as the run did before adding the adapter
     return PeftModel.from_pretrained(model, str(adapter))
 
 

@@ -122,7 +122,7 @@ def memory_probe(
     one compile serves every size); the model itself where not given."""
     import torch
 
-    from trainer.run.models import compute_dtype
+    from trainer.precision import compute_dtype
 
     dtype = compute_dtype(precision)
     run = model if forward is None else forward

@@ -18,7 +18,9 @@ from trainer.compat import model_dtype_kwargs
 from trainer.config.presets import PRESETS, is_preset
 from trainer.config.sharding import fsdp_checkpoints_activations, uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
+from trainer.precision import compute_dtype
 from trainer.run.packed_attention import implementation, isolate_records
+from trainer.tokenizer import fit_embeddings
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -44,11 +46,6 @@ def preset_config(name: str, vocab_size: int, seq_len: int, tokenizer: PreTraine
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-
-
-def compute_dtype(precision: str) -> torch.dtype:
-    """The torch dtype of a precision decision (bf16, fp16; anything else computes in fp32)."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
 
 
 def _quantization_config(quant: str, precision: str, sharded: bool) -> Any:
@@ -144,7 +141,7 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
         model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora, device)
         name = s.model if s.model == folder else f"{s.model} ({folder})"
         log.info("model: loaded %s offline (attention=%s, weights %s on %s)", name, attn, model.dtype, model.device)
-        _fit_embeddings(model, tokenizer)
+        fit_embeddings(model, tokenizer)
     isolate_records(model, attn)  # use_cache off; attention never crosses packed records
     if s.lora:
         model = apply_lora(model, s)
@@ -173,15 +170,6 @@ def _quantized_preset(config: LlamaConfig, attn: str, quant: str, precision: str
         fresh.save_pretrained(tmp)
         del fresh
         return _load_pretrained(tmp, attn, quant, precision, sharded)
-
-
-def _fit_embeddings(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-    """A model folder without its tokenizer gets the byte-level one; make sure every id has an embedding."""
-    weight = model.get_input_embeddings().weight
-    rows = int(getattr(weight, "ds_shape", weight.shape)[0])  # ZeRO-3: the local shard is empty
-    if len(tokenizer) > rows:
-        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
-        log.info("model: embeddings resized to %d for the tokenizer", model.get_input_embeddings().weight.shape[0])
 
 
 def apply_lora(model: PreTrainedModel, s: TrainSettings) -> PreTrainedModel:

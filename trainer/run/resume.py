@@ -39,7 +39,6 @@ from trainer.secrets import mask_secrets
 if TYPE_CHECKING:
     from trainer.config.schema import TrainSettings
 
-MODES = ("auto", "never")  # TRAIN_RESUME's words; anything else is a checkpoint folder
 PREVIOUS_RUNS = "previous-runs"
 RUN_CONFIG = "run_config.json"
 RUN_CONFIGS = "run_configs"
@@ -100,13 +99,6 @@ def decide(settings: TrainSettings) -> Resume:
 
 
 # ---- whether the run may continue ----------------------------------------------------------------------------------
-
-
-def setting_problems(resume: str) -> list[str]:
-    """What is wrong with a TRAIN_RESUME value, known without reading the checkpoint (stage 1 of the checks)."""
-    if resume in MODES or Path(resume).is_dir():
-        return []
-    return [f"TRAIN_RESUME={resume!r}: no such checkpoint folder; use auto, never or an existing checkpoint-N path"]
 
 
 def resumable_problems(folder: Path) -> list[str]:

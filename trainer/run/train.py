@@ -212,7 +212,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
     clock.mark("libraries")
     inputs = cfg.inputs
-    tokenizer = tokenizer_for(inputs.tokenizer_folder, inputs.template())
+    choice = inputs.template()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     if s.method == "sft":
         trainer = _sft_trainer(cfg, args, tokenizer, stop, resume, clock)
     else:  # preference tuning on TRL's trainers (trainer.run.preference)
