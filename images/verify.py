@@ -77,7 +77,10 @@ def check_pins(manifest: dict) -> str:
     if wrong:
         raise Failed("; ".join(wrong))
     # wandb and mlflow (mlflow-skinny): the trackers TRAIN_REPORT_TO names, imported by Transformers' callbacks
-    for module in ("transformers", "accelerate", "datasets", "peft", "bitsandbytes", "wandb", "mlflow", "trainer"):
+    # trl: TRAIN_METHOD's trainers, installed on Python >= 3.11 only (pyproject; the 3.10 rows refuse the methods)
+    trl = ("trl",) if sys.version_info >= (3, 11) else ()
+    modules = ("transformers", "accelerate", "datasets", "peft", "bitsandbytes", "wandb", "mlflow", *trl, "trainer")
+    for module in modules:
         importlib.import_module(module)
     if shutil.which("dumb-init") is None:
         raise Failed("dumb-init is not on PATH")

@@ -21,6 +21,9 @@ from typing import Any, Protocol
 
 log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
+# TRAIN_METHOD's preference methods run on TRL's trainers (trainer/preference/); the oldest TRL whose API they use.
+TRL_MIN = (1, 16)
+PREFERENCE_METHODS = ("dpo", "orpo", "kto", "simpo", "reward")
 
 
 def _release(dist: str) -> tuple[int, ...] | None:
@@ -40,6 +43,7 @@ class Stack:
     torch: tuple[int, ...] | None
     transformers: tuple[int, ...] | None
     flash_attn: tuple[int, ...] | None
+    trl: tuple[int, ...] | None = TRL_MIN  # None: not installed (the Python 3.10 rows)
 
     @property
     def transformers_5(self) -> bool:
@@ -121,7 +125,8 @@ def bitsandbytes_quantizes_on_cpu() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def stack() -> Stack:
-    return Stack(_release("torch"), _release("transformers"), _release("flash-attn") or _release("flash_attn"))
+    return Stack(_release("torch"), _release("transformers"), _release("flash-attn") or _release("flash_attn"),
+                 _release("trl"))
 
 
 # ---- switches this stack cannot run: (TRAIN_* variable, value) -> reason ----------------------------------------
@@ -149,7 +154,18 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
                 f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
                 "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
             )
-    return out | _optimizers_unsupported(st)
+    return out | _methods_unsupported(st) | _optimizers_unsupported(st)
+
+
+def _methods_unsupported(st: Stack) -> dict[str, str]:
+    """The preference methods need TRL >= TRL_MIN, which needs Python >= 3.11 and transformers >= 4.56.2."""
+    if st.trl is not None and st.trl >= TRL_MIN:
+        return {}
+    wanted = ".".join(map(str, TRL_MIN))
+    found = "no TRL is installed" if st.trl is None else f"TRL {'.'.join(map(str, st.trl))} is installed"
+    why = (f"{found}; the preference methods use TRL >= {wanted}'s trainers (which need Python >= 3.11 and "
+           "transformers >= 4.56.2): use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU image)")
+    return {f"TRAIN_METHOD={method}": why for method in PREFERENCE_METHODS}
 
 
 def flash_attention_2_possible(st: Stack | None = None) -> bool:
@@ -173,13 +189,15 @@ class Switches(Protocol):
     attn: str
     fsdp: str
     optim: str
+    method: str
 
 
 def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[str]:
     """The chosen switches this stack cannot run, one message each naming the row and the reason."""
     st = st or stack()
     found = unsupported(st)
-    chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}"}
+    chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}",
+              f"TRAIN_METHOD={settings.method}"}
     return [f"{switch} is not supported on {st.describe()}: {found[switch]}" for switch in sorted(chosen & set(found))]
 
 

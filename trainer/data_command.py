@@ -15,9 +15,12 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
 
 STATS = ("tokens", "records", "seconds", "tokens_per_s", "cores", "workers", "skipped_lines", "peak_rss_worker_bytes")
 IGNORE_INDEX = -100
@@ -52,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
     inputs = load_inputs()
     choice = inputs.template()
     tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
+    if inputs.settings.method != "sft":
+        return show_pairs(inputs, tokenizer, args.show, args.json)
     dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
     summary = {"folder": str(dataset.folder), "sequences": len(dataset), **{k: dataset.meta.get(k) for k in STATS}}
     summary["peak_rss_bytes"] = peak_rss_bytes()
@@ -66,6 +71,67 @@ def main(args: argparse.Namespace) -> int:
     else:
         show_sequences(items, tokenizer)
     return EXIT_OK
+
+
+def show_pairs(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool) -> int:
+    """A preference method's data: a summary line, or its first `count` pairs (KTO examples) as TRL tokenizes them:
+    the prompt never trained, each side's answer trained; cut at TRAIN_SEQ_LEN as the run cuts them."""
+    from trainer.config.methods import records_of
+    from trainer.data.preference import encoded, longest
+
+    settings = inputs.settings
+    records = records_of(inputs)
+    summary = {"method": settings.method, "records": len(records.rows), "layouts": records.layouts,
+               "skipped_lines": len(records.skipped)}  # fmt: skip
+    if count is None:
+        summary["longer_than_seq_len"] = sum(longest(encoded(tokenizer, row)) > settings.seq_len
+                                             for row in records.rows)  # fmt: skip
+        print(json.dumps(summary))
+        return EXIT_OK
+    logging.getLogger("trainer").info("data: %s", json.dumps(summary))
+    shown = []
+    for row, where in zip(records.rows, records.wheres, strict=True):
+        if len(shown) == max(count, 0):
+            break
+        item = encoded(tokenizer, row)
+        too_long = longest(item) > settings.seq_len if settings.long_records == "drop" else (
+            len(item["prompt_ids"]) >= settings.seq_len)  # truncate: TRL drops a prompt that fills TRAIN_SEQ_LEN
+        if too_long:
+            continue
+        sides = {side: _side(item["prompt_ids"], item[f"{side}_ids"], settings.seq_len)
+                 for side in ("chosen", "rejected", "completion") if f"{side}_ids" in item}  # fmt: skip
+        shown.append({"pair": len(shown), "where": where, **sides,
+                      **({"label": item["label"]} if "label" in item else {})})  # fmt: skip
+    if as_json:
+        for pair in shown:
+            print(json.dumps(pair))
+    else:
+        _print_pairs(shown, tokenizer)
+    return EXIT_OK
+
+
+def _side(prompt_ids: list[int], answer_ids: list[int], seq_len: int) -> dict[str, list[int]]:
+    """One side as the model is fed it: the prompt (labels -100) then the answer, cut after seq_len tokens."""
+    ids = (prompt_ids + answer_ids)[:seq_len]
+    labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:seq_len]
+    return {"input_ids": ids, "labels": labels}
+
+
+def _print_pairs(shown: list[dict[str, Any]], tokenizer: Any) -> None:
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=True)
+    marks = not console.is_terminal
+    legend = f"{OPEN}trained{CLOSE}" if marks else "[bold green]trained[/], [dim]not trained[/]"
+    console.print(f"Trained tokens: {legend}; the prompt, then each side's answer.", markup=not marks)
+    for pair in shown:
+        label = f", label {str(pair['label']).lower()}" if "label" in pair else ""
+        console.rule(f"pair {pair['pair']} ({pair['where']}{label})", characters="═")
+        for side in ("chosen", "rejected", "completion"):
+            if side in pair:
+                item = {**pair[side], "position_ids": list(range(len(pair[side]["input_ids"])))}
+                console.rule(side, align="left")
+                console.print(_record_text(item, 0, len(item["input_ids"]), tokenizer, marks))
 
 
 def fed_to_model(item: dict[str, Any]) -> dict[str, list[int]]:

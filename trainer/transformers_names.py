@@ -184,9 +184,11 @@ def secret_problems(tokens: list[str]) -> list[str]:
     return problems
 
 
-def check_train_args(tokens: list[str]) -> list[str]:
-    """Problems with the flags in TRAIN_ARGS that can be found without importing transformers."""
-    fields = training_argument_fields()
+def check_train_args(tokens: list[str], extra_fields: frozenset[str] = frozenset(),
+                     owner: str = "TrainingArguments") -> list[str]:
+    """Problems with the flags in TRAIN_ARGS that can be found without importing transformers; `extra_fields` are
+    those a TrainingArguments subclass adds (`owner`, e.g. TRL's DPOConfig)."""
+    fields = training_argument_fields() | extra_fields if training_argument_fields() else frozenset()
     problems = secret_problems(tokens)
     if tokens and not tokens[0].startswith("--"):
         problems.append(
@@ -208,17 +210,18 @@ def check_train_args(tokens: list[str]) -> list[str]:
                 f"record and every part that reads the decision must agree); set {variable} instead"
             )
         elif fields and name not in fields and not (name.startswith("no_") and name[3:] in fields):
-            problems.append(f"TRAIN_ARGS: --{name} is not a TrainingArguments flag{did_you_mean(name, sorted(fields))}")
+            problems.append(f"TRAIN_ARGS: --{name} is not a {owner} flag{did_you_mean(name, sorted(fields))}")
     return problems
 
 
-def parse_train_args(tokens: list[str]) -> dict[str, Any]:
-    """The TrainingArguments values given in TRAIN_ARGS (only those), parsed by transformers' HfArgumentParser."""
+def parse_train_args(tokens: list[str], arguments_class: Any = None) -> dict[str, Any]:
+    """The TrainingArguments (or `arguments_class`, a subclass such as TRL's DPOConfig) values given in TRAIN_ARGS
+    (only those), parsed by transformers' HfArgumentParser."""
     if not tokens:
         return {}
     from transformers import HfArgumentParser, TrainingArguments
 
-    parser = HfArgumentParser(TrainingArguments)
+    parser = HfArgumentParser(arguments_class or TrainingArguments)
 
     def refuse(message: str) -> None:
         raise ConfigError(f"TRAIN_ARGS: {message}")

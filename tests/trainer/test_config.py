@@ -34,6 +34,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("config")
     (root / "data").mkdir()
     (root / "data" / "corpus.txt").write_text("hello world\n" * 50)
+    (root / "pairs.jsonl").write_text(json.dumps({"prompt": "say hi", "chosen": "hi", "rejected": "HI"}) + "\n")
     (root / "checkpoint-5").mkdir()
     (root / "nvme").mkdir()
     (root / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_batch_size": "auto"}))
@@ -127,6 +128,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_TOKENIZER": str(root / "tokenizer"),
         },
         "eval-split": {"TRAIN_DATA": data, "TRAIN_EVAL_SPLIT": "0.05"},
+        "dpo": {"TRAIN_DATA": str(root / "pairs.jsonl"), "TRAIN_METHOD": "dpo", "TRAIN_PREF_BETA": "0.2",
+                "TRAIN_PREF_LOSS": "ipo", "TRAIN_PREF_REFERENCE": "precompute", "TRAIN_ARGS": "--use_weighting"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
     }
     return {**_base(root, name), **envs[name]}
@@ -225,6 +228,12 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_OUTPUT_DIR", "full", lambda c: c["training_arguments"]["output_dir"].endswith("out-full")),
     ("TRAIN_TEXT_FIELD", "data", lambda c: c["meta"]["records"] == 41 and c["meta"]["records_without_text"] == 0),
     ("TRAIN_DATA_MAX_BAD_LINES", "data", lambda c: len(c["meta"]["skipped_lines"]) == 2),  # the default, 0, exits 2
+    ("TRAIN_METHOD", "dpo", lambda c: c["decisions"]["method"]["value"] == "dpo"
+     and c["training_arguments"]["use_weighting"] is True),  # TRAIN_ARGS takes DPOConfig's own fields
+    ("TRAIN_PREF_BETA", "dpo", lambda c: c["training_arguments"]["beta"] == 0.2),
+    ("TRAIN_PREF_LOSS", "dpo", lambda c: c["training_arguments"]["loss_type"] == ["ipo"]),
+    ("TRAIN_PREF_REFERENCE", "dpo", lambda c: c["training_arguments"]["precompute_ref_log_probs"] is True
+     and c["decisions"]["reference"]["value"] == "precomputed"),
     ("TRAIN_CHAT_TEMPLATE", "full", lambda c: c["decisions"]["chat_template"]["value"].startswith("built-in chatml")),
     ("TRAIN_LOSS_ON", "full", lambda c: "TRAIN_LOSS_ON=last" in c["decisions"]["data_format"]["reason"]),
     ("TRAIN_SEQ_LEN", "data", lambda c: c["meta"]["seq_len"] == 64),

@@ -25,11 +25,12 @@ def release(version: str | None) -> tuple[int, ...] | None:
 def row_stack(row: str) -> Stack:
     """A row's stack as versions.toml gives it: NGC's torch, the transformers pin (the row's own over the default), and
     the flash-attn pin, none where the row builds none (its base keeps its own; where NGC ships flash-attn 2 its own
-    version stands in, and only the major matters to compat)."""
+    version stands in, and only the major matters to compat); the TRL pin on Python 3.11+ (pyproject's marker)."""
     facts = ROWS[row]
     pins = {**VERSIONS["packages"], **facts.get("packages", {})}
     flash_attn = None if "flash-attn" in facts.get("skip", {}) else pins["flash-attn"]
-    return Stack(release(facts["torch"]), release(pins["transformers"]), release(flash_attn))
+    trl = pins["trl"] if tuple(map(int, facts["python"].split("."))) >= (3, 11) else None
+    return Stack(release(facts["torch"]), release(pins["transformers"]), release(flash_attn), release(trl))
 
 
 STACKS = {row: row_stack(row) for row in ROWS}
@@ -69,7 +70,7 @@ def test_fsdp_arguments_follow_the_transformers_version() -> None:
 
 def test_the_refusal_names_the_row_and_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VERSION", "12.1.1")  # as NGC 23.07 sets it
-    settings = SimpleNamespace(attn="flash_attention_2", fsdp="shard_grad_op", optim="auto")
+    settings = SimpleNamespace(attn="flash_attention_2", fsdp="shard_grad_op", optim="auto", method="sft")
     problems = compat.unsupported_problems(settings, STACKS["12.1"])
     assert problems[0].startswith("TRAIN_ATTN=flash_attention_2 is not supported on the CUDA 12.1 row (torch 2.1.0")
     assert "flash-attn 2 needs torch >= 2.2" in problems[0]

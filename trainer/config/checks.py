@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer import compat, transformers_names
-from trainer.config import deepspeed, speed
+from trainer.config import deepspeed, methods, speed
 from trainer.config.inputs import Inputs
 from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.schema import TrainSettings
@@ -130,7 +130,11 @@ def _deepspeed_config_problems(s: TrainSettings) -> list[str]:
 
 def _train_args_problems(s: TrainSettings) -> list[str]:
     try:
-        return transformers_names.check_train_args(transformers_names.split_train_args(s.args))
+        tokens = transformers_names.split_train_args(s.args)
+        if methods.is_preference(s):
+            owner = f"TRL {methods.METHODS[s.method].config}"
+            return transformers_names.check_train_args(tokens, methods.config_fields(s.method), owner)
+        return transformers_names.check_train_args(tokens)
     except ConfigError as exc:
         return exc.problems
 
@@ -274,6 +278,8 @@ STATIC_CHECKS: tuple[Callable[[Inputs], list[str]], ...] = (
         _nvme_problems, _output_problems,
     )),
     _data_problems,
+    _on_settings(methods.option_problems),
+    methods.data_problems,
     _on_settings(push_problems),
     _on_settings(_eval_problems),
     _eval_data_problems,
@@ -288,5 +294,8 @@ def static_problems(inputs: Inputs) -> list[str]:
 
 
 def _chat_template_problems(inputs: Inputs) -> list[str]:
-    """After the Hub: the template comes with a Hub tokenizer."""
-    return template_problems(inputs.data, inputs.settings.chat_template, inputs.tokenizer_folder)
+    """After the Hub: the template comes with a Hub tokenizer; a Hub dataset's pairs are read once fetched."""
+    found = methods.data_problems(inputs, hub=True) or [methods.template_problem(inputs)]
+    return [p for p in found if p] or template_problems(
+        inputs.data, inputs.settings.chat_template, inputs.tokenizer_folder
+    )

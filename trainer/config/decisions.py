@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed, speed
+from trainer.config import deepspeed, methods, speed
 from trainer.config.decision import Decision
 from trainer.config.inputs import Inputs
 from trainer.config.presets import is_preset
@@ -64,6 +64,8 @@ class Decisions:
     args: Decision[dict[str, Any]] = field(default_factory=lambda: Decision({}, "TRAIN_ARGS empty"))
     data_format: Decision[str] = field(default_factory=lambda: Decision("", "not detected"))  # trainer.data.chat
     chat_template: Decision[str] = field(default_factory=lambda: Decision("none", "no conversations"))
+    method: Decision[str] = field(default_factory=lambda: Decision("sft", "TRAIN_METHOD=sft"))  # config.methods
+    reference: Decision[str] = field(default_factory=lambda: Decision("none", "TRAIN_METHOD=sft"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -249,6 +251,9 @@ def _fsdp_reason(s: TrainSettings, hw: Hardware) -> str:
 
 def decide_packing(inputs: Inputs) -> Decision[str]:
     """TRAIN_PACKING for the data's record layouts (the packer applies the same rule to each piece: DataSpec)."""
+    s = inputs.settings
+    if methods.is_preference(s):
+        return _decide("none", f"TRAIN_METHOD={s.method}: {methods.SFT_ONLY['packing']}")
     return _decide(*inputs.data_spec.packing_of(inputs.data.layouts))
 
 
@@ -265,6 +270,9 @@ def decide_all(
     ds, deepspeed_decision = decide_deepspeed(s, precision.value, inputs.model_folder)
     pin_memory = decide_pin_memory(s, hw)
     auto_batch = speed.decide_auto_batch(s, hw, ds)
+    if methods.is_preference(s) and auto_batch.value:  # TRAIN_AUTO_BATCH=1 is refused (methods.option_problems)
+        auto_batch = Decision(False, f"TRAIN_METHOD={s.method}: the batch search probes SFT's packed batches; "
+                              "TRAIN_BATCH_SIZE is used as set")  # fmt: skip
     alloc_value, alloc_decision = alloc_conf_decision(environ)
     parts: dict[str, Decision] = {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
@@ -295,6 +303,8 @@ def decide_all(
         "resume": _decide(s.resume, _resume_reason(s.resume)),
         "cuda_alloc_conf": alloc_decision,
         **{what: Decision(*found) for what, found in _chat_report(inputs).items()},
+        "method": methods.decide_method(s),
+        "reference": methods.decide_reference(s),
     }
     if problems:
         raise ConfigError(*problems)
@@ -303,7 +313,7 @@ def decide_all(
 
 def _chat_report(inputs: Inputs) -> dict[str, tuple[str, str]]:
     s = inputs.settings
-    return chat_report(inputs.data, s.loss_on, s.chat_template, inputs.tokenizer_folder)
+    return chat_report(inputs.data, s.loss_on, s.chat_template, inputs.tokenizer_folder, s.method)
 
 
 class _Collector:

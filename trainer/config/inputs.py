@@ -1,7 +1,7 @@
 """`Inputs`: what the settings name outside this process, each resolved once, on first use, and carried from the
 checks (stage 1) through `resolve` (stage 2, as `RunConfig.inputs`) to the run: the Hub snapshots, the scans of
-TRAIN_DATA and TRAIN_EVAL_DATA, and the data spec the data layer is given. The settings object is frozen: nothing
-is kept on it, so a new settings object is a new run and resolves anew.
+TRAIN_DATA and TRAIN_EVAL_DATA (and, for a preference method, their records), and the data spec the data layer is
+given. The settings object is frozen: nothing is kept on it, so a new settings object is a new run and resolves anew.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from trainer.config.schema import TrainSettings
 from trainer.data.cache import default_cache_dir
 from trainer.data.chat import TemplateChoice, chosen_template
 from trainer.data.discovery import DataSource, scan
+from trainer.data.preference import PreferenceRecords, read_records
 from trainer.data.spec import DataSpec
 from trainer.hub.ids import parse_dataset_id
 from trainer.hub.sources import KEYS, HubSources, resolve_hub
@@ -44,6 +45,16 @@ class Inputs:
     def eval_data(self) -> DataSource:
         """The scan of TRAIN_EVAL_DATA (a hub-style folder gives its validation split)."""
         return self._scan("eval_data")
+
+    @cached_property
+    def pairs(self) -> PreferenceRecords:
+        """TRAIN_DATA's preference records, every one read and checked once (trainer.config.methods.records_of)."""
+        return read_records(self.data, self.settings.data_max_bad_lines)
+
+    @cached_property
+    def eval_pairs(self) -> PreferenceRecords:
+        """TRAIN_EVAL_DATA's preference records (as `pairs`)."""
+        return read_records(self.eval_data, self.settings.data_max_bad_lines)
 
     def _scan(self, key: str) -> DataSource:
         value = getattr(self.settings, key)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from trainer.config.decisions import ALLOC_CONF, ALLOC_CONF_DEFAULT, decide_all
 from trainer.config.inputs import Inputs
+from trainer.config.methods import method_arguments
 from trainer.config.run_config import RunConfig
 from trainer.config.schema import TrainSettings
 from trainer.config.training_arguments import apply_user_arguments, derived_training_arguments
@@ -37,7 +38,7 @@ def resolve(
     hw = hardware or hardware_module.probe()
     environ = os.environ if environ is None else environ
     decisions, ds, alloc_value = decide_all(inputs, hw, environ, import_heavy)
-    derived = derived_training_arguments(inputs.settings, hw, decisions, ds)
+    derived = derived_training_arguments(inputs.settings, hw, decisions, ds) | method_arguments(inputs.settings)
     arguments, args_decision = apply_user_arguments(inputs.settings, derived, parse=import_heavy)
     decisions = dataclasses.replace(decisions, args=args_decision)
     return RunConfig(inputs, hw, decisions, arguments, ds, env={ALLOC_CONF: alloc_value})

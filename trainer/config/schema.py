@@ -22,6 +22,7 @@ Toggle = Literal["auto", "0", "1"]
 # Field groups, in the order docs present them.
 GROUPS = {
     "paths": "Paths and data",
+    "method": "Method: SFT or preference tuning",
     "precision": "Precision",
     "optim": "Optimizer and batch",
     "memory": "Memory: checkpointing, ZeRO, FSDP",
@@ -130,6 +131,28 @@ class TrainSettings(BaseSettings):
         "Either way the log and meta.json count them.",
         on_resume=DATA,
     )
+
+    # method (trainer/config/methods.py, trainer/run/preference.py); the method and its options are FIXED on resume
+    method: Literal["sft", "dpo", "orpo", "kto", "simpo", "reward"] = _f(
+        "sft", "method",
+        "sft: supervised fine-tuning / pre-training on text, prompt/completion or conversations. Preference tuning on "
+        "pairs (prompt/chosen/rejected, as text or messages) through TRL's trainers: dpo, orpo, simpo, reward (a "
+        "reward model); kto also on prompt/completion/label records. Further TRL config fields go in TRAIN_ARGS.",
+        on_resume=FIXED)  # fmt: skip
+    pref_beta: float = _f(
+        0.0, "method",
+        "dpo/orpo/kto/simpo: beta (how far the policy may move from the reference; ORPO's lambda). 0: TRL's default "
+        "for the method (0.1; simpo 2.0).", ge=0, on_resume=FIXED)  # fmt: skip
+    pref_loss: Literal[
+        "auto", "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+        "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+    ] = _f("auto", "method", "dpo: TRL's DPO loss_type. auto: sigmoid (the DPO paper's loss).", on_resume=FIXED)
+    pref_reference: Literal["auto", "copy", "precompute"] = _f(
+        "auto", "method",
+        "dpo/kto: the reference model. auto: with TRAIN_LORA=1 the base with a frozen copy of the starting adapter (no "
+        "second copy of the model), else a frozen copy; precompute: the reference log-probs computed once before "
+        "training (TRL's precompute_ref_log_probs), so no copy is held while training; copy: a frozen copy.",
+        on_resume=FIXED)  # fmt: skip
 
     # precision
     precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(

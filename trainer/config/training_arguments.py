@@ -159,7 +159,10 @@ def apply_user_arguments(
     tokens = transformers_names.split_train_args(s.args)
     if not tokens:
         return derived, Decision({}, "TRAIN_ARGS empty")
-    user = transformers_names.parse_train_args(tokens) if parse else {}
+    from trainer.config import methods
+
+    arguments_class = methods.config_class(s.method) if parse and methods.is_preference(s) else None
+    user = transformers_names.parse_train_args(tokens, arguments_class) if parse else {}
     overridden = sorted(k for k in user if k in derived and derived[k] != user[k])
     reason = "TrainingArguments flags from TRAIN_ARGS; they win over derived values"
     if overridden:
@@ -168,14 +171,18 @@ def apply_user_arguments(
 
 
 def build_training_arguments(cfg: RunConfig) -> Any:
-    """transformers.TrainingArguments(**cfg.training_arguments); its refusals become a ConfigError (exit 2)."""
+    """transformers.TrainingArguments(**cfg.training_arguments) (a preference method: its TRL config); its refusals
+    become a ConfigError (exit 2)."""
     import copy
 
     from transformers import TrainingArguments
 
+    from trainer.config import methods
+
     compat.install_torch_shims()
+    arguments_class = methods.config_class(cfg.settings.method) if methods.is_preference(cfg.settings) else None
     try:  # a copy: TrainingArguments fills nested dicts (fsdp_config, deepspeed) in place
-        args = TrainingArguments(**copy.deepcopy(cfg.training_arguments))
+        args = (arguments_class or TrainingArguments)(**copy.deepcopy(cfg.training_arguments))
     except (ValueError, TypeError, ImportError) as exc:
         raise ConfigError(f"TrainingArguments refused the configuration: {exc}") from None
     return one_gpu_per_process(args)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.data import preference
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ FROM_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": 
               "tool": "tool", "observation": "tool", "function_call": "assistant"}  # fmt: skip
 CHAT_LAYOUTS = ("messages", "conversations", "chat_pair")
 LAYOUT_NAMES = {"messages": "messages", "conversations": "ShareGPT conversations", "chat_pair":
-                "conversational prompt/completion", "pair": "prompt/completion", "text": "text"}  # fmt: skip
+                "conversational prompt/completion", "pair": "prompt/completion", "text": "text",
+                **preference.PREFERENCE_LAYOUTS}  # fmt: skip
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "assets" / "chat_templates"
 BUILTIN_TEMPLATES = {p.stem: p for p in sorted(TEMPLATES_DIR.glob("*.jinja"))}
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -50,6 +52,9 @@ class BadRecord(ValueError):
 
 def layout_of_record(row: dict[str, Any], text_field: str) -> str | None:
     """The layout of one JSON record; None when it holds nothing trainkit reads."""
+    found = preference.layout_of_record(row)
+    if found:
+        return found
     if isinstance(row.get("messages"), list):
         return "messages"
     if isinstance(row.get("conversations"), list):
@@ -64,6 +69,9 @@ def layout_of_columns(schema: Any, text_field: str) -> str | None:
     import pyarrow as pa
 
     names = schema.names
+    found = preference.layout_of_columns(schema)
+    if found:
+        return found
     for layout in ("messages", "conversations"):
         if layout in names and pa.types.is_list(schema.field(layout).type):
             return layout
@@ -282,12 +290,15 @@ LOSS_ON_MEANING = {"assistant": "every assistant turn", "last": "the last assist
                    "all": "every token"}  # fmt: skip
 
 
-def chat_report(source: Any, loss_on: str, template_setting: str, tokenizer_folder: str
+def chat_report(source: Any, loss_on: str, template_setting: str, tokenizer_folder: str, method: str = "sft"
                 ) -> dict[str, tuple[str, str]]:  # fmt: skip
-    """{what: (value, reason)} for `config`'s decisions and `doctor`: the detected format (TRAIN_LOSS_ON `loss_on`),
-    the template (TRAIN_CHAT_TEMPLATE `template_setting`, else the tokenizer folder's own)."""
+    """{what: (value, reason)} for `config`'s decisions and `doctor`: the detected format (TRAIN_LOSS_ON `loss_on`,
+    or a preference `method`'s rule), the template (TRAIN_CHAT_TEMPLATE `template_setting`, else the tokenizer
+    folder's own)."""
     setting = f"TRAIN_LOSS_ON={loss_on}"
-    if source.conversational:
+    if method != "sft":
+        trained = f"TRAIN_METHOD={method}: each side's answer trained, never the prompt"
+    elif source.conversational:
         trained = f"loss on {LOSS_ON_MEANING[loss_on]} ({setting})"
     elif "pair" in source.layouts and loss_on != "all":
         trained = f"loss on the completions ({setting})"
@@ -301,7 +312,10 @@ def chat_report(source: Any, loss_on: str, template_setting: str, tokenizer_fold
     if not choice.text:
         return {"data_format": data_format, "chat_template": ("none", choice.origin)}
     marked = "{% generation %} markers" if GENERATION_TAG.search(choice.text) else "prefix rendering"
-    use = f"renders the conversations (trained tokens by {marked})" if source.conversational else "no conversations"
+    if "preference_chat" in source.layouts:
+        use = "renders the conversational pairs (TRL's chat-template tokenization)"
+    else:
+        use = f"renders the conversations (trained tokens by {marked})" if source.conversational else "no conversations"
     return {"data_format": data_format, "chat_template": (choice.origin, f"{use}; saved with final/ and checkpoints")}
 
 

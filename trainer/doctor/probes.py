@@ -373,13 +373,18 @@ def chat_probe(inputs: Inputs) -> Probe:
     from trainer.data.chat import chat_report, no_template_problem
 
     s, source = inputs.settings, inputs.data
-    report = chat_report(source, s.loss_on, s.chat_template, inputs.tokenizer_folder)
+    report = chat_report(source, s.loss_on, s.chat_template, inputs.tokenizer_folder, s.method)
     (layouts, loss), (template, why) = report["data_format"], report["chat_template"]
     shown = f"format {layouts} ({loss}); chat template: {template}"
     value = {what: {"value": v, "reason": r} for what, (v, r) in report.items()}
     if source.conversational and template in ("none", "refused"):
         fix = why if template == "refused" else no_template_problem(layouts, why)
         return Probe("chat", "Data format", shown, FAIL, fix, value)
+    from trainer.config.methods import layout_problem
+
+    mismatch = None if source.problems else layout_problem(s.method, source.layouts, source.variable)
+    if mismatch:  # the layout the data holds against the one TRAIN_METHOD needs
+        return Probe("chat", "Data format", shown, FAIL, mismatch, value)
     return Probe("chat", "Data format", shown, OK, value=value)
 
 

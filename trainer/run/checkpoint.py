@@ -93,19 +93,29 @@ def publish(staged: Path, final: Path, run: CheckpointRecord, step: int, final_m
 def __getattr__(name: str) -> Any:
     # The Trainer subclass is built on first use, so the path helpers above stay importable without transformers.
     if name == "AtomicCheckpointTrainer":
-        cls = _atomic_trainer_class()
+        from transformers import Trainer
+
+        cls = atomic_trainer(Trainer)
         globals()[name] = cls
         return cls
     raise AttributeError(name)
 
 
-def _atomic_trainer_class() -> type:
-    from transformers import Trainer
+_ATOMIC: dict[type, type] = {}
 
+
+def atomic_trainer(base: type) -> type:
+    """`base` (Transformers' Trainer, or a subclass such as TRL's DPOTrainer) with atomic checkpoints and final/."""
+    if base not in _ATOMIC:
+        _ATOMIC[base] = _atomic_trainer_class(base)
+    return _ATOMIC[base]
+
+
+def _atomic_trainer_class(base: type) -> type:
     from trainer.compat import rotate_checkpoints
     from trainer.run.disk_space import full_disk_ends_run
 
-    class AtomicCheckpointTrainer(Trainer):
+    class AtomicCheckpointTrainer(base):  # type: ignore[valid-type,misc]
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
 
         _staging_dir: str | None = None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from trainer.run.metrics import append_line, json_line
+from trainer.run.metrics import append_line, json_line, method_metrics
 
 if TYPE_CHECKING:
     from trainer.config.inputs import Inputs
@@ -46,8 +46,8 @@ class EvalMetricsCallback(TrainerCallback):
     metrics.jsonl: {"step", "epoch", "eval_loss", "eval_perplexity", "eval_runtime_s", "eval_samples_per_s", "time"}.
     It must run before the TensorBoard callback: `install` puts it first."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, perplexity: bool = True) -> None:
+        self.path, self.perplexity = path, perplexity  # a preference method's eval_loss is no language-model loss
 
     def install(self, trainer: Any) -> None:
         trainer.callback_handler.callbacks.insert(0, self)
@@ -56,16 +56,19 @@ class EvalMetricsCallback(TrainerCallback):
         if not logs or "eval_loss" not in logs:
             return
         loss = float(logs["eval_loss"])
-        logs["eval_perplexity"] = math.exp(loss) if loss < 700 else math.inf
+        if self.perplexity:
+            logs["eval_perplexity"] = math.exp(loss) if loss < 700 else math.inf
         if not state.is_world_process_zero:
             return
+        perplexity = logs.get("eval_perplexity", math.inf)
         record = {
             "step": state.global_step,
             "epoch": logs.get("epoch", state.epoch),
             "eval_loss": loss,
-            "eval_perplexity": logs["eval_perplexity"] if math.isfinite(logs["eval_perplexity"]) else None,
+            **({"eval_perplexity": perplexity if math.isfinite(perplexity) else None} if self.perplexity else {}),
             "eval_runtime_s": logs.get("eval_runtime"),
             "eval_samples_per_s": logs.get("eval_samples_per_second"),
             "time": time.time(),
+            **method_metrics(logs, "eval_"),
         }
         append_line(self.path, json_line(record))  # strict JSON: a NaN eval loss is null

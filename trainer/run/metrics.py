@@ -204,6 +204,7 @@ class MetricsCallback(TrainerCallback):
             "peak_mem_bytes": peak_memory_bytes(),
             "mfu": mfu,
             "time": time.time(),
+            **method_metrics(logs),
         }
 
 
@@ -217,6 +218,20 @@ def useful_token_share(dataset: Any) -> float:
         return 1.0
     blocks = int(packing.get("record_blocks", 0)) + int(packing.get("stream_blocks", 0))
     return max(0.0, 1.0 - int(packing["padding_tokens"]) / max(1, blocks * int(meta["seq_len"])))
+
+
+# The metrics TRL's preference trainers log besides their "group/name" ones (rewards/margins, logps/chosen, ...).
+METHOD_METRIC_NAMES = ("nll_loss", "log_odds_ratio", "log_odds_chosen", "kl", "accuracy", "margin", "mean_reward",
+                       "min_reward", "max_reward")  # fmt: skip
+
+
+def method_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A preference method's own metrics under TRL's names (`prefix` "eval_" for an evaluation's); none for SFT."""
+    return {
+        key: _number(value) for key, value in logs.items()
+        if key.startswith(prefix) and (prefix or not key.startswith("eval_"))
+        and ("/" in key or key[len(prefix):] in METHOD_METRIC_NAMES)
+    }  # fmt: skip
 
 
 def append_line(path: Path, line: str) -> None:

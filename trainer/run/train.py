@@ -189,19 +189,10 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 
 
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
-    from transformers import set_seed
-
-    from trainer.data.cache import Stopped
-    from trainer.data.dataset import load_or_prepare
-    from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
-    from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
     from trainer.run.divergence import RECORD as DIVERGED_RECORD
     from trainer.run.divergence import DivergenceGuard
-    from trainer.run.evaluation import EvalMetricsCallback, split_datasets
-    from trainer.run.metrics import truncate_after
-    from trainer.run.models import build_model
+    from trainer.run.evaluation import EvalMetricsCallback
     from trainer.run.output_lock import acquire_output_lock
-    from trainer.run.packed_attention import collator_for
     from trainer.run.resume import archive_run_config, run_record, set_aside_earlier_run
     from trainer.tokenizer import tokenizer_for
 
@@ -223,48 +214,19 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     inputs = cfg.inputs
     choice = inputs.template()
     tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
-    try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
-        with full_disk_ends_run(inputs.cache_dir, "writing the tokenized data cache"):
-            dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir,
-                                      should_stop=lambda: stop.requested)  # fmt: skip
-        dataset, eval_dataset = split_datasets(inputs, tokenizer, dataset, should_stop=lambda: stop.requested)
-    except Stopped:
+    if s.method == "sft":
+        trainer = _sft_trainer(cfg, args, tokenizer, stop, resume, clock)
+    else:  # preference tuning on TRL's trainers (trainer.run.preference)
+        trainer = _preference_trainer(cfg, args, tokenizer, stop, resume, clock)
+    if trainer is None:
         return _interrupted(stop, None)
-    clock.mark("data")
-    set_seed(s.seed)  # the same initial weights for the same seed
-    model = build_model(cfg, tokenizer)
-    clock.mark("model")
-    if args.should_save:
-        warn_if_too_small(out, model)
-    if args.should_save:
-        remove_stale_temps(s.output_dir)
-    log.info("resume: %s", resume.reason)
-    if resume.checkpoint and args.should_save:
-        truncate_after(out / "metrics.jsonl", resume.step)
-    if cfg.decisions.auto_batch.value:
-        from trainer.run.batch_search import apply_auto_batch
-
-        apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
-    cfg.training_data = batches_per_epoch(len(dataset), args, s.seq_len)
-    if args.should_save:
-        cfg.write_run_config(out)
-    trainer = AtomicCheckpointTrainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        eval_dataset=eval_dataset,
-        data_collator=collator_for(cfg.decisions.attn.value),
-        processing_class=tokenizer,
-        callbacks=_callbacks(cfg, model, stop, clock),
-        **_optimizer_override(cfg, args),
-    )
     trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by run.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
 
         install(trainer, cfg, tracker_runs, args.process_index == 0)
-    if eval_dataset is not None:
-        EvalMetricsCallback(out / "metrics.jsonl").install(trainer)
+    if trainer.eval_dataset is not None:
+        EvalMetricsCallback(out / "metrics.jsonl", perplexity=s.method == "sft").install(trainer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
     checkpoint = str(resume.checkpoint) if resume.checkpoint else None
@@ -286,6 +248,86 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
 
         return push_after_run(cfg, out, args.world_size)
     return EXIT_OK
+
+
+def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any) -> Any:
+    """The packed dataset, the model and the atomic Trainer of an SFT run; None when a stop came while preparing."""
+    from transformers import set_seed
+
+    from trainer.data.cache import Stopped
+    from trainer.data.dataset import load_or_prepare
+    from trainer.run.checkpoint import AtomicCheckpointTrainer
+    from trainer.run.disk_space import full_disk_ends_run
+    from trainer.run.evaluation import split_datasets
+    from trainer.run.models import build_model
+    from trainer.run.packed_attention import collator_for
+
+    inputs = cfg.inputs
+    try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
+        with full_disk_ends_run(inputs.cache_dir, "writing the tokenized data cache"):
+            dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir,
+                                      should_stop=lambda: stop.requested)  # fmt: skip
+        dataset, eval_dataset = split_datasets(inputs, tokenizer, dataset, should_stop=lambda: stop.requested)
+    except Stopped:
+        return None
+    clock.mark("data")
+    set_seed(cfg.settings.seed)  # the same initial weights for the same seed
+    model = build_model(cfg, tokenizer)
+    clock.mark("model")
+    _before_training(cfg, args, model, resume)
+    if cfg.decisions.auto_batch.value:
+        from trainer.run.batch_search import apply_auto_batch
+
+        apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
+    _record_training_data(cfg, args, len(dataset))
+    return AtomicCheckpointTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=eval_dataset,
+        data_collator=collator_for(cfg.decisions.attn.value),
+        processing_class=tokenizer,
+        callbacks=_callbacks(cfg, model, stop, clock),
+        **_optimizer_override(cfg, args),
+    )
+
+
+def _preference_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any
+                        ) -> Any:  # fmt: skip
+    """TRL's trainer for TRAIN_METHOD (trainer.run.preference), with the same callbacks and checkpoints as SFT."""
+    from transformers import set_seed
+
+    from trainer.run import preference
+
+    rows = preference.training_rows(cfg, tokenizer)
+    clock.mark("data")
+    set_seed(cfg.settings.seed)
+    model = preference.build_policy(cfg, tokenizer)
+    clock.mark("model")
+    _before_training(cfg, args, model, resume)
+    _record_training_data(cfg, args, len(rows[0]))
+    return preference.build_trainer(cfg, args, tokenizer, model, rows, _callbacks(cfg, model, stop, clock))
+
+
+def _before_training(cfg: RunConfig, args: Any, model: Any, resume: Resume) -> None:
+    from trainer.run.checkpoint import remove_stale_temps
+    from trainer.run.disk_space import warn_if_too_small
+    from trainer.run.metrics import truncate_after
+
+    out = Path(cfg.settings.output_dir)
+    if args.should_save:
+        warn_if_too_small(out, model)
+        remove_stale_temps(out)
+    log.info("resume: %s", resume.reason)
+    if resume.checkpoint and args.should_save:
+        truncate_after(out / "metrics.jsonl", resume.step)
+
+
+def _record_training_data(cfg: RunConfig, args: Any, sequences: int) -> None:
+    """run_config.json's `training_data`: how the DataLoader splits an epoch (batches_per_epoch)."""
+    cfg.training_data = batches_per_epoch(sequences, args, cfg.settings.seq_len)
+    if args.should_save:
+        cfg.write_run_config(Path(cfg.settings.output_dir))
 
 
 def _prepare_compile(cfg: RunConfig) -> None:

@@ -1,0 +1,193 @@
+"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto) on TRL's trainers: real `python -m trainer` runs of the tiny preset
+on one generated preference set (tests/trainer/preference_data.py), the SIGTERM + resume check, `data --show` on
+pairs, and the bad inputs, which end before torch (checked in-process, one of them as a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from preference_data import pairs, write_jsonl
+from train_runs import assert_same_weights, finish, logged_steps, start, train_env
+from waiting import wait_for
+
+from trainer.config.checks import static_problems
+from trainer.config.inputs import Inputs
+from trainer.config.parse import parse_settings
+from trainer.errors import ConfigError
+from trainer.run.resume import check_drift
+
+STEPS = 6
+HELD_OUT = 0.25  # 12 of 48 pairs
+
+
+@pytest.fixture(scope="module")
+def pair_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", pairs(48))
+
+
+def method_env(out: Path, data: Path, method: str = "dpo", **more: object) -> dict[str, str]:
+    """A short LoRA run with the built-in chatml template; evaluation on the held-out pairs at the last step."""
+    settings = {"method": method, "chat_template": "chatml", "lora": 1, "seq_len": 96, "batch_size": 4,
+                "max_steps": STEPS, "eval_split": HELD_OUT, "eval_steps": STEPS, **more}  # fmt: skip
+    return train_env(out, data=data, **settings)
+
+
+def lines(out: Path) -> tuple[list[dict], list[dict]]:
+    """(training lines, evaluation lines) of metrics.jsonl."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
+
+
+@pytest.fixture(scope="module")
+def dpo_run(pair_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dpo") / "out"
+    code, err = finish(start(method_env(out, pair_file)))
+    assert code == 0, err[-3000:]
+    return out
+
+
+def test_dpo_with_lora_learns_the_preference(dpo_run: Path) -> None:
+    train, evaluation = lines(dpo_run)
+    margins = [r["rewards/margins"] for r in train]
+    assert len(train) == STEPS and all("rewards/accuracies" in r for r in train)  # TRL's own metric names
+    assert margins[0] == 0 and margins[-1] > 0.3 and margins[-1] == max(margins), margins
+    assert evaluation[-1]["eval_rewards/accuracies"] > 0.8, evaluation[-1]  # on the 12 held-out pairs
+    assert "eval_perplexity" not in evaluation[-1]  # a DPO loss is no language-model loss
+    decisions = json.loads((dpo_run / "run_config.json").read_text())["decisions"]
+    assert decisions["method"]["value"] == "dpo" and decisions["reference"]["value"] == "frozen adapter"
+    assert (dpo_run / "final" / "model.safetensors").is_file() and (dpo_run / "final" / "adapter").is_dir()
+
+
+def test_the_lora_reference_stays_the_starting_model(dpo_run: Path) -> None:
+    """TRL's reference is a frozen copy of the starting adapter, whose lora_B starts at zero (so it equals the base):
+    after training it is still zero, while the trained adapter's is not."""
+    from safetensors.torch import load_file
+
+    checkpoint = dpo_run / f"checkpoint-{STEPS}"
+    reference = load_file(str(checkpoint / "ref" / "adapter_model.safetensors"))
+    trained = load_file(str(checkpoint / "adapter_model.safetensors"))
+    b_weights = [name for name in reference if "lora_B" in name]
+    assert b_weights and all(not reference[name].any() for name in b_weights)
+    assert all(trained[name].any() for name in b_weights)
+
+
+def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = method_env(out, pair_file)
+    proc = start(env)
+    wait_for(lambda: 3 in logged_steps(out), 300, "step 3", proc=proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 143, err[-3000:]
+    stopped = int(re.search(r"checkpoint-(\d+) written", err)[1])
+    restart_code, restart_err = finish(start(env))
+    assert restart_code == 0, restart_err[-3000:]
+    assert f"continuing from {out / f'checkpoint-{stopped}'}" in restart_err
+    assert logged_steps(out)[:STEPS] == list(range(1, STEPS + 1))
+    assert_same_weights(out / "final", dpo_run / "final")
+    changed = parse_settings({**env, "TRAIN_PREF_LOSS": "ipo"})  # the method's options cannot change on resume
+    with pytest.raises(ConfigError, match="TRAIN_PREF_LOSS was 'auto', now 'ipo'"):
+        check_drift(out / f"checkpoint-{stopped}", changed)
+
+
+@pytest.mark.parametrize(
+    ("method", "lora", "metric", "reference"),
+    [("orpo", 1, "log_odds_chosen", "none"), ("kto", 0, "rewards/margins", "frozen copy")],
+)  # fmt: skip
+def test_orpo_and_kto_learn_their_own_metric(method: str, lora: int, metric: str, reference: str, pair_file: Path,
+                                             tmp_path: Path) -> None:  # fmt: skip
+    """ORPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the reference)."""
+    out = tmp_path / "out"
+    code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0)))
+    assert code == 0, err[-3000:]
+    train, _ = lines(out)
+    values = [r[metric] for r in train]
+    assert values[-1] > values[0] and values[-1] > 0, values
+    assert json.loads((out / "run_config.json").read_text())["decisions"]["reference"]["value"] == reference
+
+
+def test_data_show_json_marks_each_sides_answer_trained(pair_file: Path, tmp_path: Path, run_trainer) -> None:
+    env = {k: v for k, v in method_env(tmp_path / "out", pair_file).items() if k.startswith("TRAIN_")}
+    result = run_trainer(["data", "--show", "2", "--json"], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [s["where"] for s in shown] == [f"{pair_file}:1", f"{pair_file}:2"]
+    for pair in shown:
+        chosen, rejected = pair["chosen"], pair["rejected"]
+        prompt = next(i for i, label in enumerate(chosen["labels"]) if label != -100)
+        assert chosen["input_ids"][:prompt] == rejected["input_ids"][:prompt]  # one prompt, never trained
+        assert all(label == -100 for label in rejected["labels"][:prompt])
+        for side in (chosen, rejected):
+            assert side["labels"][prompt:] == side["input_ids"][prompt:] and len(side["labels"]) > prompt
+
+
+# ---- bad input: exit 2 before torch, naming file:line ----------------------------------------------------------
+
+GOOD = {"prompt": "say hi", "chosen": "hi", "rejected": "HI"}
+CHAT = pairs(1)[0]
+
+
+def problems(tmp_path: Path, rows: list, **env: str) -> str:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    settings = parse_settings({"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"),
+                               "TRAIN_METHOD": "dpo", "TRAIN_CHAT_TEMPLATE": "chatml", **env})  # fmt: skip
+    return "\n".join(static_problems(Inputs(settings)))
+
+
+@pytest.mark.parametrize(
+    ("second", "expected"),
+    [
+        ({"prompt": "say hi", "chosen": "", "rejected": "HI"}, "data.jsonl:2: chosen is empty"),
+        ({"prompt": "say hi", "rejected": "HI", "chosen": None}, "data.jsonl:2: no chosen"),
+        ({"prompt": "say hi", "chosen": "hi", "rejected": "hi"}, "data.jsonl:2: chosen equals rejected"),
+        ({**CHAT, "prompt": None, "chosen": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+          "rejected": [{"role": "user", "content": "X"}, {"role": "assistant", "content": "c"}]},
+         "data.jsonl:2: chosen and rejected differ before their last turn"),
+        (CHAT, "data.jsonl:2: a conversational chosen/rejected record in a file of prompt/chosen/rejected records"),
+        ('{"prompt": "x", "chosen"', "data.jsonl:2: not valid JSON"),
+    ],
+    ids=["empty-side", "missing-side", "chosen-equals-rejected", "prompts-differ", "mixed-layouts", "not-json"],
+)  # fmt: skip
+def test_a_bad_pair_is_named_by_file_and_line(second: object, expected: str, tmp_path: Path) -> None:
+    first = CHAT if "differ before" in expected else GOOD  # the file's layout is its first record's
+    found = problems(tmp_path, [first, second])
+    assert expected in found and "TRAIN_DATA_MAX_BAD_LINES" in found, found
+    assert problems(tmp_path, [first, second, first], TRAIN_DATA_MAX_BAD_LINES="1") == ""  # skipped and counted
+
+
+def test_kto_labels_must_be_booleans(tmp_path: Path) -> None:
+    rows = [{"prompt": "a", "completion": "b", "label": True}, {"prompt": "a", "completion": "c", "label": 1}]
+    assert "data.jsonl:2: label must be true or false, not 1" in problems(tmp_path, rows, TRAIN_METHOD="kto")
+    assert "use TRAIN_METHOD=kto" in problems(tmp_path, rows[:1])  # DPO needs pairs
+
+
+def test_the_layout_must_fit_the_method(tmp_path: Path) -> None:
+    sft = problems(tmp_path, [{"messages": [{"role": "user", "content": "a"}]}])
+    assert "TRAIN_METHOD=dpo needs preference pairs" in sft and "holds messages" in sft
+    pairs_for_sft = problems(tmp_path, [GOOD], TRAIN_METHOD="sft")
+    assert "holds preference data (prompt/chosen/rejected) but TRAIN_METHOD=sft" in pairs_for_sft
+
+
+def test_a_method_option_that_does_not_apply_is_an_error(tmp_path: Path) -> None:
+    found = problems(tmp_path, [GOOD], TRAIN_METHOD="orpo", TRAIN_PREF_LOSS="ipo", TRAIN_ARGS="--simpo_gama 0.5")
+    assert "TRAIN_PREF_LOSS applies to TRAIN_METHOD=dpo, not TRAIN_METHOD=orpo" in found
+    assert "--simpo_gama is not a TRL ORPOConfig flag" in found
+    assert "did you mean simpo_gamma?" in problems(tmp_path, [GOOD], TRAIN_METHOD="simpo", TRAIN_ARGS="--simpo_gama 1")
+    assert problems(tmp_path, [GOOD], TRAIN_ARGS="--use_weighting") == ""  # a DPOConfig field
+    assert "TRAIN_LOSS_ON is for TRAIN_METHOD=sft" in problems(tmp_path, [GOOD], TRAIN_LOSS_ON="last")
+
+
+def test_a_bad_pair_exits_2_before_torch(tmp_path: Path, run_trainer, imported_modules) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "rejected": "hi"}) + "\n")
+    env = {"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_METHOD": "dpo"}
+    result = run_trainer(["config"], env=env, python_args=["-X", "importtime"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{data}:2: chosen equals rejected" in result.stderr
+    assert "torch" not in imported_modules(result.stderr)

@@ -1,0 +1,242 @@
+"""TRAIN_METHOD: what each preference method is in TRL, which TRAIN_PREF_* options apply to it, its data, its
+reference model, and the TRL config fields it takes (TRAIN_ARGS). Torch- and TRL-free (TRL's config fields are read
+from its source with `ast`, as trainer.transformers_names reads TrainingArguments'); trainer/run/preference.py
+builds the trainers.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.config.decision import Decision
+from trainer.config.schema import TrainSettings
+from trainer.data.preference import PREFERENCE_LAYOUTS, PreferenceRecords
+
+if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
+
+
+@dataclass(frozen=True)
+class Method:
+    module: str  # TRL module holding the trainer and its config
+    trainer: str
+    config: str
+    config_file: str  # the config's source, relative to the trl package (its fields, without importing TRL)
+    beta: float | None  # TRL's default beta (None: the method has none)
+    reference: bool  # needs a reference model
+    unpaired: bool = False  # also takes prompt/completion/label records
+    fixed: tuple[tuple[str, Any], ...] = ()  # config fields the method is (SimPO: CPO's simpo loss)
+
+
+METHODS = {
+    "dpo": Method("trl", "DPOTrainer", "DPOConfig", "trainer/dpo_config.py", 0.1, True),
+    "kto": Method("trl", "KTOTrainer", "KTOConfig", "trainer/kto_config.py", 0.1, True, unpaired=True),
+    "orpo": Method("trl.experimental.orpo", "ORPOTrainer", "ORPOConfig", "experimental/orpo/orpo_config.py", 0.1,
+                   False),
+    "simpo": Method("trl.experimental.cpo", "CPOTrainer", "CPOConfig", "experimental/cpo/cpo_config.py", 2.0, False,
+                    fixed=(("loss_type", "simpo"), ("cpo_alpha", 0.0))),
+    "reward": Method("trl", "RewardTrainer", "RewardConfig", "trainer/reward_config.py", None, False),
+}
+# TRAIN_PREF_* option -> the methods it applies to
+OPTION_METHODS = {
+    "pref_beta": tuple(m for m, facts in METHODS.items() if facts.beta is not None),
+    "pref_loss": ("dpo",),
+    "pref_reference": tuple(m for m, facts in METHODS.items() if facts.reference),
+}
+# SFT's data settings, which a preference method would otherwise silently ignore
+SFT_ONLY = {"packing": "pairs are never packed (each side is one padded sequence)",
+            "loss_on": "a preference method trains each side's answer (the prompt never)"}  # fmt: skip
+
+
+def is_preference(settings: TrainSettings) -> bool:
+    return settings.method != "sft"
+
+
+# ---- checks (stage 1) -----------------------------------------------------------------------------------------
+
+
+def option_problems(s: TrainSettings) -> list[str]:
+    """A TRAIN_PREF_* option given for a method it does not apply to is an error, never silently ignored."""
+    problems = []
+    for name, methods in OPTION_METHODS.items():
+        if name in s.model_fields_set and s.method not in methods:
+            problems.append(f"TRAIN_{name.upper()} applies to TRAIN_METHOD={'/'.join(methods)}, not "
+                            f"TRAIN_METHOD={s.method}; remove it, or choose one of those methods")  # fmt: skip
+    if is_preference(s):
+        sharding = (("TRAIN_FSDP", s.fsdp if s.fsdp != "none" else ""), ("TRAIN_ZERO_STAGE", s.zero_stage or ""),
+                    ("TRAIN_DEEPSPEED_CONFIG", s.deepspeed_config))  # fmt: skip
+        for setting, value in sharding:
+            if value:
+                problems.append(f"TRAIN_METHOD={s.method} with {setting}={value}: trainkit's preference layer is not "
+                                "tested with sharding yet; use one GPU per process (DDP) with TRAIN_LORA=1 or "
+                                "TRAIN_QUANT for large models")  # fmt: skip
+        if s.optim == "adamw_apex_fused" or s.auto_batch == "1":
+            what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
+            problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
+                            "trainer only); use TRAIN_OPTIM=auto and set TRAIN_BATCH_SIZE")  # fmt: skip
+        for name, why in SFT_ONLY.items():
+            if name in s.model_fields_set:
+                problems.append(f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it")
+    return problems
+
+
+def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str | None:
+    """The data's layout against the method's: SFT given pairs, or a preference method given SFT data."""
+    from trainer.data.chat import LAYOUT_NAMES
+
+    found = ", ".join(LAYOUT_NAMES.get(x, x) for x in layouts)
+    preference = [x for x in layouts if x in PREFERENCE_LAYOUTS]
+    if method == "sft":
+        if not preference:
+            return None
+        return (f"{variable} holds preference data ({found}) but TRAIN_METHOD=sft trains on text, prompt/completion "
+                "or conversations; set TRAIN_METHOD=dpo (or orpo, kto, simpo, reward) to train on it")  # fmt: skip
+    needed = "preference pairs (prompt/chosen/rejected, as text or message lists)"
+    if METHODS[method].unpaired:
+        needed += " or prompt/completion/label records"
+    other = [x for x in layouts if x not in PREFERENCE_LAYOUTS]
+    if other or not layouts:
+        return f"TRAIN_METHOD={method} needs {needed}; {variable} holds {found or 'no records'}"
+    if "unpaired" in layouts and not METHODS[method].unpaired:
+        return (f"TRAIN_METHOD={method} needs {needed}; {variable} holds prompt/completion/label records (unpaired, "
+                "KTO's): use TRAIN_METHOD=kto, or pairs")  # fmt: skip
+    return None
+
+
+def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
+    """The layouts of TRAIN_DATA and TRAIN_EVAL_DATA against the method, then (preference methods) every record:
+    local data in the static checks, Hub datasets (`hub`) once fetched, after every other check passed."""
+    from trainer.hub.ids import parse_dataset_id
+
+    s = inputs.settings
+    problems = []
+    keys = ["data"] + (["eval_data"] if s.eval_data else [])
+    for key in (k for k in keys if bool(parse_dataset_id(getattr(s, k))) == hub):
+        source = getattr(inputs, key)
+        if source.problems or (source.embedded and s.method == "sft"):
+            continue
+        if source.embedded:
+            problems.append(f"TRAIN_METHOD={s.method} needs preference data: {source.variable} is empty or missing "
+                            "(the embedded corpus is plain text); point it at a pairs file")  # fmt: skip
+            continue
+        found = layout_problem(s.method, source.layouts, source.variable)
+        if found:
+            problems.append(found)
+        elif is_preference(s):
+            problems += records_of(inputs, key).problems
+    return problems
+
+
+def records_of(inputs: Inputs, key: str = "data") -> PreferenceRecords:
+    """Every record of TRAIN_DATA (`key` "data") or TRAIN_EVAL_DATA ("eval_data"), read and checked once per run
+    (kept on `inputs`: the checks, `data --show` and the run share the one read)."""
+    return inputs.pairs if key == "data" else inputs.eval_pairs
+
+
+def template_problem(inputs: Inputs) -> str | None:
+    """Conversational pairs need a chat template (the same one SFT renders with)."""
+    from trainer.data.chat import no_template_problem
+    from trainer.errors import ConfigError
+
+    source = inputs.data
+    if not is_preference(inputs.settings) or source.problems or not any(x != "preference" for x in source.layouts):
+        return None
+    try:
+        choice = inputs.template()
+    except ConfigError as exc:
+        return exc.message
+    chat = any(isinstance(row.get("prompt"), list) for row in records_of(inputs).rows[:1])
+    return no_template_problem(source.layout_names(), choice.origin) if chat and choice.text is None else None
+
+
+# ---- decisions ------------------------------------------------------------------------------------------------
+
+
+def decide_reference(s: TrainSettings) -> Decision[str]:
+    """The reference model done the way that costs least (recorded in run_config.json)."""
+    if not is_preference(s):
+        return Decision("none", "TRAIN_METHOD=sft")
+    if not METHODS[s.method].reference:
+        return Decision("none", f"{s.method} compares the policy's own log-probs: no reference model")
+    if s.pref_reference == "precompute":
+        return Decision("precomputed", "TRAIN_PREF_REFERENCE=precompute: the reference log-probs of every pair are "
+                        "computed once before training; no reference is held while training")  # fmt: skip
+    if s.lora and s.pref_reference == "auto":
+        return Decision("frozen adapter", "TRAIN_LORA=1: the shared base with a frozen copy of the starting adapter "
+                        "(TRL's 'ref' adapter, equal to the base at the start) is the reference: adapter-sized, no "
+                        "second copy of the model")  # fmt: skip
+    why = "TRAIN_PREF_REFERENCE=copy" if s.pref_reference == "copy" else "full fine-tuning (TRAIN_LORA=0)"
+    return Decision("frozen copy", f"{why}: a frozen copy of the starting model (TRAIN_PREF_REFERENCE=precompute "
+                    "saves its memory)")  # fmt: skip
+
+
+def decide_method(s: TrainSettings) -> Decision[str]:
+    if not is_preference(s):
+        return Decision("sft", "TRAIN_METHOD=sft (default): supervised training on the data's own tokens")
+    facts = METHODS[s.method]
+    return Decision(s.method, f"TRL's {facts.trainer} ({facts.module}), {config_fields_text(s)}")
+
+
+def config_fields_text(s: TrainSettings) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in method_arguments(s).items())
+
+
+def method_arguments(s: TrainSettings) -> dict[str, Any]:
+    """The TRL config fields trainkit sets for the method (TRAIN_ARGS may set others, and wins)."""
+    if not is_preference(s):
+        return {}
+    facts = METHODS[s.method]
+    args: dict[str, Any] = dict(facts.fixed)
+    if facts.beta is not None:
+        args["beta"] = s.pref_beta or facts.beta
+    if s.method == "dpo":
+        args["loss_type"] = ["sigmoid" if s.pref_loss == "auto" else s.pref_loss]
+    if facts.reference:
+        args["precompute_ref_log_probs"] = s.pref_reference == "precompute"
+    # truncate: TRL keeps the prompt both sides share and cuts each answer where the limit falls (RewardTrainer drops
+    # instead: the run drops those pairs itself and says so); drop: the run drops long pairs before TRL sees them
+    args["max_length"] = s.seq_len
+    return args
+
+
+# ---- TRAIN_ARGS: the TRL config's fields ------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def config_fields(method: str) -> frozenset[str]:
+    """Field names the method's TRL config adds to TrainingArguments, read from TRL's source; empty without TRL."""
+    if method not in METHODS:
+        return frozenset()
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    path = Path(next(iter(spec.submodule_search_locations))) / METHODS[method].config_file
+    if not path.is_file():
+        return frozenset()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == METHODS[method].config:
+            return frozenset(
+                item.target.id for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                and not item.target.id.startswith("_")
+            )  # fmt: skip
+    return frozenset()
+
+
+def config_class(method: str) -> Any:
+    """The TRL config class of a preference method (imports TRL)."""
+    import importlib
+
+    return getattr(importlib.import_module(METHODS[method].module), METHODS[method].config)
+
+
+def trainer_class(method: str) -> Any:
+    import importlib
+
+    return getattr(importlib.import_module(METHODS[method].module), METHODS[method].trainer)
+

@@ -1,0 +1,145 @@
+"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto/simpo/reward) on TRL's trainers, with trainkit's machinery.
+
+`build_trainer` turns the checked records (trainer.config.methods.records_of: the same read the checks made) into
+TRL's rows, holds out evaluation pairs, applies TRAIN_LONG_RECORDS, builds the policy (trainer.run.models, LoRA
+included) and the reference the way cfg.decisions.reference says, and returns TRL's trainer made atomic
+(trainer.run.checkpoint.atomic_trainer): checkpoints, final/, SIGTERM stops, resume and metrics.jsonl are SFT's.
+TRL tokenizes: conversations through the tokenizer's chat template (TRAIN_CHAT_TEMPLATE or the model's own, set
+by trainer.tokenizer as for SFT), text with EOS after each answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import TYPE_CHECKING, Any
+
+from trainer.config.methods import METHODS, records_of, trainer_class
+from trainer.data.preference import encoded, longest, unpaired_from_pairs
+from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
+
+log = logging.getLogger("trainer")
+
+
+def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(train rows, eval rows or None) as the method's TRL trainer takes them, long pairs dropped or left to TRL's
+    truncation (TRAIN_LONG_RECORDS), every count logged."""
+    s = cfg.settings
+    records = records_of(cfg.inputs)
+    for line in records.skipped:
+        log.warning("data: skipped %s (TRAIN_DATA_MAX_BAD_LINES=%d)", line, s.data_max_bad_lines)
+    rows = list(records.rows)
+    evaluation = list(records_of(cfg.inputs, "eval_data").rows) if s.eval_data else None
+    if s.eval_split > 0:
+        held = max(1, int(len(rows) * s.eval_split))
+        rows, evaluation = rows[:-held], rows[-held:]
+        log.info("eval: the last %d of %d pairs held out (TRAIN_EVAL_SPLIT=%g)", held, held + len(rows), s.eval_split)
+    long_records = "drop" if s.method == "reward" else s.long_records  # a reward model scores whole pairs
+    rows = _kept(rows, tokenizer, s.seq_len, long_records, "train")
+    evaluation = _kept(evaluation, tokenizer, s.seq_len, long_records, "eval") if evaluation else evaluation
+    if s.method == "kto" and records.paired:
+        log.info("data: KTO on pairs: each of %d pairs is two examples (chosen: label true, rejected: false)",
+                 len(rows))
+        rows = unpaired_from_pairs(rows)
+        evaluation = unpaired_from_pairs(evaluation) if evaluation else evaluation
+    if not rows:
+        raise ConfigError(f"TRAIN_DATA: no pair left to train on ({len(records.rows)} read); see the log above")
+    log.info("data: %d %s for TRAIN_METHOD=%s (%s)", len(rows), "examples" if s.method == "kto" else "pairs",
+             s.method, ", ".join(records.layouts))  # fmt: skip
+    return rows, evaluation
+
+
+def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records: str, what: str
+          ) -> list[dict[str, Any]]:  # fmt: skip
+    """Rows whose prompt and longest side fit TRAIN_SEQ_LEN, or all of them (truncate: TRL keeps the shared prompt
+    and cuts each answer at the same length); the long ones are counted either way."""
+    lengths = [longest(encoded(tokenizer, row)) for row in rows]
+    long = [i for i, n in enumerate(lengths) if n > seq_len]
+    if not long:
+        return rows
+    if long_records == "drop":
+        log.warning("data: %d of %d %s pairs longer than TRAIN_SEQ_LEN=%d dropped (TRAIN_LONG_RECORDS=drop; a "
+                    "reward model always drops them: it scores whole answers)",
+                    len(long), len(rows), what, seq_len)  # fmt: skip
+        skip = set(long)
+        return [row for i, row in enumerate(rows) if i not in skip]
+    log.warning("data: %d of %d %s pairs longer than TRAIN_SEQ_LEN=%d: each side cut after %d tokens, the prompt "
+                "they share kept whole (TRAIN_LONG_RECORDS=truncate; a prompt that fills it alone is dropped by TRL)",
+                len(long), len(rows), what, seq_len, seq_len)  # fmt: skip
+    return rows
+
+
+def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The model to train: SFT's (preset or folder, LoRA/QLoRA applied), or for `reward` a one-score classifier."""
+    from trainer.run.models import build_model
+
+    if cfg.settings.method != "reward":
+        return build_model(cfg, tokenizer)
+    return _reward_model(cfg, tokenizer)
+
+
+def _reward_model(cfg: RunConfig, tokenizer: Any) -> Any:
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from trainer.compat import model_dtype_kwargs
+    from trainer.config.presets import is_preset
+    from trainer.run.models import build_device, log_parameter_counts, preset_config
+
+    s = cfg.settings
+    if is_preset(s.model):
+        config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
+        config.num_labels = 1
+        with torch.device(build_device(cfg)):
+            model = AutoModelForSequenceClassification.from_config(config, **model_dtype_kwargs(torch.float32))
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            cfg.decisions.model.value, num_labels=1, attn_implementation=cfg.decisions.attn.value
+        )
+    model.config.pad_token_id = tokenizer.pad_token_id
+    log.info("model: %s with a one-score head (reward model)", type(model).__name__)
+    log_parameter_counts(model)
+    return model
+
+
+def reference_model(cfg: RunConfig, model: Any) -> Any:
+    """A frozen copy of the starting policy where the reference decision asks for one; else None (TRL then uses
+    the adapter-disabled base with LoRA, or its precomputed log-probs)."""
+    if cfg.decisions.reference.value != "frozen copy":
+        return None
+    reference = copy.deepcopy(model)
+    reference.eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
+                  rows: tuple[list[dict[str, Any]], list[dict[str, Any]] | None], callbacks: list[Any]) -> Any:
+    """TRL's trainer for cfg.settings.method on `rows` (training_rows) with atomic checkpoints, ready for `train`."""
+    from datasets import Dataset
+
+    from trainer.run.checkpoint import atomic_trainer
+
+    s = cfg.settings
+    train_rows, evaluation = rows
+    kwargs: dict[str, Any] = {}
+    if METHODS[s.method].reference:
+        kwargs["ref_model"] = reference_model(cfg, model)
+    log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
+    trainer = atomic_trainer(trainer_class(s.method))(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(train_rows),
+        eval_dataset=Dataset.from_list(evaluation) if evaluation else None,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        **kwargs,
+    )
+    fitted = len(trainer.train_dataset)
+    if fitted < len(train_rows):
+        log.warning("data: TRL dropped %d of %d examples whose prompt alone fills TRAIN_SEQ_LEN=%d",
+                    len(train_rows) - fitted, len(train_rows), s.seq_len)  # fmt: skip
+    return trainer
