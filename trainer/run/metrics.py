@@ -112,13 +112,12 @@ def reset_peak_memory() -> None:
 
 def _return_freed_heap() -> None:
     """glibc's malloc_trim: give the heap's free pages back to the system (a no-op where libc has none)."""
+    import contextlib
     import ctypes
     import ctypes.util
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _status_kib(field: str) -> int | None:
