@@ -286,6 +286,15 @@ def model_dtype_kwargs(dtype: Any, st: Stack | None = None) -> dict[str, Any]:
     return {(st or stack()).dtype_kwarg: dtype}
 
 
+def set_rope_scaling(config: Any, params: dict[str, Any], st: Stack | None = None) -> None:
+    """Write RoPE scaling into a model config: transformers 5 keeps it in `rope_parameters` (with rope_theta),
+    4.x in `rope_scaling` (rope_theta stays a field of its own)."""
+    if (st or stack()).transformers_5:
+        config.rope_parameters = {**(getattr(config, "rope_parameters", None) or {}), **params}
+    else:
+        config.rope_scaling = dict(params)
+
+
 # ---- adapters for calls that changed ----------------------------------------------------------------------------
 
 

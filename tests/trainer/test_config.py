@@ -9,6 +9,7 @@ described `Hardware`, with no torch import.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ EFFECT_ENVS: dict[str, dict[str, str]] = {
     "data": {"TRAIN_TEXT_FIELD": "body", "TRAIN_DATA_MAX_BAD_LINES": "3", "TRAIN_SEQ_LEN": "64",
              "TRAIN_PACKING": "records", "TRAIN_LONG_RECORDS": "drop"},
     "model": {"TRAIN_LORA": "1", "TRAIN_LORA_R": "4", "TRAIN_LORA_ALPHA": "8", "TRAIN_LORA_DROPOUT": "0.1",
-              "TRAIN_LORA_TARGETS": "q_proj,v_proj"},
+              "TRAIN_LORA_TARGETS": "q_proj,v_proj", "TRAIN_ROPE_SCALING": "yarn", "TRAIN_ROPE_FACTOR": "4"},
     "launch": {"TRAIN_NPROC_PER_NODE": "2", "TRAIN_MAX_RESTARTS": "5", "TRAIN_RDZV_TIMEOUT": "60", "NNODES": "2",
                "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"},
 }  # fmt: skip
@@ -163,19 +164,22 @@ def _data_effects(root: Path, run_trainer) -> dict[str, Any]:
 
 
 def _model_effects(root: Path) -> dict[str, Any]:
-    """The tiny preset with the LoRA settings applied, as the run builds it."""
+    """The tiny preset with the RoPE scaling and the LoRA settings applied, as the run builds it."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import apply_lora, preset_config
+    from trainer.run.models import apply_lora, preset_config, scale_rope
     from trainer.tokenizer import byte_level_tokenizer
 
     settings = config.parse_settings({**_base(root, "model"), **EFFECT_ENVS["model"]})
     tokenizer = byte_level_tokenizer()
-    model = apply_lora(AutoModelForCausalLM.from_config(preset_config("tiny", len(tokenizer), 32, tokenizer)), settings)
+    preset = scale_rope(preset_config("tiny", len(tokenizer), 32, tokenizer), settings)
+    model = apply_lora(AutoModelForCausalLM.from_config(preset), settings)
     adapted = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")}
     q_proj = next(m for name, m in model.named_modules() if name.endswith("q_proj") and hasattr(m, "lora_A"))
+    rotary = next(m for m in model.modules() if hasattr(m, "rope_type"))
     return {"adapted": adapted, "rank": q_proj.lora_A["default"].out_features, "scaling": q_proj.scaling["default"],
-            "dropout": q_proj.lora_dropout["default"].p}  # fmt: skip
+            "dropout": q_proj.lora_dropout["default"].p, "rope_type": rotary.rope_type,
+            "attention_scaling": rotary.attention_scaling}  # fmt: skip
 
 
 def _launch_effects(root: Path) -> dict[str, Any]:
@@ -318,6 +322,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_LORA_ALPHA", "model", lambda c: c["scaling"] == 8 / 4),
     ("TRAIN_LORA_DROPOUT", "model", lambda c: c["dropout"] == 0.1),
     ("TRAIN_LORA_TARGETS", "model", lambda c: c["adapted"] == {"q_proj", "v_proj"}),
+    ("TRAIN_ROPE_SCALING", "model", lambda c: c["rope_type"] == "yarn"),
+    ("TRAIN_ROPE_FACTOR", "model", lambda c: c["attention_scaling"] == pytest.approx(0.1 * math.log(4) + 1)),  # yarn's
     ("TRAIN_QUANT", "full", lambda c: c["decisions"]["quant"]["value"] == "4bit"),
     ("TRAIN_NEFTUNE_ALPHA", "full", lambda c: c["training_arguments"]["neftune_noise_alpha"] == 5.0),
     ("TRAIN_MAX_STEPS", "full", lambda c: c["training_arguments"]["max_steps"] == 7),

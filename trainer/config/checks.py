@@ -10,6 +10,7 @@ from trainer import compat, transformers_names
 from trainer.config import deepspeed, methods, speed
 from trainer.config.inputs import Inputs
 from trainer.config.presets import MODEL_PRESETS, is_preset
+from trainer.config.rope import readable_model_config, rope_problems
 from trainer.config.schema import TrainSettings
 from trainer.data.chat import template_problems
 from trainer.errors import ConfigError
@@ -156,6 +157,11 @@ def _model_problems(s: TrainSettings) -> list[str]:
     return []
 
 
+def _rope_problems(s: TrainSettings) -> list[str]:
+    """TRAIN_ROPE_*, and a TRAIN_SEQ_LEN beyond the model's positions; a Hub model's config is checked by the run."""
+    return rope_problems(s, readable_model_config(s))
+
+
 def _tokenizer_problems(s: TrainSettings) -> list[str]:
     if not s.tokenizer or hub_ref(s.tokenizer) is not None:
         return []
@@ -274,7 +280,8 @@ def _on_settings(check: Callable[[TrainSettings], list[str]]) -> Callable[[Input
 STATIC_CHECKS: tuple[Callable[[Inputs], list[str]], ...] = (
     *map(_on_settings, (
         _combination_problems, compat.unsupported_problems, _library_problems, _optimizer_problems,
-        _deepspeed_config_problems, _train_args_problems, _model_problems, _tokenizer_problems, resume_problems,
+        _deepspeed_config_problems, _train_args_problems, _model_problems, _rope_problems, _tokenizer_problems,
+        resume_problems,
         _nvme_problems, _output_problems,
     )),
     _data_problems,

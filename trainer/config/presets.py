@@ -25,6 +25,8 @@ PRESETS: dict[str, Preset] = {
     "1b": Preset(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
 }
 MODEL_PRESETS = tuple(PRESETS)
+PRESET_MAX_POSITIONS = 2048  # every preset's max_position_embeddings; longer sequences need TRAIN_ROPE_SCALING
+PRESET_ROPE_THETA = 10000.0
 PRESET_BLOCK_CLASS = "LlamaDecoderLayer"  # the decoder block every preset is made of
 
 

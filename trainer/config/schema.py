@@ -90,6 +90,20 @@ class TrainSettings(BaseSettings):
     )
     text_field: str = _f("text", "paths", "Field holding the text in .jsonl/.json/.parquet/.csv data.", on_resume=DATA)
     seq_len: int = _f(512, "paths", "Tokens per packed training sequence.", ge=8, on_resume=DATA)
+    rope_scaling: Literal["none", "linear", "dynamic", "yarn", "llama3"] = _f(
+        "none",
+        "paths",
+        "RoPE scaling, to train a context longer than the model's max_position_embeddings: linear, dynamic (NTK), "
+        "yarn or llama3. It is written into the trained model's config.json (final/, exports, pushes load with it).",
+        on_resume=FIXED,
+    )
+    rope_factor: float = _f(
+        0.0,
+        "paths",
+        "How far TRAIN_ROPE_SCALING stretches the context (2: twice max_position_embeddings). 0: TRAIN_SEQ_LEN "
+        "divided by the model's max_position_embeddings.",
+        on_resume=FIXED,
+    )
     data_max_bad_lines: int = _f(
         0,
         "paths",

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainer.config.schema import MODEL_PRESETS
+from trainer.config.schema import MODEL_PRESETS, TrainSettings
 from trainer.errors import ConfigError
 from trainer.export.source import Source
 from trainer.hub.ids import HubRef, parse_model_id
@@ -72,14 +72,31 @@ def _adapter_base(source: Source) -> str | None:
         return None
 
 
-def load_base(folder: str, dtype_name: str) -> Any:
-    """The base in `dtype_name`, never quantized (a QLoRA run's bitsandbytes settings are not applied)."""
+def recorded_scaling(run_config: dict[str, Any] | None) -> TrainSettings | None:
+    """The RoPE settings a run recorded in its run_config.json, when it scaled; None otherwise."""
+    from trainer.config.parse import parse_settings
+
+    recorded = (run_config or {}).get("settings", {})
+    if recorded.get("TRAIN_ROPE_SCALING", {}).get("value", "none") == "none":
+        return None
+    names = ("TRAIN_ROPE_SCALING", "TRAIN_ROPE_FACTOR", "TRAIN_SEQ_LEN")
+    return parse_settings({name: str(recorded[name]["value"]) for name in names if name in recorded})
+
+
+def load_base(folder: str, dtype_name: str, run_config: dict[str, Any] | None = None) -> Any:
+    """The base in `dtype_name`, never quantized (a QLoRA run's bitsandbytes settings are not applied), with the
+    RoPE scaling the run trained it with (TRAIN_ROPE_SCALING), unless the base already carries one."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from trainer.compat import model_dtype_kwargs
+    from trainer.config.rope import existing_scaling, scale_rope
 
-    return AutoModelForCausalLM.from_pretrained(folder, **model_dtype_kwargs(getattr(torch, dtype_name)))
+    config = AutoConfig.from_pretrained(folder)
+    scaling = recorded_scaling(run_config)
+    if scaling is not None and existing_scaling(config.to_dict()) is None:
+        config = scale_rope(config, scaling)
+    return AutoModelForCausalLM.from_pretrained(folder, config=config, **model_dtype_kwargs(getattr(torch, dtype_name)))
 
 
 def with_adapter(base: Any, adapter: Path, tokenizer: Any) -> Any:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.config.rope import context_length
 from trainer.errors import ConfigError
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -49,7 +50,7 @@ class Generator:
         self.template = loaded.chat_template
         self.config = generation_config(self.model, self.tokenizer, sampling)
         self.stop = end_of_turn(self.tokenizer, self.template) if self.template else None
-        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        self.context = context_length(self.model.config.to_dict()) or 0
         self.generated_tokens, self.seconds = 0, 0.0
         if sampling.seed is not None:
             from transformers import set_seed

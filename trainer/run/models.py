@@ -12,10 +12,11 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.compat import model_dtype_kwargs
-from trainer.config.presets import PRESETS, is_preset
+from trainer.config.presets import PRESET_MAX_POSITIONS, PRESET_ROPE_THETA, PRESETS, is_preset
+from trainer.config.rope import scale_rope
 from trainer.config.sharding import fsdp_checkpoints_activations, uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
 from trainer.precision import compute_dtype
@@ -39,8 +40,8 @@ def preset_config(name: str, vocab_size: int, seq_len: int, tokenizer: PreTraine
         num_hidden_layers=p.layers,
         num_attention_heads=p.heads,
         num_key_value_heads=p.kv_heads,
-        max_position_embeddings=max(seq_len, 2048),
-        rope_theta=10000.0,
+        max_position_embeddings=PRESET_MAX_POSITIONS,
+        rope_theta=PRESET_ROPE_THETA,
         tie_word_embeddings=p.hidden <= 1024,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -102,8 +103,11 @@ def _load_pretrained(
     sharded: bool,
     lora: bool = False,
     device: torch.device | None = None,
+    config: Any = None,
 ) -> PreTrainedModel:
     kwargs = pretrained_kwargs(attn, quant, precision, sharded, lora, device)
+    if config is not None:
+        kwargs["config"] = config
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
@@ -130,7 +134,7 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
     sharded = uses_fsdp(s)  # FSDP places and shards the weights itself
     device = build_device(cfg)
     if is_preset(s.model):
-        config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
+        config = scale_rope(preset_config(s.model, len(tokenizer), s.seq_len, tokenizer), s)
         if s.quant != "none":
             model = _quantized_preset(config, attn, s.quant, precision, sharded)
         else:
@@ -138,7 +142,8 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
         log.info("model: preset %r from scratch (Llama, attention=%s), built on %s", s.model, attn, model.device)
     else:
         folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.sources)
-        model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora, device)
+        config = scale_rope(AutoConfig.from_pretrained(folder, local_files_only=True), s)
+        model = _load_pretrained(folder, attn, s.quant, precision, sharded, s.lora, device, config)
         name = s.model if s.model == folder else f"{s.model} ({folder})"
         log.info("model: loaded %s offline (attention=%s, weights %s on %s)", name, attn, model.dtype, model.device)
         fit_embeddings(model, tokenizer)
