@@ -192,7 +192,9 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from transformers import set_seed
 
     from trainer.data.cache import Stopped
+    from trainer.data.chat import template_hash
     from trainer.data.dataset import load_or_prepare
+    from trainer.provenance import record_run as record_provenance
     from trainer.run.checkpoint import AtomicCheckpointTrainer, remove_stale_temps
     from trainer.run.disk_space import full_disk_ends_run, warn_if_too_small
     from trainer.run.divergence import RECORD as DIVERGED_RECORD
@@ -248,6 +250,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     cfg.training_data = batches_per_epoch(len(dataset), args, s.seq_len)
     if args.should_save:
         cfg.write_run_config(out)
+        data_files = [*inputs.data.identity_files(), *(inputs.eval_data.identity_files() if s.eval_data else [])]
+        record_provenance(out, data_files, cfg.hub, template_hash(tokenizer), s.seed)  # provenance.json
     trainer = AtomicCheckpointTrainer(
         model=model,
         args=args,

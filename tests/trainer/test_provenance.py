@@ -1,0 +1,62 @@
+"""provenance.json in every output folder and `python -m trainer diff` (issue 38, items 1 and 3): real tiny runs.
+
+One run with a secret in the environment: its provenance names the data file's sha256 (as hashlib computes it), the
+distributions it imported (torch, transformers, at their installed versions), the seed, and holds no secret. A second,
+cheaper run with another TRAIN_LR and another data file at the same path: `diff` names exactly those two. A folder
+without provenance (an older trainkit's) exits 2 naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from train_runs import REPO, finish, start, train_env
+
+from trainer.secrets import MASK
+
+SECRET = "hf_provenanceToken123456789"
+
+
+def diff(a: Path, b: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainer", "diff", str(a), str(b)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_provenance_is_recorded_and_diff_names_what_changed(tmp_path: Path) -> None:
+    data = tmp_path / "train.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    first, second = tmp_path / "a", tmp_path / "b"
+    env = {**train_env(first, max_steps=1, data=data), "HF_TOKEN": SECRET}
+    code, err = finish(start(env))
+    assert code == 0, err[-3000:]
+
+    text = (first / "provenance.json").read_text()
+    assert SECRET not in text
+    record = json.loads(text)
+    assert record["data"] == {str(data): {"sha256": hashlib.sha256(data.read_bytes()).hexdigest()}}
+    for dist in ("torch", "transformers"):
+        assert record["distributions"][dist] == importlib.metadata.version(dist)
+    assert record["seed"] == 7
+    assert record["image"] is None and record["outside_image"] is True  # this test runs outside any image
+    assert MASK in (first / "run_config.json").read_text()  # the token was there to be leaked
+
+    data.write_text("a different corpus, shorter than the first\n" * 150)
+    code, err = finish(start(train_env(second, max_steps=1, data=data, lr="0.001")))
+    assert code == 0, err[-3000:]
+    shown = diff(first, second, env)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    summary = shown.stdout.strip().splitlines()[-1]
+    assert summary == f"2 difference(s): provenance.data.{data}.sha256, settings.TRAIN_LR", shown.stdout
+
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "run_config.json").write_text("{}")
+    refused = diff(first, older, env)
+    assert refused.returncode == 2, refused.stderr
+    assert f"{older / 'provenance.json'} is missing" in refused.stderr and "older trainkit" in refused.stderr
+    assert "Traceback" not in refused.stderr
