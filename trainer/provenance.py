@@ -1,12 +1,12 @@
 """What made a run, in one home: OUTPUT_DIR/provenance.json (the writer, the reader, and what goes in it).
 
 A run records, beside run_config.json (its settings), the things outside the settings that decide its result: the
-image it ran in (what the build wrote into it, BUILD_FILE, and the reference and digest the host passed in,
-TRAINKIT_IMAGE / TRAINKIT_IMAGE_DIGEST; a run outside any image says so), every Python distribution it imported with
-its version, the GPU, driver, CUDA and cuDNN, a sha256 of each input file, the Hub revisions, the chat template's
-hash and the seed. Secrets never: the record goes through trainer.secrets' masking. `python -m trainer diff` reads
-two of them. Torch-free (torch is asked only when the run already imported it); imports only trainer.secrets
-(floor 1).
+image it ran in (what the build wrote into it, BUILD_FILE, and what the host passed in: TRAINKIT_IMAGE,
+TRAINKIT_IMAGE_DIGEST, TRAINKIT_IMAGE_ID; a run outside any image says so), every Python distribution it imported
+with its version, the GPU, driver, CUDA and cuDNN, a sha256 of each input file, the Hub revisions, the chat
+template's hash and the seed. Secrets never: the record goes through trainer.secrets' masking.
+`python -m trainer diff` reads two of them. Torch-free (torch is asked only when the run already imported it);
+imports only trainer.secrets (floor 1).
 """
 
 from __future__ import annotations
@@ -97,8 +97,16 @@ def image(env: Mapping[str, str], build_file: Path = BUILD_FILE) -> dict[str, An
     reference, digest = env.get("TRAINKIT_IMAGE"), env.get("TRAINKIT_IMAGE_DIGEST")
     if build is None and not reference:
         return {"image": None, "outside_image": True}
-    pinned = f"{reference.split('@')[0]}@{digest}" if reference and digest else reference
-    return {"image": {"reference": pinned, "build": build}, "outside_image": False}
+    pinned = f"{repository(reference)}@{digest}" if reference and digest else reference
+    found = {"reference": pinned, "id": env.get("TRAINKIT_IMAGE_ID"), "build": build}
+    return {"image": found, "outside_image": False}
+
+
+def repository(reference: str) -> str:
+    """`registry:5000/trainkit:cu128` or `trainkit@sha256:...` -> the repository without tag or digest."""
+    name = reference.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
 
 
 def imported_distributions(modules: Iterable[str] | None = None) -> dict[str, str]:

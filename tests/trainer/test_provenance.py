@@ -17,6 +17,7 @@ from pathlib import Path
 
 from train_runs import REPO, finish, start, train_env
 
+from trainer import provenance
 from trainer.secrets import MASK
 
 SECRET = "hf_provenanceToken123456789"
@@ -60,3 +61,14 @@ def test_provenance_is_recorded_and_diff_names_what_changed(tmp_path: Path) -> N
     assert refused.returncode == 2, refused.stderr
     assert f"{older / 'provenance.json'} is missing" in refused.stderr and "older trainkit" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_the_image_is_what_the_build_wrote_and_the_host_passed(tmp_path: Path) -> None:
+    build = tmp_path / "build.json"
+    build.write_text(json.dumps({"org.trainkit.cuda": "12.8", "org.opencontainers.image.revision": "abc123"}))
+    env = {"TRAINKIT_IMAGE": "127.0.0.1:5000/trainkit:cu128", "TRAINKIT_IMAGE_DIGEST": "sha256:" + "0" * 64}
+    found = provenance.image(env, build)
+    assert found["outside_image"] is False
+    assert found["image"]["reference"] == "127.0.0.1:5000/trainkit@sha256:" + "0" * 64
+    assert found["image"]["build"]["org.trainkit.cuda"] == "12.8"
+    assert provenance.image({}, tmp_path / "absent.json") == {"image": None, "outside_image": True}
