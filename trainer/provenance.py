@@ -78,6 +78,15 @@ def read(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def reference(output_dir: Path) -> dict[str, str] | None:
+    """What a checkpoint's record says of the run's provenance: `{"file": "../provenance.json", "sha256": ...}`;
+    None when the run wrote none."""
+    path = Path(output_dir) / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    return {"file": f"../{PROVENANCE_FILE}", "sha256": file_sha256(path)}
+
+
 def file_sha256(path: Path) -> str:
     """The sha256 of a file's whole content, read in 1 MiB blocks."""
     digest = hashlib.sha256()

@@ -1,7 +1,8 @@
 """provenance.json in every output folder and `python -m trainer diff` (issue 38, items 1 and 3): real tiny runs.
 
 One run with a secret in the environment: its provenance names the data file's sha256 (as hashlib computes it), the
-distributions it imported (torch, transformers, at their installed versions), the seed, and holds no secret. A second,
+distributions it imported (torch, transformers, at their installed versions), the seed, and holds no secret; final/'s
+record names its sha256 and the model card export writes shows it. A second,
 cheaper run with another TRAIN_LR and another data file at the same path: `diff` names exactly those two. A folder
 without provenance (an older trainkit's) exits 2 naming the file.
 """
@@ -18,6 +19,9 @@ from pathlib import Path
 from train_runs import REPO, finish, start, train_env
 
 from trainer import provenance
+from trainer.checkpoint_record import read_record
+from trainer.export.model_card import model_card
+from trainer.export.source import resolve_source
 from trainer.secrets import MASK
 
 SECRET = "hf_provenanceToken123456789"
@@ -45,6 +49,10 @@ def test_provenance_is_recorded_and_diff_names_what_changed(tmp_path: Path) -> N
     assert record["seed"] == 7
     assert record["image"] is None and record["outside_image"] is True  # this test runs outside any image
     assert MASK in (first / "run_config.json").read_text()  # the token was there to be leaked
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    assert read_record(first / "final").provenance == {"file": "../provenance.json", "sha256": sha}
+    card = model_card(resolve_source(first / "final"), "tiny", None, False)
+    assert "## Provenance" in card and hashlib.sha256(data.read_bytes()).hexdigest() in card and SECRET not in card
 
     data.write_text("a different corpus, shorter than the first\n" * 150)
     code, err = finish(start(train_env(second, max_steps=1, data=data, lr="0.001")))
