@@ -19,6 +19,7 @@ from trainer.provenance import PROVENANCE_FILE, read
 
 # Keys that name the folder itself or only describe the record: they differ between any two runs.
 IGNORED = frozenset({"settings.TRAIN_OUTPUT_DIR", "provenance.format"})
+UNCOMPARED = (".mtime_ns", ".size")  # a data file's time and size: its sha256 says whether the content differs
 
 
 def register(commands: Any) -> None:
@@ -57,7 +58,7 @@ def facts(folder: Path) -> dict[str, Any]:
     for section in ("settings", "decisions"):
         for name, entry in (run_config.get(section) or {}).items():
             flat[f"{section}.{name}"] = entry.get("value") if isinstance(entry, dict) else entry
-    return {key: value for key, value in flat.items() if key not in IGNORED}
+    return {key: value for key, value in flat.items() if key not in IGNORED and not key.endswith(UNCOMPARED)}
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -36,8 +36,10 @@ def collect(
     seed: int,
     environ: Mapping[str, str] | None = None,
     build_file: Path = BUILD_FILE,
+    previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The provenance of the run in this process (secrets masked)."""
+    """The provenance of the run in this process (secrets masked); `previous`: the data entries an earlier start
+    recorded in the same output folder (a restart does not hash unchanged files again)."""
     env = os.environ if environ is None else environ
     record = {
         "format": FORMAT,
@@ -45,7 +47,7 @@ def collect(
         "python": platform.python_version(),
         "distributions": imported_distributions(),
         "accelerator": accelerator(),
-        "data": {str(path): {"sha256": file_sha256(path)} for path in data_files},
+        "data": fingerprints(data_files, previous or {}),
         "hub": dict(hub),
         "chat_template_sha256": template_hash or None,
         "seed": seed,
@@ -66,7 +68,9 @@ def write(folder: Path, record: Mapping[str, Any]) -> Path:
 def record_run(folder: Path, data_files: Iterable[Path], hub: Mapping[str, Any], template_hash: str,
                seed: int) -> Path:  # fmt: skip
     """Collect this run's provenance and write it into `folder` (the run's one call)."""
-    return write(folder, collect(data_files, hub, template_hash, seed))
+    earlier = (read(folder) or {}).get("data")
+    previous = earlier if isinstance(earlier, dict) else None
+    return write(folder, collect(data_files, hub, template_hash, seed, previous=previous))
 
 
 def read(folder: Path) -> dict[str, Any] | None:
@@ -85,6 +89,19 @@ def reference(output_dir: Path) -> dict[str, str] | None:
     if not path.is_file():
         return None
     return {"file": f"../{PROVENANCE_FILE}", "sha256": file_sha256(path)}
+
+
+def fingerprints(paths: Iterable[Path], previous: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """path -> {"sha256", "size", "mtime_ns"}: a full-content hash of each file, taken again only when its size or
+    modification time differs from what `previous` recorded (the identity the tokenized cache trusts too)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        stat = Path(path).stat()
+        entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        before = previous.get(str(path))
+        same = isinstance(before, dict) and all(before.get(k) == v for k, v in entry.items()) and before.get("sha256")
+        found[str(path)] = {"sha256": before["sha256"] if same else file_sha256(path), **entry}
+    return found
 
 
 def file_sha256(path: Path) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,8 @@ def test_provenance_is_recorded_and_diff_names_what_changed(tmp_path: Path) -> N
     text = (first / "provenance.json").read_text()
     assert SECRET not in text
     record = json.loads(text)
-    assert record["data"] == {str(data): {"sha256": hashlib.sha256(data.read_bytes()).hexdigest()}}
+    assert record["data"][str(data)]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert list(record["data"]) == [str(data)]
     for dist in ("torch", "transformers"):
         assert record["distributions"][dist] == importlib.metadata.version(dist)
     assert record["seed"] == 7
@@ -80,3 +82,15 @@ def test_the_image_is_what_the_build_wrote_and_the_host_passed(tmp_path: Path) -
     assert found["image"]["reference"] == "127.0.0.1:5000/trainkit@sha256:" + "0" * 64
     assert found["image"]["build"]["org.trainkit.cuda"] == "12.8"
     assert provenance.image({}, tmp_path / "absent.json") == {"image": None, "outside_image": True}
+
+
+def test_a_restart_takes_the_recorded_hash_of_an_unchanged_file(tmp_path: Path) -> None:
+    data = tmp_path / "train.txt"
+    data.write_text("some text\n")
+    first = provenance.fingerprints([data], {})
+    assert first[str(data)]["sha256"] == hashlib.sha256(b"some text\n").hexdigest()
+    recorded = {str(data): {**first[str(data)], "sha256": "recorded"}}  # what an earlier start wrote
+    assert provenance.fingerprints([data], recorded)[str(data)]["sha256"] == "recorded"  # no second pass
+    data.write_text("other text\n")
+    os.utime(data, ns=(first[str(data)]["mtime_ns"] + 10**9,) * 2)  # same size, a later time: hashed again
+    assert provenance.fingerprints([data], recorded)[str(data)]["sha256"] == hashlib.sha256(b"other text\n").hexdigest()
