@@ -49,7 +49,7 @@ def collect(
         "accelerator": accelerator(),
         "data": fingerprints(data_files, previous or {}),
         "hub": dict(hub),
-        "chat_template_sha256": template_hash or None,
+        "chat_template_hash": template_hash or None,
         "seed": seed,
     }
     return mask_secrets(json.loads(json.dumps(record, default=str)))

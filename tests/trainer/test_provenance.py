@@ -2,9 +2,9 @@
 
 One run with a secret in the environment: its provenance names the data file's sha256 (as hashlib computes it), the
 distributions it imported (torch, transformers, at their installed versions), the seed, and holds no secret; final/'s
-record names its sha256 and the model card export writes shows it. A second,
-cheaper run with another TRAIN_LR and another data file at the same path: `diff` names exactly those two. A folder
-without provenance (an older trainkit's) exits 2 naming the file.
+record names its sha256 and the model card export writes shows it. A second one-step run with another TRAIN_LR and
+another data file at the same path: `diff` names exactly those two. A folder without provenance (an older
+trainkit's) exits 2 naming the file.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-from train_runs import REPO, finish, start, train_env
+import pytest
+from train_runs import finish, start, train_env
 
 from trainer import provenance
+from trainer.__main__ import main
 from trainer.checkpoint_record import read_record
 from trainer.export.model_card import model_card
 from trainer.export.source import resolve_source
@@ -28,12 +28,14 @@ from trainer.secrets import MASK
 SECRET = "hf_provenanceToken123456789"
 
 
-def diff(a: Path, b: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer", "diff", str(a), str(b)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+def diff(a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`python -m trainer diff A B` through the entry point (in this process: the command imports no torch)."""
+    code = main(["diff", str(a), str(b)])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_provenance_is_recorded_and_diff_names_what_changed(tmp_path: Path) -> None:
+def test_provenance_is_recorded_and_diff_names_what_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "train.txt"
     data.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
     first, second = tmp_path / "a", tmp_path / "b"
@@ -59,18 +61,16 @@ def test_provenance_is_recorded_and_diff_names_what_changed(tmp_path: Path) -> N
     data.write_text("a different corpus, shorter than the first\n" * 150)
     code, err = finish(start(train_env(second, max_steps=1, data=data, lr="0.001")))
     assert code == 0, err[-3000:]
-    shown = diff(first, second, env)
-    assert shown.returncode == 0, shown.stderr[-3000:]
-    summary = shown.stdout.strip().splitlines()[-1]
-    assert summary == f"2 difference(s): provenance.data.{data}.sha256, settings.TRAIN_LR", shown.stdout
+    code, out, err = diff(first, second, capsys)
+    assert code == 0, err[-3000:]
+    assert out.strip().splitlines()[-1] == f"2 difference(s): provenance.data.{data}.sha256, settings.TRAIN_LR", out
 
     older = tmp_path / "older"
     older.mkdir()
     (older / "run_config.json").write_text("{}")
-    refused = diff(first, older, env)
-    assert refused.returncode == 2, refused.stderr
-    assert f"{older / 'provenance.json'} is missing" in refused.stderr and "older trainkit" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    code, out, err = diff(first, older, capsys)
+    assert code == 2, err
+    assert f"{older / 'provenance.json'} is missing" in err and "older trainkit" in err
 
 
 def test_the_image_is_what_the_build_wrote_and_the_host_passed(tmp_path: Path) -> None:
