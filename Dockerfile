@@ -157,6 +157,11 @@ RUN pip install --no-deps --no-build-isolation --no-cache-dir -e /opt/trainkit &
 ARG VERIFY_EXTRA_CLAIMS=""
 RUN VERIFY_EXTRA_CLAIMS=${VERIFY_EXTRA_CLAIMS} python /opt/trainkit/images/verify.py
 
+# What the build knew (the image's labels: row, CUDA, NGC base and digest, trainkit version and commit, pins), for
+# each run's provenance.json (trainer/provenance.py). Last, so it never touches a cached layer above.
+ARG TRAINKIT_BUILD="{}"
+RUN printf '%s\n' "${TRAINKIT_BUILD}" > /opt/trainkit/build.json
+
 WORKDIR /output
 # A non-root default user: compose's TRAINKIT_UID default and the PyTorchJob's runAsUser. It needs no passwd
 # entry (the entrypoint names it); HOME, /cache and /output are writable by any UID. pyxis/enroot and Apptainer

@@ -9,7 +9,9 @@ run picks). Each run reports the peak resident memory of its main process and of
 (preparation only: imports and interpreter start excluded) in total and per core. Printed:
   - memory ratio: peak RSS (main + largest worker) for the larger corpus / for the small one (goal <= 1.2);
   - throughput ratio: trainkit tokens/s / a plain `datasets.load_dataset("json")` + `.map(tokenize, batched=True)`
-    + `.map(group_texts, batched=True)` baseline (in memory, same tokenizer, same small corpus) (goal >= 1.0).
+    + `.map(group_texts, batched=True)` baseline (in memory, same tokenizer, same small corpus) (goal >= 1.0);
+  - the data fingerprint a run's provenance.json records (sha256 of the large corpus) / its preparation time
+    (goal <= 5%).
 Everything runs in one invocation, side by side, on this machine.
 
     .venv/bin/python -m benchmarks.data_prep --corpus chat --small-mb 50 --factor 8 --seq 2048
@@ -200,6 +202,20 @@ def main() -> None:
             speed = results["small", workers]["tokens_per_s"] / base["tokens_per_s"]
             print(f"workers={workers}: memory ratio large/small {mem:.2f} (goal <= 1.2); "
                   f"throughput ratio vs datasets.map {speed:.1f} (goal >= 1.0)")  # fmt: skip
+        fingerprint_cost(large, {w: results["large", w]["seconds"] for w in a.workers.split(",")})
+
+
+def fingerprint_cost(data: Path, prep_seconds: dict[str, float]) -> None:
+    """The run's data fingerprint (trainer.provenance: a sha256 of the whole file, its own streaming pass) against
+    the preparation time of the same file (the file is in the page cache after its preparation: the hash's CPU cost)."""
+    from trainer.provenance import file_sha256
+
+    t0 = time.perf_counter()
+    file_sha256(data)
+    spent = time.perf_counter() - t0
+    for workers, seconds in prep_seconds.items():
+        print(f"workers={workers}: data fingerprint (sha256) {spent:.3f} s = {spent / seconds:.1%} of preparation "
+              f"{seconds:.2f} s (goal <= 5%)")  # fmt: skip
 
 
 def chat(a: argparse.Namespace) -> None:

@@ -99,6 +99,13 @@ def skipped_pieces(manifest: dict) -> list[dict]:
     return skipped
 
 
+def build_record(labels: dict[str, str]) -> dict[str, str]:
+    """The build argument TRAINKIT_BUILD: the labels as JSON, written into the image as /opt/trainkit/build.json
+    for each run's provenance (the creation time left out, so a rebuild of the same source reuses the layer)."""
+    kept = {key: value for key, value in labels.items() if key != "org.opencontainers.image.created"}
+    return {"TRAINKIT_BUILD": json.dumps(kept, sort_keys=True)}
+
+
 def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None, make_labels: Callable) -> dict:
     """Build, verify and record one plan; return the record."""
     client = connect()
@@ -117,7 +124,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
     if base["from"]:  # a local base's name says nothing once the image is published: keep where it came from
         labels[BASE_FROM_LABEL] = base["from"]
     spec = BuildSpec(
-        context=ROOT, dockerfile=ROOT / "Dockerfile", tags=plan.tags, args=plan.build_args,
+        context=ROOT, dockerfile=ROOT / "Dockerfile", tags=plan.tags, args={**plan.build_args, **build_record(labels)},
         labels=labels, ca_cert=ca, no_cache=args.no_cache,
     )  # fmt: skip
     try:

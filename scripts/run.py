@@ -347,6 +347,15 @@ def run(client: docker.DockerClient, spec: RunSpec) -> int:
     return code
 
 
+def image_identity(client: docker.DockerClient, image: str) -> dict[str, str]:
+    """TRAINKIT_IMAGE (the reference run), TRAINKIT_IMAGE_DIGEST (its registry digest, when it has one) and
+    TRAINKIT_IMAGE_ID (the engine's id): what the run's provenance.json records as its image."""
+    attrs = client.images.get(image).attrs
+    digests = [d.split("@", 1)[1] for d in attrs.get("RepoDigests") or [] if "@" in d]
+    return {"TRAINKIT_IMAGE": image, "TRAINKIT_IMAGE_ID": attrs["Id"],
+            **({"TRAINKIT_IMAGE_DIGEST": digests[0]} if digests else {})}  # fmt: skip
+
+
 def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
     if args.load:
         loaded = registry.load(client, args.load)
@@ -354,7 +363,7 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
         args.image = args.image or (loaded[0] if loaded else None)
     image, gpus = choose_image_and_gpus(args, client, log)
     ensure_image(client, image, args.build_if_missing, log)
-    env, mounts = environment(args), volumes(args)
+    env, mounts = {**environment(args), **image_identity(client, image)}, volumes(args)
     add_token_file(args.hf_token_file, env, mounts)
     return RunSpec(
         image=image,

@@ -37,17 +37,17 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 # those imports would run back up).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
-     "trainer/precision", "trainer/checkpoint_record", "trainer/machine"),  # facts of the machine, the installed
-    # versions and a checkpoint's record: no trainkit code above them
+     "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance"),  # facts of the
+    # machine, the installed versions, a checkpoint's record and a run's provenance: no trainkit code above them
     ("trainer/hub",),  # the Hub, torch-free
     ("trainer/tokenizer",),  # the tokenizers the data is encoded with
     ("trainer/data",),
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
     ("trainer/export",),  # a run's outputs -> a model folder; the run calls it at its end (TRAIN_PUSH_TO_HUB)
     ("trainer/run",),  # the training run
-    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command", "trainer/__main__",
-     "trainer/__init__", "trainer/generate", "trainer/evaluate"),  # the commands: a command that reads the
-    # configuration lives above config/
+    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command",
+     "trainer/diff_command", "trainer/__main__", "trainer/__init__", "trainer/generate", "trainer/evaluate"),
+    # the commands: a command that reads the configuration lives above config/
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip
 # The imports that run up a floor, on purpose (two today): the run's inputs (config/inputs.py) ask trainer.run.resume

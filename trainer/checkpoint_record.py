@@ -2,10 +2,10 @@
 
 Every published checkpoint (and final/) gets its record last, just before the folder is renamed into place
 (trainer.run.checkpoint): a `trainkit_complete` file with the step, the run's TRAIN_* settings (secrets masked), the
-Hub commits it loaded, the tracker runs it reported to, whether it is final/, the time, and every file of the folder
-with its size and, for files up to CHECKSUM_MAX_BYTES, a sha256 (the states and configs; hashing the weights would
-cost a read of the whole model on every save). Transformers' own record, `trainer_state.json`, says the step and the
-batch the Trainer saved with.
+Hub commits it loaded, the tracker runs it reported to, the sha256 of the run's provenance.json, whether it is
+final/, the time, and every file of the folder with its size and, for files up to CHECKSUM_MAX_BYTES, a sha256 (the
+states and configs; hashing the weights would cost a read of the whole model on every save). Transformers' own
+record, `trainer_state.json`, says the step and the batch the Trainer saved with.
 
 Here, once each: the writer (`write_record`), the reader (`read_record`: a missing or damaged record reads as None, a
 field of the wrong type as empty), the check of the files against the record (`damage`), and the choice of the newest
@@ -45,6 +45,7 @@ class CheckpointRecord:
     final: bool = False  # final/, not a checkpoint-N
     files: dict[str, dict[str, Any]] | None = None  # relative path -> {"size", "sha256"} (None: listed none)
     time: float | None = None
+    provenance: dict[str, Any] | None = None  # the run's provenance.json: {"file", "sha256"} (trainer.provenance)
 
 
 # ---- write and read ------------------------------------------------------------------------------------------------
@@ -61,6 +62,8 @@ def write_record(folder: Path, run: CheckpointRecord, step: int, final: bool = F
         data["trackers"] = run.trackers
     if final:
         data["final"] = True
+    if run.provenance:
+        data["provenance"] = run.provenance
     data.update(files=manifest(folder), time=time.time())
     (folder / COMPLETE_MARKER).write_text(json.dumps(data) + "\n")
 
@@ -82,6 +85,7 @@ def read_record(folder: Path) -> CheckpointRecord | None:
         final=data.get("final") is True,
         files=_dict_or_none(data.get("files")),
         time=float(stamp) if isinstance(stamp, (int, float)) else None,
+        provenance=_dict_or_none(data.get("provenance")),
     )
 
 

@@ -1,4 +1,5 @@
-"""README.md of an exported model: base model, data (with Hub commits), the resolved config (masked), last losses."""
+"""README.md of an exported model: base model, data (with Hub commits), the resolved config (masked), last losses,
+and the run's provenance (image, data sha256, libraries)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainer import provenance
 from trainer.export.source import Source
 from trainer.secrets import mask_secrets
 
@@ -77,4 +79,18 @@ def model_card(source: Source, name: str, base_how: str | None, merged_adapter: 
     decisions = {k: v.get("value") for k, v in cfg.get("decisions", {}).items()}
     lines += ["", "<details><summary>Every decision</summary>", "", "```json",
               json.dumps(decisions, indent=1, default=str), "```", "", "</details>", ""]  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(lines + provenance_section(source.run_dir))
+
+
+def provenance_section(run_dir: Path | None) -> list[str]:
+    """The run's provenance.json (trainer.provenance): the image, the data's sha256 and every library, in full."""
+    record = provenance.read(run_dir) if run_dir else None
+    if record is None:
+        return ["## Provenance", "", "- no provenance.json (the run was made by an older trainkit)", ""]
+    image = record.get("image") or {}
+    lines = ["## Provenance", "", f"- image: `{image.get('reference')}`" if image else "- image: none (run outside "
+             "any trainkit image)", f"- seed: {record.get('seed')}"]  # fmt: skip
+    lines += [f"- `{path}`: sha256 `{entry.get('sha256')}`" for path, entry in (record.get("data") or {}).items()]
+    lines += ["", "<details><summary>provenance.json</summary>", "", "```json",
+              json.dumps(mask_secrets(record), indent=1), "```", "", "</details>", ""]  # fmt: skip
+    return lines

@@ -18,10 +18,12 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint_record import CheckpointRecord, state_path, write_record
+from trainer.provenance import reference as provenance_reference
 
 log = logging.getLogger("trainer")
 
@@ -77,7 +79,7 @@ def remove_stale_temps(output_dir: str | Path) -> list[Path]:
 
 def publish(staged: Path, final: Path, run: CheckpointRecord, step: int, final_model: bool = False) -> None:
     """Record `staged` complete (the run's record at `step`), flush it, and move it to `final` with one rename."""
-    write_record(staged, run, step, final=final_model)
+    write_record(staged, replace(run, provenance=provenance_reference(final.parent)), step, final=final_model)
     fsync_tree(staged)
     if final.exists():  # e.g. a run restarted with TRAIN_RESUME=never reaches the same step
         old = final.with_name(f"{TMP_PREFIX}old-{final.name}")

@@ -220,6 +220,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         trainer = _preference_trainer(cfg, args, tokenizer, stop, resume, clock)
     if trainer is None:
         return _interrupted(stop, None)
+    if args.should_save:  # what made this run (trainer.provenance): the libraries it imported are all loaded now
+        _record_provenance(cfg, tokenizer)
     trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by run.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
@@ -321,6 +323,16 @@ def _before_training(cfg: RunConfig, args: Any, model: Any, resume: Resume) -> N
     log.info("resume: %s", resume.reason)
     if resume.checkpoint and args.should_save:
         truncate_after(out / "metrics.jsonl", resume.step)
+
+
+def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
+    """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed."""
+    from trainer.data.chat import template_hash
+    from trainer.provenance import record_run
+
+    s, inputs = cfg.settings, cfg.inputs
+    data_files = [*inputs.data.identity_files(), *(inputs.eval_data.identity_files() if s.eval_data else [])]
+    record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed)
 
 
 def _record_training_data(cfg: RunConfig, args: Any, sequences: int) -> None:

@@ -1,0 +1,171 @@
+"""What made a run, in one home: OUTPUT_DIR/provenance.json (the writer, the reader, and what goes in it).
+
+A run records, beside run_config.json (its settings), the things outside the settings that decide its result: the
+image it ran in (what the build wrote into it, BUILD_FILE, and what the host passed in: TRAINKIT_IMAGE,
+TRAINKIT_IMAGE_DIGEST, TRAINKIT_IMAGE_ID; a run outside any image says so), every Python distribution it imported
+with its version, the GPU, driver, CUDA and cuDNN, a sha256 of each input file, the Hub revisions, the chat
+template's hash and the seed. Secrets never: the record goes through trainer.secrets' masking.
+`python -m trainer diff` reads two of them. Torch-free (torch is asked only when the run already imported it);
+imports only trainer.secrets (floor 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer.secrets import mask_secrets
+
+PROVENANCE_FILE = "provenance.json"
+BUILD_FILE = Path("/opt/trainkit/build.json")  # written by the image build (Dockerfile's last stage)
+FORMAT = 1
+_HASH_BLOCK = 1 << 20
+
+
+def collect(
+    data_files: Iterable[Path],
+    hub: Mapping[str, Any],
+    template_hash: str,
+    seed: int,
+    environ: Mapping[str, str] | None = None,
+    build_file: Path = BUILD_FILE,
+    previous: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The provenance of the run in this process (secrets masked); `previous`: the data entries an earlier start
+    recorded in the same output folder (a restart does not hash unchanged files again)."""
+    env = os.environ if environ is None else environ
+    record = {
+        "format": FORMAT,
+        **image(env, build_file),
+        "python": platform.python_version(),
+        "distributions": imported_distributions(),
+        "accelerator": accelerator(),
+        "data": fingerprints(data_files, previous or {}),
+        "hub": dict(hub),
+        "chat_template_hash": template_hash or None,
+        "seed": seed,
+    }
+    return mask_secrets(json.loads(json.dumps(record, default=str)))
+
+
+def write(folder: Path, record: Mapping[str, Any]) -> Path:
+    """OUTPUT_DIR/provenance.json, staged and renamed into place."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / PROVENANCE_FILE
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, target)
+    return target
+
+
+def record_run(folder: Path, data_files: Iterable[Path], hub: Mapping[str, Any], template_hash: str,
+               seed: int) -> Path:  # fmt: skip
+    """Collect this run's provenance and write it into `folder` (the run's one call)."""
+    earlier = (read(folder) or {}).get("data")
+    previous = earlier if isinstance(earlier, dict) else None
+    return write(folder, collect(data_files, hub, template_hash, seed, previous=previous))
+
+
+def read(folder: Path) -> dict[str, Any] | None:
+    """The provenance of an output folder; None when it has none (made by an older trainkit) or it is unreadable."""
+    try:
+        data = json.loads((Path(folder) / PROVENANCE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def reference(output_dir: Path) -> dict[str, str] | None:
+    """What a checkpoint's record says of the run's provenance: `{"file": "../provenance.json", "sha256": ...}`;
+    None when the run wrote none."""
+    path = Path(output_dir) / PROVENANCE_FILE
+    if not path.is_file():
+        return None
+    return {"file": f"../{PROVENANCE_FILE}", "sha256": file_sha256(path)}
+
+
+def fingerprints(paths: Iterable[Path], previous: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """path -> {"sha256", "size", "mtime_ns"}: a full-content hash of each file, taken again only when its size or
+    modification time differs from what `previous` recorded (the identity the tokenized cache trusts too)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        stat = Path(path).stat()
+        entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        before = previous.get(str(path))
+        same = isinstance(before, dict) and all(before.get(k) == v for k, v in entry.items()) and before.get("sha256")
+        found[str(path)] = {"sha256": before["sha256"] if same else file_sha256(path), **entry}
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's whole content, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def image(env: Mapping[str, str], build_file: Path = BUILD_FILE) -> dict[str, Any]:
+    """The image: what its build recorded and the reference the host started it from; `"image": null` and
+    `"outside_image": true` outside any trainkit image."""
+    try:
+        build = json.loads(build_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        build = None
+    reference, digest = env.get("TRAINKIT_IMAGE"), env.get("TRAINKIT_IMAGE_DIGEST")
+    if build is None and not reference:
+        return {"image": None, "outside_image": True}
+    pinned = f"{repository(reference)}@{digest}" if reference and digest else reference
+    found = {"reference": pinned, "id": env.get("TRAINKIT_IMAGE_ID"), "build": build}
+    return {"image": found, "outside_image": False}
+
+
+def repository(reference: str) -> str:
+    """`registry:5000/trainkit:cu128` or `trainkit@sha256:...` -> the repository without tag or digest."""
+    name = reference.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def imported_distributions(modules: Iterable[str] | None = None) -> dict[str, str]:
+    """Every installed distribution that provides a module this process imported: name -> version."""
+    tops = {name.partition(".")[0] for name in (sys.modules if modules is None else modules)}
+    owners = importlib.metadata.packages_distributions()
+    found: dict[str, str] = {}
+    for top in tops:
+        for dist in owners.get(top, ()):
+            try:
+                found[dist] = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return dict(sorted(found.items(), key=lambda item: item[0].lower()))
+
+
+def accelerator() -> dict[str, Any]:
+    """GPU model, driver, CUDA and cuDNN; torch is asked only when the run already imported it."""
+    facts: dict[str, Any] = {"driver": _nvidia_driver()}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return facts
+    facts["cuda"] = torch.version.cuda
+    facts["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    facts["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if (
+        torch.cuda.is_available()) else []  # fmt: skip
+    return facts
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        first = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    words = first.split()
+    return next((w for w in words if w[:1].isdigit() and "." in w), None)
