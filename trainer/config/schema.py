@@ -62,23 +62,20 @@ class TrainSettings(BaseSettings):
 
     # paths and data
     model: str = _f(
-        "tiny",
-        "paths",
+        "tiny", "paths",
         "A preset for training from scratch: tiny, 125m, 350m, 1b (Llama architecture); a local Hugging Face "
         "model folder; or a Hub ID org/name[@revision], downloaded into HF_HOME (HF_TOKEN for gated and private "
         "models; with HF_HUB_OFFLINE=1 only the cache is used). The resolved commit is recorded and kept on resume.",
         on_resume=FIXED,
     )
     tokenizer: str = _f(
-        "",
-        "paths",
+        "", "paths",
         "Tokenizer: a folder or Hub ID org/name[@revision] (only its tokenizer files are fetched). Empty: the model "
         "folder's own tokenizer, else the byte-level one (presets).",
         on_resume=FIXED,
     )
     data: str = _f(
-        "/data",
-        "paths",
+        "/data", "paths",
         "Training data: a file, folder or glob of .txt, .jsonl/.json (also .gz/.zst/.bz2/.xz), .parquet, .arrow, "
         ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder; or a Hub dataset "
         "hf://datasets/org/name[@revision][/config-folder or file glob] (its data files are fetched into HF_HOME, "
@@ -91,22 +88,19 @@ class TrainSettings(BaseSettings):
     text_field: str = _f("text", "paths", "Field holding the text in .jsonl/.json/.parquet/.csv data.", on_resume=DATA)
     seq_len: int = _f(512, "paths", "Tokens per packed training sequence.", ge=8, on_resume=DATA)
     rope_scaling: Literal["none", "linear", "dynamic", "yarn", "llama3"] = _f(
-        "none",
-        "paths",
+        "none", "paths",
         "RoPE scaling, to train a context longer than the model's max_position_embeddings: linear, dynamic (NTK), "
         "yarn or llama3. It is written into the trained model's config.json (final/, exports, pushes load with it).",
         on_resume=FIXED,
     )
     rope_factor: float = _f(
-        0.0,
-        "paths",
+        0.0, "paths",
         "How far TRAIN_ROPE_SCALING stretches the context (2: twice max_position_embeddings). 0: TRAIN_SEQ_LEN "
         "divided by the model's max_position_embeddings.",
         on_resume=FIXED,
     )
     data_max_bad_lines: int = _f(
-        0,
-        "paths",
+        0, "paths",
         "Malformed records to skip (JSON Lines that do not parse, conversations that cannot be trained on; each is "
         "reported by file and line); 0: the first one stops the run.",
         ge=0,
@@ -114,15 +108,13 @@ class TrainSettings(BaseSettings):
     )
     # conversations (trainer/data/chat.py)
     chat_template: str = _f(
-        "",
-        "paths",
+        "", "paths",
         "Chat template for messages/conversations data: a built-in name (chatml) or a Jinja file; it replaces the "
         "tokenizer's own and is saved with final/ and every checkpoint. Empty: the tokenizer's own template.",
         on_resume=DATA,
     )
     loss_on: Literal["assistant", "last", "all"] = _f(
-        "assistant",
-        "paths",
+        "assistant", "paths",
         "Tokens the loss is taken on in conversations: assistant (every assistant turn with its end-of-turn "
         "tokens), last (the last assistant turn only), all (every token, system and user turns included). "
         "prompt/completion records train on the completion, or on everything with all.",
@@ -130,8 +122,7 @@ class TrainSettings(BaseSettings):
     )
     # packing (#25, trainer/data/packing.py)
     packing: Literal["auto", "stream", "records"] = _f(
-        "auto",
-        "paths",
+        "auto", "paths",
         "How records become TRAIN_SEQ_LEN sequences. records: whole records, best-fit packed, position ids restarting "
         "and attention kept inside each record, padding never trained; stream: one token stream cut into windows "
         "(a record may span two sequences and sees the ones before it). auto: records for prompt/completion and "
@@ -139,8 +130,7 @@ class TrainSettings(BaseSettings):
         on_resume=DATA,
     )
     long_records: Literal["truncate", "drop"] = _f(
-        "truncate",
-        "paths",
+        "truncate", "paths",
         "A record longer than TRAIN_SEQ_LEN when records are packed: truncate it to TRAIN_SEQ_LEN, or drop it. "
         "Either way the log and meta.json count them.",
         on_resume=DATA,
@@ -179,8 +169,7 @@ class TrainSettings(BaseSettings):
 
     # optimizer and batch
     optim: str = _f(
-        "auto",
-        "optim",
+        "auto", "optim",
         "Any optimizer name Transformers accepts (adamw_torch, adamw_torch_fused, adamw_apex_fused, "
         "adamw_bnb_8bit, adafactor, ...). auto: adamw_torch_fused (on CPU: where torch has it, else adamw_torch).",
         on_resume=FREE,
@@ -264,8 +253,7 @@ class TrainSettings(BaseSettings):
     save_total_limit: int = _f(3, "schedule", "Keep at most this many checkpoints.", ge=1, on_resume=FREE)
     log_steps: int = _f(10, "schedule", "Log metrics every N steps.", ge=1, on_resume=FREE)
     on_nan: Literal["stop", "skip"] = _f(
-        "stop",
-        "schedule",
+        "stop", "schedule",
         "A non-finite loss or gradient norm (a diverged run, e.g. TRAIN_LR=3e4 for 3e-4). stop: end the run with "
         "exit 4, no checkpoint of non-finite weights, no final/, nothing pushed (checked at logging steps and before "
         "every save, without a per-step GPU synchronization). skip: skip that optimizer step (one synchronization "
@@ -274,28 +262,24 @@ class TrainSettings(BaseSettings):
     )
     seed: int = _f(42, "schedule", "Random seed.", on_resume=DATA)
     resume: str = _f(
-        "auto",
-        "schedule",
+        "auto", "schedule",
         "auto: resume from the newest complete checkpoint in the output folder; never; or a checkpoint PATH.",
         on_resume=NOT_RECORDED,
     )
     resume_changed_data: bool = _f(
-        False,
-        "schedule",
+        False, "schedule",
         "Resume although the data settings (TRAIN_DATA, TRAIN_SEQ_LEN, TRAIN_SEED, the batch...) changed since the "
         "checkpoint; without it such a resume exits 2 naming the changes.",
         on_resume=NOT_RECORDED,
     )
     start_over: bool = _f(
-        False,
-        "schedule",
+        False, "schedule",
         "With TRAIN_RESUME=never in a folder holding an earlier run: move its checkpoints, final/ and metrics.jsonl "
         "to previous-runs/<time>/ and start over (without it, such a start exits 2).",
         on_resume=NOT_RECORDED,
     )
     args: str = _f(
-        "",
-        "schedule",
+        "", "schedule",
         "Further TrainingArguments flags, e.g. '--lr_scheduler_type cosine --warmup_steps 0.05 --weight_decay 0.1'; "
         "they win over values trainkit derives.",
         on_resume=FREE,
@@ -303,15 +287,13 @@ class TrainSettings(BaseSettings):
 
     # evaluation
     eval_data: str = _f(
-        "",
-        "eval",
+        "", "eval",
         "Evaluation data, in any form TRAIN_DATA takes (a hub-style folder or Hub dataset gives its validation "
         "split). Eval loss and perplexity go to metrics.jsonl and TensorBoard.",
         on_resume=FREE,
     )
     eval_split: float = _f(
-        0.0,
-        "eval",
+        0.0, "eval",
         "Hold out this fraction of the training data's packed sequences (the last ones) for evaluation; 0: none. "
         "Use either this or TRAIN_EVAL_DATA.",
         ge=0,
@@ -323,8 +305,7 @@ class TrainSettings(BaseSettings):
         on_resume=FREE,
     )
     keep_best: bool = _f(
-        False,
-        "eval",
+        False, "eval",
         "Keep the checkpoint with the lowest eval loss (never rotated away) and make it final/ at the end "
         "(Transformers' load_best_model_at_end with metric_for_best_model=eval_loss).",
         on_resume=FREE,
@@ -333,8 +314,7 @@ class TrainSettings(BaseSettings):
     # debug
     deterministic: bool = _f(False, "debug", "Deterministic algorithms (slower; for bisecting).", on_resume=FREE)
     profile: bool = _f(
-        False,
-        "debug",
+        False, "debug",
         "torch.profiler traces of steps 3-5 under OUTPUT_DIR/profile, viewable in TensorBoard, and "
         "summary-rank<N>.txt there: the operators that took the most time.",
         on_resume=FREE,
@@ -346,16 +326,14 @@ class TrainSettings(BaseSettings):
 
     # outputs: trackers (trainer/trackers/) and the Hub push (trainer/hub/push.py)
     report_to: str = _f(
-        "tensorboard",
-        "outputs",
+        "tensorboard", "outputs",
         "Experiment trackers, a comma list of tensorboard, wandb, mlflow, or none (Transformers' own callbacks; only "
         "rank 0 reports; params are the resolved TRAIN_* with secrets masked). wandb: offline under OUTPUT_DIR/wandb "
         "unless WANDB_API_KEY is set; mlflow: MLFLOW_TRACKING_URI (default OUTPUT_DIR/mlruns), MLFLOW_EXPERIMENT_NAME.",
         on_resume=FREE,
     )
     push_to_hub: str = _f(
-        "",
-        "outputs",
+        "", "outputs",
         "org/name[@branch]: at the end of a successful run, export final/ (merged, verified, with a model card) to "
         "OUTPUT_DIR/export and upload it to this Hub repository (created private). Token: HF_TOKEN or HF_TOKEN_PATH.",
         on_resume=FREE,
