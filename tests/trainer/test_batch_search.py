@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.run.batch_search import memory_probe, search_batch, search_largest
+from trainer.run.batch_search import memory_probe, search_largest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -86,31 +86,17 @@ def test_auto_batch_on_a_cpu_keeps_the_batch_and_says_why(run_trainer, trainer_e
 def test_with_compile_on_the_search_probes_the_compiled_model_and_training_peak_is_its_own() -> None:
     """Issue 42 items 1 and 2: one compile serves every probed size (the batch dimension is dynamic), the forward
     and backward that run are the compiled ones, and after the search the peak memory is the training step's."""
-    sys.path.insert(0, str(HERE))
-    from batch_search_ranks import tiny_model_with_memory_limit
-    from torch._dynamo.utils import counters
-
-    from trainer.config.schema import TrainSettings
-    from trainer.run.metrics import peak_memory_bytes, reset_peak_memory
-
-    torch._dynamo.reset()
-    counters.clear()
-    settings = TrainSettings(model="tiny", seq_len=128, batch_size=8, compile="1")
-    model = tiny_model_with_memory_limit(24)
-    found, how = search_batch(model, settings, torch.device("cpu"), "fp32", 1 << 20, 64, None, compiled=True)
-    assert found.batch == 24 and (32, False) in found.probes and (16, True) in found.probes, found.probes
-    assert how.startswith("probed compiled"), how
-    assert counters["stats"]["unique_graphs"] >= 1  # the probes ran compiled code ...
-    assert not counters["recompiles"], dict(counters["recompiles"])  # ... compiled once for every size
-    assert all(p.grad is None for p in model.parameters())
-
-    probes_peak = peak_memory_bytes()
-    reset_peak_memory()  # what apply_auto_batch does after the search
-    optimizer = torch.optim.AdamW(model.parameters())
-    ids = torch.randint(0, model.config.vocab_size, (1, 128))
-    model(input_ids=ids, labels=ids).loss.backward()  # one real training step, eager, at batch 1
-    optimizer.step()
-    assert peak_memory_bytes() < probes_peak - (50 << 20)  # the metric is the step's peak, not the probes'
+    proc = subprocess.run([sys.executable, str(HERE / "compiled_search_peak.py")], cwd=HERE, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    probes = [tuple(p) for p in found["probes"]]
+    assert found["batch"] == 24 and (32, False) in probes and (16, True) in probes, probes
+    assert found["how"].startswith("probed compiled"), found["how"]
+    assert found["unique_graphs"] >= 1  # the probes ran compiled code ...
+    assert not found["recompiles"], found["recompiles"]  # ... compiled once for every size
+    assert not found["grads_left"]
+    assert found["step_peak"] < found["probes_peak"] - (50 << 20)  # the metric is the step's peak, not the probes'
 
 
 @pytest.mark.parametrize(
