@@ -12,6 +12,7 @@ from transformers import TrainerState, TrainingArguments
 
 from trainer.data.dataset import load_or_prepare
 from trainer.data.discovery import discover
+from trainer.data.spec import DataSpec
 from trainer.run.metrics import MetricsCallback, useful_token_share
 from trainer.tokenizer import byte_level_tokenizer
 
@@ -20,7 +21,7 @@ SEQ = 128
 
 def test_padding_is_not_counted_as_useful_tokens(tmp_path: Path) -> None:
     write_pairs(tmp_path / "pairs.jsonl", 300, seq=SEQ)
-    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), SEQ, "text",
+    dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), DataSpec(SEQ),
                               tmp_path / "cache")  # fmt: skip
     pads = dataset.meta["packing"]["padding_tokens"]
     share = useful_token_share(dataset)
@@ -39,6 +40,6 @@ def test_padding_is_not_counted_as_useful_tokens(tmp_path: Path) -> None:
 
 def test_plain_text_streamed_has_no_padding_to_leave_out(tmp_path: Path) -> None:
     (tmp_path / "text.txt").write_text("a plain sentence that streams into blocks.\n" * 400)
-    dataset = load_or_prepare(discover(str(tmp_path / "text.txt")), byte_level_tokenizer(), SEQ, "text",
+    dataset = load_or_prepare(discover(str(tmp_path / "text.txt")), byte_level_tokenizer(), DataSpec(SEQ),
                               tmp_path / "cache")  # fmt: skip
     assert useful_token_share(dataset) == 1.0
