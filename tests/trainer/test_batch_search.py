@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import base_env
 
 from trainer.run.batch_search import memory_probe, search_largest
 
@@ -83,11 +84,11 @@ def test_auto_batch_on_a_cpu_keeps_the_batch_and_says_why(run_trainer, trainer_e
     assert state["train_batch_size"] == 3
 
 
-def test_with_compile_on_the_search_probes_the_compiled_model_and_training_peak_is_its_own() -> None:
+def test_with_compile_on_the_search_probes_the_compiled_model_and_training_peak_is_its_own(tmp_path: Path) -> None:
     """Issue 42 items 1 and 2: one compile serves every probed size (the batch dimension is dynamic), the forward
     and backward that run are the compiled ones, and after the search the peak memory is the training step's."""
     proc = subprocess.run([sys.executable, str(HERE / "compiled_search_peak.py")], cwd=HERE, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+                          env={**base_env(tmp_path), "PYTHONPATH": str(REPO)}, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     probes = [tuple(p) for p in found["probes"]]
