@@ -19,6 +19,10 @@ from trainer.hub.ids import parse_dataset_id
 from trainer.hub.sources import KEYS, HubSources, resolve_hub
 from trainer.run.resume import hub_pins
 
+# DataSpec field -> the TRAIN_* setting (schema field) it is read from: what shapes the packed data.
+DATA_SPEC_SETTINGS = {"seq_len": "seq_len", "text_field": "text_field", "packing": "packing",
+                      "long_records": "long_records", "loss_on": "loss_on", "max_bad_lines": "data_max_bad_lines"}
+
 
 class Inputs:
     """The run's settings with what they name resolved: `hub` (downloads, unless HF_HUB_OFFLINE=1), `data` and
@@ -64,9 +68,7 @@ class Inputs:
     @property
     def data_spec(self) -> DataSpec:
         """What shapes the packed data (and keys its cache)."""
-        s = self.settings
-        return DataSpec(seq_len=s.seq_len, text_field=s.text_field, packing=s.packing, long_records=s.long_records,
-                        loss_on=s.loss_on, max_bad_lines=s.data_max_bad_lines)  # fmt: skip
+        return DataSpec(**{field: getattr(self.settings, name) for field, name in DATA_SPEC_SETTINGS.items()})
 
     @property
     def cache_dir(self) -> Path:

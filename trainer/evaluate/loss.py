@@ -19,9 +19,6 @@ if TYPE_CHECKING:
     from trainer.data.spec import DataSpec
 
 log = logging.getLogger("trainer")
-# The run's settings that decide what the data becomes; the rest of its configuration plays no part here.
-DATA_SETTINGS = ("TRAIN_SEQ_LEN", "TRAIN_TEXT_FIELD", "TRAIN_PACKING", "TRAIN_LONG_RECORDS", "TRAIN_LOSS_ON",
-                 "TRAIN_DATA_MAX_BAD_LINES")  # fmt: skip
 
 
 @dataclass
@@ -34,11 +31,14 @@ class Loss:
 def data_settings(run_config: dict[str, Any] | None, data: str, overrides: dict[str, str]) -> TrainSettings:
     """The settings the eval set is read with: the run's recorded data settings (when the model came from a run),
     this environment's TRAIN_* of the same names, then the command line's; TRAIN_DATA is --data."""
+    from trainer.config.inputs import DATA_SPEC_SETTINGS
     from trainer.config.parse import parse_settings
+    from trainer.config.schema import ENV_PREFIX
 
+    names = [f"{ENV_PREFIX}{name.upper()}" for name in DATA_SPEC_SETTINGS.values()]  # what shapes the data
     recorded = (run_config or {}).get("settings", {})
-    env = {name: str(recorded[name]["value"]) for name in DATA_SETTINGS if name in recorded}
-    env.update({name: os.environ[name] for name in DATA_SETTINGS if name in os.environ})
+    env = {name: str(recorded[name]["value"]) for name in names if name in recorded}
+    env.update({name: os.environ[name] for name in names if name in os.environ})
     env.update(overrides)
     env["TRAIN_DATA"] = data
     return parse_settings(env)
