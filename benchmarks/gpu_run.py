@@ -11,6 +11,8 @@ Parts, in this order (`--only a,b` picks some; the lead splits them across calls
   auto        the 1b preset with the trainer's own defaults (no TRAIN_BATCH_SIZE, no TRAIN_COMPILE), TRAIN_SEQ_LEN=2048,
               the embedded corpus: batch chosen, tokens/s, MFU, peak memory, to_first_step_s, compile_s, phases
   warm        the same again, reusing the compile and batch-search caches of `auto`
+  whole       the same with the whole model compiled (TRAIN_COMPILE_SCOPE=model) against auto's regional compile,
+              cold then warm (the dry run compiles the tiny preset once, cold only)
   eager       the same with TRAIN_COMPILE=0
   chat        a packed conversation corpus made here: records vs stream packing, eager, short
   techniques  the technique rows of the 125m preset, each the fp32 baseline plus one change
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("gemm", "sdpa", "auto", "warm", "eager", "chat", "techniques", "gputests")
+PARTS = ("gemm", "sdpa", "auto", "warm", "whole", "eager", "chat", "techniques", "gputests")
 GIB = 1 << 30
 
 
@@ -162,6 +164,15 @@ class Driver:
         env, note = self.long_run_env()
         note = "auto again, reusing the compile and batch-search caches of `auto` (same machine, same --work); " + note
         self.train("warm", "auto warm", env, self.sizes.warmup, self.sizes.steps, note)
+
+    def whole(self) -> None:
+        env = {**self.defaults_env(), "TRAIN_COMPILE": "1", "TRAIN_COMPILE_SCOPE": "model"}
+        note = "the whole model's forward compiled (embeddings, mask, LM head), against auto's regional compile"
+        self.train("whole", "whole cold", env, self.sizes.warmup, self.sizes.steps, note)
+        if self.dry:
+            self.emit("whole", "whole warm", status="skipped", reason="dry run: the warm row repeats the cold one")
+            return
+        self.train("whole", "whole warm", env, self.sizes.warmup, self.sizes.steps, "again, its compile cache warm")
 
     def eager(self) -> None:
         env = {**self.defaults_env(), "TRAIN_COMPILE": "0"}

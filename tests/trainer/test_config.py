@@ -75,6 +75,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_PIN_MEMORY": "1",
             "TRAIN_GRAD_CKPT": "1",
             "TRAIN_COMPILE": "1",
+            "TRAIN_COMPILE_SCOPE": "model",
             "TRAIN_COMPILE_BACKEND": "inductor",
             "TRAIN_COMPILE_MODE": "reduce-overhead",
             "TRAIN_ATTN": "eager",
@@ -308,6 +309,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     # DeepSpeed/FSDP (test_speed_decisions.py)
     ("TRAIN_COMPILE", "full", lambda c: c["decisions"]["compile"]["value"] is True
      and c["training_arguments"]["dataloader_drop_last"] is True),
+    ("TRAIN_COMPILE_SCOPE", "full", lambda c: "TRAIN_COMPILE_SCOPE=model: the whole model" in
+     c["decisions"]["compile"]["reason"]),
     ("TRAIN_COMPILE_BACKEND", "full", lambda c: "backend inductor" in c["decisions"]["compile"]["reason"]),
     ("TRAIN_COMPILE_MODE", "full", lambda c: "mode reduce-overhead" in c["decisions"]["compile"]["reason"]),
     ("TRAIN_ATTN", "full", lambda c: c["decisions"]["attn"]["value"] == "eager"),

@@ -176,10 +176,12 @@ def test_old_rows_refuse_flash_attention_4_before_torch() -> None:
 def test_compile_caches_go_to_the_cache_volume_unless_the_user_chose() -> None:
     """The images set /cache/inductor and /cache/triton (kept); from source they go beside HF_HOME, so a restarted
     run and the next one reuse the compiled kernels."""
-    env = speed.compile_environment({"HF_HOME": "/vol/huggingface"})
+    env = speed.compile_environment({"HF_HOME": "/vol/huggingface"}, "layers")
     assert env == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1",
                    "TORCHINDUCTOR_CACHE_DIR": "/vol/torch-compile/inductor",
                    "TRITON_CACHE_DIR": "/vol/torch-compile/triton"}  # fmt: skip
     image = {"HF_HOME": "/cache/huggingface", "TORCHINDUCTOR_CACHE_DIR": "/cache/inductor",
-             "TRITON_CACHE_DIR": "/cache/triton", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "0"}  # fmt: skip
-    assert speed.compile_environment(image) == {k: v for k, v in image.items() if k != "HF_HOME"}
+             "TRITON_CACHE_DIR": "/cache/triton"}  # fmt: skip
+    whole = speed.compile_environment(image, "model")  # TRAIN_COMPILE_SCOPE=model: Accelerate compiles it whole
+    assert whole == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "0", "TORCHINDUCTOR_CACHE_DIR": "/cache/inductor",
+                     "TRITON_CACHE_DIR": "/cache/triton"}  # fmt: skip

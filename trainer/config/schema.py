@@ -210,6 +210,12 @@ class TrainSettings(BaseSettings):
         "least 200 steps, on a stack where it is known to work; off on CPU.",
         on_resume=FREE,
     )
+    compile_scope: Literal["layers", "model"] = _f(
+        "layers", "speed", "What torch.compile compiles. layers: each decoder layer in place, one compile reused by "
+        "all (regional; the shortest compile); model: the whole model's forward, the embeddings, mask and LM head "
+        "included (a longer compile that may fuse more).",
+        on_resume=FREE,
+    )
     compile_backend: str = _f("inductor", "speed", "torch.compile backend.", on_resume=FREE)
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _f(
         "default", "speed", "torch.compile mode.",

@@ -107,13 +107,13 @@ def compiled_by_accelerate(s: TrainSettings, ds: dict[str, Any] | None) -> bool:
     return ds is not None or s.zero_stage > 0 or s.fsdp != "none"
 
 
-def compile_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """What a compiled run sets before torch compiles anything (the user's value wins): Accelerate's regional
-    compilation (used with DeepSpeed and FSDP), and the inductor and triton caches on the cache volume next to
-    HF_HOME (the images set /cache/inductor and /cache/triton; a run from source gets HF_HOME/../torch-compile/),
-    so a restarted run and every later run with the same model, shapes and versions reuse the compiled kernels
-    (the output folder would serve only its own run)."""
-    env = {REGIONAL_ENV: environ.get(REGIONAL_ENV, "1")}
+def compile_environment(environ: Mapping[str, str], scope: str) -> dict[str, str]:
+    """What a compiled run sets before torch compiles anything: Accelerate's regional compilation (used with
+    DeepSpeed and FSDP) as TRAIN_COMPILE_SCOPE says, and the inductor and triton caches (the user's folders win) on
+    the cache volume next to HF_HOME (the images set /cache/inductor and /cache/triton; a run from source gets
+    HF_HOME/../torch-compile/), so a restarted run and every later run with the same model, shapes and versions
+    reuse the compiled kernels (the output folder would serve only its own run)."""
+    env = {REGIONAL_ENV: "1" if scope == "layers" else "0"}
     xdg_cache = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     caches = Path(environ.get("HF_HOME") or Path(xdg_cache) / "huggingface").parent / "torch-compile"
     for name, folder in CACHE_ENV.items():
@@ -123,13 +123,15 @@ def compile_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 def compile_layout(s: TrainSettings, ds: dict[str, Any] | None, environ: Mapping[str, str]) -> str:
     """How a compiled run compiles and where its caches are, for the decision's reason."""
-    env = compile_environment(environ)
-    how = ("regional: each decoder layer compiled in place, one compile reused by every layer; the loss, the mask "
-           "and the records hook stay eager")  # fmt: skip
+    env = compile_environment(environ, s.compile_scope)
     if compiled_by_accelerate(s, ds):
-        regional = env[REGIONAL_ENV].lower() in ("1", "true", "yes")
-        how = ("by Accelerate, regional (each repeated block)" if regional
-               else f"by Accelerate, the whole model ({REGIONAL_ENV}={env[REGIONAL_ENV]})")  # fmt: skip
+        how = ("by Accelerate, regional (each repeated block)" if s.compile_scope == "layers"
+               else "by Accelerate, the whole model")  # fmt: skip
+    elif s.compile_scope == "layers":
+        how = ("TRAIN_COMPILE_SCOPE=layers, regional: each decoder layer compiled in place, one compile reused by "
+               "every layer; the loss, the mask and the records hook stay eager")  # fmt: skip
+    else:
+        how = "TRAIN_COMPILE_SCOPE=model: the whole model's forward compiled, embeddings, mask and LM head included"
     caches = ", ".join(f"{name}={env[name]}" for name in CACHE_ENV)
     return f"{how}; caches {caches}; a partial last batch is left out of each epoch (counted at start)"
 

@@ -278,8 +278,8 @@ def search_key(cfg: RunConfig, args: Any, model: Any) -> dict[str, Any]:
     return {
         "model": s.model, "parameters": count_parameters(model), "seq_len": s.seq_len,
         "precision": d.precision.value, "attn": d.attn.value, "liger": d.liger.value, "grad_ckpt": s.grad_ckpt,
-        "compile": f"{s.compile_backend}/{s.compile_mode}" if d.compile.value else "off", "lora": s.lora,
-        "quant": s.quant, "optim": d.optim.value, "world_size": args.world_size, "gpu": props.name,
+        "compile": f"{s.compile_scope}/{s.compile_backend}/{s.compile_mode}" if d.compile.value else "off",
+        "lora": s.lora, "quant": s.quant, "optim": d.optim.value, "world_size": args.world_size, "gpu": props.name,
         "gpu_memory": props.total_memory,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "accelerate": accelerate.__version__},

@@ -151,7 +151,12 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
     if s.lora:
         model = apply_lora(model, s)
     if cfg.decisions.compile.value and not compiled_by_accelerate(s, cfg.deepspeed):
-        compile_layers(model, s.compile_backend, s.compile_mode)
+        if s.compile_scope == "layers":
+            compile_layers(model, s.compile_backend, s.compile_mode)
+        else:
+            model.compile(backend=s.compile_backend, mode=s.compile_mode)
+            log.info("torch.compile: the whole model's forward (backend %s, mode %s); the first step compiles it",
+                     s.compile_backend, s.compile_mode)  # fmt: skip
     log_parameter_counts(model)
     return model
 

@@ -347,7 +347,7 @@ def _prepare_compile(cfg: RunConfig) -> None:
     set before Transformers builds its Accelerator; recorded in run_config.json's environment."""
     from trainer.config.speed import compile_environment
 
-    env = compile_environment(os.environ)
+    env = compile_environment(os.environ, cfg.settings.compile_scope)
     os.environ.update(env)
     cfg.env.update(env)
     log.info("torch.compile: %s", cfg.decisions.compile.reason)
