@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from tests.trainer.train_runs import REPO, finish, start, train_env, write_corpus
+from trainer.config.parse import load_settings
 from trainer.data.discovery import discover
-from trainer.data.mix import MixEntry, parse_eval_sets, parse_mix, plan, prepare_mix
+from trainer.data.mix import MixedDataset, MixEntry, parse_eval_sets, parse_mix, plan, prepare_mix
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
+from trainer.run.resume import check_drift
 from trainer.tokenizer import byte_level_tokenizer
 
 A, B = ord("a"), ord("b")
@@ -27,14 +29,14 @@ def write_source(path: Path, letter: str, records: int) -> Path:
     return path
 
 
-def mixed(tmp: Path, value: str, seed: int = 0):  # noqa: ANN201
+def mixed(tmp: Path, value: str, seed: int = 0) -> MixedDataset:
     mix = parse_mix(value)
     assert not mix.problems
     parts = [discover(e.source) for e in mix.entries]
     return prepare_mix(mix, parts, byte_level_tokenizer(), DataSpec(64), tmp / "cache", seed)[0]
 
 
-def trained_share_of_a(dataset) -> float:  # noqa: ANN001
+def trained_share_of_a(dataset: MixedDataset) -> float:
     counts = {A: 0, B: 0}
     for i in range(len(dataset)):
         item = dataset[i]
@@ -44,7 +46,9 @@ def trained_share_of_a(dataset) -> float:  # noqa: ANN001
     return counts[A] / (counts[A] + counts[B])
 
 
-def test_weights_are_shares_of_trained_tokens_from_each_sources_own_cache(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+def test_weights_are_shares_of_trained_tokens_from_each_sources_own_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     a = write_source(tmp_path / "a.jsonl", "a", 200)  # 25% of the tokens by nature: repeated to reach 80%
     b = write_source(tmp_path / "b.jsonl", "b", 600)
     value = f"{a}:0.8,{b}:0.2"
@@ -76,7 +80,7 @@ def test_max_records_caps_a_source_and_an_unreachable_share_exits_2(tmp_path: Pa
     assert [row["name"] for row in dataset.report["sources"]] == ["a", "bee"]
     capped = [MixEntry("a", str(a), 9, max_repeats=2), MixEntry("b", str(b), 1)]
     counts = [np.full(len(p), 64) for p in dataset.parts]
-    with pytest.raises(ConfigError, match="needs .* repeats .* above its max_repeats 2"):
+    with pytest.raises(ConfigError, match=r"needs .* repeats .* above its max_repeats 2"):
         plan(capped, dataset.parts, counts, 0)
 
 
@@ -115,10 +119,14 @@ def test_two_eval_sets_report_separately_and_a_changed_weight_is_a_data_change(t
     evals = {line["eval_set"]: line for line in lines if "eval_set" in line}
     assert set(evals) == {"chat", "code"}
     assert evals["chat"]["eval_chat_loss"] != evals["code"]["eval_code_loss"]
+    events = b"".join(p.read_bytes() for p in (out / "runs").rglob("events.out.tfevents*"))  # the tracker's
+    assert b"eval/chat_loss" in events and b"eval/code_loss" in events and b"eval/code_perplexity" in events
     mix = json.loads((out / "run_config.json").read_text())["training_data"]["mix"]
     assert [row["requested_share"] for row in mix["sources"]] == [0.7, 0.3]
     changed = train_env(out, **{**settings, "data": f"{a}:0.5,{b}:0.5"})
     code, err = finish(start(changed))
     assert code == 2 and "TRAIN_RESUME_CHANGED_DATA=1" in err and "TRAIN_DATA was" in err, err[-2000:]
-    code, err = finish(start({**changed, "TRAIN_RESUME_CHANGED_DATA": "1"}))
-    assert code == 0 and "resume: continuing with changed settings: TRAIN_DATA was" in err, err[-2000:]
+    checkpoint = out / "checkpoint-2"
+    check_drift(checkpoint, load_settings({**changed, "TRAIN_RESUME_CHANGED_DATA": "1"}))  # allowed: no error
+    with pytest.raises(ConfigError, match="TRAIN_DATA was"):
+        check_drift(checkpoint, load_settings(changed))
