@@ -108,7 +108,9 @@ def test_bad_mixes_exit_2_before_training_with_the_fix(tmp_path: Path) -> None:
 
 
 def test_two_eval_sets_report_separately_and_a_changed_weight_is_a_data_change(tmp_path: Path) -> None:
-    a, b = write_corpus(tmp_path / "a.txt", 200), write_corpus(tmp_path / "b.txt", 300)
+    a, b = write_corpus(tmp_path / "a.txt", 200), tmp_path / "b.jsonl"  # plain text (stream) and pairs (records)
+    b.write_text("".join(json.dumps({"prompt": f"Question {i}?", "completion": " An answer."}) + "\n"
+                         for i in range(300)))  # fmt: skip
     ea, eb = write_source(tmp_path / "ea.jsonl", "a", 20), write_source(tmp_path / "eb.jsonl", "b", 20)
     out = tmp_path / "out"
     settings = {"data": f"{a}:0.7,{b}:0.3", "eval_data": f"chat={ea},code={eb}", "max_steps": 2, "save_steps": 2,

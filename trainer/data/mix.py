@@ -282,6 +282,9 @@ class MixedDataset:
         self.parts, self.sources, self.blocks, self.report = parts, sources, blocks, report
         self.seq_len = parts[0].seq_len
         self.meta = {**parts[0].meta, "mix": report}
+        # every item carries the keys any source's items carry, so the collator can stack a batch of several sources
+        self.positions = any(p.meta.get("packing", {}).get("record_blocks") for p in parts)
+        self.padded = any(p.meta["pad_from"] is not None for p in parts)
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -289,7 +292,18 @@ class MixedDataset:
     def __getitem__(self, i: int) -> dict[str, Any]:
         if not 0 <= i < len(self):
             raise IndexError(i)
-        return self.parts[int(self.sources[i])][int(self.blocks[i])]
+        item = self.parts[int(self.sources[i])][int(self.blocks[i])]
+        if self.positions and "position_ids" not in item:  # a stream block is one segment: 0..seq_len-1
+            item["position_ids"] = _torch().arange(self.seq_len)
+        if self.padded and "attention_mask" not in item:
+            item["attention_mask"] = _torch().ones(self.seq_len, dtype=_torch().int64)
+        return item
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
 
 
 def plan(entries: list[MixEntry], parts: list[ShardedDataset | BlockRange], counts: list[np.ndarray], seed: int
@@ -348,7 +362,8 @@ def log_report(report: dict[str, Any]) -> None:
     for row in report["sources"]:
         how = (f"repeated {row['repeats']:.2f} times" if row["repeats"] > 1
                else f"sampled {100 * row['repeats']:.1f}% of its sequences" if row["repeats"] < 1 else "used once")
-        log.info("data mix: %s (%s): requested %.2f%%, achieved %.2f%% of %d trained tokens; %d of %d sequences, %s%s",
+        log.info("data mix: %s (%s): requested %.2f%%, achieved %.2f%% of %d trained tokens; %d sequences drawn from "
+                 "its %d, %s%s",
                  row["name"], row["source"], 100 * row["requested_share"], 100 * row["achieved_share"],
                  report["trained_tokens"], row["sequences_used"], row["sequences"], how,
                  f"; capped at its first {row['max_records']} records" if row.get("max_records") else "")  # fmt: skip
