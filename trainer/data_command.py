@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     from trainer.config import load_inputs
     from trainer.data.dataset import load_or_prepare
-    from trainer.data.mix import prepare_mix
+    from trainer.data.mixed import prepare_mix
     from trainer.data.shards import peak_rss_bytes
     from trainer.tokenizer import tokenizer_for
 

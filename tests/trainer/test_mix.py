@@ -15,7 +15,8 @@ import pytest
 from tests.trainer.train_runs import REPO, finish, start, train_env, write_corpus
 from trainer.config.parse import load_settings
 from trainer.data.discovery import discover
-from trainer.data.mix import MixedDataset, MixEntry, parse_eval_sets, parse_mix, plan, prepare_mix
+from trainer.data.mix import MixEntry, parse_eval_sets, parse_mix
+from trainer.data.mixed import MixedDataset, plan, prepare_mix
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
 from trainer.run.resume import check_drift

@@ -27,7 +27,7 @@ def training_data(inputs: Inputs, tokenizer: Any, should_stop: Callable[[], bool
     Transformers evaluates one by one as eval_<name>_loss). A mix of sources (trainer.data.mix) is prepared source by
     source and mixed with TRAIN_SEED; its TRAIN_EVAL_SPLIT holds out the same fraction of each source, by name."""
     from trainer.data.dataset import load_or_prepare
-    from trainer.data.mix import prepare_mix
+    from trainer.data.mixed import prepare_mix
 
     settings = inputs.settings
     if inputs.mix.is_mix:
