@@ -133,3 +133,15 @@ def test_two_eval_sets_report_separately_and_a_changed_weight_is_a_data_change(t
     check_drift(checkpoint, load_settings({**changed, "TRAIN_RESUME_CHANGED_DATA": "1"}))  # allowed: no error
     with pytest.raises(ConfigError, match="TRAIN_DATA was"):
         check_drift(checkpoint, load_settings(changed))
+
+
+def test_data_command_reports_each_sources_requested_and_achieved_share(tmp_path: Path) -> None:
+    a, b = write_source(tmp_path / "a.jsonl", "a", 100), write_source(tmp_path / "b.jsonl", "b", 100)
+    env = train_env(tmp_path / "out", data=f"{a}:3,{b}:1", seq_len=64)
+    proc = subprocess.run([sys.executable, "-m", "trainer", "data"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])["mix"]["sources"]
+    assert [(r["name"], r["requested_share"]) for r in rows] == [("a", 0.75), ("b", 0.25)]
+    assert abs(rows[0]["achieved_share"] - 0.75) <= 0.02 and rows[0]["repeats"] > 1
+    assert "data mix: a" in proc.stderr and "repeated" in proc.stderr
