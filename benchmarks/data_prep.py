@@ -20,6 +20,12 @@ Records packing (TRAIN_PACKING=records, trainer/data/packing.py) on a generated 
 records of log-normal lengths (a few longer than --seq, truncated). Printed: the padding share (goal <= 5%), the
 memory ratio of the larger corpus to the small one (goal <= 1.2), and tokens/s against stream packing of the same
 corpus (what the packer costs).
+
+    .venv/bin/python -m benchmarks.data_prep --corpus mix --small-mb 20 --factor 8
+
+A mixed corpus (trainer/data/mixed.py): plain text (70% of the trained tokens) and chat-like prompt/completion
+records (30%), each prepared into its own cache entry, then mixed and 2,000 of its sequences read. Printed: the
+memory ratio of the larger corpora to the small ones (goal <= 1.2) and the shares reached.
 """
 
 from __future__ import annotations
@@ -101,6 +107,26 @@ def child_trainkit(data: Path, seq: int, workers: str, packing: str = "auto") ->
             "rss": peak_rss(), "worker_rss": meta["peak_rss_worker_bytes"], "packing": meta["packing"]}  # fmt: skip
 
 
+def child_mix(folder: Path, seq: int) -> dict:
+    """Both sources of `folder` prepared, mixed 0.7/0.3, and 2,000 mixed sequences read; the peak RSS of it all."""
+    from trainer.data.discovery import discover
+    from trainer.data.mix import parse_mix
+    from trainer.data.mixed import prepare_mix
+    from trainer.data.spec import DataSpec
+    from trainer.tokenizer import byte_level_tokenizer
+
+    mix = parse_mix(f"{folder / 'text.jsonl'}:0.7,{folder / 'chat.jsonl'}:0.3")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="data-mix-", dir=folder) as cache:
+        mixed, _ = prepare_mix(mix, [discover(e.source) for e in mix.entries], byte_level_tokenizer(), DataSpec(seq),
+                               Path(cache), seed=0)  # fmt: skip
+        for i in range(0, len(mixed), max(1, len(mixed) // 2000)):
+            mixed[i]
+    seconds = time.perf_counter() - start
+    return {"tokens": mixed.report["trained_tokens"], "seconds": seconds, "workers": 0, "cores": 1, "rss": peak_rss(),
+            "worker_rss": 0, "shares": {r["name"]: r["achieved_share"] for r in mixed.report["sources"]}}  # fmt: skip
+
+
 def pack_with_datasets_map(data: Path, tok, seq: int, cache_dir: Path | None = None) -> int:
     """The classic recipe (load_dataset, .map(tokenize), .map(group_texts), in memory); returns tokens packed."""
     from itertools import chain
@@ -174,19 +200,21 @@ def main() -> None:
     p.add_argument("--factor", type=float, default=10.0)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--workers", default="0,auto", help="comma-separated worker settings to compare (0, N, auto)")
-    p.add_argument("--child", choices=["trainkit", "baseline"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["trainkit", "baseline", "mix"], help=argparse.SUPPRESS)
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
-    p.add_argument("--corpus", choices=["text", "chat"], default="text",
-                   help="text: plain text vs datasets.map; chat: prompt/completion packed whole")  # fmt: skip
+    p.add_argument("--corpus", choices=["text", "chat", "mix"], default="text",
+                   help="text: plain text vs datasets.map; chat: prompt/completion packed whole; mix: both, "
+                   "mixed by weight")  # fmt: skip
     p.add_argument("--packing", default="auto", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        result = (child_trainkit(a.data, a.seq, a.workers, a.packing) if a.child == "trainkit"
-                  else child_baseline(a.data, a.seq))  # fmt: skip
+        children = {"trainkit": lambda: child_trainkit(a.data, a.seq, a.workers, a.packing),
+                    "baseline": lambda: child_baseline(a.data, a.seq), "mix": lambda: child_mix(a.data, a.seq)}
+        result = children[a.child]()
         print(json.dumps(result))
         return
-    if a.corpus == "chat":
-        chat(a)
+    if a.corpus in ("chat", "mix"):
+        (chat if a.corpus == "chat" else mixed)(a)
         return
     with corpora(a, write_jsonl, "JSONL") as (small, large):
         results = {}
@@ -235,6 +263,23 @@ def chat(a: argparse.Namespace) -> None:
         share = max(runs[k, "records"]["packing"]["padding_share"] for k in ("small", "large"))
         print(f"\nrecords packing: padding share {100 * share:.2f}% (goal <= 5%); memory ratio large/small {mem:.2f} "
               f"for {a.factor:g}x the data (goal <= 1.2); tokens/s vs stream packing {speed:.2f}")  # fmt: skip
+
+
+def mixed(a: argparse.Namespace) -> None:
+    """A mixed corpus (plain text 0.7, prompt/completion 0.3): peak RSS of preparing and mixing --small-mb of each
+    and --factor times more."""
+    print(f"machine: {len(os.sched_getaffinity(0))} usable CPUs; python {sys.version.split()[0]}; seq {a.seq}")
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="trainkit-data-mix-") as name:
+        for label, megabytes in (("small", a.small_mb), ("large", a.small_mb * a.factor)):
+            folder = Path(name, label)
+            folder.mkdir()
+            write_jsonl(folder / "text.jsonl", megabytes)
+            write_chat_jsonl(folder / "chat.jsonl", megabytes)
+            runs[label] = r = measure("mix", folder, a.seq)
+            print(row(f"mix {label} ({2 * megabytes:g} MB)", r) + f"  shares {r['shares']}", flush=True)
+    mem = runs["large"]["peak"] / runs["small"]["peak"]
+    print(f"\nmixed corpus: memory ratio large/small {mem:.2f} for {a.factor:g}x the data (goal <= 1.2)")
 
 
 if __name__ == "__main__":

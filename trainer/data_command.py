@@ -49,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     from trainer.config import load_inputs
     from trainer.data.dataset import load_or_prepare
+    from trainer.data.mixed import prepare_mix
     from trainer.data.shards import peak_rss_bytes
     from trainer.tokenizer import tokenizer_for
 
@@ -57,8 +58,14 @@ def main(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     if inputs.settings.method != "sft":
         return show_pairs(inputs, tokenizer, args.show, args.json)
-    dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
-    summary = {"folder": str(dataset.folder), "sequences": len(dataset), **{k: dataset.meta.get(k) for k in STATS}}
+    if inputs.mix.is_mix:  # each source from its own cache, mixed as the run mixes them (trainer.data.mix)
+        dataset, _ = prepare_mix(inputs.mix, inputs.mix_sources, tokenizer, inputs.data_spec, inputs.cache_dir,
+                                 inputs.settings.seed)  # fmt: skip
+        summary = {"sequences": len(dataset), "mix": dataset.report}
+    else:
+        dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir)
+        summary = {"folder": str(dataset.folder), "sequences": len(dataset),
+                   **{k: dataset.meta.get(k) for k in STATS}}  # fmt: skip
     summary["peak_rss_bytes"] = peak_rss_bytes()
     if args.show is None:
         print(json.dumps(summary))

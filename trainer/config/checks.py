@@ -13,6 +13,7 @@ from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.rope import readable_model_config, rope_problems
 from trainer.config.schema import TrainSettings
 from trainer.data.chat import template_problems
+from trainer.data.mix import parse_eval_sets, parse_mix
 from trainer.errors import ConfigError
 from trainer.hub.ids import parse_dataset_id
 from trainer.hub.push import push_problems
@@ -256,6 +257,16 @@ def _data_problems(inputs: Inputs) -> list[str]:
     return list(inputs.data.problems)
 
 
+def _mix_problems(s: TrainSettings) -> list[str]:
+    """A mix of sources and several eval sets are for SFT (trainer.data.mix); preference data is read whole."""
+    lists = [name for name, value in (("TRAIN_DATA", parse_mix(s.data).is_mix),
+                                      ("TRAIN_EVAL_DATA", bool(parse_eval_sets(s.eval_data)))) if value]  # fmt: skip
+    if s.method == "sft" or not lists:
+        return []
+    return [f"{' and '.join(lists)}: several sources (a mix, named eval sets) are for TRAIN_METHOD=sft; "
+            f"TRAIN_METHOD={s.method} reads one source: give one path, folder or glob"]
+
+
 def _eval_data_problems(inputs: Inputs) -> list[str]:
     eval_data = inputs.settings.eval_data
     if not eval_data or parse_dataset_id(eval_data):
@@ -289,6 +300,7 @@ STATIC_CHECKS: tuple[Callable[[Inputs], list[str]], ...] = (
     methods.data_problems,
     _on_settings(push_problems),
     _on_settings(_eval_problems),
+    _on_settings(_mix_problems),
     _eval_data_problems,
 )  # fmt: skip
 

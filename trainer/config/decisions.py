@@ -254,6 +254,11 @@ def decide_packing(inputs: Inputs) -> Decision[str]:
     s = inputs.settings
     if methods.is_preference(s):
         return _decide("none", f"TRAIN_METHOD={s.method}: {methods.SFT_ONLY['packing']}")
+    if inputs.mix.is_mix:  # each source is packed on its own (trainer.data.mix)
+        parts = zip(inputs.mix.entries, inputs.mix_sources, strict=True)
+        each = [(entry.name, inputs.data_spec.packing_of(part.layouts)) for entry, part in parts]
+        return _decide(", ".join(f"{name}: {how}" for name, (how, _) in each),
+                       "each source packed on its own: " + "; ".join(f"{name}: {why}" for name, (_, why) in each))
     return _decide(*inputs.data_spec.packing_of(inputs.data.layouts))
 
 

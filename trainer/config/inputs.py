@@ -13,6 +13,7 @@ from trainer.config.schema import TrainSettings
 from trainer.data.cache import default_cache_dir
 from trainer.data.chat import TemplateChoice, chosen_template
 from trainer.data.discovery import DataSource, scan
+from trainer.data.mix import Mix, combined, eval_set_problems, parse_eval_sets, parse_mix
 from trainer.data.preference import PreferenceRecords, read_records
 from trainer.data.spec import DataSpec
 from trainer.hub.ids import parse_dataset_id
@@ -38,17 +39,42 @@ class Inputs:
     def hub(self) -> HubSources:
         """The Hub IDs resolved to commits and fetched (pinned to the commits of the checkpoint a resume reads)."""
         s = self.settings
-        return resolve_hub({key: getattr(s, key) for key in KEYS}, hub_pins(s))
+        lists = {"data": self.mix.is_mix, "eval_data": bool(parse_eval_sets(s.eval_data))}  # scanned per source
+        return resolve_hub({key: "" if lists.get(key) else getattr(s, key) for key in KEYS}, hub_pins(s))
 
     @cached_property
     def data(self) -> DataSource:
-        """The scan of TRAIN_DATA."""
+        """The scan of TRAIN_DATA (a mix: one DataSource standing for all its sources, trainer.data.mix.combined)."""
+        if self.mix.is_mix:
+            return combined(self.settings.data, self.mix, self.mix_sources)
         return self._scan("data")
 
     @cached_property
+    def mix(self) -> Mix:
+        """TRAIN_DATA's sources and weights (empty: one plain source)."""
+        return parse_mix(self.settings.data)
+
+    @cached_property
+    def mix_sources(self) -> list[DataSource]:
+        """The scan of each source of the mix, in its order."""
+        return [self._scan("data", entry.source) for entry in self.mix.entries]
+
+    @cached_property
     def eval_data(self) -> DataSource:
-        """The scan of TRAIN_EVAL_DATA (a hub-style folder gives its validation split)."""
-        return self._scan("eval_data")
+        """The scan of TRAIN_EVAL_DATA (a hub-style folder gives its validation split); several eval sets: one
+        DataSource standing for them all (their files and problems)."""
+        if not self.eval_sets:
+            return self._scan("eval_data")
+        parts = list(self.eval_sets.values())
+        problems = (*eval_set_problems(self.settings.eval_data), *(p for part in parts for p in part.problems))
+        files = tuple(dict.fromkeys(f for part in parts for f in part.identity_files()))
+        return DataSource(self.settings.eval_data, files=files, problems=problems, variable="TRAIN_EVAL_DATA",
+                          reason=f"{len(parts)} eval sets: {', '.join(self.eval_sets)}")  # fmt: skip
+
+    @cached_property
+    def eval_sets(self) -> dict[str, DataSource]:
+        """TRAIN_EVAL_DATA's named eval sets, each scanned (empty: one plain eval source)."""
+        return {name: self._scan("eval_data", source) for name, source in parse_eval_sets(self.settings.eval_data)}
 
     @cached_property
     def pairs(self) -> PreferenceRecords:
@@ -60,8 +86,12 @@ class Inputs:
         """TRAIN_EVAL_DATA's preference records (as `pairs`)."""
         return read_records(self.eval_data, self.settings.data_max_bad_lines)
 
-    def _scan(self, key: str) -> DataSource:
-        value = getattr(self.settings, key)
+    def _scan(self, key: str, value: str | None = None) -> DataSource:
+        whole = value is None
+        value = getattr(self.settings, key) if value is None else value
+        if parse_dataset_id(value) and not whole:
+            return DataSource(value, problems=(f"{value}: a Hub dataset inside a list of sources is not supported yet; "
+                                               "fetch it (python -m trainer fetch) and list its local folder",))
         hub = self.hub if parse_dataset_id(value) else HubSources()  # local data never asks the Hub
         return scan(key, value, self.data_spec, hub)
 

@@ -79,7 +79,9 @@ class TrainSettings(BaseSettings):
         "Training data: a file, folder or glob of .txt, .jsonl/.json (also .gz/.zst/.bz2/.xz), .parquet, .arrow, "
         ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder; or a Hub dataset "
         "hf://datasets/org/name[@revision][/config-folder or file glob] (its data files are fetched into HF_HOME, "
-        "then read like a local folder: the train split). Missing or empty default: a small embedded corpus.",
+        "then read like a local folder: the train split). Missing or empty default: a small embedded corpus. Several "
+        "local sources mixed by weight: SOURCE:WEIGHT,SOURCE:WEIGHT (a weight is a share of the trained tokens), or a "
+        "NAME.mix.json file (docs/running.md, 'Mixing sources').",
         on_resume=DATA,
     )
     output_dir: str = _f(
@@ -295,7 +297,8 @@ class TrainSettings(BaseSettings):
     eval_data: str = _f(
         "", "eval",
         "Evaluation data, in any form TRAIN_DATA takes (a hub-style folder or Hub dataset gives its validation "
-        "split). Eval loss and perplexity go to metrics.jsonl and TensorBoard.",
+        "split). Eval loss and perplexity go to metrics.jsonl and TensorBoard. Several sets: NAME=SOURCE,NAME=SOURCE, "
+        "each reported as eval_NAME_loss.",
         on_resume=FREE,
     )
     eval_split: float = _f(

@@ -12,6 +12,7 @@ from trainer.config.decisions import Decision, Decisions
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
+from trainer.data.mix import eval_set_names
 from trainer.errors import ConfigError
 from trainer.trackers.environment import run_name
 
@@ -52,7 +53,9 @@ def _eval_arguments(s: TrainSettings) -> dict[str, Any]:
         "prediction_loss_only": True,
     }
     if s.keep_best:
-        args.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
+        first = eval_set_names(s.data, s.eval_data, s.eval_split)[:1]  # several eval sets: the first one decides
+        metric = f"eval_{first[0]}_loss" if first else "eval_loss"
+        args.update(load_best_model_at_end=True, metric_for_best_model=metric, greater_is_better=False)
     return args
 
 

@@ -20,6 +20,7 @@ Everything here is numpy; nothing imports torch.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -316,3 +317,13 @@ class Packer:
             self.writer.append(ids, mask)
         else:
             self.stats.stream_tail_dropped_tokens = len(ids)
+
+
+def first_records(piece: Any, count: int) -> Any:
+    """A tokenized piece (shards.Piece) cut after its first `count` records: a mix source's max_records
+    (trainer.data.mix). Whole when it holds no more than `count`."""
+    if piece.lengths is None or count >= len(piece.lengths) or count >= piece.records:
+        return piece
+    end = int(piece.lengths[:count].sum())
+    return dataclasses.replace(piece, ids=piece.ids[:end], mask=None if piece.mask is None else piece.mask[:end],
+                               lengths=piece.lengths[:count], continues=False, records=count)  # fmt: skip

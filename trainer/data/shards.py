@@ -33,7 +33,7 @@ import numpy as np
 from trainer.data.cache import Stopped, never
 from trainer.data.discovery import DataSource
 from trainer.data.formats import too_many_bad_lines
-from trainer.data.packing import Packer, nothing_packed
+from trainer.data.packing import Packer, first_records, nothing_packed
 from trainer.data.readers import Columns, LineChunk, iter_units, parse_chunk
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
@@ -414,11 +414,14 @@ def prepare(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSp
     with ShardWriter(folder, spec.seq_len, encoder.dtype, int(pad_id)) as writer:
         packer = Packer(writer, spec, encoder.dtype, int(pad_id))
         for piece in tokenize_all(iter_units(source, text_field), encoder, text_field, workers):
+            piece = first_records(piece, spec.max_records - tally.records) if spec.max_records else piece
             tally.add(piece)
             tokens += len(piece.ids)
             packer.add(piece)
             if should_stop():
                 raise Stopped
+            if spec.max_records and tally.records >= spec.max_records:
+                break  # a mix source's cap: the rest of the source is not read
         packer.close()
         if tokens == 0:
             raise ConfigError(f"TRAIN_DATA: {source.describe()} holds no text; add records or fix TRAIN_TEXT_FIELD")

@@ -34,10 +34,15 @@ class DataSpec:
     loss_on: LossOn = "assistant"
     max_bad_lines: int = _not_key(0)  # TRAIN_DATA_MAX_BAD_LINES: malformed records skipped before the run stops
     workers: int | None = _not_key(None)  # tokenizer processes (0: this one); None: chosen by corpus size and cores
+    max_records: int | None = None  # a mix source's cap (trainer.data.mix): its first N records; keyed when set
 
     def key(self) -> dict[str, Any]:
-        """The fields that shape the tokens: this spec's part of the cache key."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("key", True)}
+        """The fields that shape the tokens: this spec's part of the cache key (max_records only when set, so a
+        source without a cap keeps the key it always had)."""
+        key = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("key", True)}
+        if key["max_records"] is None:
+            del key["max_records"]
+        return key
 
     def records_for(self, has_mask: bool) -> bool:
         """Whether a piece's records keep their boundaries (auto: pieces with a loss mask, i.e. not plain text)."""

@@ -151,8 +151,10 @@ def _env(name: str) -> str:
 def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     """The TRAIN_* settings a checkpoint records (secrets masked), by field name."""
     from trainer.config.schema import OnResume, resume_rule  # here: the config package asks this module at import
+    from trainer.data.mix import identity
 
     values = json.loads(json.dumps(settings.model_dump(), default=str))
+    values["data"] = identity(values["data"])  # a mix file's weights are part of the data
     return {k: v for k, v in mask_secrets(values).items() if resume_rule(k) is not OnResume.NOT_RECORDED}
 
 

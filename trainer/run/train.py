@@ -257,19 +257,16 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
     from transformers import set_seed
 
     from trainer.data.cache import Stopped
-    from trainer.data.dataset import load_or_prepare
     from trainer.run.checkpoint import AtomicCheckpointTrainer
     from trainer.run.disk_space import full_disk_ends_run
-    from trainer.run.evaluation import split_datasets
+    from trainer.run.evaluation import training_data
     from trainer.run.models import build_model
     from trainer.run.packed_attention import collator_for
 
     inputs = cfg.inputs
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         with full_disk_ends_run(inputs.cache_dir, "writing the tokenized data cache"):
-            dataset = load_or_prepare(inputs.data, tokenizer, inputs.data_spec, inputs.cache_dir,
-                                      should_stop=lambda: stop.requested)  # fmt: skip
-        dataset, eval_dataset = split_datasets(inputs, tokenizer, dataset, should_stop=lambda: stop.requested)
+            dataset, eval_dataset = training_data(inputs, tokenizer, should_stop=lambda: stop.requested)
     except Stopped:
         return None
     clock.mark("data")
@@ -281,7 +278,7 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
         from trainer.run.batch_search import apply_auto_batch
 
         apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
-    _record_training_data(cfg, args, len(dataset))
+    _record_training_data(cfg, args, len(dataset), getattr(dataset, "report", None))
     return AtomicCheckpointTrainer(
         model=model,
         args=args,
@@ -335,9 +332,12 @@ def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
     record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed)
 
 
-def _record_training_data(cfg: RunConfig, args: Any, sequences: int) -> None:
-    """run_config.json's `training_data`: how the DataLoader splits an epoch (batches_per_epoch)."""
+def _record_training_data(cfg: RunConfig, args: Any, sequences: int, mix: dict[str, Any] | None = None) -> None:
+    """run_config.json's `training_data`: how the DataLoader splits an epoch (batches_per_epoch), and a mix's
+    requested and achieved share per source (trainer.data.mix)."""
     cfg.training_data = batches_per_epoch(sequences, args, cfg.settings.seq_len)
+    if mix is not None:
+        cfg.training_data["mix"] = mix
     if args.should_save:
         cfg.write_run_config(Path(cfg.settings.output_dir))
 
