@@ -1,4 +1,4 @@
-"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto) on TRL's trainers: real `python -m trainer` runs of the tiny preset
+"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto/simpo/reward) on TRL's trainers: real `python -m trainer` runs of the tiny preset
 on one generated preference set (tests/trainer/preference_data.py), the SIGTERM + resume check, `data --show` on
 pairs, and the bad inputs, which end before torch (checked in-process, one of them as a real subprocess)."""
 
@@ -48,7 +48,15 @@ def dpo_run(pair_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dpo") / "out"
     code, err = finish(start(method_env(out, pair_file)))
     assert code == 0, err[-3000:]
+    (out.parent / "stderr.log").write_text(err)
     return out
+
+
+def held_and_policy(err: str) -> tuple[float, float]:
+    """(MiB of every model parameter alive in the trainer after setup, MiB of the policy's own), from its log."""
+    found = re.search(r"memory: ([\d.]+) MiB of model parameters held after setup, the policy's own ([\d.]+) MiB", err)
+    assert found, err[-3000:]
+    return float(found[1]), float(found[2])
 
 
 def test_dpo_with_lora_learns_the_preference(dpo_run: Path) -> None:
@@ -61,6 +69,13 @@ def test_dpo_with_lora_learns_the_preference(dpo_run: Path) -> None:
     decisions = json.loads((dpo_run / "run_config.json").read_text())["decisions"]
     assert decisions["method"]["value"] == "dpo" and decisions["reference"]["value"] == "frozen adapter"
     assert (dpo_run / "final" / "model.safetensors").is_file() and (dpo_run / "final" / "adapter").is_dir()
+
+
+def test_with_lora_no_second_copy_of_the_model_is_held(dpo_run: Path) -> None:
+    """Counted over every parameter alive in the process (not assumed from the decision): the policy, and the
+    reference only as TRL's adapter-sized 'ref' adapter. test_dpo_without_lora... sees the copy double it."""
+    held, policy = held_and_policy((dpo_run.parent / "stderr.log").read_text())
+    assert policy <= held < 1.1 * policy, (held, policy)
 
 
 def test_the_lora_reference_stays_the_starting_model(dpo_run: Path) -> None:
@@ -95,19 +110,45 @@ def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file:
         check_drift(out / f"checkpoint-{stopped}", changed)
 
 
+def test_dpo_without_lora_learns_against_a_frozen_copy(pair_file: Path, tmp_path: Path) -> None:
+    """Full fine-tuning: the reference is a frozen copy (held: twice the policy), and it stays frozen: its log-probs
+    on the held-out pairs, evaluated before training and after, are equal (TRL logs the policy's log-probs and
+    rewards = beta * (policy - reference), so reference = logps - rewards / beta, exactly, per evaluation)."""
+    out = tmp_path / "out"
+    code, err = finish(start(method_env(out, pair_file, lora=0, args="--eval_on_start")))
+    assert code == 0, err[-3000:]
+    held, policy = held_and_policy(err)
+    assert 1.9 * policy < held < 2.1 * policy, (held, policy)
+    train, evaluation = lines(out)
+    margins = [r["rewards/margins"] for r in train]
+    assert margins[-1] > margins[0] and margins[-1] > 0.3, margins
+    before, after = evaluation[0], evaluation[-1]
+    assert (before["step"], after["step"]) == (0, STEPS)
+    assert before["eval_rewards/accuracies"] == 0 and after["eval_rewards/accuracies"] > 0.8, after
+    for side in ("chosen", "rejected"):
+        reference = [e[f"eval_logps/{side}"] - e[f"eval_rewards/{side}"] / 0.1 for e in (before, after)]
+        assert after[f"eval_logps/{side}"] != before[f"eval_logps/{side}"]  # the policy moved
+        assert reference[1] == pytest.approx(reference[0], abs=1e-3), reference  # the reference did not
+    assert json.loads((out / "run_config.json").read_text())["decisions"]["reference"]["value"] == "frozen copy"
+
+
 @pytest.mark.parametrize(
     ("method", "lora", "metric", "reference"),
-    [("orpo", 1, "log_odds_chosen", "none"), ("kto", 0, "rewards/margins", "frozen copy")],
+    [("orpo", 1, "log_odds_chosen", "none"), ("kto", 0, "rewards/margins", "frozen copy"),
+     ("simpo", 1, "rewards/margins", "none"), ("reward", 0, "margin", "none")],
 )  # fmt: skip
-def test_orpo_and_kto_learn_their_own_metric(method: str, lora: int, metric: str, reference: str, pair_file: Path,
-                                             tmp_path: Path) -> None:  # fmt: skip
-    """ORPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the reference)."""
+def test_each_method_learns_its_own_metric(method: str, lora: int, metric: str, reference: str, pair_file: Path,
+                                           tmp_path: Path) -> None:  # fmt: skip
+    """ORPO and SimPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the
+    reference), a reward model (a one-score head) scoring chosen above rejected."""
     out = tmp_path / "out"
     code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0)))
     assert code == 0, err[-3000:]
     train, _ = lines(out)
     values = [r[metric] for r in train]
     assert values[-1] > values[0] and values[-1] > 0, values
+    accuracy = {"reward": "accuracy", "kto": None}.get(method, "rewards/accuracies")  # KTO logs none (unpaired)
+    assert accuracy is None or train[-1][accuracy] > 0.8, train[-1]
     assert json.loads((out / "run_config.json").read_text())["decisions"]["reference"]["value"] == reference
 
 

@@ -161,6 +161,8 @@ def decide_reference(s: TrainSettings) -> Decision[str]:
     """The reference model done the way that costs least (recorded in run_config.json)."""
     if not is_preference(s):
         return Decision("none", "TRAIN_METHOD=sft")
+    if s.method == "reward":
+        return Decision("none", "a reward model scores each side of a pair: no reference model")
     if not METHODS[s.method].reference:
         return Decision("none", f"{s.method} compares the policy's own log-probs: no reference model")
     if s.pref_reference == "precompute":

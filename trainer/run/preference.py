@@ -129,6 +129,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
     if METHODS[s.method].reference:
         kwargs["ref_model"] = reference_model(cfg, model)
     log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
+    policy_bytes = parameter_bytes(model.parameters())
     trainer = atomic_trainer(trainer_class(s.method))(
         model=model,
         args=args,
@@ -138,8 +139,34 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
         callbacks=callbacks,
         **kwargs,
     )
+    log.info("memory: %s of model parameters held after setup, the policy's own %s (a second copy of the model would "
+             "double it)", _megabytes(parameter_bytes_held()), _megabytes(policy_bytes))
     fitted = len(trainer.train_dataset)
     if fitted < len(train_rows):
         log.warning("data: TRL dropped %d of %d examples whose prompt alone fills TRAIN_SEQ_LEN=%d",
                     len(train_rows) - fitted, len(train_rows), s.seq_len)  # fmt: skip
     return trainer
+
+
+def parameter_bytes(parameters: Any) -> int:
+    """Bytes of the distinct storages behind `parameters` (tied or shared weights counted once)."""
+    storages = {}
+    for p in parameters:
+        if p.device.type != "meta":
+            storage = p.untyped_storage()
+            storages[(p.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def parameter_bytes_held() -> int:
+    """Bytes of every model parameter alive in this process (policy, reference, whatever TRL keeps): what a second
+    copy of the model would show, measured rather than assumed."""
+    import gc
+
+    import torch
+
+    return parameter_bytes(o for o in gc.get_objects() if issubclass(type(o), torch.nn.Parameter))
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
