@@ -1,6 +1,7 @@
-"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto/simpo/reward) on TRL's trainers: real `python -m trainer` runs of the tiny preset
-on one generated preference set (tests/trainer/preference_data.py), the SIGTERM + resume check, `data --show` on
-pairs, and the bad inputs, which end before torch (checked in-process, one of them as a real subprocess)."""
+"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto/simpo/reward) on TRL's trainers: real `python -m trainer` runs of
+the tiny preset on one generated preference set (tests/trainer/preference_data.py), the SIGTERM + resume check,
+`data --show` on pairs, and the bad inputs, which end before torch (checked in-process, one of them as a real
+subprocess)."""
 
 from __future__ import annotations
 
