@@ -233,3 +233,82 @@ def test_a_bad_pair_exits_2_before_torch(tmp_path: Path, run_trainer, imported_m
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{data}:2: chosen equals rejected" in result.stderr
     assert "torch" not in imported_modules(result.stderr)
+
+
+# ---- sharding and the reference: what TRL 1.16 cannot do exits 2 before torch, the rest runs ----------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"TRAIN_LORA": "1", "TRAIN_PREF_REFERENCE": "copy"}, "TRAIN_PREF_REFERENCE=copy with TRAIN_LORA=1"),
+        ({"TRAIN_ZERO_STAGE": "3"}, "without LoRA under DeepSpeed ZeRO-3"),
+        ({"TRAIN_DEEPSPEED_CONFIG": "zero3.json"}, "without LoRA under DeepSpeed ZeRO-3"),
+        ({"TRAIN_FSDP": "full_shard", "TRAIN_PREF_REFERENCE": "precompute"},
+         "TRAIN_PREF_REFERENCE=precompute with TRAIN_FSDP=full_shard"),
+        ({"TRAIN_ZERO_STAGE": "3", "TRAIN_LORA": "1"}, None),  # the reference: the same sharded model, no adapter
+        ({"TRAIN_ZERO_STAGE": "3", "TRAIN_PREF_REFERENCE": "precompute"}, None),
+        ({"TRAIN_ZERO_STAGE": "2"}, None),  # a frozen copy, which TRL prepares for DeepSpeed
+        ({"TRAIN_FSDP": "full_shard"}, None),  # a frozen copy, which TRL wraps with FSDP
+        ({"TRAIN_FSDP": "full_shard", "TRAIN_PREF_REFERENCE": "precompute", "TRAIN_LORA": "1"}, None),
+    ],
+    ids=["lora-copy", "zero3-copy", "zero3-config-file", "fsdp-precompute", "zero3-lora", "zero3-precompute",
+         "zero2-copy", "fsdp-copy", "fsdp-lora-precompute"],
+)  # fmt: skip
+def test_the_reference_against_lora_and_sharding(env: dict[str, str], expected: str | None, tmp_path: Path) -> None:
+    if "TRAIN_DEEPSPEED_CONFIG" in env:
+        env = {**env, "TRAIN_DEEPSPEED_CONFIG": str(tmp_path / env["TRAIN_DEEPSPEED_CONFIG"])}
+        Path(env["TRAIN_DEEPSPEED_CONFIG"]).write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    found = problems(tmp_path, [GOOD], **env)
+    assert (expected in found) if expected else found == "", found
+    if expected:  # ORPO has no reference: the same sharding runs
+        sharding = {k: v for k, v in env.items() if k != "TRAIN_PREF_REFERENCE"}
+        assert problems(tmp_path, [GOOD], **sharding, TRAIN_METHOD="orpo") == ""
+
+
+def test_dpo_under_fsdp_with_a_prompt_limit(pair_file: Path, tmp_path: Path) -> None:
+    """One run for two things: FSDP with LoRA (in one CPU process a world of one, as SFT's FSDP test: accelerate
+    does not shard there) and TRAIN_PREF_MAX_PROMPT_LEN, which the run applies (TRL 1.16 has no prompt limit):
+    every generated prompt (61 tokens with chatml) cut to 56, counted, held-out pairs too."""
+    out = tmp_path / "out"
+    code, err = finish(start(method_env(out, pair_file, fsdp="full_shard", pref_max_prompt_len=56, max_steps=2,
+                                        eval_steps=2)))  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert "36 of 36 train prompts longer than TRAIN_PREF_MAX_PROMPT_LEN=56 tokens cut from the left" in err
+    assert "12 of 12 eval prompts longer than" in err
+    assert json.loads((out / "run_config.json").read_text())["training_arguments"]["fsdp"]
+    assert logged_steps(out) == [1, 2, 2] and (out / "final" / "adapter").is_dir()
+
+
+def test_a_long_prompt_is_cut_from_the_left_once_for_both_sides(tmp_path: Path) -> None:
+    """TRAIN_PREF_MAX_PROMPT_LEN on the tiny preset's tokenizer with chatml: text loses its start, a conversation
+    its earliest messages, then the start of the earliest kept; chosen and rejected see the one cut prompt; drop
+    drops the record; a limit the template alone exceeds drops it too; every case counted."""
+    from trainer.data.preference import encoded, limit_prompts, prompt_tokens
+    from trainer.tokenizer import tokenizer_for
+
+    inputs = Inputs(parse_settings({"TRAIN_DATA": str(write_jsonl(tmp_path / "p.jsonl", pairs(1))),
+                                    "TRAIN_METHOD": "dpo", "TRAIN_CHAT_TEMPLATE": "chatml"}))  # fmt: skip
+    choice = inputs.template()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
+    turns = [{"role": "system", "content": "be brief " * 5}, {"role": "user", "content": "a question " * 4},
+             {"role": "assistant", "content": "an answer"}, {"role": "user", "content": "say cat sun"}]  # fmt: skip
+    chat = {**pairs(1)[0], "prompt": turns}
+    text = {"prompt": "a long story " * 15, "chosen": "yes", "rejected": "no"}
+    assert prompt_tokens(tokenizer, turns) == 250 and prompt_tokens(tokenizer, text["prompt"]) == 195  # bytes
+    limited = limit_prompts([chat, text, {**text, "prompt": "short"}], tokenizer, 150, "truncate")
+    assert (limited.cut, limited.dropped) == (2, 0) and limited.rows[2]["prompt"] == "short"
+    cut_chat, cut_text = limited.rows[0]["prompt"], limited.rows[1]["prompt"]
+    assert cut_text == text["prompt"][-len(cut_text):] and prompt_tokens(tokenizer, cut_text) == 150
+    assert cut_chat[1:] == turns[-2:] and cut_chat[0]["role"] == "user"  # the system message went first
+    assert turns[1]["content"].endswith(cut_chat[0]["content"]) and cut_chat[0]["content"] != turns[1]["content"]
+    assert 140 < prompt_tokens(tokenizer, cut_chat) <= 150
+    for row in limited.rows[:2]:
+        item = encoded(tokenizer, row)
+        assert len(item["prompt_ids"]) <= 150 and item["chosen_ids"] != item["rejected_ids"]  # one prompt
+    assert limit_prompts([chat, text], tokenizer, 150, "drop").dropped == 2
+    assert limit_prompts([chat], tokenizer, 40, "truncate").dropped == 1  # chatml's own tokens are more than 40
+    assert limit_prompts([chat, text], tokenizer, 0, "truncate").rows == [chat, text]  # 0: no limit of its own
+    assert "leaves no room for the answer" in problems(tmp_path, [GOOD], TRAIN_PREF_MAX_PROMPT_LEN="512")
+    assert "TRAIN_PREF_MAX_PROMPT_LEN applies to" in problems(tmp_path, [GOOD], TRAIN_METHOD="sft",
+                                                               TRAIN_PREF_MAX_PROMPT_LEN="8")  # fmt: skip

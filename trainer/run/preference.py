@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.methods import METHODS, records_of, trainer_class
-from trainer.data.preference import encoded, longest, unpaired_from_pairs
+from trainer.data.preference import encoded, limit_prompts, longest, unpaired_from_pairs
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]],
         held = max(1, int(len(rows) * s.eval_split))
         rows, evaluation = rows[:-held], rows[-held:]
         log.info("eval: the last %d of %d pairs held out (TRAIN_EVAL_SPLIT=%g)", held, held + len(rows), s.eval_split)
+    rows = _prompts_limited(rows, tokenizer, cfg, "train")
+    evaluation = _prompts_limited(evaluation, tokenizer, cfg, "eval") if evaluation else evaluation
     long_records = "drop" if s.method == "reward" else s.long_records  # a reward model scores whole pairs
     rows = _kept(rows, tokenizer, s.seq_len, long_records, "train")
     evaluation = _kept(evaluation, tokenizer, s.seq_len, long_records, "eval") if evaluation else evaluation
@@ -50,6 +52,23 @@ def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]],
     log.info("data: %d %s for TRAIN_METHOD=%s (%s)", len(rows), "examples" if s.method == "kto" else "pairs",
              s.method, ", ".join(records.layouts))  # fmt: skip
     return rows, evaluation
+
+
+def _prompts_limited(rows: list[dict[str, Any]], tokenizer: Any, cfg: RunConfig, what: str) -> list[dict[str, Any]]:
+    """TRAIN_PREF_MAX_PROMPT_LEN (TRL 1.16's configs have no prompt limit of their own): long prompts cut from the
+    left, one cut for both sides, or their records dropped; both counted."""
+    s = cfg.settings
+    limited = limit_prompts(rows, tokenizer, s.pref_max_prompt_len, s.long_records)
+    limit = f"TRAIN_PREF_MAX_PROMPT_LEN={s.pref_max_prompt_len}"
+    if limited.cut:
+        log.warning("data: %d of %d %s prompts longer than %s tokens cut from the left, the same cut for chosen and "
+                    "rejected (TRAIN_LONG_RECORDS=truncate)", limited.cut, len(rows), what, limit)  # fmt: skip
+    if limited.dropped:
+        why = ("TRAIN_LONG_RECORDS=drop" if s.long_records == "drop"
+               else "no cut fits: the chat template's own tokens are longer")  # fmt: skip
+        log.warning("data: %d of %d %s records dropped, their prompt longer than %s tokens (%s)",
+                    limited.dropped, len(rows), what, limit, why)  # fmt: skip
+    return limited.rows
 
 
 def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records: str, what: str
