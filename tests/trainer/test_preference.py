@@ -307,6 +307,8 @@ def test_a_long_prompt_is_cut_from_the_left_once_for_both_sides(tmp_path: Path) 
         item = encoded(tokenizer, row)
         assert len(item["prompt_ids"]) <= 150 and item["chosen_ids"] != item["rejected_ids"]  # one prompt
     assert limit_prompts([chat, text], tokenizer, 150, "drop").dropped == 2
+    answer_first = limit_prompts([chat], tokenizer, 120, "truncate").rows[0]["prompt"]  # [answer, question] fits
+    assert answer_first == turns[-1:]  # but an answer without its question goes too
     assert limit_prompts([chat], tokenizer, 40, "truncate").dropped == 1  # chatml's own tokens are more than 40
     assert limit_prompts([chat, text], tokenizer, 0, "truncate").rows == [chat, text]  # 0: no limit of its own
     assert "leaves no room for the answer" in problems(tmp_path, [GOOD], TRAIN_PREF_MAX_PROMPT_LEN="512")

@@ -318,8 +318,9 @@ def prompt_tokens(tokenizer: Any, prompt: Any) -> int:
 
 def cut_prompt(tokenizer: Any, prompt: Any, limit: int) -> Any:
     """The prompt cut from the left to at most `limit` tokens: text loses its start; a conversation its earliest
-    messages (a system message too), then the start of the earliest one kept. None if even the shortest cut does
-    not fit (the chat template's own tokens alone are longer). The cut is on the prompt, so both sides share it."""
+    messages (a system message too), then the start of the earliest one kept, and any assistant or tool turn left
+    first. None if even the shortest cut does not fit (the chat template's own tokens alone are longer). The cut is
+    on the prompt, so both sides share it."""
     if prompt_tokens(tokenizer, prompt) <= limit:
         return prompt
     if isinstance(prompt, str):
@@ -331,9 +332,11 @@ def cut_prompt(tokenizer: Any, prompt: Any, limit: int) -> Any:
         return [{**first, "content": first["content"][start:]}, *rest]
 
     cut = _tail_that_fits(with_tail, len(first["content"]), tokenizer, limit)
-    if cut is not None and cut[0]["content"].strip():
-        return cut
-    return rest if rest and prompt_tokens(tokenizer, rest) <= limit else cut
+    if cut is None or not cut[0]["content"].strip():
+        cut = rest if rest and prompt_tokens(tokenizer, rest) <= limit else cut
+    while cut and cut[0]["role"] not in ("system", "user"):  # no answer without its question (and templates that
+        cut = cut[1:]  # insist on alternation accept what is left)
+    return cut or None
 
 
 def _tail_that_fits(cut_at: Any, size: int, tokenizer: Any, limit: int) -> Any:
