@@ -18,6 +18,7 @@ from waiting import wait_for
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
+from trainer.config.methods import decide_reference
 from trainer.config.parse import parse_settings
 from trainer.errors import ConfigError
 from trainer.run.resume import check_drift
@@ -261,6 +262,9 @@ def test_the_reference_against_lora_and_sharding(env: dict[str, str], expected: 
         Path(env["TRAIN_DEEPSPEED_CONFIG"]).write_text(json.dumps({"zero_optimization": {"stage": 3}}))
     found = problems(tmp_path, [GOOD], **env)
     assert (expected in found) if expected else found == "", found
+    if env.get("TRAIN_ZERO_STAGE") == "3" and not expected:  # run_config.json says where the reference lives
+        reason = decide_reference(parse_settings({"TRAIN_METHOD": "dpo", **env})).reason
+        assert "ZeRO-3, sharded with the model" in reason or "precompute" in reason, reason
     if expected:  # ORPO has no reference: the same sharding runs
         sharding = {k: v for k, v in env.items() if k != "TRAIN_PREF_REFERENCE"}
         assert problems(tmp_path, [GOOD], **sharding, TRAIN_METHOD="orpo") == ""

@@ -206,10 +206,19 @@ def decide_reference(s: TrainSettings) -> Decision[str]:
     if s.lora and s.pref_reference == "auto":
         return Decision("frozen adapter", "TRAIN_LORA=1: the shared base with a frozen copy of the starting adapter "
                         "(TRL's 'ref' adapter, equal to the base at the start) is the reference: adapter-sized, no "
-                        "second copy of the model")  # fmt: skip
+                        f"second copy of the model{_sharded(s)}")  # fmt: skip
     why = "TRAIN_PREF_REFERENCE=copy" if s.pref_reference == "copy" else "full fine-tuning (TRAIN_LORA=0)"
     return Decision("frozen copy", f"{why}: a frozen copy of the starting model (TRAIN_PREF_REFERENCE=precompute "
-                    "saves its memory)")  # fmt: skip
+                    f"saves its memory){_sharded(s)}")  # fmt: skip
+
+
+def _sharded(s: TrainSettings) -> str:
+    if s.fsdp != "none":
+        return f"; TRL wraps it with FSDP ({s.fsdp}) like the policy"
+    stage = _zero_stage(s)
+    if not stage:
+        return ""
+    return f"; TRL prepares it for DeepSpeed ZeRO-{stage}" + (", sharded with the model" if stage == 3 else "")
 
 
 def decide_method(s: TrainSettings) -> Decision[str]:
