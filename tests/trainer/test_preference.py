@@ -115,10 +115,16 @@ def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file:
 def test_dpo_without_lora_learns_against_a_frozen_copy(pair_file: Path, tmp_path: Path) -> None:
     """Full fine-tuning: the reference is a frozen copy (held: twice the policy), and it stays frozen: its log-probs
     on the held-out pairs, evaluated before training and after, are equal (TRL logs the policy's log-probs and
-    rewards = beta * (policy - reference), so reference = logps - rewards / beta, exactly, per evaluation)."""
+    rewards = beta * (policy - reference), so reference = logps - rewards / beta, exactly, per evaluation).
+    One run, to keep CI short, also proves two more things: TRAIN_FSDP (in one CPU process a world of one, as SFT's
+    FSDP test: accelerate does not shard there; TRL wraps the reference too) and TRAIN_PREF_MAX_PROMPT_LEN, which
+    the run applies itself (TRL 1.16 has no prompt limit): every prompt (61 tokens with chatml) cut to 56, counted."""
     out = tmp_path / "out"
-    code, err = finish(start(method_env(out, pair_file, lora=0, args="--eval_on_start")))
+    env = method_env(out, pair_file, lora=0, args="--eval_on_start", fsdp="full_shard", pref_max_prompt_len=56)
+    code, err = finish(start(env))
     assert code == 0, err[-3000:]
+    assert "36 of 36 train prompts longer than TRAIN_PREF_MAX_PROMPT_LEN=56 tokens cut from the left" in err
+    assert "12 of 12 eval prompts longer than TRAIN_PREF_MAX_PROMPT_LEN=56 tokens cut" in err
     held, policy = held_and_policy(err)
     assert 1.9 * policy < held < 2.1 * policy, (held, policy)
     train, evaluation = lines(out)
@@ -131,7 +137,8 @@ def test_dpo_without_lora_learns_against_a_frozen_copy(pair_file: Path, tmp_path
         reference = [e[f"eval_logps/{side}"] - e[f"eval_rewards/{side}"] / 0.1 for e in (before, after)]
         assert after[f"eval_logps/{side}"] != before[f"eval_logps/{side}"]  # the policy moved
         assert reference[1] == pytest.approx(reference[0], abs=1e-3), reference  # the reference did not
-    assert json.loads((out / "run_config.json").read_text())["decisions"]["reference"]["value"] == "frozen copy"
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["decisions"]["reference"]["value"] == "frozen copy" and config["training_arguments"]["fsdp"]
 
 
 @pytest.mark.parametrize(
@@ -268,20 +275,6 @@ def test_the_reference_against_lora_and_sharding(env: dict[str, str], expected: 
     if expected:  # ORPO has no reference: the same sharding runs
         sharding = {k: v for k, v in env.items() if k != "TRAIN_PREF_REFERENCE"}
         assert problems(tmp_path, [GOOD], **sharding, TRAIN_METHOD="orpo") == ""
-
-
-def test_dpo_under_fsdp_with_a_prompt_limit(pair_file: Path, tmp_path: Path) -> None:
-    """One run for two things: FSDP with LoRA (in one CPU process a world of one, as SFT's FSDP test: accelerate
-    does not shard there) and TRAIN_PREF_MAX_PROMPT_LEN, which the run applies (TRL 1.16 has no prompt limit):
-    every generated prompt (61 tokens with chatml) cut to 56, counted, held-out pairs too."""
-    out = tmp_path / "out"
-    code, err = finish(start(method_env(out, pair_file, fsdp="full_shard", pref_max_prompt_len=56, max_steps=2,
-                                        eval_steps=2)))  # fmt: skip
-    assert code == 0, err[-3000:]
-    assert "36 of 36 train prompts longer than TRAIN_PREF_MAX_PROMPT_LEN=56 tokens cut from the left" in err
-    assert "12 of 12 eval prompts longer than" in err
-    assert json.loads((out / "run_config.json").read_text())["training_arguments"]["fsdp"]
-    assert logged_steps(out) == [1, 2, 2] and (out / "final" / "adapter").is_dir()
 
 
 def test_a_long_prompt_is_cut_from_the_left_once_for_both_sides(tmp_path: Path) -> None:
