@@ -231,6 +231,8 @@ def test_a_method_option_that_does_not_apply_is_an_error(tmp_path: Path) -> None
     assert "did you mean simpo_gamma?" in problems(tmp_path, [GOOD], TRAIN_METHOD="simpo", TRAIN_ARGS="--simpo_gama 1")
     assert problems(tmp_path, [GOOD], TRAIN_ARGS="--use_weighting") == ""  # a DPOConfig field
     assert "TRAIN_LOSS_ON is for TRAIN_METHOD=sft" in problems(tmp_path, [GOOD], TRAIN_LOSS_ON="last")
+    reward = problems(tmp_path, [GOOD], TRAIN_METHOD="reward", TRAIN_LORA="1", TRAIN_QUANT="4bit")
+    assert "TRAIN_LORA=1 with TRAIN_METHOD=reward" in reward and "TRAIN_QUANT=4bit with TRAIN_METHOD=reward" in reward
 
 
 def test_a_bad_pair_exits_2_before_torch(tmp_path: Path, run_trainer, imported_modules) -> None:

@@ -73,6 +73,11 @@ def option_problems(s: TrainSettings) -> list[str]:
                         f"TRAIN_SEQ_LEN={s.seq_len}; set it below TRAIN_SEQ_LEN (or 0: no limit of its own)")
     if is_preference(s):
         problems += reference_problems(s)
+        if s.method == "reward":  # trainer.run.preference builds it itself: a full one-score classifier
+            given = [x for x, on in (("TRAIN_LORA=1", s.lora), (f"TRAIN_QUANT={s.quant}", s.quant != "none")) if on]
+            problems += [f"{x} with TRAIN_METHOD=reward: trainkit trains a reward model (a one-score classifier) in "
+                         "full; its adapters and quantization are for causal language models so far; remove it"
+                         for x in given]  # fmt: skip
         if s.optim == "adamw_apex_fused" or s.auto_batch == "1":
             what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
             problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
