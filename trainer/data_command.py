@@ -82,9 +82,10 @@ def main(args: argparse.Namespace) -> int:
 
 def show_pairs(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool) -> int:
     """A preference method's data: a summary line, or its first `count` pairs (KTO examples) as TRL tokenizes them:
-    the prompt never trained, each side's answer trained; cut at TRAIN_SEQ_LEN as the run cuts them."""
+    the prompt never trained, each side's answer trained; cut at TRAIN_PREF_MAX_PROMPT_LEN and TRAIN_SEQ_LEN as the
+    run cuts them."""
     from trainer.config.methods import records_of
-    from trainer.data.preference import encoded, longest
+    from trainer.data.preference import encoded, limit_prompts, longest, prompt_tokens
 
     settings = inputs.settings
     records = records_of(inputs)
@@ -93,6 +94,10 @@ def show_pairs(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool)
     if count is None:
         summary["longer_than_seq_len"] = sum(longest(encoded(tokenizer, row)) > settings.seq_len
                                              for row in records.rows)  # fmt: skip
+        limit = settings.pref_max_prompt_len
+        if limit:
+            summary["prompts_longer_than_limit"] = sum(prompt_tokens(tokenizer, r["prompt"]) > limit
+                                                       for r in records.rows)  # fmt: skip
         print(json.dumps(summary))
         return EXIT_OK
     logging.getLogger("trainer").info("data: %s", json.dumps(summary))
@@ -100,7 +105,10 @@ def show_pairs(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool)
     for row, where in zip(records.rows, records.wheres, strict=True):
         if len(shown) == max(count, 0):
             break
-        item = encoded(tokenizer, row)
+        limited = limit_prompts([row], tokenizer, settings.pref_max_prompt_len, settings.long_records).rows
+        if not limited:
+            continue
+        item = encoded(tokenizer, limited[0])
         too_long = longest(item) > settings.seq_len if settings.long_records == "drop" else (
             len(item["prompt_ids"]) >= settings.seq_len)  # truncate: TRL drops a prompt that fills TRAIN_SEQ_LEN
         if too_long:

@@ -13,6 +13,7 @@ from trainer.bench.catalogue import (
     BASELINE,
     BASELINE_ENV,
     DEFAULTS,
+    PRECOMPUTED_REFERENCE,
     UnknownRowError,
     catalogue,
     row_names,
@@ -277,3 +278,15 @@ def test_a_row_logs_once_per_window_not_per_step(tmp_path: Path) -> None:
                                for s in (4, 8, 12, 16)))  # fmt: skip
     measured = summarize_metrics(metrics, plan.warmup, plan.log_steps)
     assert measured.measured_steps == 12 and measured.tokens_per_s == 12.0
+
+
+def test_the_precomputed_reference_row_applies_to_methods_with_a_reference() -> None:
+    """pref_precompute measures TRAIN_PREF_REFERENCE=precompute against the frozen copy the rows before it hold;
+    for SFT (or a method without a reference) it is skipped, saying which methods it needs."""
+    spec = next(row for row in catalogue() if row.name == PRECOMPUTED_REFERENCE)
+    assert spec.env == {"TRAIN_PREF_REFERENCE": "precompute"} and not spec.same_training  # never recommended
+    plan = RunPlan(1, 1, 60, Path("/nonexistent"))
+    reasons = {method: Bench([], Context("tiny", False, 64, 8, False, 64, method=method), plan, ui=None)
+               .skip_reason(spec) for method in ("sft", "orpo", "dpo", "kto")}  # fmt: skip
+    assert "not TRAIN_METHOD=sft; set TRAIN_METHOD=dpo or kto" in reasons["sft"] and reasons["orpo"]
+    assert reasons["dpo"] == reasons["kto"] == ""

@@ -131,7 +131,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
         },
         "eval-split": {"TRAIN_DATA": data, "TRAIN_EVAL_SPLIT": "0.05"},
         "dpo": {"TRAIN_DATA": str(root / "pairs.jsonl"), "TRAIN_METHOD": "dpo", "TRAIN_PREF_BETA": "0.2",
-                "TRAIN_PREF_LOSS": "ipo", "TRAIN_PREF_REFERENCE": "precompute", "TRAIN_ARGS": "--use_weighting"},
+                "TRAIN_PREF_LOSS": "ipo", "TRAIN_PREF_REFERENCE": "precompute", "TRAIN_ARGS": "--use_weighting",
+                "TRAIN_PREF_MAX_PROMPT_LEN": "16"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
     }
     return {**_base(root, name), **envs[name]}
@@ -237,6 +238,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
      and c["training_arguments"]["use_weighting"] is True),  # TRAIN_ARGS takes DPOConfig's own fields
     ("TRAIN_PREF_BETA", "dpo", lambda c: c["training_arguments"]["beta"] == 0.2),
     ("TRAIN_PREF_LOSS", "dpo", lambda c: c["training_arguments"]["loss_type"] == ["ipo"]),
+    ("TRAIN_PREF_MAX_PROMPT_LEN", "dpo",
+     lambda c: "TRAIN_PREF_MAX_PROMPT_LEN=16 tokens cut from the left" in c["decisions"]["method"]["reason"]),
     ("TRAIN_PREF_REFERENCE", "dpo", lambda c: c["training_arguments"]["precompute_ref_log_probs"] is True
      and c["decisions"]["reference"]["value"] == "precomputed"),
     ("TRAIN_CHAT_TEMPLATE", "full", lambda c: c["decisions"]["chat_template"]["value"].startswith("built-in chatml")),

@@ -1,6 +1,7 @@
-"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto) on TRL's trainers: real `python -m trainer` runs of the tiny preset
-on one generated preference set (tests/trainer/preference_data.py), the SIGTERM + resume check, `data --show` on
-pairs, and the bad inputs, which end before torch (checked in-process, one of them as a real subprocess)."""
+"""Preference tuning (TRAIN_METHOD=dpo/orpo/kto/simpo/reward) on TRL's trainers: real `python -m trainer` runs of
+the tiny preset on one generated preference set (tests/trainer/preference_data.py), the SIGTERM + resume check,
+`data --show` on pairs, and the bad inputs, which end before torch (checked in-process, one of them as a real
+subprocess)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from waiting import wait_for
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
+from trainer.config.methods import decide_reference
 from trainer.config.parse import parse_settings
 from trainer.errors import ConfigError
 from trainer.run.resume import check_drift
@@ -48,7 +50,15 @@ def dpo_run(pair_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dpo") / "out"
     code, err = finish(start(method_env(out, pair_file)))
     assert code == 0, err[-3000:]
+    (out.parent / "stderr.log").write_text(err)
     return out
+
+
+def held_and_policy(err: str) -> tuple[float, float]:
+    """(MiB of every model parameter alive in the trainer after setup, MiB of the policy's own), from its log."""
+    found = re.search(r"memory: ([\d.]+) MiB of model parameters held after setup, the policy's own ([\d.]+) MiB", err)
+    assert found, err[-3000:]
+    return float(found[1]), float(found[2])
 
 
 def test_dpo_with_lora_learns_the_preference(dpo_run: Path) -> None:
@@ -61,6 +71,13 @@ def test_dpo_with_lora_learns_the_preference(dpo_run: Path) -> None:
     decisions = json.loads((dpo_run / "run_config.json").read_text())["decisions"]
     assert decisions["method"]["value"] == "dpo" and decisions["reference"]["value"] == "frozen adapter"
     assert (dpo_run / "final" / "model.safetensors").is_file() and (dpo_run / "final" / "adapter").is_dir()
+
+
+def test_with_lora_no_second_copy_of_the_model_is_held(dpo_run: Path) -> None:
+    """Counted over every parameter alive in the process (not assumed from the decision): the policy, and the
+    reference only as TRL's adapter-sized 'ref' adapter. test_dpo_without_lora... sees the copy double it."""
+    held, policy = held_and_policy((dpo_run.parent / "stderr.log").read_text())
+    assert policy <= held < 1.1 * policy, (held, policy)
 
 
 def test_the_lora_reference_stays_the_starting_model(dpo_run: Path) -> None:
@@ -95,19 +112,52 @@ def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file:
         check_drift(out / f"checkpoint-{stopped}", changed)
 
 
+def test_dpo_without_lora_learns_against_a_frozen_copy(pair_file: Path, tmp_path: Path) -> None:
+    """Full fine-tuning: the reference is a frozen copy (held: twice the policy), and it stays frozen: its log-probs
+    on the held-out pairs, evaluated before training and after, are equal (TRL logs the policy's log-probs and
+    rewards = beta * (policy - reference), so reference = logps - rewards / beta, exactly, per evaluation).
+    One run, to keep CI short, also proves two more things: TRAIN_FSDP (in one CPU process a world of one, as SFT's
+    FSDP test: accelerate does not shard there; TRL wraps the reference too) and TRAIN_PREF_MAX_PROMPT_LEN, which
+    the run applies itself (TRL 1.16 has no prompt limit): every prompt (61 tokens with chatml) cut to 56, counted."""
+    out = tmp_path / "out"
+    env = method_env(out, pair_file, lora=0, args="--eval_on_start", fsdp="full_shard", pref_max_prompt_len=56)
+    code, err = finish(start(env))
+    assert code == 0, err[-3000:]
+    assert "36 of 36 train prompts longer than TRAIN_PREF_MAX_PROMPT_LEN=56 tokens cut from the left" in err
+    assert "12 of 12 eval prompts longer than TRAIN_PREF_MAX_PROMPT_LEN=56 tokens cut" in err
+    held, policy = held_and_policy(err)
+    assert 1.9 * policy < held < 2.1 * policy, (held, policy)
+    train, evaluation = lines(out)
+    margins = [r["rewards/margins"] for r in train]
+    assert margins[-1] > margins[0] and margins[-1] > 0.3, margins
+    before, after = evaluation[0], evaluation[-1]
+    assert (before["step"], after["step"]) == (0, STEPS)
+    assert before["eval_rewards/accuracies"] == 0 and after["eval_rewards/accuracies"] > 0.8, after
+    for side in ("chosen", "rejected"):
+        reference = [e[f"eval_logps/{side}"] - e[f"eval_rewards/{side}"] / 0.1 for e in (before, after)]
+        assert after[f"eval_logps/{side}"] != before[f"eval_logps/{side}"]  # the policy moved
+        assert reference[1] == pytest.approx(reference[0], abs=1e-3), reference  # the reference did not
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["decisions"]["reference"]["value"] == "frozen copy" and config["training_arguments"]["fsdp"]
+
+
 @pytest.mark.parametrize(
     ("method", "lora", "metric", "reference"),
-    [("orpo", 1, "log_odds_chosen", "none"), ("kto", 0, "rewards/margins", "frozen copy")],
+    [("orpo", 1, "log_odds_chosen", "none"), ("kto", 0, "rewards/margins", "frozen copy"),
+     ("simpo", 1, "rewards/margins", "none"), ("reward", 0, "margin", "none")],
 )  # fmt: skip
-def test_orpo_and_kto_learn_their_own_metric(method: str, lora: int, metric: str, reference: str, pair_file: Path,
-                                             tmp_path: Path) -> None:  # fmt: skip
-    """ORPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the reference)."""
+def test_each_method_learns_its_own_metric(method: str, lora: int, metric: str, reference: str, pair_file: Path,
+                                           tmp_path: Path) -> None:  # fmt: skip
+    """ORPO and SimPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the
+    reference), a reward model (a one-score head) scoring chosen above rejected."""
     out = tmp_path / "out"
     code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0)))
     assert code == 0, err[-3000:]
     train, _ = lines(out)
     values = [r[metric] for r in train]
     assert values[-1] > values[0] and values[-1] > 0, values
+    accuracy = {"reward": "accuracy", "kto": None}.get(method, "rewards/accuracies")  # KTO logs none (unpaired)
+    assert accuracy is None or train[-1][accuracy] > 0.8, train[-1]
     assert json.loads((out / "run_config.json").read_text())["decisions"]["reference"]["value"] == reference
 
 
@@ -181,6 +231,8 @@ def test_a_method_option_that_does_not_apply_is_an_error(tmp_path: Path) -> None
     assert "did you mean simpo_gamma?" in problems(tmp_path, [GOOD], TRAIN_METHOD="simpo", TRAIN_ARGS="--simpo_gama 1")
     assert problems(tmp_path, [GOOD], TRAIN_ARGS="--use_weighting") == ""  # a DPOConfig field
     assert "TRAIN_LOSS_ON is for TRAIN_METHOD=sft" in problems(tmp_path, [GOOD], TRAIN_LOSS_ON="last")
+    reward = problems(tmp_path, [GOOD], TRAIN_METHOD="reward", TRAIN_LORA="1", TRAIN_QUANT="4bit")
+    assert "TRAIN_LORA=1 with TRAIN_METHOD=reward" in reward and "TRAIN_QUANT=4bit with TRAIN_METHOD=reward" in reward
 
 
 def test_a_bad_pair_exits_2_before_torch(tmp_path: Path, run_trainer, imported_modules) -> None:
@@ -191,3 +243,73 @@ def test_a_bad_pair_exits_2_before_torch(tmp_path: Path, run_trainer, imported_m
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{data}:2: chosen equals rejected" in result.stderr
     assert "torch" not in imported_modules(result.stderr)
+
+
+# ---- sharding and the reference: what TRL 1.16 cannot do exits 2 before torch, the rest runs ----------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"TRAIN_LORA": "1", "TRAIN_PREF_REFERENCE": "copy"}, "TRAIN_PREF_REFERENCE=copy with TRAIN_LORA=1"),
+        ({"TRAIN_ZERO_STAGE": "3"}, "without LoRA under DeepSpeed ZeRO-3"),
+        ({"TRAIN_DEEPSPEED_CONFIG": "zero3.json"}, "without LoRA under DeepSpeed ZeRO-3"),
+        ({"TRAIN_FSDP": "full_shard", "TRAIN_PREF_REFERENCE": "precompute"},
+         "TRAIN_PREF_REFERENCE=precompute with TRAIN_FSDP=full_shard"),
+        ({"TRAIN_ZERO_STAGE": "3", "TRAIN_LORA": "1"}, None),  # the reference: the same sharded model, no adapter
+        ({"TRAIN_ZERO_STAGE": "3", "TRAIN_PREF_REFERENCE": "precompute"}, None),
+        ({"TRAIN_ZERO_STAGE": "2"}, None),  # a frozen copy, which TRL prepares for DeepSpeed
+        ({"TRAIN_FSDP": "full_shard"}, None),  # a frozen copy, which TRL wraps with FSDP
+        ({"TRAIN_FSDP": "full_shard", "TRAIN_PREF_REFERENCE": "precompute", "TRAIN_LORA": "1"}, None),
+    ],
+    ids=["lora-copy", "zero3-copy", "zero3-config-file", "fsdp-precompute", "zero3-lora", "zero3-precompute",
+         "zero2-copy", "fsdp-copy", "fsdp-lora-precompute"],
+)  # fmt: skip
+def test_the_reference_against_lora_and_sharding(env: dict[str, str], expected: str | None, tmp_path: Path) -> None:
+    if "TRAIN_DEEPSPEED_CONFIG" in env:
+        env = {**env, "TRAIN_DEEPSPEED_CONFIG": str(tmp_path / env["TRAIN_DEEPSPEED_CONFIG"])}
+        Path(env["TRAIN_DEEPSPEED_CONFIG"]).write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    found = problems(tmp_path, [GOOD], **env)
+    assert (expected in found) if expected else found == "", found
+    if env.get("TRAIN_ZERO_STAGE") == "3" and not expected:  # run_config.json says where the reference lives
+        reason = decide_reference(parse_settings({"TRAIN_METHOD": "dpo", **env})).reason
+        assert "ZeRO-3, sharded with the model" in reason or "precompute" in reason, reason
+    if expected:  # ORPO has no reference: the same sharding runs
+        sharding = {k: v for k, v in env.items() if k != "TRAIN_PREF_REFERENCE"}
+        assert problems(tmp_path, [GOOD], **sharding, TRAIN_METHOD="orpo") == ""
+
+
+def test_a_long_prompt_is_cut_from_the_left_once_for_both_sides(tmp_path: Path) -> None:
+    """TRAIN_PREF_MAX_PROMPT_LEN on the tiny preset's tokenizer with chatml: text loses its start, a conversation
+    its earliest messages, then the start of the earliest kept; chosen and rejected see the one cut prompt; drop
+    drops the record; a limit the template alone exceeds drops it too; every case counted."""
+    from trainer.data.preference import encoded, limit_prompts, prompt_tokens
+    from trainer.tokenizer import tokenizer_for
+
+    inputs = Inputs(parse_settings({"TRAIN_DATA": str(write_jsonl(tmp_path / "p.jsonl", pairs(1))),
+                                    "TRAIN_METHOD": "dpo", "TRAIN_CHAT_TEMPLATE": "chatml"}))  # fmt: skip
+    choice = inputs.template()
+    tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
+    turns = [{"role": "system", "content": "be brief " * 5}, {"role": "user", "content": "a question " * 4},
+             {"role": "assistant", "content": "an answer"}, {"role": "user", "content": "say cat sun"}]  # fmt: skip
+    chat = {**pairs(1)[0], "prompt": turns}
+    text = {"prompt": "a long story " * 15, "chosen": "yes", "rejected": "no"}
+    assert prompt_tokens(tokenizer, turns) == 250 and prompt_tokens(tokenizer, text["prompt"]) == 195  # bytes
+    limited = limit_prompts([chat, text, {**text, "prompt": "short"}], tokenizer, 150, "truncate")
+    assert (limited.cut, limited.dropped) == (2, 0) and limited.rows[2]["prompt"] == "short"
+    cut_chat, cut_text = limited.rows[0]["prompt"], limited.rows[1]["prompt"]
+    assert cut_text == text["prompt"][-len(cut_text):] and prompt_tokens(tokenizer, cut_text) == 150
+    assert cut_chat[1:] == turns[-2:] and cut_chat[0]["role"] == "user"  # the system message went first
+    assert turns[1]["content"].endswith(cut_chat[0]["content"]) and cut_chat[0]["content"] != turns[1]["content"]
+    assert 140 < prompt_tokens(tokenizer, cut_chat) <= 150
+    for row in limited.rows[:2]:
+        item = encoded(tokenizer, row)
+        assert len(item["prompt_ids"]) <= 150 and item["chosen_ids"] != item["rejected_ids"]  # one prompt
+    assert limit_prompts([chat, text], tokenizer, 150, "drop").dropped == 2
+    answer_first = limit_prompts([chat], tokenizer, 120, "truncate").rows[0]["prompt"]  # [answer, question] fits
+    assert answer_first == turns[-1:]  # but an answer without its question goes too
+    assert limit_prompts([chat], tokenizer, 40, "truncate").dropped == 1  # chatml's own tokens are more than 40
+    assert limit_prompts([chat, text], tokenizer, 0, "truncate").rows == [chat, text]  # 0: no limit of its own
+    assert "leaves no room for the answer" in problems(tmp_path, [GOOD], TRAIN_PREF_MAX_PROMPT_LEN="512")
+    assert "TRAIN_PREF_MAX_PROMPT_LEN applies to" in problems(tmp_path, [GOOD], TRAIN_METHOD="sft",
+                                                               TRAIN_PREF_MAX_PROMPT_LEN="8")  # fmt: skip

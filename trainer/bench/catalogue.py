@@ -15,6 +15,7 @@ COMBINED = "combined"
 MAX_BATCH = "max_batch"
 GRAD_ACCUM = "grad_accum"
 ADAPTER_ROWS = ("lora", "qlora")
+PRECOMPUTED_REFERENCE = "pref_precompute"
 
 # Every technique variable the bench controls, at its baseline value. Each row changes a few of
 # these, so a row differs from the baseline only by what its name says.
@@ -133,6 +134,13 @@ def _adapter_rows() -> list[RowSpec]:
     ]
 
 
+def _preference_rows() -> list[RowSpec]:
+    doc = ("TRAIN_METHOD=dpo/kto: the reference's log-probs computed once before training instead of a frozen copy "
+           "held and run each step (less memory, faster steps; the one-time pass is not in the step rate).")
+    return [RowSpec(PRECOMPUTED_REFERENCE, "preference", doc, {"TRAIN_PREF_REFERENCE": "precompute"},
+                    same_training=False)]  # fmt: skip
+
+
 def _combined_row() -> list[RowSpec]:
     doc = ("The defaults (`auto`) plus the fastest optimizer, attention, compile, kernels and batch rows that beat "
            "them, measured together.")
@@ -142,7 +150,7 @@ def _combined_row() -> list[RowSpec]:
 def catalogue() -> list[RowSpec]:
     """All rows, in the order they run (precision first: the other rows build on its winner)."""
     return (_precision_rows() + _defaults_row() + _optimizer_rows() + _memory_rows() + _speed_rows() + _zero_rows()
-            + _adapter_rows() + _combined_row())
+            + _adapter_rows() + _preference_rows() + _combined_row())
 
 
 def row_names() -> list[str]:

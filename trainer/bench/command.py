@@ -184,7 +184,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     info = machine()
     pretrained = Path(settings.model).is_dir() or hub_ref(settings.model) is not None  # a folder or a Hub ID
     ctx = Context(settings.model, pretrained, settings.seq_len, settings.batch_size,
-                  info["on_gpu"], args.max_batch, auto_compile=info.get("auto_compile", False))
+                  info["on_gpu"], args.max_batch, auto_compile=info.get("auto_compile", False),
+                  method=settings.method)
     plan = RunPlan(args.warmup, args.steps, float(args.row_timeout), work_dir)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     meta = build_meta(settings, info, plan, argv, load_before)

@@ -18,6 +18,7 @@ from trainer.bench.catalogue import (
     DEFAULTS,
     GRAD_ACCUM,
     MAX_BATCH,
+    PRECOMPUTED_REFERENCE,
     UNSET,
     RowSpec,
     catalogue,
@@ -27,6 +28,7 @@ from trainer.bench.report import (
     RowResult,
 )
 from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, row_dir, run_row
+from trainer.config.methods import OPTION_METHODS
 from trainer.errors import ConfigError
 
 
@@ -41,6 +43,7 @@ class Context:
     on_gpu: bool
     max_batch: int
     auto_compile: bool = False  # what TRAIN_COMPILE=auto decides for a long run here (bench rows are short)
+    method: str = "sft"  # TRAIN_METHOD: every row trains with it
 
 
 # ---- running the rows ----------------------------------------------------------------------------
@@ -133,6 +136,10 @@ class Bench:
                     "set it to a Hugging Face model folder to measure LoRA/QLoRA")
         if spec.name == GRAD_ACCUM and self.ctx.batch_size < 2:
             return "needs TRAIN_BATCH_SIZE of 2 or more to split into accumulation steps"
+        with_reference = OPTION_METHODS["pref_reference"]
+        if spec.name == PRECOMPUTED_REFERENCE and self.ctx.method not in with_reference:
+            return (f"applies to preference tuning with a reference model, not TRAIN_METHOD={self.ctx.method}; set "
+                    f"TRAIN_METHOD={' or '.join(with_reference)} (and pairs in TRAIN_DATA) to measure it")
         if spec.name == MAX_BATCH and not self.ctx.on_gpu:
             return "not supported here: the probe doubles the batch until GPU memory runs out (no GPU found)"
         return ""

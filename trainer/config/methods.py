@@ -47,6 +47,7 @@ OPTION_METHODS = {
     "pref_beta": tuple(m for m, facts in METHODS.items() if facts.beta is not None),
     "pref_loss": ("dpo",),
     "pref_reference": tuple(m for m, facts in METHODS.items() if facts.reference),
+    "pref_max_prompt_len": tuple(METHODS),
 }
 # SFT's data settings, which a preference method would otherwise silently ignore
 SFT_ONLY = {"packing": "pairs are never packed (each side is one padded sequence)",
@@ -67,14 +68,16 @@ def option_problems(s: TrainSettings) -> list[str]:
         if name in s.model_fields_set and s.method not in methods:
             problems.append(f"TRAIN_{name.upper()} applies to TRAIN_METHOD={'/'.join(methods)}, not "
                             f"TRAIN_METHOD={s.method}; remove it, or choose one of those methods")  # fmt: skip
+    if is_preference(s) and s.pref_max_prompt_len >= s.seq_len:
+        problems.append(f"TRAIN_PREF_MAX_PROMPT_LEN={s.pref_max_prompt_len} leaves no room for the answer within "
+                        f"TRAIN_SEQ_LEN={s.seq_len}; set it below TRAIN_SEQ_LEN (or 0: no limit of its own)")
     if is_preference(s):
-        sharding = (("TRAIN_FSDP", s.fsdp if s.fsdp != "none" else ""), ("TRAIN_ZERO_STAGE", s.zero_stage or ""),
-                    ("TRAIN_DEEPSPEED_CONFIG", s.deepspeed_config))  # fmt: skip
-        for setting, value in sharding:
-            if value:
-                problems.append(f"TRAIN_METHOD={s.method} with {setting}={value}: trainkit's preference layer is not "
-                                "tested with sharding yet; use one GPU per process (DDP) with TRAIN_LORA=1 or "
-                                "TRAIN_QUANT for large models")  # fmt: skip
+        problems += reference_problems(s)
+        if s.method == "reward":  # trainer.run.preference builds it itself: a full one-score classifier
+            given = [x for x, on in (("TRAIN_LORA=1", s.lora), (f"TRAIN_QUANT={s.quant}", s.quant != "none")) if on]
+            problems += [f"{x} with TRAIN_METHOD=reward: trainkit trains a reward model (a one-score classifier) in "
+                         "full; its adapters and quantization are for causal language models so far; remove it"
+                         for x in given]  # fmt: skip
         if s.optim == "adamw_apex_fused" or s.auto_batch == "1":
             what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
             problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
@@ -83,6 +86,43 @@ def option_problems(s: TrainSettings) -> list[str]:
             if name in s.model_fields_set:
                 problems.append(f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it")
     return problems
+
+
+def reference_problems(s: TrainSettings) -> list[str]:
+    """The reference model against LoRA and sharding: what TRL 1.16 cannot do (FSDP and DeepSpeed otherwise run
+    as for SFT, TRL preparing the reference for them: ZeRO-3 shards it, FSDP wraps it)."""
+    if not METHODS[s.method].reference:
+        return []
+    problems = []
+    reference = decide_reference(s).value
+    if s.lora and s.pref_reference == "copy":
+        problems.append("TRAIN_PREF_REFERENCE=copy with TRAIN_LORA=1: TRL 1.16 takes no adapter model as a separate "
+                        "reference; with LoRA the reference is the starting adapter (equal to the base, no second "
+                        "copy): use TRAIN_PREF_REFERENCE=auto (or precompute)")  # fmt: skip
+    elif reference == "frozen copy" and _zero_stage(s) == 3:
+        problems.append(f"TRAIN_METHOD={s.method} without LoRA under DeepSpeed ZeRO-3: the frozen reference copy "
+                        "would copy ZeRO-3's partitions, not the model; use TRAIN_LORA=1 (the reference is the same "
+                        "sharded model, adapter disabled) or TRAIN_PREF_REFERENCE=precompute")  # fmt: skip
+    if reference == "precomputed" and s.fsdp != "none" and not s.lora:
+        problems.append(f"TRAIN_PREF_REFERENCE=precompute with TRAIN_FSDP={s.fsdp}: under FSDP TRL 1.16 loads a "
+                        "second, unsharded model from TRAIN_MODEL's files to precompute with (a preset has none), the "
+                        "memory precompute is meant to save; use TRAIN_PREF_REFERENCE=auto (FSDP shards the "
+                        "reference) or TRAIN_LORA=1 (the adapter-disabled model is the reference)")  # fmt: skip
+    return problems
+
+
+def _zero_stage(s: TrainSettings) -> int:
+    """The ZeRO stage, TRAIN_DEEPSPEED_CONFIG's included (a file that does not read is reported by the checks)."""
+    from trainer.config.deepspeed import load_user_config
+    from trainer.errors import ConfigError
+
+    if not s.deepspeed_config:
+        return s.zero_stage
+    try:
+        stage = load_user_config(s.deepspeed_config).get("zero_optimization", {}).get("stage", 0)
+    except (ConfigError, AttributeError):
+        return 0
+    return stage if isinstance(stage, int) else 0
 
 
 def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str | None:
@@ -161,6 +201,8 @@ def decide_reference(s: TrainSettings) -> Decision[str]:
     """The reference model done the way that costs least (recorded in run_config.json)."""
     if not is_preference(s):
         return Decision("none", "TRAIN_METHOD=sft")
+    if s.method == "reward":
+        return Decision("none", "a reward model scores each side of a pair: no reference model")
     if not METHODS[s.method].reference:
         return Decision("none", f"{s.method} compares the policy's own log-probs: no reference model")
     if s.pref_reference == "precompute":
@@ -169,17 +211,30 @@ def decide_reference(s: TrainSettings) -> Decision[str]:
     if s.lora and s.pref_reference == "auto":
         return Decision("frozen adapter", "TRAIN_LORA=1: the shared base with a frozen copy of the starting adapter "
                         "(TRL's 'ref' adapter, equal to the base at the start) is the reference: adapter-sized, no "
-                        "second copy of the model")  # fmt: skip
+                        f"second copy of the model{_sharded(s)}")  # fmt: skip
     why = "TRAIN_PREF_REFERENCE=copy" if s.pref_reference == "copy" else "full fine-tuning (TRAIN_LORA=0)"
     return Decision("frozen copy", f"{why}: a frozen copy of the starting model (TRAIN_PREF_REFERENCE=precompute "
-                    "saves its memory)")  # fmt: skip
+                    f"saves its memory){_sharded(s)}")  # fmt: skip
+
+
+def _sharded(s: TrainSettings) -> str:
+    if s.fsdp != "none":
+        return f"; TRL wraps it with FSDP ({s.fsdp}) like the policy"
+    stage = _zero_stage(s)
+    if not stage:
+        return ""
+    return f"; TRL prepares it for DeepSpeed ZeRO-{stage}" + (", sharded with the model" if stage == 3 else "")
 
 
 def decide_method(s: TrainSettings) -> Decision[str]:
     if not is_preference(s):
         return Decision("sft", "TRAIN_METHOD=sft (default): supervised training on the data's own tokens")
     facts = METHODS[s.method]
-    return Decision(s.method, f"TRL's {facts.trainer} ({facts.module}), {config_fields_text(s)}")
+    prompts = ""
+    if s.pref_max_prompt_len:
+        cut = "cut from the left" if s.long_records == "truncate" else "dropped (TRAIN_LONG_RECORDS=drop)"
+        prompts = f"; prompts over TRAIN_PREF_MAX_PROMPT_LEN={s.pref_max_prompt_len} tokens {cut} by trainkit"
+    return Decision(s.method, f"TRL's {facts.trainer} ({facts.module}), {config_fields_text(s)}{prompts}")
 
 
 def config_fields_text(s: TrainSettings) -> str:

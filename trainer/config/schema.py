@@ -159,6 +159,12 @@ class TrainSettings(BaseSettings):
         "second copy of the model), else a frozen copy; precompute: the reference log-probs computed once before "
         "training (TRL's precompute_ref_log_probs), so no copy is held while training; copy: a frozen copy.",
         on_resume=FIXED)  # fmt: skip
+    pref_max_prompt_len: int = _f(
+        0, "method",
+        "Preference methods: a prompt longer than this many tokens is cut from the left (text: its start; a "
+        "conversation: its earliest messages first), one cut for chosen and rejected; with TRAIN_LONG_RECORDS=drop "
+        "its record is dropped instead. Counted in the log. 0: no limit of its own (TRAIN_SEQ_LEN bounds the prompt "
+        "and answer together).", ge=0, on_resume=FIXED)  # fmt: skip
 
     # precision
     precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(

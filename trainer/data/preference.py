@@ -302,3 +302,77 @@ def longest(item: dict[str, Any]) -> int:
     """Tokens of the longest side with its prompt."""
     sides = [len(item[k]) for k in ("chosen_ids", "rejected_ids", "completion_ids") if k in item]
     return len(item["prompt_ids"]) + max(sides)
+
+
+# ---- TRAIN_PREF_MAX_PROMPT_LEN: the prompt cut from the left, one cut for both sides ---------------------------
+
+
+def prompt_tokens(tokenizer: Any, prompt: Any) -> int:
+    """Tokens of the prompt alone as TRL renders it (conversations with their generation prompt); the prompt TRL
+    trains against is at most this long."""
+    if isinstance(prompt, list):
+        return len(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True,
+                                                 return_dict=False))  # fmt: skip
+    return len(tokenizer(prompt)["input_ids"])
+
+
+def cut_prompt(tokenizer: Any, prompt: Any, limit: int) -> Any:
+    """The prompt cut from the left to at most `limit` tokens: text loses its start; a conversation its earliest
+    messages (a system message too), then the start of the earliest one kept, and any assistant or tool turn left
+    first. None if even the shortest cut does not fit (the chat template's own tokens alone are longer). The cut is
+    on the prompt, so both sides share it."""
+    if prompt_tokens(tokenizer, prompt) <= limit:
+        return prompt
+    if isinstance(prompt, str):
+        return _tail_that_fits(lambda start: prompt[start:], len(prompt), tokenizer, limit)
+    kept = next((k for k in range(1, len(prompt)) if prompt_tokens(tokenizer, prompt[k:]) <= limit), len(prompt))
+    first, rest = prompt[kept - 1], prompt[kept:]  # the earliest message kept, in part
+
+    def with_tail(start: int) -> list[dict[str, Any]]:
+        return [{**first, "content": first["content"][start:]}, *rest]
+
+    cut = _tail_that_fits(with_tail, len(first["content"]), tokenizer, limit)
+    if cut is None or not cut[0]["content"].strip():
+        cut = rest if rest and prompt_tokens(tokenizer, rest) <= limit else cut
+    while cut and cut[0]["role"] not in ("system", "user"):  # no answer without its question (and templates that
+        cut = cut[1:]  # insist on alternation accept what is left)
+    return cut or None
+
+
+def _tail_that_fits(cut_at: Any, size: int, tokenizer: Any, limit: int) -> Any:
+    """cut_at(start) for the smallest start (characters dropped) whose prompt fits `limit`; None if none does.
+    Binary search: fewer characters never make more tokens, give or take a merge at the cut, checked after."""
+    if prompt_tokens(tokenizer, cut_at(size)) > limit:
+        return None
+    low, high = 0, size  # cut_at(low) is too long, cut_at(high) fits
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if prompt_tokens(tokenizer, cut_at(middle)) <= limit else (middle, high)
+    return cut_at(high)
+
+
+@dataclass
+class PromptLimit:
+    """What TRAIN_PREF_MAX_PROMPT_LEN did to a set of rows (logged by the run, shown by `data --show`)."""
+
+    rows: list[dict[str, Any]]
+    cut: int = 0  # prompts cut from the left (TRAIN_LONG_RECORDS=truncate)
+    dropped: int = 0  # records dropped: TRAIN_LONG_RECORDS=drop, or a prompt no cut makes fit
+
+
+def limit_prompts(rows: list[dict[str, Any]], tokenizer: Any, limit: int, long_records: str) -> PromptLimit:
+    """Rows whose prompt is at most `limit` tokens (0: no limit): longer prompts cut from the left (truncate) or
+    their records dropped (drop), each counted."""
+    if limit <= 0:
+        return PromptLimit(list(rows))
+    out = PromptLimit([])
+    for row in rows:
+        prompt = row["prompt"] if prompt_tokens(tokenizer, row["prompt"]) <= limit else None
+        if prompt is None and long_records == "truncate":
+            prompt = cut_prompt(tokenizer, row["prompt"], limit)
+            out.cut += prompt is not None
+        if prompt is None:
+            out.dropped += 1
+            continue
+        out.rows.append({**row, "prompt": prompt})
+    return out

@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.methods import METHODS, records_of, trainer_class
-from trainer.data.preference import encoded, longest, unpaired_from_pairs
+from trainer.data.preference import encoded, limit_prompts, longest, unpaired_from_pairs
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]],
         held = max(1, int(len(rows) * s.eval_split))
         rows, evaluation = rows[:-held], rows[-held:]
         log.info("eval: the last %d of %d pairs held out (TRAIN_EVAL_SPLIT=%g)", held, held + len(rows), s.eval_split)
+    rows = _prompts_limited(rows, tokenizer, cfg, "train")
+    evaluation = _prompts_limited(evaluation, tokenizer, cfg, "eval") if evaluation else evaluation
     long_records = "drop" if s.method == "reward" else s.long_records  # a reward model scores whole pairs
     rows = _kept(rows, tokenizer, s.seq_len, long_records, "train")
     evaluation = _kept(evaluation, tokenizer, s.seq_len, long_records, "eval") if evaluation else evaluation
@@ -50,6 +52,23 @@ def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]],
     log.info("data: %d %s for TRAIN_METHOD=%s (%s)", len(rows), "examples" if s.method == "kto" else "pairs",
              s.method, ", ".join(records.layouts))  # fmt: skip
     return rows, evaluation
+
+
+def _prompts_limited(rows: list[dict[str, Any]], tokenizer: Any, cfg: RunConfig, what: str) -> list[dict[str, Any]]:
+    """TRAIN_PREF_MAX_PROMPT_LEN (TRL 1.16's configs have no prompt limit of their own): long prompts cut from the
+    left, one cut for both sides, or their records dropped; both counted."""
+    s = cfg.settings
+    limited = limit_prompts(rows, tokenizer, s.pref_max_prompt_len, s.long_records)
+    limit = f"TRAIN_PREF_MAX_PROMPT_LEN={s.pref_max_prompt_len}"
+    if limited.cut:
+        log.warning("data: %d of %d %s prompts longer than %s tokens cut from the left, the same cut for chosen and "
+                    "rejected (TRAIN_LONG_RECORDS=truncate)", limited.cut, len(rows), what, limit)  # fmt: skip
+    if limited.dropped:
+        why = ("TRAIN_LONG_RECORDS=drop" if s.long_records == "drop"
+               else "no cut fits: the chat template's own tokens are longer")  # fmt: skip
+        log.warning("data: %d of %d %s records dropped, their prompt longer than %s tokens (%s)",
+                    limited.dropped, len(rows), what, limit, why)  # fmt: skip
+    return limited.rows
 
 
 def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records: str, what: str
@@ -129,6 +148,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
     if METHODS[s.method].reference:
         kwargs["ref_model"] = reference_model(cfg, model)
     log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
+    policy_bytes = parameter_bytes(model.parameters())
     trainer = atomic_trainer(trainer_class(s.method))(
         model=model,
         args=args,
@@ -138,8 +158,34 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
         callbacks=callbacks,
         **kwargs,
     )
+    log.info("memory: %s of model parameters held after setup, the policy's own %s (a second copy of the model would "
+             "double it)", _megabytes(parameter_bytes_held()), _megabytes(policy_bytes))
     fitted = len(trainer.train_dataset)
     if fitted < len(train_rows):
         log.warning("data: TRL dropped %d of %d examples whose prompt alone fills TRAIN_SEQ_LEN=%d",
                     len(train_rows) - fitted, len(train_rows), s.seq_len)  # fmt: skip
     return trainer
+
+
+def parameter_bytes(parameters: Any) -> int:
+    """Bytes of the distinct storages behind `parameters` (tied or shared weights counted once)."""
+    storages = {}
+    for p in parameters:
+        if p.device.type != "meta":
+            storage = p.untyped_storage()
+            storages[(p.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def parameter_bytes_held() -> int:
+    """Bytes of every model parameter alive in this process (policy, reference, whatever TRL keeps): what a second
+    copy of the model would show, measured rather than assumed."""
+    import gc
+
+    import torch
+
+    return parameter_bytes(o for o in gc.get_objects() if issubclass(type(o), torch.nn.Parameter))
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
