@@ -151,8 +151,13 @@ def test_each_method_learns_its_own_metric(method: str, lora: int, metric: str, 
     """ORPO and SimPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the
     reference), a reward model (a one-score head) scoring chosen above rejected."""
     out = tmp_path / "out"
-    code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0)))
+    rope = {"rope_scaling": "linear", "rope_factor": 2} if method == "reward" else {}  # the classifier gets it too
+    code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0, **rope)))
     assert code == 0, err[-3000:]
+    if rope:
+        saved = json.loads((out / "final" / "config.json").read_text())
+        scaling = saved.get("rope_parameters") or saved["rope_scaling"]  # transformers 5 / 4
+        assert (scaling["rope_type"], scaling["factor"]) == ("linear", 2.0), saved
     train, _ = lines(out)
     values = [r[metric] for r in train]
     assert values[-1] > values[0] and values[-1] > 0, values

@@ -150,15 +150,23 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
     isolate_records(model, attn)  # use_cache off; attention never crosses packed records
     if s.lora:
         model = apply_lora(model, s)
-    if cfg.decisions.compile.value and not compiled_by_accelerate(s, cfg.deepspeed):
-        if s.compile_scope == "layers":
-            compile_layers(model, s.compile_backend, s.compile_mode)
-        else:
-            model.compile(backend=s.compile_backend, mode=s.compile_mode)
-            log.info("torch.compile: the whole model's forward (backend %s, mode %s); the first step compiles it",
-                     s.compile_backend, s.compile_mode)  # fmt: skip
+    compile_model(cfg, model)
     log_parameter_counts(model)
     return model
+
+
+def compile_model(cfg: RunConfig, model: torch.nn.Module) -> None:
+    """torch.compile in place as TRAIN_COMPILE_SCOPE says, where the trainer compiles (not DeepSpeed/FSDP's
+    Accelerate)."""
+    s = cfg.settings
+    if not cfg.decisions.compile.value or compiled_by_accelerate(s, cfg.deepspeed):
+        return
+    if s.compile_scope == "layers":
+        compile_layers(model, s.compile_backend, s.compile_mode)
+        return
+    model.compile(backend=s.compile_backend, mode=s.compile_mode)
+    log.info("torch.compile: the whole model's forward (backend %s, mode %s); the first step compiles it",
+             s.compile_backend, s.compile_mode)  # fmt: skip
 
 
 def compile_layers(model: torch.nn.Module, backend: str, mode: str) -> int:

@@ -102,24 +102,30 @@ def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
 
 def _reward_model(cfg: RunConfig, tokenizer: Any) -> Any:
     import torch
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from trainer.compat import model_dtype_kwargs
     from trainer.config.presets import is_preset
-    from trainer.run.models import build_device, log_parameter_counts, preset_config
+    from trainer.config.rope import scale_rope
+    from trainer.run.models import build_device, compile_model, log_parameter_counts, preset_config
+    from trainer.tokenizer import fit_embeddings
 
     s = cfg.settings
     if is_preset(s.model):
-        config = preset_config(s.model, len(tokenizer), s.seq_len, tokenizer)
+        config = scale_rope(preset_config(s.model, len(tokenizer), s.seq_len, tokenizer), s)
         config.num_labels = 1
         with torch.device(build_device(cfg)):
             model = AutoModelForSequenceClassification.from_config(config, **model_dtype_kwargs(torch.float32))
     else:
+        folder = cfg.decisions.model.value
+        config = scale_rope(AutoConfig.from_pretrained(folder, local_files_only=True, num_labels=1), s)
         model = AutoModelForSequenceClassification.from_pretrained(
-            cfg.decisions.model.value, num_labels=1, attn_implementation=cfg.decisions.attn.value
+            folder, config=config, attn_implementation=cfg.decisions.attn.value, local_files_only=True
         )
+        fit_embeddings(model, tokenizer)
     model.config.pad_token_id = tokenizer.pad_token_id
     log.info("model: %s with a one-score head (reward model)", type(model).__name__)
+    compile_model(cfg, model)
     log_parameter_counts(model)
     return model
 
