@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.diff_command import differences, facts
-from trainer.errors import EXIT_OK, EXIT_SIGTERM, ConfigError
+from trainer.errors import EXIT_CRASH, EXIT_OK, EXIT_SIGTERM, ConfigError
 from trainer.provenance import PROVENANCE_FILE, file_sha256, read
 from trainer.secrets import MASK
 
@@ -83,14 +83,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"warning: {line} (--allow-changed-data)", flush=True)
     staging = out.parent / f".tmp-reproduce-{out.name}"
     shutil.rmtree(staging, ignore_errors=True)
-    code, interrupted = train_again(run_environment(recorded["run_config"], staging), staging, steps, max(losses))
+    code, interrupted, stopped = train_again(run_environment(recorded["run_config"], staging), staging, steps,
+                                             max(losses))  # fmt: skip
     if interrupted:
         print(f"reproduce stopped: {staging} is unfinished and {out} was not written", file=sys.stderr)
         return EXIT_SIGTERM
-    if code != EXIT_OK and not (steps < max(losses) and code == EXIT_SIGTERM):
+    if code != EXIT_OK and not (stopped and max(recorded_losses(staging), default=0) >= steps):
         print(f"error: the re-run failed (exit {code}) before its comparison; its output is in {staging}",
               file=sys.stderr)
-        return code
+        return code if code > 0 else EXIT_CRASH
     report = compare(original, staging, losses, recorded_losses(staging), steps, deterministic(recorded))
     show(report, out)
     (staging / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -197,9 +198,11 @@ def run_environment(run_config: dict[str, Any], staging: Path) -> dict[str, str]
     return env
 
 
-def train_again(env: dict[str, str], staging: Path, steps: int, last: int, poll_s: float = 0.5) -> tuple[int, bool]:
-    """`python -m trainer train` with `env`: (its exit code, whether a SIGTERM to this process stopped it). Once it
-    logged step `steps`, when that is before the run's `last`, it is stopped gracefully (SIGTERM: it checkpoints)."""
+def train_again(env: dict[str, str], staging: Path, steps: int, last: int, poll_s: float = 0.5
+                ) -> tuple[int, bool, bool]:  # fmt: skip
+    """`python -m trainer train` with `env`: (its exit code, whether a SIGTERM to this process stopped it, whether
+    this function stopped it). Once it logged step `steps`, when that is before the run's `last`, it is stopped
+    gracefully (SIGTERM: it checkpoints; one that arrives as it exits may end it: the steps are logged by then)."""
     child = subprocess.Popen([sys.executable, "-m", "trainer", "train"], env=env)
     interrupted = []
 
@@ -209,8 +212,8 @@ def train_again(env: dict[str, str], staging: Path, steps: int, last: int, poll_
             child.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, forward)
+    asked = False
     try:
-        asked = False
         while child.poll() is None:
             if steps < last and not asked and max(recorded_losses(staging), default=0) >= steps:
                 child.send_signal(signal.SIGTERM)  # the steps asked for are logged: stop after a checkpoint
@@ -218,7 +221,7 @@ def train_again(env: dict[str, str], staging: Path, steps: int, last: int, poll_
             time.sleep(poll_s)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return child.wait(), bool(interrupted)
+    return child.wait(), bool(interrupted), asked
 
 
 def same_loss(a: float | None, b: float | None, exact: bool) -> bool:
