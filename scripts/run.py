@@ -147,6 +147,8 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
         if command != "train" or passed_on:
             raise UserError(f"`-- {tail[0]} ...` runs a command of its own: drop {command!r} {' '.join(passed_on)}")
         return tail
+    if command == "reproduce":
+        raise UserError("reproduce comes first: `run.py reproduce OUTPUT_DIR [options]`")
     if command not in TRAINER_COMMANDS:
         raise UserError(
             f"unknown command {command!r}: use {', '.join(TRAINER_COMMANDS)}, or `-- CMD ...` to run any command in "
@@ -381,13 +383,18 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
     )
 
 
-def reproduce_spec(argv: list[str], client: docker.DockerClient) -> RunSpec:
-    """`reproduce OUTPUT_DIR ...`: the recorded image and GPUs, OUTPUT_DIR read-only and NEW's parent at /output;
-    run.py's own options (--data, --env-file, -e, --image, --gpus, --user...) as for any run."""
+def reproduce_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """`reproduce OUTPUT_DIR ...`: reproduce's own arguments and run.py's options (--data, --env-file, -e, --image,
+    --gpus, --user...), checked before the engine is asked anything."""
     wanted, rest = reproduce.parse_args(argv)
     args = parse_args(rest)
     if args.command != ["train"]:
         raise UserError(f"reproduce: unknown argument(s) {' '.join(args.command)}; see `run.py reproduce --help`")
+    return wanted, args
+
+
+def reproduce_spec(wanted: argparse.Namespace, args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
+    """The recorded image and GPUs, OUTPUT_DIR read-only and NEW's parent at /output."""
     args.image = reproduce.choose_image(wanted.output_dir, args.image, client, log)
     args.gpus = reproduce.recorded_gpus(wanted.output_dir) if args.gpus == "auto" else args.gpus
     args.output = str(wanted.new.parent)
@@ -401,8 +408,9 @@ def reproduce_spec(argv: list[str], client: docker.DockerClient) -> RunSpec:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["reproduce"]:
+        wanted, args = reproduce_args(argv[1:])
         client = connect()
-        spec = reproduce_spec(argv[1:], client)
+        spec = reproduce_spec(wanted, args, client)
     else:
         args = parse_args(argv)
         client = connect()

@@ -1,5 +1,5 @@
-"""`python -m trainer [train|config|doctor|bench|fetch|export|push|data|generate|eval|diff] ...`: the container's entry
-into the trainer.
+"""`python -m trainer [train|config|doctor|bench|fetch|export|push|data|generate|eval|diff|reproduce] ...`: the
+container's entry into the trainer.
 
 Each command lives with its concern and registers its own argparse parser (`register(commands)` in
 trainer/run/command.py, trainer/config/command.py, trainer/doctor/command.py, trainer/bench/command.py,
