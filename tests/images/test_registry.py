@@ -192,5 +192,6 @@ def test_reproduce_pulls_the_recorded_digest_and_matches_every_step(pushed: dict
         assert re.search(r"differs: step \d+ has loss", changed.stdout), changed.stdout
         assert "recorded inputs that differ: provenance.data./data/corpus.txt.sha256\n" in changed.stdout
     finally:
+        forget(docker_client, registry)  # the digest reference reproduce's pull added
         for volume in docker_client.volumes.list(filters={"name": "trainkit-test-reproduce-cache"}):
             volume.remove(force=True)
