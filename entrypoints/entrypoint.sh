@@ -51,6 +51,7 @@ case "$cmd" in
     data) set -- python -m trainer data "$@"; what="python -m trainer data" ;;
     generate) set -- python -m trainer generate "$@"; what="python -m trainer generate" ;;
     eval) set -- python -m trainer eval "$@"; what="python -m trainer eval" ;;
+    reproduce) set -- python -m trainer reproduce "$@"; what="python -m trainer reproduce" ;;
     shell) set -- bash "$@"; what="bash" ;;
     *) set -- "$cmd" "$@"; what="$cmd" ;;
 esac

@@ -184,6 +184,16 @@ def pin_image(args: argparse.Namespace) -> None:
     args.image = pinned
 
 
+def image_identity(args: argparse.Namespace) -> dict[str, str]:
+    """TRAINKIT_IMAGE (the reference the job runs) and TRAINKIT_IMAGE_DIGEST when it is pinned, passed into the job
+    as scripts/run.py passes them: what the run's provenance.json records as its image."""
+    image = args.image or getattr(args, "sif", None)
+    if not image:
+        return {}
+    digest = image.split("@", 1)[1] if "@sha256:" in image else None
+    return {"TRAINKIT_IMAGE": image, **({"TRAINKIT_IMAGE_DIGEST": digest} if digest else {})}
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -192,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args.sweep_combinations = sweep_combinations(args, env)
     if not (args.target == "slurm-apptainer" and args.sif):
         pin_image(args)
+    env.settings.update(image_identity(args))
     text = generate(args, env)
     if args.out:
         write_private(args.out, text, 0o700 if args.target.startswith("slurm") else 0o600)

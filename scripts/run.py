@@ -2,6 +2,8 @@
 
     python scripts/run.py [options] train|doctor|bench|fetch|data|export|push|generate|eval [ARGS...]
     python scripts/run.py [options] -- CMD [ARGS...]        (any command inside the image)
+    python scripts/run.py reproduce OUTPUT_DIR [--steps N] [--output NEW] [--allow-changed-data] [--image REF]
+                                                            (run a finished run again in its image: reproduce.py)
 
 run.py's options may also follow the trainer command; other arguments go to the command.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import docker
 import registry
+import reproduce
 from devices import device_requests, rdma_passthrough
 from docker.errors import APIError
 from docker.types import Ulimit
@@ -144,6 +147,8 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
         if command != "train" or passed_on:
             raise UserError(f"`-- {tail[0]} ...` runs a command of its own: drop {command!r} {' '.join(passed_on)}")
         return tail
+    if command == "reproduce":
+        raise UserError("reproduce comes first: `run.py reproduce OUTPUT_DIR [options]`")
     if command not in TRAINER_COMMANDS:
         raise UserError(
             f"unknown command {command!r}: use {', '.join(TRAINER_COMMANDS)}, or `-- CMD ...` to run any command in "
@@ -378,11 +383,38 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
     )
 
 
+def reproduce_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """`reproduce OUTPUT_DIR ...`: reproduce's own arguments and run.py's options (--data, --env-file, -e, --image,
+    --gpus, --user...), checked before the engine is asked anything."""
+    wanted, rest = reproduce.parse_args(argv)
+    args = parse_args(rest)
+    if args.command != ["train"]:
+        raise UserError(f"reproduce: unknown argument(s) {' '.join(args.command)}; see `run.py reproduce --help`")
+    return wanted, args
+
+
+def reproduce_spec(wanted: argparse.Namespace, args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
+    """The recorded image and GPUs, OUTPUT_DIR read-only and NEW's parent at /output."""
+    args.image = reproduce.choose_image(wanted.output_dir, args.image, client, log)
+    args.gpus = reproduce.recorded_gpus(wanted.output_dir) if args.gpus == "auto" else args.gpus
+    args.output = str(wanted.new.parent)
+    spec = spec_from(args, client)
+    spec.command = reproduce.container_command(wanted)
+    spec.volumes.update(reproduce.mounts(wanted))
+    return spec
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    client = connect()
-    spec = spec_from(args, client)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["reproduce"]:
+        wanted, args = reproduce_args(argv[1:])
+        client = connect()
+        spec = reproduce_spec(wanted, args, client)
+    else:
+        args = parse_args(argv)
+        client = connect()
+        spec = spec_from(args, client)
     mounts = ", ".join(f"{host} -> {m['bind']} ({m['mode']})" for host, m in spec.volumes.items())
     log(f"{spec.image}: {spec.command[0]} | gpus {spec.gpus} | user {spec.user} | {mounts}")
     log(f"environment: {describe_env(spec.environment)}")

@@ -46,7 +46,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/export",),  # a run's outputs -> a model folder; the run calls it at its end (TRAIN_PUSH_TO_HUB)
     ("trainer/run",),  # the training run
     ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command",
-     "trainer/diff_command", "trainer/__main__", "trainer/__init__", "trainer/generate", "trainer/evaluate"),
+     "trainer/diff_command", "trainer/reproduce_command", "trainer/__main__", "trainer/__init__", "trainer/generate",
+     "trainer/evaluate"),
     # the commands: a command that reads the configuration lives above config/
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip

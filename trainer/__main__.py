@@ -1,10 +1,10 @@
-"""`python -m trainer [train|config|doctor|bench|fetch|export|push|data|generate|eval|diff] ...`: the container's entry
-into the trainer.
+"""`python -m trainer [train|config|doctor|bench|fetch|export|push|data|generate|eval|diff|reproduce] ...`: the
+container's entry into the trainer.
 
 Each command lives with its concern and registers its own argparse parser (`register(commands)` in
 trainer/run/command.py, trainer/config/command.py, trainer/doctor/command.py, trainer/bench/command.py,
 trainer/fetch.py, trainer/export/command.py, trainer/hub/push.py, trainer/data_command.py,
-trainer/diff_command.py).
+trainer/diff_command.py, trainer/reproduce_command.py).
 Startup stays light: TRAIN_* is parsed and checked before torch is imported, so a user mistake ends in well under
 a second with `error: ...` and exit code 2 (docs/architecture.md).
 """
@@ -21,7 +21,7 @@ from trainer.errors import EXIT_USER, ConfigError
 COMMAND_MODULES = (
     "trainer.run.command", "trainer.config.command", "trainer.doctor.command", "trainer.bench.command",
     "trainer.fetch", "trainer.export.command", "trainer.hub.push", "trainer.data_command", "trainer.generate.command",
-    "trainer.evaluate.command", "trainer.diff_command",
+    "trainer.evaluate.command", "trainer.diff_command", "trainer.reproduce_command",
 )  # fmt: skip
 DEFAULT_COMMAND = "train"
 

@@ -5,6 +5,8 @@ image it ran in (what the build wrote into it, BUILD_FILE, and what the host pas
 TRAINKIT_IMAGE_DIGEST, TRAINKIT_IMAGE_ID; a run outside any image says so), every Python distribution it imported
 with its version, the GPU, driver, CUDA and cuDNN, a sha256 of each input file, the Hub revisions, the chat
 template's hash and the seed. Secrets never: the record goes through trainer.secrets' masking.
+A data file's sha256 is taken while the data layer reads it for tokenization (`StreamHash`: no second pass over
+the corpus); a file read otherwise (a cache hit in a new folder, Parquet/CSV/Arrow) is hashed in a pass of its own.
 `python -m trainer diff` reads two of them. Torch-free (torch is asked only when the run already imported it);
 imports only trainer.secrets (floor 1).
 """
@@ -13,13 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from trainer.secrets import mask_secrets
 
@@ -27,6 +31,8 @@ PROVENANCE_FILE = "provenance.json"
 BUILD_FILE = Path("/opt/trainkit/build.json")  # written by the image build (Dockerfile's last stage)
 FORMAT = 1
 _HASH_BLOCK = 1 << 20
+_streamed: dict[str, dict[str, Any]] = {}  # resolved path -> {"sha256", "size", "mtime_ns"}, taken while read
+_stream_seconds = [0.0]  # time spent hashing in the read path (benchmarks/data_prep.py prints it)
 
 
 def collect(
@@ -98,10 +104,58 @@ def fingerprints(paths: Iterable[Path], previous: Mapping[str, Any]) -> dict[str
     for path in paths:
         stat = Path(path).stat()
         entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        before = previous.get(str(path))
+        before = _streamed.get(str(Path(path).resolve())) or previous.get(str(path))
         same = isinstance(before, dict) and all(before.get(k) == v for k, v in entry.items()) and before.get("sha256")
         found[str(path)] = {"sha256": before["sha256"] if same else file_sha256(path), **entry}
     return found
+
+
+class StreamHash:
+    """The sha256 of a file from the bytes a reader reads anyway: `open()` gives the file's own bytes (hand them to
+    the decompressor), hashed as they pass; `finish()` after the reader met the end takes what is left (a
+    decompressor may stop before trailing bytes) and records the hash for `fingerprints`, keyed by the identity
+    (size, mtime) the file had when it was opened."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        stat = self.path.stat()
+        self.identity = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        self.digest = hashlib.sha256()
+        self.reader: _HashingReader | None = None
+
+    def open(self) -> IO[bytes]:
+        self.reader = _HashingReader(open(self.path, "rb"), self.digest)  # noqa: SIM115 (closed by the caller)
+        return self.reader  # type: ignore[return-value]
+
+    def finish(self) -> None:
+        assert self.reader is not None, "open() first"
+        while self.reader.read(_HASH_BLOCK):
+            pass
+        _streamed[str(self.path.resolve())] = {"sha256": self.digest.hexdigest(), **self.identity}
+
+
+class _HashingReader(io.RawIOBase):
+    def __init__(self, handle: IO[bytes], digest: Any) -> None:
+        self._handle, self._digest = handle, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = self._handle.readinto(buffer) or 0  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        self._digest.update(memoryview(buffer)[:count])
+        _stream_seconds[0] += time.perf_counter() - start
+        return count
+
+    def close(self) -> None:
+        self._handle.close()
+        super().close()
+
+
+def stream_hash_seconds() -> float:
+    """Seconds this process spent hashing data files as they were read (StreamHash)."""
+    return _stream_seconds[0]
 
 
 def file_sha256(path: Path) -> str:

@@ -168,5 +168,6 @@ def test_k8s_manifest_values_round_trip_through_yaml(tmp_path: Path) -> None:
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == given["--queue"]
     env = {e["name"]: e for e in container["env"]}
     assert env["MY_NOTE"]["value"] == ENV_VALUE
+    assert (env["TRAINKIT_IMAGE"]["value"], env["TRAINKIT_IMAGE_DIGEST"]["value"]) == (IMAGE, IMAGE.split("@")[1])
     assert env["HF_TOKEN_PATH"]["value"] == "/run/secrets/trainkit/HF_TOKEN" and SECRET not in text
     assert pod["volumes"][-1]["secret"]["secretName"] == given["--secret-name"]

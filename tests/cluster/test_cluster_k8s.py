@@ -74,6 +74,7 @@ def test_multi_node_manifest_is_valid_and_complete(tmp_path: Path, schema: dict)
         assert volumes[mounts["/output"]["name"]]["persistentVolumeClaim"]["claimName"] == "runs"
         env = {e["name"]: e for e in container["env"]}
         assert env["TRAIN_MODEL"] == {"name": "TRAIN_MODEL", "value": "tiny"}
+        assert env["TRAINKIT_IMAGE"]["value"] == "registry.example.com/trainkit:0.1.0-cu128-ngc25.03"  # provenance
         assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "trainkit-secrets", "key": "WANDB_API_KEY"}
         # the Hub token as a file from the Secret (HF_TOKEN_PATH), in no process environment
         assert "HF_TOKEN" not in env

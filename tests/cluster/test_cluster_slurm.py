@@ -154,6 +154,7 @@ def test_apptainer_script_runs_apptainer_exec_with_binds(tmp_path: Path) -> None
     assert argv[argv.index("--bind") + 1] == binds
     assert argv[-3:] == [str(sif), "/opt/trainkit/entrypoints/entrypoint.sh", "train"]
     assert record["env"]["APPTAINERENV_HF_TOKEN"] == SECRET and record["env"]["APPTAINERENV_TRAIN_SAVE_STEPS"] == "50"
+    assert record["env"]["APPTAINERENV_TRAINKIT_IMAGE"] == str(sif)
     assert_rendezvous(record["decisions"], 3, "gpu-a07:24242", "4242", 8)
 
 
@@ -247,6 +248,7 @@ def test_real_sbatch_and_srun_give_each_node_its_rendezvous(tmp_path: Path, loca
 def test_pyxis_image_names(tmp_path: Path, image: str, pyxis: str) -> None:
     script = generate(tmp_path, "slurm-pyxis", "--image", image)
     assert f"--container-image={pyxis}" in script.read_text()
+    assert f"export TRAINKIT_IMAGE={image}\n" in script.read_text()  # provenance.json's image
 
 
 @pytest.mark.parametrize("target", ["slurm-pyxis", "slurm-apptainer"])

@@ -62,6 +62,23 @@ def test_unreachable_engine(tmp_path):
     assert_user_error(result, "cannot reach the Docker Engine", "DOCKER_HOST")
 
 
+def test_reproduce_of_a_folder_without_provenance_exits_2_before_the_engine(tmp_path):
+    (tmp_path / "old").mkdir()
+    result = run_py("reproduce", "old", cwd=tmp_path, env={"DOCKER_HOST": "unix:///nonexistent"})
+    assert_user_error(result, f"{tmp_path / 'old' / 'provenance.json'} is missing", "older trainkit")
+
+
+@pytest.mark.docker
+def test_reproduce_of_an_image_found_nowhere_names_the_fix(tmp_path, docker_client):
+    (tmp_path / "run").mkdir()
+    image = {"reference": "trainkit-gone:never", "id": "sha256:" + "0" * 64}
+    (tmp_path / "run" / "provenance.json").write_text(json.dumps({"image": image, "data": {}}))
+    result = run_py("reproduce", "run", cwd=tmp_path)
+    assert_user_error(result, "trainkit-gone:never", "not on this engine", "--image REF")
+    (tmp_path / "run" / "provenance.json").write_text(json.dumps({"image": None, "outside_image": True}))
+    assert_user_error(run_py("reproduce", "run", cwd=tmp_path), "outside any trainkit image", "--image REF")
+
+
 @pytest.mark.docker
 def test_missing_image_says_how_to_build(tmp_path, docker_client):
     result = run_py("--image", "trainkit:0.0.0-cpu", "train", cwd=tmp_path)

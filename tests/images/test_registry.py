@@ -1,12 +1,13 @@
 """The cluster flow against a real registry (Debian's `docker-registry`, the CNCF distribution registry) on
 127.0.0.1: build and push with digests, pull by digest with the labels checked, train from the pulled image,
-and the offline archive round trip."""
+the offline archive round trip, and `run.py reproduce` pulling a run's recorded digest."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,65 @@ def test_a_missing_image_is_pulled_from_the_published_registry_instead_of_built(
     assert f"pulled {registry}/trainkit:0.1.0-cpu" in proc.stderr and f"tagged {cpu_image}" in proc.stderr
     assert "scripts/build.py" not in proc.stderr
     assert (tmp_path / "output" / "final").is_dir()
+
+
+def forget(docker_client, registry: str) -> None:
+    """This module's references to the pushed image (its registry's tags and digests, nothing else): a use pulls."""
+    for image in docker_client.images.list(name=f"{registry}/trainkit"):
+        for name in [*image.tags, *(image.attrs.get("RepoDigests") or [])]:
+            if name.startswith(f"{registry}/"):
+                docker_client.images.remove(name, noprune=True)
+
+
+REPRODUCE_CORPUS = "".join(f"{i}: the quick brown fox jumps over the lazy dog\n" for i in range(6))  # 4 steps: 1 epoch
+REPRODUCE_SECRET = "hf_reproduceImageToken123456"
+
+
+def run_py(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run.py"), *map(str, args)], cwd=cwd,
+                          env={**os.environ, "HF_TOKEN": REPRODUCE_SECRET}, capture_output=True, text=True,
+                          timeout=600, check=False)  # fmt: skip
+
+
+def test_reproduce_pulls_the_recorded_digest_and_matches_every_step(pushed: dict[str, str], registry: str,
+                                                                    docker_client, tmp_path: Path) -> None:  # fmt: skip
+    """A tiny run in the pushed CPU image through run.py records it by digest; with the image gone from the engine,
+    `run.py reproduce` pulls that digest and gets the same loss at every step. One byte changed in the data: refused
+    naming the file; with --allow-changed-data the report names the first differing step. No token in the outputs."""
+    ref = next(iter(pushed.values()))
+    data = tmp_path / "data" / "corpus.txt"
+    data.parent.mkdir()
+    data.write_text(REPRODUCE_CORPUS)
+    options = ["--data", data.parent, "--cache-volume", "trainkit-test-reproduce-cache", "--gpus", "none"]
+    settings = {"TRAIN_MODEL": "tiny", "TRAIN_DATA": "/data/corpus.txt", "TRAIN_SEQ_LEN": "32", "TRAIN_SEED": "7",
+                "TRAIN_BATCH_SIZE": "2", "TRAIN_LOG_STEPS": "1", "TRAIN_MAX_STEPS": "4"}  # fmt: skip
+    try:
+        first = run_py("--image", ref, *options, "--output", tmp_path / "output",
+                       *(f"-e{name}={value}" for name, value in settings.items()), "train", cwd=tmp_path)  # fmt: skip
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert json.loads((tmp_path / "output" / "provenance.json").read_text())["image"]["reference"] == ref
+        forget(docker_client, registry)
+
+        again = run_py("reproduce", tmp_path / "output", *options, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert f"pulling {ref}, the image the run recorded" in again.stderr
+        assert "reproduced: the loss of all 4 logged steps is identical" in again.stdout
+        assert "recorded inputs that differ: none" in again.stdout
+        published = tmp_path / "output-reproduce"
+        assert json.loads((published / "reproduce.json").read_text())["identical"] is True
+        for text in (again.stdout, again.stderr, *(p.read_text() for p in published.glob("*.json"))):
+            assert REPRODUCE_SECRET not in text
+
+        data.write_bytes(REPRODUCE_CORPUS.replace("quick", "quack", 1).encode())  # one byte
+        refused = run_py("reproduce", tmp_path / "output", "--output", tmp_path / "changed", *options, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "/data/corpus.txt changed" in refused.stderr and "--allow-changed-data" in refused.stderr
+        changed = run_py("reproduce", tmp_path / "output", "--output", tmp_path / "changed", "--allow-changed-data",
+                         *options, cwd=tmp_path)  # fmt: skip
+        assert changed.returncode == 5, changed.stderr[-3000:]
+        assert re.search(r"differs: step \d+ has loss", changed.stdout), changed.stdout
+        assert "recorded inputs that differ: provenance.data./data/corpus.txt.sha256\n" in changed.stdout
+    finally:
+        forget(docker_client, registry)  # the digest reference reproduce's pull added
+        for volume in docker_client.volumes.list(filters={"name": "trainkit-test-reproduce-cache"}):
+            volume.remove(force=True)

@@ -94,3 +94,26 @@ def test_a_restart_takes_the_recorded_hash_of_an_unchanged_file(tmp_path: Path) 
     data.write_text("other text\n")
     os.utime(data, ns=(first[str(data)]["mtime_ns"] + 10**9,) * 2)  # same size, a later time: hashed again
     assert provenance.fingerprints([data], recorded)[str(data)]["sha256"] == hashlib.sha256(b"other text\n").hexdigest()
+
+
+@pytest.mark.parametrize("name", ["train.txt", "train.jsonl.gz", "train.jsonl.zst"])
+def test_the_fingerprint_is_taken_while_the_data_is_read(tmp_path: Path, name: str) -> None:
+    """The tokenization pass hashes the file's own bytes (compressed ones as stored): fingerprints() then takes that
+    hash, not a pass of its own (proved by changing the content behind an unchanged size and mtime)."""
+    import gzip
+
+    import zstandard
+
+    from trainer.data.readers import _line_chunks
+
+    lines = b"".join(b'{"text": "line %d of the corpus"}\n' % i for i in range(5000))
+    stored = {".txt": lines, ".gz": gzip.compress(lines), ".zst": zstandard.ZstdCompressor().compress(lines)}
+    path = tmp_path / name
+    path.write_bytes(stored[path.suffix])
+    read = b"".join(chunk.data for chunk in _line_chunks(path, "text" if name.endswith(".txt") else "jsonl"))
+    assert read == lines
+    stat = path.stat()
+    path.write_bytes(bytes(len(stored[path.suffix])))  # other content, same size...
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # ...and time: only a second pass would see it
+    found = provenance.fingerprints([path], {})[str(path)]
+    assert found["sha256"] == hashlib.sha256(stored[path.suffix]).hexdigest()

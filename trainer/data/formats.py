@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from trainer.errors import ConfigError
 
@@ -44,29 +44,31 @@ def file_kind(path: Path) -> FileKind | None:
     return FileKind(fmt, compression)
 
 
-def open_binary(path: Path) -> IO[bytes]:
-    """The file's bytes, decompressed as they are read."""
+def open_binary(path: Path, raw: IO[bytes] | None = None) -> IO[bytes]:
+    """The file's bytes, decompressed as they are read; from `raw` (the file's own bytes, opened by the caller, who
+    closes it) when given."""
     kind = file_kind(path)
     compression = kind.compression if kind else None
+    source: Any = path if raw is None else raw
     if compression == "gzip":
         import gzip
 
-        return gzip.open(path, "rb")
+        return gzip.open(source, "rb")
     if compression == "bz2":
         import bz2
 
-        return bz2.open(path, "rb")
+        return bz2.open(source, "rb")
     if compression == "xz":
         import lzma
 
-        return lzma.open(path, "rb")
+        return lzma.open(source, "rb")
     if compression == "zstd":
         try:
             import zstandard
         except ImportError:
             raise ConfigError(f"{path}: reading .zst needs the zstandard package (pip install zstandard)") from None
-        return zstandard.open(path, "rb")
-    return open(path, "rb")
+        return zstandard.open(source, "rb")
+    return open(path, "rb") if raw is None else raw
 
 
 def open_text(path: Path) -> IO[str]:

@@ -37,6 +37,7 @@ from trainer.data.formats import (
     open_text,
 )  # fmt: skip
 from trainer.errors import ConfigError
+from trainer.provenance import StreamHash
 
 UNIT_BYTES = 1 << 20
 TEXT_PIECE_BYTES = 1 << 16  # a .txt chunk is cut at newlines into pieces this long, so a tokenizer batch parallelizes
@@ -108,7 +109,8 @@ def _line_chunks(path: Path, fmt: str, layout: str | None = None) -> Iterator[Li
     flagged. The blocks of an unfinished line are kept in a list and joined once its end arrives: linear time."""
     pending: LineChunk | None = None
     line = 1
-    with open_binary(path) as handle:
+    hashed = StreamHash(path)  # provenance's sha256 of the file, from these reads (no pass of its own)
+    with hashed.open() as raw, open_binary(path, raw) as handle:
         carry: list[bytes] = []
         carried = 0
         while True:
@@ -134,6 +136,7 @@ def _line_chunks(path: Path, fmt: str, layout: str | None = None) -> Iterator[Li
             line += chunk.count(b"\n")
             if not block:
                 break
+        hashed.finish()
     if pending is not None:
         pending.last = True
         yield pending
