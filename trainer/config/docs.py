@@ -10,7 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from trainer.config.schema import GROUPS, TrainSettings, allowed_values, env_name
+from trainer.config.parse import allowed_values
+from trainer.config.schema import GROUPS, TrainSettings, env_name
 
 
 def _fields_by_group() -> dict[str, list[tuple[str, Any]]]:

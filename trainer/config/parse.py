@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
-from trainer.config.schema import ENV_PREFIX, TrainSettings, allowed_values, env_name, field_of_env
+from trainer.config.presets import MODEL_PRESETS
+from trainer.config.schema import ENV_PREFIX, TrainSettings, env_name, field_of_env
 from trainer.errors import ConfigError
 from trainer.transformers_names import did_you_mean
 
@@ -78,3 +79,45 @@ def load_inputs(env: Mapping[str, str] | None = None) -> Inputs:
 def load_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
     """`load_inputs(env).settings`: the checked settings alone."""
     return load_inputs(env).settings
+
+
+# What each free-text field accepts, for error messages and the docs (Literal, bool and number fields say it
+# through their type).
+TEXT_ALLOWED = {
+    "model": "a preset (" + ", ".join(MODEL_PRESETS) + "), a model folder with config.json or a Hub ID",
+    "tokenizer": "empty, a tokenizer folder or a Hub ID",
+    "eval_data": "empty, a file, folder, glob or Hub dataset",
+    "data": "a file, folder, glob or Hub dataset (hf://datasets/org/name[@revision][/path])",
+    "output_dir": "a writable folder",
+    "text_field": "a column name",
+    "chat_template": "empty, a built-in (chatml) or a .jinja file",
+    "optim": "auto or a Transformers optimizer name",
+    "nvme_path": "a writable folder",
+    "deepspeed_config": "empty or a JSON file",
+    "compile_backend": "a torch.compile backend (inductor, cudagraphs, ...)",
+    "lora_targets": "all-linear or comma-separated module names",
+    "resume": "auto, never or a checkpoint folder",
+    "args": "TrainingArguments flags",
+    "nproc_per_node": "auto or a whole number >= 1",
+    "report_to": "a comma list of tensorboard, wandb, mlflow, or none",
+    "push_to_hub": "empty or org/name[@branch]",
+}
+
+
+def allowed_values(field: str) -> str:
+    """A short human description of what `field` accepts ("auto, fp32, fp16, bf16", "integer 0-3", "0 or 1")."""
+    info = TrainSettings.model_fields[field]
+    if field in TEXT_ALLOWED:
+        return TEXT_ALLOWED[field]
+    choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else ()
+    if choices:
+        return ", ".join(choices)
+    if info.annotation is bool:
+        return "0 or 1"
+    kind = {int: "integer", float: "number"}.get(info.annotation, "text")
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in info.metadata if hasattr(m, "__slots__")}
+    if "Ge" in bounds and "Le" in bounds:
+        return f"{kind} {bounds['Ge']}-{bounds['Le']}"
+    operators = (("Ge", ">="), ("Gt", ">"), ("Le", "<="), ("Lt", "<"))
+    parts = [f"{op} {bounds[name]}" for name, op in operators if name in bounds]
+    return f"{kind} " + " and ".join(parts) if parts else kind
