@@ -120,7 +120,7 @@ def _generate(generator: Any, source: Any, settings: TrainSettings, pattern: Any
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from trainer.evaluate.metrics import scores
-    from trainer.evaluate.references import references
+    from trainer.answers.references import references
 
     found, without = references(source, settings.text_field, settings.loss_on)
     for reference in found:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import EXIT_OK, EXIT_SIGINT, ConfigError
-from trainer.generate.decoding import Generator, Prompt
+from trainer.answers.decoding import Generator, Prompt
 
 ADDED = ("response", "prompt_tokens", "completion_tokens")
 SHOWN_BAD = 5

@@ -77,7 +77,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def load_for(args: argparse.Namespace, command: str) -> Any:
     """The loaded model (trainer.generate.loading) and its generator, as the command line asks; logs on stderr."""
-    from trainer.generate.decoding import Generator, Sampling
+    from trainer.answers.decoding import Generator, Sampling
     from trainer.generate.loading import Choice, load
     from trainer.run.train import setup_logging
 
@@ -131,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
 
 def chat(generator: Any) -> int:
     """The interactive loop: one line in, one answer out; the conversation is kept where there is a template."""
-    from trainer.generate.decoding import Prompt
+    from trainer.answers.decoding import Prompt
 
     terminal = sys.stdin.isatty()
     if terminal:
