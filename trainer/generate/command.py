@@ -107,8 +107,10 @@ def _quiet_transformers() -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trainer.errors import raise_on_stop_signals
     from trainer.generate.loading import memory_report
 
+    raise_on_stop_signals()  # SIGTERM as Ctrl-C: the answers written stay whole lines (trainer.generate.batch)
     check_arguments(args)
     if (args.input is None) != (args.output is None):
         raise ConfigError("--input and --output go together: generate MODEL --input prompts.jsonl --output out.jsonl")

@@ -131,4 +131,5 @@ def install_samples(trainer: Any, cfg: RunConfig, tokenizer: Any) -> None:
                           f"with {MAX_NEW_TOKENS} new tokens; set TRAIN_EVAL_GENERATE=0")  # fmt: skip
     log.info("eval: each evaluation answers %d question(s) of the eval set (%s) into %s", len(asked),
              generator.describe(), output_dir / SAMPLES)  # fmt: skip
-    trainer.add_callback(EvalSamplesCallback(asked, generator, output_dir / SAMPLES, trainer.callback_handler.callbacks))
+    callbacks = trainer.callback_handler.callbacks  # the trackers' callbacks, read at each evaluation
+    trainer.add_callback(EvalSamplesCallback(asked, generator, output_dir / SAMPLES, callbacks))
