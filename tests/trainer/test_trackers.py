@@ -112,8 +112,11 @@ def _history_steps(records: list) -> list[int]:
 
 
 def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer, mlflow_server, tmp_path) -> None:
+    questions = tmp_path / "questions.jsonl"  # TRAIN_EVAL_GENERATE's samples, one question holding a token
+    questions.write_text(json.dumps({"prompt": f"Repeat {SECRET} please:", "completion": " no"}) + "\n")
     env = run_env(tmp_path, report_to="tensorboard,wandb,mlflow", max_steps=2, save_steps=2,
-                  args="--weight_decay 0.01")  # fmt: skip (a token in TRAIN_ARGS is refused: test_secrets_outputs)
+                  args="--weight_decay 0.01", eval_data=questions, eval_generate=1, seq_len=64)  # fmt: skip (a token in
+    # TRAIN_ARGS is refused: test_secrets_outputs)
     credentialed = mlflow_server.replace("http://", f"http://user:{PASSWORD}@")  # the userinfo is not the host
     env.update(MLFLOW_TRACKING_URI=credentialed, MLFLOW_EXPERIMENT_NAME="trainkit-test", HF_TOKEN=SECRET,
                HF_ENDPOINT=f"https://user:{PASSWORD}@mirror.example")  # fmt: skip
@@ -145,6 +148,12 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
     assert params["decision/precision"] == "fp32"
     logged = json.dumps(run)
     assert SECRET not in logged and PASSWORD not in logged
+    query = urllib.parse.urlencode({"run_id": runs["mlflow"]["run_id"], "path": "samples"})
+    with urllib.request.urlopen(f"{mlflow_server}/api/2.0/mlflow/artifacts/list?{query}", timeout=10) as listed:
+        artifacts = json.loads(listed.read())["files"]
+    assert [a["path"] for a in artifacts] == ["samples/step-0000002.jsonl", "samples/step-0000004.jsonl"]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [2, 4] and samples[0]["prompt"] == "Repeat *** please:"
 
     # W&B: offline run files under the output folder, both halves with the same run id (wandb sync joins them)
     offline = sorted((out / "wandb").glob("offline-run-*"))
@@ -153,6 +162,9 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
     run_records = [r.run for records in halves for r in records if r.WhichOneof("record_type") == "run"]
     assert {r.run_id for r in run_records} == {runs["wandb"]["run_id"]}
     assert _history_steps(halves[0]) == [1, 2] and _history_steps(halves[1]) == [3, 4]
+    tables = [table for half in offline for table in half.rglob("samples_*.table.json")]
+    assert len(tables) == 2  # a W&B table per evaluation (steps 2 and 4)
+    assert json.loads(tables[0].read_text())["data"][0][1] == "Repeat *** please:"
     assert any((out / "runs").rglob("events.out.tfevents.*"))
     for path in [*(out / "wandb").rglob("*"), *(out / "runs").rglob("*"), *(out / "mlruns").rglob("*")]:
         if path.is_file():

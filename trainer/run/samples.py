@@ -107,6 +107,24 @@ class EvalSamplesCallback(TrainerCallback):
                 for asked, answer in zip(self.asked, answers, strict=True)]  # fmt: skip
 
 
+def _room(generator: Any, reference: Reference) -> int | None:
+    """How many tokens the model's context leaves after the question (up to MAX_NEW_TOKENS); None (named in the
+    log) when it leaves none or the question cannot be rendered."""
+    try:
+        generator.encode(reference.prompt)
+        return MAX_NEW_TOKENS
+    except ConfigError as exc:
+        if not reference.prompt.ids:  # not rendered (e.g. a conversation and no chat template)
+            log.warning("TRAIN_EVAL_GENERATE: %s left out: %s", reference.where, exc.message)
+            return None
+    room = generator.context - len(reference.prompt.ids)
+    if room > 0:  # the question fits, with fewer new tokens
+        return room
+    log.warning("TRAIN_EVAL_GENERATE: %s left out: the question is %d tokens, the model's context %d",
+                reference.where, len(reference.prompt.ids), generator.context)  # fmt: skip
+    return None
+
+
 def install_samples(trainer: Any, cfg: RunConfig, tokenizer: Any) -> None:
     """TRAIN_EVAL_GENERATE's callback on the Trainer (main process); the questions that do not fit the context are
     named and left out (the others are asked)."""
@@ -119,16 +137,16 @@ def install_samples(trainer: Any, cfg: RunConfig, tokenizer: Any) -> None:
                           "model sharded by ZeRO-3 (TRAIN_DEEPSPEED_CONFIG); set it to 0")  # fmt: skip
     loaded = _TrainingModel(trainer.model, tokenizer, getattr(tokenizer, "chat_template", None) or None)
     generator = Generator(loaded, Sampling(temperature=0.0, max_new_tokens=MAX_NEW_TOKENS))
-    asked = []
+    asked, rooms = [], []
     for reference in questions(inputs, wanted):
-        try:
-            generator.encode(reference.prompt)
+        room = _room(generator, reference)
+        if room is not None:
             asked.append(reference)
-        except ConfigError as exc:
-            log.warning("TRAIN_EVAL_GENERATE: %s left out: %s", reference.where, exc.message)
+            rooms.append(room)
     if not asked:
-        raise ConfigError(f"TRAIN_EVAL_GENERATE={wanted}: no question of TRAIN_EVAL_DATA fits the model's context "
-                          f"with {MAX_NEW_TOKENS} new tokens; set TRAIN_EVAL_GENERATE=0")  # fmt: skip
+        raise ConfigError(f"TRAIN_EVAL_GENERATE={wanted}: no question of TRAIN_EVAL_DATA can be asked (each is named "
+                          "above); set TRAIN_EVAL_GENERATE=0")  # fmt: skip
+    generator.config.max_new_tokens = min(MAX_NEW_TOKENS, *rooms)  # a short context (TRAIN_SEQ_LEN): fewer tokens
     log.info("eval: each evaluation answers %d question(s) of the eval set (%s) into %s", len(asked),
              generator.describe(), output_dir / SAMPLES)  # fmt: skip
     callbacks = trainer.callback_handler.callbacks  # the trackers' callbacks, read at each evaluation
