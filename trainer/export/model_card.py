@@ -9,7 +9,7 @@ from typing import Any
 
 from trainer import provenance
 from trainer.export.source import Source
-from trainer.secrets import mask_secrets
+from trainer.secrets import mask_secrets, mask_value
 
 
 def last_losses(run_dir: Path | None, step: int | None) -> dict[str, Any]:
@@ -54,9 +54,9 @@ def evaluation_section(run_dir: Path | None, folder: Path) -> list[str]:
     """## Evaluation: each `eval` of this model, its metrics as a table."""
     lines = []
     for record in evaluations(run_dir, folder):
-        what = record.get("data") or ", ".join(record.get("tasks") or []) or "?"
+        what = mask_value(str(record.get("data") or ", ".join(record.get("tasks") or []) or "?"))
         lines += ["", f"`python -m trainer eval` on `{what}`:", "", "| metric | value |", "| --- | --- |"]
-        lines += [f"| {name} | {value} |" for name, value in record.get("rows", [])]
+        lines += [f"| {mask_value(str(name))} | {mask_value(str(value))} |" for name, value in record.get("rows", [])]
     return ["", "## Evaluation", *lines] if lines else []
 
 

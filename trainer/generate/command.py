@@ -9,11 +9,12 @@ unless the saved generation config or --temperature/--top-p sample. MODEL: train
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import EXIT_OK, ConfigError
+from trainer.errors import EXIT_OK, ConfigError, Interrupted
 
 QUANT_CHOICES = ("8bit", "4bit")
 
@@ -144,9 +145,9 @@ def chat(generator: Any) -> int:
     while True:
         try:
             line = input("you> " if terminal else "")
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, KeyboardInterrupt) as exc:  # Ctrl-D or Ctrl-C ends the chat; SIGTERM is a stop (128+N)
             print(file=sys.stderr)
-            return EXIT_OK
+            return exc.exit_code if isinstance(exc, Interrupted) and exc.signum != signal.SIGINT else EXIT_OK
         text = line.strip()
         if text in ("/exit", "/quit"):
             return EXIT_OK

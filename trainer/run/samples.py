@@ -9,6 +9,7 @@ Off (0), nothing of this is imported or installed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,8 +98,10 @@ class EvalSamplesCallback(TrainerCallback):
 
         training = model.training
         model.eval()
+        # compiled layers (TRAIN_COMPILE) run eager here: generation's growing shapes would recompile them (torch 2.6+)
+        eager = getattr(torch.compiler, "set_stance", None)
         try:
-            with torch.no_grad():
+            with eager("force_eager") if eager else contextlib.nullcontext(), torch.no_grad():
                 answers = [self.generator.generate([asked.prompt])[0] for asked in self.asked]
         finally:
             model.train(training)
