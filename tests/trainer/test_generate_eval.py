@@ -1,8 +1,10 @@
 """`python -m trainer generate` and `eval` on a real model: the tiny preset trained here (chatml template) until
 greedy decoding gives back a fixed answer for each of four questions. Generation from final/ (a batch, prompts of
-different lengths) and from the checkpoint (one prompt at a time, and the terminal chat) must reproduce them;
-eval scores 1.0 on its own set, less on a set with the answers shuffled, and its loss equals the training run's
-own eval loss on the same data. Mistakes exit 2 before any weights are read."""
+different lengths), from export's output and from the checkpoint (one prompt at a time, and the terminal chat) must
+reproduce them, as the run's own samples at its last evaluation do (TRAIN_EVAL_GENERATE); eval scores 1.0 on its
+own set, less on a set with the answers shuffled, its loss equals the training run's own eval loss on the same data,
+and its summary reaches the run (evals.jsonl, its MLflow run, export's model card). Mistakes exit 2 before any
+weights are read; SIGTERM leaves whole answer lines (generate) or no output folder (eval), exit 143."""
 
 from __future__ import annotations
 
@@ -241,8 +243,9 @@ def test_lm_eval_task_from_local_files_runs_offline_and_a_missing_one_exits_2(
 
 def _start(argv: list[str], err: Path) -> subprocess.Popen[str]:
     """`python -m trainer ARGV` in its own session, stderr to `err` (read while it runs)."""
-    return subprocess.Popen([PYTHON, "-m", "trainer", *argv], cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL,
-                            stderr=err.open("w"), text=True, start_new_session=True)  # fmt: skip
+    with err.open("w") as sink:  # the child keeps its own copy
+        return subprocess.Popen([PYTHON, "-m", "trainer", *argv], cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL,
+                                stderr=sink, text=True, start_new_session=True)  # fmt: skip
 
 
 def _stop(proc: subprocess.Popen[str]) -> int:
