@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, REPO, base_env, run_trainer
 from waiting import wait_for
+from wandb_files import wandb_records
 
 from trainer.errors import EXIT_SIGTERM
 
@@ -36,13 +37,13 @@ def chat_line(question: str, answer: str) -> str:
 @pytest.fixture(scope="module")
 def memorized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run that memorized PAIRS, evaluated on them at its last step (metrics.jsonl's eval_loss) and answering
-    them there (TRAIN_EVAL_GENERATE), tracked by TensorBoard and MLflow (its file store); final/ exported to
-    root/export."""
+    them there (TRAIN_EVAL_GENERATE), tracked by TensorBoard, W&B (offline) and MLflow (its file store); final/
+    exported to root/export."""
     root = tmp_path_factory.mktemp("memorized")
     (root / "chat.jsonl").write_text("".join(chat_line(q, a) + "\n" for q, a in PAIRS))
     env = {**MEMORIZE, "HOME": str(root), "HF_HOME": str(root / "hf"), "TRAIN_OUTPUT_DIR": str(root / "out"),
            "TRAIN_DATA": str(root / "chat.jsonl"), "TRAIN_EVAL_DATA": str(root / "chat.jsonl"),
-           "TRAIN_EVAL_GENERATE": "4", "TRAIN_REPORT_TO": "tensorboard,mlflow"}  # fmt: skip
+           "TRAIN_EVAL_GENERATE": "4", "TRAIN_REPORT_TO": "tensorboard,wandb,mlflow"}  # fmt: skip (W&B offline)
     result = run_trainer([], env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     result = run_trainer(["export", str(root / "out" / "final"), str(root / "export")], env=env, timeout=600)
@@ -145,6 +146,11 @@ def _recorded_in_the_run(out: Path, own: dict) -> None:
     run_id = json.loads((out / "trackers.json").read_text())["trackers"]["mlflow"]["run_id"]
     history = MlflowClient((out / "mlruns").as_uri()).get_metric_history(run_id, "eval_results/exact_match")
     assert (60, 1.0) in [(m.step, m.value) for m in history]
+    wandb_id = json.loads((out / "trackers.json").read_text())["trackers"]["wandb"]["run_id"]
+    halves = sorted((out / "wandb").glob(f"offline-run-*-{wandb_id}"))  # the training's, then each eval's
+    summaries = {item.key: json.loads(item.value_json) for run in halves for record in wandb_records(run)
+                 if record.WhichOneof("record_type") == "summary" for item in record.summary.update}  # fmt: skip
+    assert summaries["eval_results/step"] == 60 and summaries["eval_results/exact_match"] == 1.0
     card = model_card(resolve_source(out / "final"), "memorized", None, False)
     assert "## Evaluation" in card and "| exact_match | 1.0000 |" in card and f"| loss | {own['loss']:.4f} |" in card
 

@@ -14,16 +14,15 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hub_support import run_env
 from train_runs import finish, logged_steps, start, train_env
 from waiting import wait_for
+from wandb_files import wandb_records
 
 SECRET = "hf_trackerSecretTokenValue123456"
 PASSWORD = "s3cretPassw0rd"
-BLOCK = 32768
 SERVERS: dict[str, subprocess.Popen] = {}  # url -> the mlflow_server fixture's process (the outage test stops it)
 
 
@@ -67,38 +66,6 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _api(url: str, path: str, **query: str) -> dict:
     with urllib.request.urlopen(f"{url}/api/2.0/mlflow/{path}?{urllib.parse.urlencode(query)}", timeout=10) as r:
         return json.loads(r.read())
-
-
-def _log_payloads(path: Path) -> Iterator[bytes]:
-    """The records of a .wandb file: W&B's LevelDB-style log (a 7-byte file header, 32 KiB blocks, each record a
-    7-byte header: checksum, length, type FULL/FIRST/MIDDLE/LAST). wandb 0.31 reads it in its Go core only."""
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
-    pos, pending = 7, b""
-    while pos + 7 <= len(data):
-        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header is padding
-            pos += BLOCK - pos % BLOCK
-            continue
-        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
-        chunk = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 0 and length == 0:
-            break
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            yield pending
-
-
-def _wandb_records(run_dir: Path) -> list:
-    """Every record of an offline run's .wandb file, decoded with the wandb package's own protobuf classes."""
-    from wandb.proto import wandb_internal_pb2
-
-    records = []
-    for payload in _log_payloads(next(run_dir.glob("*.wandb"))):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        records.append(record)
-    return records
 
 
 def _history_steps(records: list) -> list[int]:
@@ -158,7 +125,7 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
     # W&B: offline run files under the output folder, both halves with the same run id (wandb sync joins them)
     offline = sorted((out / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(p.name.endswith(runs["wandb"]["run_id"]) for p in offline)
-    halves = [_wandb_records(p) for p in offline]
+    halves = [wandb_records(p) for p in offline]
     run_records = [r.run for records in halves for r in records if r.WhichOneof("record_type") == "run"]
     assert {r.run_id for r in run_records} == {runs["wandb"]["run_id"]}
     assert _history_steps(halves[0]) == [1, 2] and _history_steps(halves[1]) == [3, 4]
