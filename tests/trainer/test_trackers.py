@@ -119,6 +119,9 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
     with urllib.request.urlopen(f"{mlflow_server}/api/2.0/mlflow/artifacts/list?{query}", timeout=10) as listed:
         artifacts = json.loads(listed.read())["files"]
     assert [a["path"] for a in artifacts] == ["samples/step-0000002.jsonl", "samples/step-0000004.jsonl"]
+    query = urllib.parse.urlencode({"run_uuid": runs["mlflow"]["run_id"], "path": artifacts[0]["path"]})
+    with urllib.request.urlopen(f"{mlflow_server}/get-artifact?{query}", timeout=10) as artifact:
+        assert json.loads(artifact.read())["prompt"] == "Repeat *** please:"  # masked there too
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [2, 4] and samples[0]["prompt"] == "Repeat *** please:"
 
