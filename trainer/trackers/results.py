@@ -32,8 +32,11 @@ def report_to_run(run_dir: Path, metrics: dict[str, float], step: int | None) ->
             reported.append(f"{'MLflow' if tracker == 'mlflow' else 'W&B'} run {run['run_id']}")
         except Exception as exc:  # the tracker's client or server: the evaluation stands without it
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            unset = tracker == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI")
+            hint = "; set MLFLOW_TRACKING_URI to the server the run used" if unset else ""
             log.warning("eval: the results could not be sent to the run's %s run %s (%s: %s); they are in the "
-                        "output folder", tracker, run["run_id"], type(exc).__name__, mask_value(first))  # fmt: skip
+                        "output folder%s", tracker, run["run_id"], type(exc).__name__, mask_value(first),
+                        hint)  # fmt: skip
     return reported
 
 
