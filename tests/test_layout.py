@@ -43,7 +43,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/tokenizer",),  # the tokenizers the data is encoded with
     ("trainer/data",),
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
-    ("trainer/export",),  # a run's outputs -> a model folder; the run calls it at its end (TRAIN_PUSH_TO_HUB)
+    ("trainer/export", "trainer/answers"),  # a run's outputs -> a model folder (the run calls it at its end for
+    # TRAIN_PUSH_TO_HUB); prompts in, answers out (the run's TRAIN_EVAL_GENERATE samples, generate, eval)
     ("trainer/run",),  # the training run
     ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command",
      "trainer/diff_command", "trainer/reproduce_command", "trainer/__main__", "trainer/__init__", "trainer/generate",

@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 
-from trainer.errors import EXIT_USER, ConfigError
+from trainer.errors import EXIT_USER, ConfigError, Interrupted
 
 COMMAND_MODULES = (
     "trainer.run.command", "trainer.config.command", "trainer.doctor.command", "trainer.bench.command",
@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USER
+    except Interrupted as exc:  # a command that raises on stop signals (generate, eval), before it wrote anything
+        print(f"interrupted by {exc}; exit {exc.exit_code}", file=sys.stderr)
+        return exc.exit_code
     except BrokenPipeError:  # the reader went away (`bench --list | head`): stop quietly, as `ls | head` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 1

@@ -31,6 +31,30 @@ EXIT_SIGTERM = exit_code_for_signal(signal.SIGTERM)
 EXIT_SIGINT = exit_code_for_signal(signal.SIGINT)
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT in a command that stops where it is (`generate`, `eval`): what it wrote is whole, and it
+    exits 128+N (`exit_code`). A KeyboardInterrupt, so code that keeps its output whole on Ctrl-C does on SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for_signal(self.signum)
+
+
+def raise_on_stop_signals() -> None:
+    """From now on SIGTERM and SIGINT raise Interrupted in the main thread (a command, not the training run, whose
+    handler only records them: trainer.run.signals)."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
+
+
 # The launcher (trainer.launch.supervise) names a folder here; each trainer process writes its exit code into
 # FOLDER/<pid> on the way out, so the launcher can tell a clean stop from a crash behind torchrun's own exit code.
 OUTCOME_DIR_ENV = "TRAINKIT_OUTCOME_DIR"

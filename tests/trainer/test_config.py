@@ -125,6 +125,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_DATA": data,
             "TRAIN_EVAL_DATA": data,
             "TRAIN_EVAL_STEPS": "3",
+            "TRAIN_EVAL_GENERATE": "4",
             "TRAIN_SAVE_STEPS": "6",
             "TRAIN_KEEP_BEST": "1",
             "TRAIN_TOKENIZER": str(root / "tokenizer"),
@@ -217,6 +218,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         and c["training_arguments"]["prediction_loss_only"] is True,
     ),
     ("TRAIN_EVAL_STEPS", "eval", lambda c: c["training_arguments"]["eval_steps"] == 3),
+    ("TRAIN_EVAL_GENERATE", "eval", lambda c: c["settings"]["TRAIN_EVAL_GENERATE"]["value"] == 4),
     (
         "TRAIN_KEEP_BEST",
         "eval",

@@ -123,3 +123,15 @@ def test_import_trainer_config_stays_light() -> None:
     code = "import sys, trainer.config; print([m for m in ('torch', 'numpy', 'pyarrow') if m in sys.modules])"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_fifo_given_as_data_is_named_as_one(tmp_path: Path) -> None:
+    """A named pipe exists but is no data file: the scan says what it is (not "no such file") and never opens it."""
+    fifo = tmp_path / "stream.jsonl"
+    os.mkfifo(fifo)
+    found = discover(str(fifo))
+    assert found.problems and "a named pipe (FIFO), not a data file" in found.problems[0]
+    assert "no such file" not in found.problems[0]
+    with pytest.raises(ConfigError) as checks:
+        config.load_settings({"TRAIN_DATA": str(fifo), "TRAIN_OUTPUT_DIR": str(tmp_path / "out")})
+    assert found.problems[0] in checks.value.problems

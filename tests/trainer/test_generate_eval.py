@@ -1,17 +1,25 @@
 """`python -m trainer generate` and `eval` on a real model: the tiny preset trained here (chatml template) until
 greedy decoding gives back a fixed answer for each of four questions. Generation from final/ (a batch, prompts of
-different lengths) and from the checkpoint (one prompt at a time, and the terminal chat) must reproduce them;
-eval scores 1.0 on its own set, less on a set with the answers shuffled, and its loss equals the training run's
-own eval loss on the same data. Mistakes exit 2 before any weights are read."""
+different lengths), from export's output and from the checkpoint (one prompt at a time, and the terminal chat) must
+reproduce them, as the run's own samples at its last evaluation do (TRAIN_EVAL_GENERATE); eval scores 1.0 on its
+own set, less on a set with the answers shuffled, its loss equals the training run's own eval loss on the same data,
+and its summary reaches the run (evals.jsonl, its MLflow run, export's model card). Mistakes exit 2 before any
+weights are read; SIGTERM leaves whole answer lines (generate) or no output folder (eval), exit 143."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, base_env, run_trainer
+from waiting import wait_for
+from wandb_files import wandb_records
+
+from trainer.errors import EXIT_SIGTERM
 
 PAIRS = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Blue."),
          ("What is 2+2?", "Four."), ("Who wrote Hamlet?", "Shakespeare.")]  # fmt: skip
@@ -28,12 +36,17 @@ def chat_line(question: str, answer: str) -> str:
 
 @pytest.fixture(scope="module")
 def memorized(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A run that memorized PAIRS, evaluated on them at its last step (metrics.jsonl's eval_loss)."""
+    """A run that memorized PAIRS, evaluated on them at its last step (metrics.jsonl's eval_loss) and answering
+    them there (TRAIN_EVAL_GENERATE), tracked by TensorBoard, W&B (offline) and MLflow (its file store); final/
+    exported to root/export."""
     root = tmp_path_factory.mktemp("memorized")
     (root / "chat.jsonl").write_text("".join(chat_line(q, a) + "\n" for q, a in PAIRS))
     env = {**MEMORIZE, "HOME": str(root), "HF_HOME": str(root / "hf"), "TRAIN_OUTPUT_DIR": str(root / "out"),
-           "TRAIN_DATA": str(root / "chat.jsonl"), "TRAIN_EVAL_DATA": str(root / "chat.jsonl")}  # fmt: skip
+           "TRAIN_DATA": str(root / "chat.jsonl"), "TRAIN_EVAL_DATA": str(root / "chat.jsonl"),
+           "TRAIN_EVAL_GENERATE": "4", "TRAIN_REPORT_TO": "tensorboard,wandb,mlflow"}  # fmt: skip (W&B offline)
     result = run_trainer([], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_trainer(["export", str(root / "out" / "final"), str(root / "export")], env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return root
 
@@ -59,6 +72,28 @@ def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized
                           "--batch-size", "1"])  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert _lines(single) == answers  # same text, same token counts
+    exported = tmp_path / "exported.jsonl"
+    result = run_trainer(["generate", str(memorized / "export"), "--input", str(prompts), "--output", str(exported)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _lines(exported) == answers  # export's output: the same tokens as final/
+
+
+def test_eval_generate_answers_the_eval_set_at_each_evaluation(memorized: Path) -> None:
+    """TRAIN_EVAL_GENERATE=4: at the run's evaluation (step 60) the answers are the memorized ones, in
+    samples.jsonl (strict JSON) and TensorBoard's text tab."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = memorized / "out"
+    rows = [json.loads(line, parse_constant=pytest.fail) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["where"]) for r in rows] == [(60, f"{memorized / 'chat.jsonl'}:{n}") for n in range(1, 5)]
+    assert [r["response"] for r in rows] == [r["reference"] for r in rows] == [a for _, a in PAIRS]
+    assert rows[0]["messages"] == [{"role": "user", "content": PAIRS[0][0]}] and rows[0]["completion_tokens"] > 0
+    (events,) = (out / "runs").rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    (text,) = accumulator.Tensors("eval/samples/text_summary")
+    assert text.step == 60
+    assert "| user: Who wrote Hamlet? | Shakespeare. | Shakespeare. |" in text.tensor_proto.string_val[0].decode()
 
 
 def test_chat_keeps_history_until_reset_with_the_saved_template(memorized: Path) -> None:
@@ -81,6 +116,7 @@ def test_eval_scores_its_own_set_and_matches_the_runs_eval_loss(memorized: Path,
     run_loss = [m["eval_loss"] for m in trained if "eval_loss" in m][-1]
     assert own["loss"] == pytest.approx(run_loss, rel=1e-4)
     assert "exact_match" in result.stdout and "perplexity" in result.stdout
+    _recorded_in_the_run(out, own)
     records = _lines(tmp_path / "own" / "records.jsonl")
     assert [r["where"] for r in records] == [f"{memorized / 'chat.jsonl'}:{n}" for n in range(1, 5)]
     shuffled = tmp_path / "shuffled.jsonl"
@@ -91,6 +127,32 @@ def test_eval_scores_its_own_set_and_matches_the_runs_eval_loss(memorized: Path,
     other = json.loads((tmp_path / "other" / "eval_results.json").read_text())
     assert other["exact_match"] == 0.0 and other["loss"] > own["loss"] + 1
     assert not list(tmp_path.glob(".tmp-eval-*"))
+
+
+def _recorded_in_the_run(out: Path, own: dict) -> None:
+    """The summary of `eval final/` is in the run's evals.jsonl, its MLflow run (at the model's step) and the model
+    card export writes for final/."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    from trainer.export.model_card import model_card
+    from trainer.export.source import resolve_source
+
+    line = [json.loads(row) for row in (out / "evals.jsonl").read_text().splitlines()][-1]  # this test's eval
+    assert line["folder"] == "final" and line["step"] == 60 and line["metrics"]["exact_match"] == 1.0
+    assert line["metrics"]["loss"] == own["loss"] and ["exact_match", "1.0000"] in line["rows"]
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    run_id = json.loads((out / "trackers.json").read_text())["trackers"]["mlflow"]["run_id"]
+    history = MlflowClient((out / "mlruns").as_uri()).get_metric_history(run_id, "eval_results/exact_match")
+    assert (60, 1.0) in [(m.step, m.value) for m in history]
+    wandb_id = json.loads((out / "trackers.json").read_text())["trackers"]["wandb"]["run_id"]
+    halves = sorted((out / "wandb").glob(f"offline-run-*-{wandb_id}"))  # the training's, then each eval's
+    summaries = {item.key: json.loads(item.value_json) for run in halves for record in wandb_records(run)
+                 if record.WhichOneof("record_type") == "summary" for item in record.summary.update}  # fmt: skip
+    assert summaries["eval_results/step"] == 60 and summaries["eval_results/exact_match"] == 1.0
+    card = model_card(resolve_source(out / "final"), "memorized", None, False)
+    assert "## Evaluation" in card and "| exact_match | 1.0000 |" in card and f"| loss | {own['loss']:.4f} |" in card
 
 
 def _user_error(argv: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> None:
@@ -183,3 +245,45 @@ def test_lm_eval_task_from_local_files_runs_offline_and_a_missing_one_exits_2(
     )
     _user_error(["eval", str(memorized / "out"), "--tasks", "no_such_task", "--output", str(tmp_path / "x")], capsys,
                 "'no_such_task': unknown to lm-eval")  # fmt: skip
+
+
+def _start(argv: list[str], err: Path) -> subprocess.Popen[str]:
+    """`python -m trainer ARGV` in its own session, stderr to `err` (read while it runs)."""
+    with err.open("w") as sink:  # the child keeps its own copy
+        return subprocess.Popen([PYTHON, "-m", "trainer", *argv], cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL,
+                                stderr=sink, text=True, start_new_session=True)  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen[str]) -> int:
+    os.killpg(proc.pid, signal.SIGTERM)  # as `docker stop` does: the whole group
+    return proc.wait(timeout=120)
+
+
+def test_sigterm_in_batch_generate_keeps_whole_lines_and_resume_finishes(memorized: Path, tmp_path: Path) -> None:
+    prompts, out, err = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", tmp_path / "err.txt"
+    rows = [{"id": i, "messages": [{"role": "user", "content": PAIRS[i % 4][0]}]} for i in range(60)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["generate", str(memorized / "out" / "final"), "--input", str(prompts), "--output", str(out),
+            "--batch-size", "1"]  # fmt: skip
+    proc = _start(argv, err)
+    wait_for(lambda: out.is_file() and out.read_text().count("\n") >= 2, 300, "two answers written", proc=proc)
+    assert _stop(proc) == EXIT_SIGTERM, err.read_text()[-3000:]
+    text = out.read_text()
+    assert text.endswith("\n") and 2 <= len(_lines(out)) < 60  # whole lines only, and not all of them
+    assert "--resume" in err.read_text() and "Traceback" not in err.read_text()
+    result = run_trainer([*argv, "--resume"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = _lines(out)
+    assert [a["id"] for a in answers] == list(range(60))  # none lost, none twice
+    assert [a["response"] for a in answers] == [PAIRS[i % 4][1] for i in range(60)]
+
+
+def test_sigterm_in_eval_publishes_nothing(memorized: Path, tmp_path: Path) -> None:
+    data, err, target = tmp_path / "many.jsonl", tmp_path / "err.txt", tmp_path / "eval"
+    data.write_text("".join(chat_line(q, a) + "\n" for q, a in PAIRS * 150))
+    proc = _start(["eval", str(memorized / "out" / "final"), "--data", str(data), "--output", str(target)], err)
+    wait_for(lambda: "eval: " in err.read_text() and " loaded (" in err.read_text(), 300, "the model loaded",
+             proc=proc)  # fmt: skip: it answers 600 questions now
+    assert _stop(proc) == EXIT_SIGTERM, err.read_text()[-3000:]
+    assert not target.exists() and not list(tmp_path.glob(".tmp-eval-*"))
+    assert "interrupted by SIGTERM" in err.read_text() and "Traceback" not in err.read_text()

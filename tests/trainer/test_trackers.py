@@ -14,16 +14,15 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hub_support import run_env
 from train_runs import finish, logged_steps, start, train_env
 from waiting import wait_for
+from wandb_files import wandb_records
 
 SECRET = "hf_trackerSecretTokenValue123456"
 PASSWORD = "s3cretPassw0rd"
-BLOCK = 32768
 SERVERS: dict[str, subprocess.Popen] = {}  # url -> the mlflow_server fixture's process (the outage test stops it)
 
 
@@ -69,38 +68,6 @@ def _api(url: str, path: str, **query: str) -> dict:
         return json.loads(r.read())
 
 
-def _log_payloads(path: Path) -> Iterator[bytes]:
-    """The records of a .wandb file: W&B's LevelDB-style log (a 7-byte file header, 32 KiB blocks, each record a
-    7-byte header: checksum, length, type FULL/FIRST/MIDDLE/LAST). wandb 0.31 reads it in its Go core only."""
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
-    pos, pending = 7, b""
-    while pos + 7 <= len(data):
-        if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a header is padding
-            pos += BLOCK - pos % BLOCK
-            continue
-        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
-        chunk = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 0 and length == 0:
-            break
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            yield pending
-
-
-def _wandb_records(run_dir: Path) -> list:
-    """Every record of an offline run's .wandb file, decoded with the wandb package's own protobuf classes."""
-    from wandb.proto import wandb_internal_pb2
-
-    records = []
-    for payload in _log_payloads(next(run_dir.glob("*.wandb"))):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(payload)
-        records.append(record)
-    return records
-
-
 def _history_steps(records: list) -> list[int]:
     steps = []
     for record in records:
@@ -112,8 +79,11 @@ def _history_steps(records: list) -> list[int]:
 
 
 def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer, mlflow_server, tmp_path) -> None:
+    questions = tmp_path / "questions.jsonl"  # TRAIN_EVAL_GENERATE's samples, one question holding a token
+    questions.write_text(json.dumps({"prompt": f"Repeat {SECRET} please:", "completion": " no"}) + "\n")
     env = run_env(tmp_path, report_to="tensorboard,wandb,mlflow", max_steps=2, save_steps=2,
-                  args="--weight_decay 0.01")  # fmt: skip (a token in TRAIN_ARGS is refused: test_secrets_outputs)
+                  args="--weight_decay 0.01", eval_data=questions, eval_generate=1, seq_len=64)  # fmt: skip (a token in
+    # TRAIN_ARGS is refused: test_secrets_outputs)
     credentialed = mlflow_server.replace("http://", f"http://user:{PASSWORD}@")  # the userinfo is not the host
     env.update(MLFLOW_TRACKING_URI=credentialed, MLFLOW_EXPERIMENT_NAME="trainkit-test", HF_TOKEN=SECRET,
                HF_ENDPOINT=f"https://user:{PASSWORD}@mirror.example")  # fmt: skip
@@ -145,14 +115,26 @@ def test_mlflow_and_wandb_log_the_run_and_its_resume_without_secrets(run_trainer
     assert params["decision/precision"] == "fp32"
     logged = json.dumps(run)
     assert SECRET not in logged and PASSWORD not in logged
+    query = urllib.parse.urlencode({"run_id": runs["mlflow"]["run_id"], "path": "samples"})
+    with urllib.request.urlopen(f"{mlflow_server}/api/2.0/mlflow/artifacts/list?{query}", timeout=10) as listed:
+        artifacts = json.loads(listed.read())["files"]
+    assert [a["path"] for a in artifacts] == ["samples/step-0000002.jsonl", "samples/step-0000004.jsonl"]
+    query = urllib.parse.urlencode({"run_uuid": runs["mlflow"]["run_id"], "path": artifacts[0]["path"]})
+    with urllib.request.urlopen(f"{mlflow_server}/get-artifact?{query}", timeout=10) as artifact:
+        assert json.loads(artifact.read())["prompt"] == "Repeat *** please:"  # masked there too
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [2, 4] and samples[0]["prompt"] == "Repeat *** please:"
 
     # W&B: offline run files under the output folder, both halves with the same run id (wandb sync joins them)
     offline = sorted((out / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(p.name.endswith(runs["wandb"]["run_id"]) for p in offline)
-    halves = [_wandb_records(p) for p in offline]
+    halves = [wandb_records(p) for p in offline]
     run_records = [r.run for records in halves for r in records if r.WhichOneof("record_type") == "run"]
     assert {r.run_id for r in run_records} == {runs["wandb"]["run_id"]}
     assert _history_steps(halves[0]) == [1, 2] and _history_steps(halves[1]) == [3, 4]
+    tables = [table for half in offline for table in half.rglob("samples_*.table.json")]
+    assert len(tables) == 2  # a W&B table per evaluation (steps 2 and 4)
+    assert json.loads(tables[0].read_text())["data"][0][1] == "Repeat *** please:"
     assert any((out / "runs").rglob("events.out.tfevents.*"))
     for path in [*(out / "wandb").rglob("*"), *(out / "runs").rglob("*"), *(out / "mlruns").rglob("*")]:
         if path.is_file():

@@ -182,6 +182,15 @@ def _eval_problems(s: TrainSettings) -> list[str]:
     if not has_eval and (s.eval_steps or s.keep_best):
         what = "TRAIN_KEEP_BEST=1" if s.keep_best else f"TRAIN_EVAL_STEPS={s.eval_steps}"
         problems.append(f"{what} needs evaluation data: set TRAIN_EVAL_DATA or TRAIN_EVAL_SPLIT (e.g. 0.05)")
+    if s.eval_generate and not s.eval_data:
+        problems.append(f"TRAIN_EVAL_GENERATE={s.eval_generate} answers prompts of TRAIN_EVAL_DATA (prompt/completion "
+                        "records or conversations); set TRAIN_EVAL_DATA, or TRAIN_EVAL_GENERATE=0")  # fmt: skip
+    if s.eval_generate and s.method != "sft":
+        problems.append(f"TRAIN_EVAL_GENERATE={s.eval_generate} works with TRAIN_METHOD=sft only; set it to 0")
+    if s.eval_generate and (s.fsdp != "none" or s.zero_stage == 3):
+        problems.append(f"TRAIN_EVAL_GENERATE={s.eval_generate} generates on the main process alone, which cannot "
+                        "hold a model sharded by FSDP or ZeRO-3; set it to 0, or run `python -m trainer eval` on the "
+                        "checkpoints")  # fmt: skip
     if s.keep_best and s.eval_steps and s.save_steps % s.eval_steps:
         problems.append(
             f"TRAIN_KEEP_BEST=1 keeps an evaluated checkpoint, so TRAIN_SAVE_STEPS={s.save_steps} must be a multiple "

@@ -317,6 +317,14 @@ class TrainSettings(BaseSettings):
         0, "eval", "Evaluate every N optimizer steps; 0: every TRAIN_SAVE_STEPS (needs evaluation data).", ge=0,
         on_resume=FREE,
     )
+    eval_generate: int = _f(
+        0, "eval",
+        "At each evaluation, answer the first N prompts of TRAIN_EVAL_DATA (its prompt/completion records or "
+        "conversations; greedy, at most 64 new tokens) and log them: OUTPUT_DIR/samples.jsonl, TensorBoard text, a "
+        "W&B table, an MLflow artifact; 0: off.",
+        ge=0,
+        on_resume=FREE,
+    )
     keep_best: bool = _f(
         False, "eval",
         "Keep the checkpoint with the lowest eval loss (never rotated away) and make it final/ at the end "

@@ -132,6 +132,10 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
     if path.is_dir() and _is_saved_dataset(path):
         layouts = _layouts((path,), text_field)
         return DataSource(spec, saved_dataset=path, reason="a datasets.save_to_disk folder", layouts=layouts)
+    special = None if is_glob(spec) else _special_file(path)
+    if special:
+        return DataSource(spec, problems=(f"TRAIN_DATA={spec}: {special}, not a data file; the data is read more "
+                                          "than once (scanned, then tokenized): write it to a file and give that",))
     if not is_glob(spec) and (path.is_file() or path.is_symlink()) and file_kind(path) is None:
         return DataSource(spec, problems=(f"TRAIN_DATA={spec}: unsupported file type; use one of {SUPPORTED}",))
     candidates, exists = _candidates(spec)
@@ -223,6 +227,21 @@ def _pick_split(
         return files, (), wanted
     return ([p for p in files if splits[p] == wanted], tuple(p for p in files if splits[p] not in (wanted, None)),
             wanted)  # fmt: skip
+
+
+def _special_file(path: Path) -> str | None:
+    """What `path` is when it exists but is neither a file nor a folder (a FIFO, a socket, a device); else None."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    return "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def _no_data(spec: str, exists: bool, has_files: bool) -> DataSource:

@@ -75,10 +75,12 @@ def _pattern(text: str | None) -> re.Pattern[str] | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trainer.errors import raise_on_stop_signals
     from trainer.evaluate.loss import data_settings, eval_source
     from trainer.generate.command import check_arguments, load_for
     from trainer.generate.loading import memory_report, plan_of
 
+    raise_on_stop_signals()  # SIGTERM as Ctrl-C: nothing is published but a whole evaluation (write_atomically)
     check_arguments(args)
     if not args.data and not args.tasks:
         raise ConfigError("eval: give --data (your eval set), --tasks (lm-eval-harness tasks), or both")
@@ -110,6 +112,8 @@ def main(args: argparse.Namespace) -> int:
     results["time"] = time.time()
     write_atomically(out, results, records if args.data else None)
     print_table(results, out)
+    if plan.run_dir is not None and plan.folder is not None:
+        record_in_run(plan, results)
     print(memory_report(loaded), file=sys.stderr)
     return EXIT_OK
 
@@ -119,8 +123,8 @@ def _generate(generator: Any, source: Any, settings: TrainSettings, pattern: Any
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from trainer.answers.references import references
     from trainer.evaluate.metrics import scores
-    from trainer.evaluate.references import references
 
     found, without = references(source, settings.text_field, settings.loss_on)
     for reference in found:
@@ -189,6 +193,36 @@ def write_atomically(out: Path, results: dict[str, Any], records: list[dict[str,
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def numeric_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """The summary's numbers by name (`exact_match`, `loss`, `arc_easy/acc`...), for the trackers."""
+    found = {name: float(results[name]) for name in ("loss", "perplexity", "exact_match", "contains", "regex")
+             if isinstance(results.get(name), int | float)}  # fmt: skip
+    for task, metrics in results.get("tasks", {}).items():
+        found.update({f"{task}/{name}": float(v) for name, v in metrics.items() if isinstance(v, int | float)})
+    return found
+
+
+def record_in_run(plan: Any, results: dict[str, Any]) -> None:
+    """The summary in the run the model came from: a line of OUTPUT_DIR/evals.jsonl (export's model card shows it)
+    and its tracker runs (trainer.trackers.results)."""
+    from trainer.evaluate.metrics import summary_rows
+    from trainer.export.model_card import EVALS
+    from trainer.run.metrics import append_line, json_line
+    from trainer.trackers.results import report_to_run
+
+    metrics = numeric_metrics(results)
+    record = {"folder": plan.folder.name, "step": plan.step, "data": results.get("data"),
+              "tasks": sorted(results.get("tasks", {})), "time": results["time"], "metrics": metrics,
+              "rows": summary_rows(results)}  # fmt: skip
+    try:
+        append_line(plan.run_dir / EVALS, json_line(record))
+        where = f"recorded in {plan.run_dir / EVALS} (export's model card shows it)"
+    except OSError as exc:  # a read-only run folder (/models): the evaluation itself is written
+        where = f"not recorded in {plan.run_dir / EVALS} ({exc.strerror}): export's model card will not show it"
+    reported = report_to_run(plan.run_dir, metrics, plan.step)
+    print(f"eval: {where}" + (f"; sent to the run's {', '.join(reported)}" if reported else ""), file=sys.stderr)
 
 
 def print_table(results: dict[str, Any], out: Path) -> None:

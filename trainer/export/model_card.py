@@ -9,7 +9,7 @@ from typing import Any
 
 from trainer import provenance
 from trainer.export.source import Source
-from trainer.secrets import mask_secrets
+from trainer.secrets import mask_secrets, mask_value
 
 
 def last_losses(run_dir: Path | None, step: int | None) -> dict[str, Any]:
@@ -29,6 +29,35 @@ def last_losses(run_dir: Path | None, step: int | None) -> dict[str, Any]:
             if record.get(key) is not None:
                 found[key] = (record[key], record.get("step"))
     return found
+
+
+EVALS = "evals.jsonl"  # OUTPUT_DIR's record of `python -m trainer eval` on its models (trainer.evaluate.command)
+
+
+def evaluations(run_dir: Path | None, folder: Path) -> list[dict[str, Any]]:
+    """The evaluations of `folder` (final/ or checkpoint-N) the run recorded, oldest first."""
+    path = run_dir / EVALS if run_dir else None
+    if path is None or not path.is_file():
+        return []
+    found = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("folder") == folder.name:
+            found.append(record)
+    return found
+
+
+def evaluation_section(run_dir: Path | None, folder: Path) -> list[str]:
+    """## Evaluation: each `eval` of this model, its metrics as a table."""
+    lines = []
+    for record in evaluations(run_dir, folder):
+        what = mask_value(str(record.get("data") or ", ".join(record.get("tasks") or []) or "?"))
+        lines += ["", f"`python -m trainer eval` on `{what}`:", "", "| metric | value |", "| --- | --- |"]
+        lines += [f"| {mask_value(str(name))} | {mask_value(str(value))} |" for name, value in record.get("rows", [])]
+    return ["", "## Evaluation", *lines] if lines else []
 
 
 def _front_matter(base: str | None, datasets: list[str], tags: list[str]) -> str:
@@ -73,6 +102,7 @@ def model_card(source: Source, name: str, base_how: str | None, merged_adapter: 
     lines += [f"- last {k.replace('_', ' ')}: {v:.4f} (step {s})" for k, (v, s) in losses.items()] or [
         "- no metrics.jsonl"
     ]
+    lines += evaluation_section(source.run_dir, source.folder)
     lines += ["", "## Configuration", "", "The run's resolved TRAIN_* settings (secrets masked):", "",
               "| variable | value |", "| --- | --- |"]  # fmt: skip
     lines += [f"| `{k}` | `{v.get('value')}` |" for k, v in settings.items() if v.get("source") == "env"]

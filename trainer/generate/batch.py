@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import EXIT_OK, EXIT_SIGINT, ConfigError
-from trainer.generate.decoding import Generator, Prompt
+from trainer.answers.decoding import Generator, Prompt
+from trainer.errors import EXIT_OK, EXIT_SIGINT, ConfigError, Interrupted
 
 ADDED = ("response", "prompt_tokens", "completion_tokens")
 SHOWN_BAD = 5
@@ -100,6 +100,15 @@ def check_bad(path: Path, bad: list[str], total: int, max_bad_lines: int) -> Non
                       "--max-bad-lines N to skip up to N (each is named)")  # fmt: skip
 
 
+def drop_partial_line(out: Path) -> None:
+    """Cut a last line the interruption left incomplete: the file holds whole answers only."""
+    if not out.is_file():
+        return
+    with open(out, "r+b") as fh:
+        data = fh.read()
+        fh.truncate(data.rfind(b"\n") + 1)
+
+
 def done_lines(out: Path, resume: bool) -> int:
     """Complete lines already in OUT (a partial last line, cut by a kill, is removed); 0 for a new file."""
     if not out.exists() or out.stat().st_size == 0:
@@ -113,8 +122,7 @@ def done_lines(out: Path, resume: bool) -> int:
         raise ConfigError(f"generate --output {out}: exists ({lines} lines); pass --resume to continue "
                           "after its complete lines, or give a new file (nothing was overwritten)")  # fmt: skip
     if len(complete) != len(data):
-        with open(out, "r+b") as fh:
-            fh.truncate(len(complete))
+        drop_partial_line(out)
     return lines
 
 
@@ -142,10 +150,12 @@ def run_batch(generator: Generator, requests: list[Request], out: Path, batch_si
                     written += 1
                 os.fsync(fh.fileno())
                 bar.advance(task, len(chunk))
-    except KeyboardInterrupt:
-        print(f"interrupted: {skip + written} of {len(requests)} answers are in {out} (complete lines); "
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (trainer.errors.Interrupted)
+        drop_partial_line(out)
+        kept = out.read_bytes().count(b"\n") if out.is_file() else 0
+        print(f"interrupted: {kept} of {len(requests)} answers are in {out} (complete lines); "
               "run again with --resume to continue", file=sys.stderr)  # fmt: skip
-        return EXIT_SIGINT
+        return exc.exit_code if isinstance(exc, Interrupted) else EXIT_SIGINT
     rate = generator.generated_tokens / generator.seconds if generator.seconds else 0.0
     print(f"generate: {written} answer(s) appended to {out}; {generator.generated_tokens} tokens generated in "
           f"{generator.seconds:.1f}s ({rate:.1f} tokens/s)", file=sys.stderr)  # fmt: skip

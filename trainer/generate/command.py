@@ -9,11 +9,12 @@ unless the saved generation config or --temperature/--top-p sample. MODEL: train
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import EXIT_OK, ConfigError
+from trainer.errors import EXIT_OK, ConfigError, Interrupted
 
 QUANT_CHOICES = ("8bit", "4bit")
 
@@ -77,7 +78,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def load_for(args: argparse.Namespace, command: str) -> Any:
     """The loaded model (trainer.generate.loading) and its generator, as the command line asks; logs on stderr."""
-    from trainer.generate.decoding import Generator, Sampling
+    from trainer.answers.decoding import Generator, Sampling
     from trainer.generate.loading import Choice, load
     from trainer.run.train import setup_logging
 
@@ -107,8 +108,10 @@ def _quiet_transformers() -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trainer.errors import raise_on_stop_signals
     from trainer.generate.loading import memory_report
 
+    raise_on_stop_signals()  # SIGTERM as Ctrl-C: the answers written stay whole lines (trainer.generate.batch)
     check_arguments(args)
     if (args.input is None) != (args.output is None):
         raise ConfigError("--input and --output go together: generate MODEL --input prompts.jsonl --output out.jsonl")
@@ -131,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
 
 def chat(generator: Any) -> int:
     """The interactive loop: one line in, one answer out; the conversation is kept where there is a template."""
-    from trainer.generate.decoding import Prompt
+    from trainer.answers.decoding import Prompt
 
     terminal = sys.stdin.isatty()
     if terminal:
@@ -142,9 +145,9 @@ def chat(generator: Any) -> int:
     while True:
         try:
             line = input("you> " if terminal else "")
-        except (EOFError, KeyboardInterrupt):
+        except (EOFError, KeyboardInterrupt) as exc:  # Ctrl-D or Ctrl-C ends the chat; SIGTERM is a stop (128+N)
             print(file=sys.stderr)
-            return EXIT_OK
+            return exc.exit_code if isinstance(exc, Interrupted) and exc.signum != signal.SIGINT else EXIT_OK
         text = line.strip()
         if text in ("/exit", "/quit"):
             return EXIT_OK

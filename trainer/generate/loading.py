@@ -46,6 +46,8 @@ class Plan:
     preset: bool = False
     run_dir: Path | None = None  # the training run it came from, when known
     run_config: dict[str, Any] | None = None
+    folder: Path | None = None  # the run's folder read (final/ or checkpoint-N), when it came from a run
+    step: int | None = None  # its step
 
 
 @dataclass
@@ -102,12 +104,12 @@ def _from_folder(folder: Path, command: str) -> Plan:
         base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
         folders = (source.folder, source.adapter, Path(base))
         return Plan(base, source.adapter, folders, f"{source.folder} (LoRA adapter on {how})", run_dir=source.run_dir,
-                    run_config=source.run_config)  # fmt: skip
+                    run_config=source.run_config, folder=source.folder, step=source.step)  # fmt: skip
     if source.kind != FULL:
         raise ConfigError(f"{command} {folder}: {source.folder} holds {source.kind.upper()} shards; turn them into a "
                           f"model folder first: python -m trainer export {folder} OUT, then {command} OUT")  # fmt: skip
     return Plan(str(source.folder), None, (source.folder,), str(source.folder), run_dir=source.run_dir,
-                run_config=source.run_config)  # fmt: skip
+                run_config=source.run_config, folder=source.folder, step=source.step)  # fmt: skip
 
 
 def _with_adapter(model: str, adapter: Path, command: str) -> Plan:

@@ -216,14 +216,15 @@ def refuse_used_folder(output_dir: Path, start_over: bool) -> None:
 
 
 def set_aside_earlier_run(output_dir: Path) -> None:
-    """TRAIN_START_OVER=1: move the earlier run's checkpoints, final/ and metrics.jsonl to previous-runs/<time>/
-    (nothing is deleted). Called by the process that writes, once the output folder is locked."""
+    """TRAIN_START_OVER=1: move the earlier run's checkpoints, final/, metrics.jsonl, samples.jsonl and evals.jsonl
+    to previous-runs/<time>/ (nothing is deleted). Called by the process that writes, once the output folder is
+    locked."""
     earlier = earlier_outputs(output_dir)
     if not earlier:
         return
     aside = output_dir / PREVIOUS_RUNS / time.strftime("%Y%m%d-%H%M%S")
     aside.mkdir(parents=True, exist_ok=True)
-    for path in [*earlier, output_dir / "metrics.jsonl"]:
+    for path in [*earlier, *(output_dir / name for name in ("metrics.jsonl", "samples.jsonl", "evals.jsonl"))]:
         if path.exists():
             os.rename(path, aside / path.name)
     log.warning("TRAIN_START_OVER: the earlier run (%s, metrics.jsonl) moved to %s; starting over",

@@ -229,6 +229,10 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         install(trainer, cfg, tracker_runs, args.process_index == 0)
     if trainer.eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl", perplexity=s.method == "sft").install(trainer)
+        if s.eval_generate and args.process_index == 0:
+            from trainer.run.samples import install_samples
+
+            install_samples(trainer, cfg, tokenizer)
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
     checkpoint = str(resume.checkpoint) if resume.checkpoint else None

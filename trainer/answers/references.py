@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.generate.decoding import Prompt
+from trainer.answers.decoding import Prompt
 
 
 @dataclass
