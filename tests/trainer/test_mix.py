@@ -1,5 +1,6 @@
 """A mix of sources in TRAIN_DATA (trainer.data.mix) and several named eval sets: shares of the trained tokens met
-from each source's own cache, the mix in resume's checks, per-set eval losses, and the bad input."""
+from each source's own cache, the mix in resume's checks, per-set eval losses, a Hub dataset as one source (fetched,
+mixed, pinned; the stand-in Hub of hub_server.py), and the bad input."""
 
 from __future__ import annotations
 
@@ -163,9 +164,11 @@ def test_a_hub_dataset_in_a_mix_is_fetched_mixed_at_its_weight_and_pinned(tmp_pa
             return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env, capture_output=True,
                                   text=True, timeout=120)  # fmt: skip
 
-        missing = trainer(["config"], {**env, "HF_ENDPOINT": hub.url})  # offline, nothing fetched yet
+        eval_sets = {"TRAIN_EVAL_DATA": f"held=hf://datasets/org/letters,{a}"}  # named eval sets resolve alike
+        missing = trainer(["config"], {**env, **eval_sets, "HF_ENDPOINT": hub.url})  # offline, nothing fetched yet
         assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
-        assert "TRAIN_DATA=hf://datasets/org/letters: revision 'main' is not in the cache" in missing.stderr
+        for variable in ("TRAIN_DATA", "TRAIN_EVAL_DATA"):
+            assert f"{variable}=hf://datasets/org/letters: revision 'main' is not in the cache" in missing.stderr
         assert "python -m trainer fetch" in missing.stderr
         fetched = trainer(["fetch"], online)
         assert fetched.returncode == 0 and f"TRAIN_DATA[letters]=org/letters@main -> commit {first}" in fetched.stdout
