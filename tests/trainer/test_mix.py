@@ -1,5 +1,6 @@
 """A mix of sources in TRAIN_DATA (trainer.data.mix) and several named eval sets: shares of the trained tokens met
-from each source's own cache, the mix in resume's checks, per-set eval losses, and the bad input."""
+from each source's own cache, the mix in resume's checks, per-set eval losses, a Hub dataset as one source (fetched,
+mixed, pinned; the stand-in Hub of hub_server.py), and the bad input."""
 
 from __future__ import annotations
 
@@ -145,3 +146,43 @@ def test_data_command_reports_each_sources_requested_and_achieved_share(tmp_path
     assert [(r["name"], r["requested_share"]) for r in rows] == [("a", 0.75), ("b", 0.25)]
     assert abs(rows[0]["achieved_share"] - 0.75) <= 0.02 and rows[0]["repeats"] > 1
     assert "data mix: a" in proc.stderr and "repeated" in proc.stderr
+
+
+def test_a_hub_dataset_in_a_mix_is_fetched_mixed_at_its_weight_and_pinned(tmp_path: Path) -> None:
+    from hub_server import HubServer
+
+    hub = HubServer().start()
+    try:
+        letters = hub.repo("org/letters", "datasets")
+        first = letters.commit({"train.jsonl": write_source(tmp_path / "h.jsonl", "b", 300).read_bytes()})
+        a = write_source(tmp_path / "a.jsonl", "a", 100)
+        env = {**train_env(tmp_path / "out", data=f"{a}:0.8,hf://datasets/org/letters:0.2", seq_len=64, max_steps=1,
+                           save_steps=1), "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}  # fmt: skip
+        online = {**env, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"}
+
+        def trainer(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env, capture_output=True,
+                                  text=True, timeout=120)  # fmt: skip
+
+        eval_sets = {"TRAIN_EVAL_DATA": f"held=hf://datasets/org/letters,{a}"}  # named eval sets resolve alike
+        missing = trainer(["config"], {**env, **eval_sets, "HF_ENDPOINT": hub.url})  # offline, nothing fetched yet
+        assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
+        for variable in ("TRAIN_DATA", "TRAIN_EVAL_DATA"):
+            assert f"{variable}=hf://datasets/org/letters: revision 'main' is not in the cache" in missing.stderr
+        assert "python -m trainer fetch" in missing.stderr
+        fetched = trainer(["fetch"], online)
+        assert fetched.returncode == 0 and f"TRAIN_DATA[letters]=org/letters@main -> commit {first}" in fetched.stdout
+        code, err = finish(start({**env, "HF_ENDPOINT": hub.url}))  # offline: from the fetched cache
+        assert code == 0, err[-3000:]
+        out = tmp_path / "out"
+        rows = json.loads((out / "run_config.json").read_text())["training_data"]["mix"]["sources"]
+        assert [(r["name"], r["requested_share"]) for r in rows] == [("a", 0.8), ("letters", 0.2)]
+        assert abs(rows[0]["achieved_share"] - 0.8) <= 0.02 and rows[0]["repeats"] > 1 > rows[1]["repeats"]
+        pin = {"repo_id": "org/letters", "repo_type": "dataset", "revision": "main", "sha": first}
+        assert json.loads((out / "checkpoint-1" / "trainkit_complete").read_text())["hub"] == {"data:letters": pin}
+        letters.commit({"train.jsonl": b'{"text": "moved on"}\n'})  # main moves; the resumed run keeps its commit
+        resumed = trainer(["config", "--json"], {**online, "TRAIN_MAX_STEPS": "2"})
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert json.loads(resumed.stdout)["hub"] == {"data:letters": pin}  # not main's new commit
+    finally:
+        hub.stop()

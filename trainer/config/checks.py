@@ -13,9 +13,8 @@ from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.rope import readable_model_config, rope_problems
 from trainer.config.schema import TrainSettings
 from trainer.data.chat import template_problems
-from trainer.data.mix import parse_eval_sets, parse_mix
+from trainer.data.mix import eval_set_problems, parse_eval_sets, parse_mix
 from trainer.errors import ConfigError
-from trainer.hub.ids import parse_dataset_id
 from trainer.hub.push import push_problems
 from trainer.hub.sources import TOKENIZER_FILES, hub_ref
 from trainer.machine.hardware import module_available
@@ -202,11 +201,11 @@ def _eval_problems(s: TrainSettings) -> list[str]:
 def _hub_problems(inputs: Inputs) -> list[str]:
     """Resolves (and downloads, unless HF_HUB_OFFLINE=1) the Hub IDs; run only when everything else is right. A Hub
     dataset's files are checked here, once fetched."""
-    s, found = inputs.settings, inputs.hub.problems_of
+    found = inputs.hub.problems_of
     problems = [*found.get("model", ()), *found.get("tokenizer", ())]
-    if parse_dataset_id(s.data):
+    if inputs.on_hub("data"):
         problems += inputs.data.problems
-    if parse_dataset_id(s.eval_data):
+    if inputs.on_hub("eval_data"):
         problems += inputs.eval_data.problems
     return problems
 
@@ -261,8 +260,8 @@ def _readable(path: Path) -> bool:
 
 
 def _data_problems(inputs: Inputs) -> list[str]:
-    if parse_dataset_id(inputs.settings.data):
-        return []  # a Hub dataset is scanned after it is fetched (_hub_problems)
+    if inputs.on_hub("data"):
+        return list(inputs.mix.problems)  # a Hub dataset is scanned after it is fetched (_hub_problems)
     return list(inputs.data.problems)
 
 
@@ -278,9 +277,9 @@ def _mix_problems(s: TrainSettings) -> list[str]:
 
 def _eval_data_problems(inputs: Inputs) -> list[str]:
     eval_data = inputs.settings.eval_data
-    if not eval_data or parse_dataset_id(eval_data):
-        return []  # a Hub dataset is scanned after it is fetched (_hub_problems)
-    return list(inputs.eval_data.problems)
+    if inputs.on_hub("eval_data"):
+        return eval_set_problems(eval_data)  # a Hub dataset is scanned after it is fetched (_hub_problems)
+    return list(inputs.eval_data.problems) if eval_data else []
 
 
 RESUME_WORDS = ("auto", "never")  # TRAIN_RESUME's words; anything else is a checkpoint folder

@@ -17,7 +17,7 @@ from trainer.data.mix import Mix, combined, eval_set_problems, parse_eval_sets, 
 from trainer.data.preference import PreferenceRecords, read_records
 from trainer.data.spec import DataSpec
 from trainer.hub.ids import parse_dataset_id
-from trainer.hub.sources import KEYS, HubSources, resolve_hub
+from trainer.hub.sources import KEYS, HubSources, entry_key, resolve_hub, setting_of
 from trainer.run.resume import hub_pins
 
 # DataSpec field -> the TRAIN_* setting (schema field) it is read from: what shapes the packed data.
@@ -38,9 +38,25 @@ class Inputs:
     @cached_property
     def hub(self) -> HubSources:
         """The Hub IDs resolved to commits and fetched (pinned to the commits of the checkpoint a resume reads)."""
-        s = self.settings
-        lists = {"data": self.mix.is_mix, "eval_data": bool(parse_eval_sets(s.eval_data))}  # scanned per source
-        return resolve_hub({key: "" if lists.get(key) else getattr(s, key) for key in KEYS}, hub_pins(s))
+        return resolve_hub(self.hub_wanted, hub_pins(self.settings))
+
+    @cached_property
+    def hub_wanted(self) -> dict[str, str]:
+        """{key: value} of every setting that may name the Hub; a list (a mix, named eval sets) by its sources,
+        each under its own key (trainer.hub.sources.entry_key: `data:chat`), so each is fetched and pinned."""
+        lists = {"data": [(e.name, e.source) for e in self.mix.entries],
+                 "eval_data": parse_eval_sets(self.settings.eval_data)}  # fmt: skip
+        wanted: dict[str, str] = {}
+        for key in KEYS:
+            sources = lists.get(key)
+            wanted.update({entry_key(key, name): source for name, source in sources} if sources
+                          else {key: getattr(self.settings, key)})  # fmt: skip
+        return wanted
+
+    def on_hub(self, key: str) -> bool:
+        """Whether TRAIN_DATA ("data") or TRAIN_EVAL_DATA ("eval_data"), or a source of its list, is a Hub dataset:
+        its scan waits for the Hub, which is asked after every other check (trainer.config.checks)."""
+        return any(parse_dataset_id(value) for k, value in self.hub_wanted.items() if setting_of(k) == key)
 
     @cached_property
     def data(self) -> DataSource:
@@ -57,7 +73,7 @@ class Inputs:
     @cached_property
     def mix_sources(self) -> list[DataSource]:
         """The scan of each source of the mix, in its order."""
-        return [self._scan("data", entry.source) for entry in self.mix.entries]
+        return [self._scan(entry_key("data", entry.name), entry.source) for entry in self.mix.entries]
 
     @cached_property
     def eval_data(self) -> DataSource:
@@ -74,7 +90,8 @@ class Inputs:
     @cached_property
     def eval_sets(self) -> dict[str, DataSource]:
         """TRAIN_EVAL_DATA's named eval sets, each scanned (empty: one plain eval source)."""
-        return {name: self._scan("eval_data", source) for name, source in parse_eval_sets(self.settings.eval_data)}
+        sets = parse_eval_sets(self.settings.eval_data)
+        return {name: self._scan(entry_key("eval_data", name), source) for name, source in sets}
 
     @cached_property
     def pairs(self) -> PreferenceRecords:
@@ -87,11 +104,8 @@ class Inputs:
         return read_records(self.eval_data, self.settings.data_max_bad_lines)
 
     def _scan(self, key: str, value: str | None = None) -> DataSource:
-        whole = value is None
+        """The scan of a setting ("data"), or of one source of its list (`entry_key`, with the source as `value`)."""
         value = getattr(self.settings, key) if value is None else value
-        if parse_dataset_id(value) and not whole:
-            return DataSource(value, problems=(f"{value}: a Hub dataset inside a list of sources is not supported yet; "
-                                               "fetch it (python -m trainer fetch) and list its local folder",))
         hub = self.hub if parse_dataset_id(value) else HubSources()  # local data never asks the Hub
         return scan(key, value, self.data_spec, hub)
 

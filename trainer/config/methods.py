@@ -151,12 +151,10 @@ def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str 
 def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
     """The layouts of TRAIN_DATA and TRAIN_EVAL_DATA against the method, then (preference methods) every record:
     local data in the static checks, Hub datasets (`hub`) once fetched, after every other check passed."""
-    from trainer.hub.ids import parse_dataset_id
-
     s = inputs.settings
     problems = []
     keys = ["data"] + (["eval_data"] if s.eval_data else [])
-    for key in (k for k in keys if bool(parse_dataset_id(getattr(s, k))) == hub):
+    for key in (k for k in keys if inputs.on_hub(k) == hub):
         source = getattr(inputs, key)
         if source.problems or (source.embedded and s.method == "sft"):
             continue

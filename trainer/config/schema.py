@@ -78,8 +78,8 @@ class TrainSettings(BaseSettings):
         ".csv; a hub-style dataset folder (data/train-*.parquet) or a datasets.save_to_disk folder; or a Hub dataset "
         "hf://datasets/org/name[@revision][/config-folder or file glob] (its data files are fetched into HF_HOME, "
         "then read like a local folder: the train split). Missing or empty default: a small embedded corpus. Several "
-        "local sources mixed by weight: SOURCE:WEIGHT,SOURCE:WEIGHT (a weight is a share of the trained tokens), or a "
-        "NAME.mix.json file (docs/running.md, 'Mixing sources').",
+        "sources (local or Hub datasets) mixed by weight: SOURCE:WEIGHT,SOURCE:WEIGHT (a weight is a share of the "
+        "trained tokens), or a NAME.mix.json file (docs/running.md, 'Mixing sources').",
         on_resume=DATA,
     )
     output_dir: str = _f(

@@ -99,11 +99,14 @@ class DataSource:
 
 def scan(key: str, value: str, spec: DataSpec, hub: HubSources) -> DataSource:
     """The scan of TRAIN_DATA (`key` "data") or TRAIN_EVAL_DATA ("eval_data", a hub-style folder gives its validation
-    split) set to `value`: a Hub dataset's snapshot (already fetched into `hub`) or local data. Its problems name the
-    setting."""
-    split = "train" if key == "data" else "eval"
+    split), or of one source of its list (`key` "data:chat", trainer.hub.sources.entry_key), set to `value`: a Hub
+    dataset's snapshot (already fetched into `hub` under `key`) or local data. Its problems name the setting."""
+    from trainer.hub.sources import setting_of
+
+    setting = setting_of(key)
+    split = "train" if setting == "data" else "eval"
     source = _hub_scan(key, value, spec, hub, split) or discover(value, spec.text_field, spec.max_bad_lines, split)
-    if key == "eval_data":  # discover's messages name TRAIN_DATA
+    if setting == "eval_data":  # discover's messages name TRAIN_DATA
         renamed = tuple("TRAIN_EVAL_DATA" + p[len("TRAIN_DATA") :] if p.startswith(("TRAIN_DATA=", "TRAIN_DATA:"))
                         else p for p in source.problems)  # fmt: skip
         source = dataclasses.replace(source, problems=renamed, variable="TRAIN_EVAL_DATA")

@@ -1,5 +1,6 @@
 """TRAIN_MODEL, TRAIN_TOKENIZER (org/name[@revision]) and TRAIN_DATA, TRAIN_EVAL_DATA (hf://datasets/...) given as
-Hub IDs: resolved once per run (trainer.config.inputs calls `resolve_hub`), into HF_HOME's cache.
+Hub IDs: resolved once per run (trainer.config.inputs calls `resolve_hub`), into HF_HOME's cache. Each source of a
+list (a mix in TRAIN_DATA, named eval sets) is resolved and pinned on its own, under its `entry_key`.
 
 A run that resumes uses the commit its checkpoint recorded (the pins trainer.run.resume reads from the checkpoint),
 even if the branch has moved since; a fresh run resolves the revision asked for. The result is what the checks
@@ -29,25 +30,43 @@ TOKENIZER_PATTERNS = (
 )  # fmt: skip
 
 
+def entry_key(key: str, name: str) -> str:
+    """The key of one source of a list (TRAIN_DATA's mix, TRAIN_EVAL_DATA's named sets), e.g. `data:chat`: its
+    snapshot, its problems and its pin in run_config.json and the checkpoint record go under it."""
+    return f"{key}:{name}"
+
+
+def setting_of(key: str) -> str:
+    """The setting a key belongs to ("data" for both "data" and "data:chat")."""
+    return key.partition(":")[0]
+
+
+def _label(key: str) -> str:
+    """A key as users read it: TRAIN_DATA, or TRAIN_DATA[chat] for one source of a list."""
+    setting, _, name = key.partition(":")
+    return f"TRAIN_{setting.upper()}" + (f"[{name}]" if name else "")
+
+
 @dataclass(frozen=True)
 class HubSources:
-    """What TRAIN_MODEL, TRAIN_TOKENIZER, TRAIN_DATA and TRAIN_EVAL_DATA resolved to on the Hub (None: not a Hub
-    ID), and what went wrong, per setting."""
+    """What the settings that name the Hub resolved to, by key ("model", "tokenizer", "data", "eval_data", or one
+    source of a list: `entry_key`), and what went wrong, per key."""
 
-    model: Snapshot | None = None
-    tokenizer: Snapshot | None = None
-    data: Snapshot | None = None
-    eval_data: Snapshot | None = None
+    found: dict[str, Snapshot] = field(default_factory=dict)  # key -> its snapshot
     pinned: dict[str, str] = field(default_factory=dict)  # key -> the checkpoint that pinned its commit
     problems_of: dict[str, list[str]] = field(default_factory=dict)  # key -> what went wrong
 
     @property
     def problems(self) -> list[str]:
-        return [p for key in KEYS if key in self.problems_of for p in self.problems_of[key]]
+        return [p for problems in self.problems_of.values() for p in problems]
+
+    @property
+    def model(self) -> Snapshot | None:
+        return self.found.get("model")
 
     def snapshot(self, key: str) -> Snapshot | None:
-        """The snapshot of one setting ("model", "tokenizer", "data", "eval_data"); None: not a Hub ID, or refused."""
-        return {"model": self.model, "tokenizer": self.tokenizer, "data": self.data, "eval_data": self.eval_data}[key]
+        """The snapshot of one key; None: not a Hub ID, or refused."""
+        return self.found.get(key)
 
     def folder(self, key: str, value: str) -> str:
         """Where the setting `key` set to `value` is read from: its snapshot's folder, else the value itself."""
@@ -55,14 +74,12 @@ class HubSources:
         return str(snap.path) if snap else value
 
     def snapshots(self) -> dict[str, Snapshot]:
-        """{variable: snapshot} for every setting that named the Hub."""
-        found = {f"TRAIN_{key.upper()}": getattr(self, key) for key in KEYS}
-        return {name: snap for name, snap in found.items() if snap is not None}
+        """{TRAIN_DATA or TRAIN_DATA[name]: snapshot} for every setting (or source of a list) that named the Hub."""
+        return {_label(key): snap for key, snap in self.found.items()}
 
     def record(self) -> dict[str, Any]:
-        """The `hub` entry of run_config.json and of every checkpoint's marker."""
-        found = {key: getattr(self, key) for key in KEYS}
-        return {key: snap.record() for key, snap in found.items() if snap is not None}
+        """The `hub` entry of run_config.json and of every checkpoint's record (a resume's pins: resolve_hub)."""
+        return {key: snap.record() for key, snap in self.found.items()}
 
 
 def hub_ref(spec: str) -> HubRef | None:
@@ -81,15 +98,15 @@ def _allowed(key: str, ref: HubRef) -> tuple[str, ...] | None:
 
 
 def resolve_hub(wanted: Mapping[str, str], pins: Mapping[str, Mapping[str, str]]) -> HubSources:
-    """What each Hub ID among `wanted` ({"model": TRAIN_MODEL's value, ...}) resolves to, downloaded into HF_HOME's
-    cache; `pins` ({key: {repo_id, sha, checkpoint}}, from the checkpoint a run resumes from) fix their commits.
-    Downloads happen here: the run's configuration calls it once (trainer.config.inputs)."""
+    """What each Hub ID among `wanted` ({"model": TRAIN_MODEL's value, "data:chat": a mix's source, ...}) resolves
+    to, downloaded into HF_HOME's cache; `pins` ({key: {repo_id, sha, checkpoint}}, from the checkpoint a run resumes
+    from) fix their commits. Downloads happen here: the run's configuration calls it once (trainer.config.inputs)."""
     found: dict[str, Snapshot] = {}
     pinned: dict[str, str] = {}
     problems_of: dict[str, list[str]] = {}
-    for key in KEYS:
-        variable = f"TRAIN_{key.upper()}"
-        ref = _ref_of(key, wanted.get(key, ""))
+    for key, value in wanted.items():
+        variable = f"TRAIN_{setting_of(key).upper()}"
+        ref = _ref_of(setting_of(key), value)
         if ref is None:
             continue
         pin = pins.get(key, {})
@@ -99,12 +116,12 @@ def resolve_hub(wanted: Mapping[str, str], pins: Mapping[str, Mapping[str, str]]
         except ConfigError as exc:
             problems_of[key] = exc.problems
             continue
-        empty = no_files_problem(variable, snap.path, ref, snap.sha) if key in ("data", "eval_data") else None
+        empty = no_files_problem(variable, snap.path, ref, snap.sha) if ref.repo_type == "dataset" else None
         if empty:
             problems_of[key] = [empty]
             continue
         found[key] = snap
         if revision:
             pinned[key] = pin["checkpoint"]
-            log.info("%s: %s pinned to commit %s by %s (resume)", variable, ref, revision, pin["checkpoint"])
-    return HubSources(**found, pinned=pinned, problems_of=problems_of)
+            log.info("%s: %s pinned to commit %s by %s (resume)", _label(key), ref, revision, pin["checkpoint"])
+    return HubSources(found, pinned, problems_of)
