@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 SMALLEST = [
     pytest.param("data_prep", ["--small-mb", "0.1", "--factor", "2", "--workers", "0"], id="data_prep"),
+    pytest.param("data_prep", ["--corpus", "mix", "--small-mb", "0.1", "--factor", "2"], id="data_prep --corpus mix"),
     pytest.param("startup", ["--build", "--presets", "tiny", "--repeat", "1"], id="startup --build"),
     pytest.param("trainer_overhead", ["--repeats", "1", "--steps", "6", "--nprocs", "1", "--data-mb", "0.1"],
                  marks=pytest.mark.slow, id="trainer_overhead"),
