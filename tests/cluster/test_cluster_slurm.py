@@ -260,7 +260,7 @@ def test_scripts_survive_real_sites(tmp_path: Path, target: str) -> None:
     assert f"mkdir -p {out} {out}/cache" in text.splitlines()  # --output and the default /cache, before srun
     assert text.index("mkdir -p") < text.index("\nsrun ")
     assert "export PYTHONNOUSERSITE=1" in text  # ~/.local cannot shadow the image's packages
-    names = "TRAIN_MODEL,TRAIN_ARGS,TRAIN_SAVE_STEPS,HF_TOKEN,PYTHONNOUSERSITE"
+    names = "TRAIN_MODEL,TRAIN_ARGS,TRAIN_SAVE_STEPS,TRAINKIT_IMAGE,HF_TOKEN,PYTHONNOUSERSITE"  # the image: provenance
     if target == "slurm-pyxis":
         for flag in ("--container-writable", "--no-container-mount-home", f"--container-env={names}"):
             assert f"    {flag} \\" in text, flag
