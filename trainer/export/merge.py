@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trainer.config.schema import MODEL_PRESETS, TrainSettings
+from trainer.config.presets import MODEL_PRESETS
+from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 from trainer.export.source import Source
 from trainer.hub.ids import HubRef, parse_model_id
