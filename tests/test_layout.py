@@ -189,3 +189,47 @@ def test_pure_data_modules_import_neither_docker_nor_torch() -> None:
              "print(sorted(m for m in ('docker', 'torch') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def defined_names(path: Path) -> set[str]:
+    """What a module defines at its top level (functions, classes, assignments, its own imports)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":  # names made on first use
+            names |= {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.If | ast.Try):  # TYPE_CHECKING blocks, optional imports
+            names |= defined_names_in(node)
+    return names
+
+
+def defined_names_in(node: ast.AST) -> set[str]:
+    found: set[str] = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Import | ast.ImportFrom):
+            found |= {(alias.asname or alias.name).split(".")[0] for alias in inner.names}
+        elif isinstance(inner, ast.FunctionDef | ast.ClassDef):
+            found.add(inner.name)
+        elif isinstance(inner, ast.Assign):
+            found |= {n.id for t in inner.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return found
+
+
+def test_every_name_imported_from_trainer_exists() -> None:
+    """`from trainer.x import name` names what trainer/x defines (a moved name fails here, not in a late run)."""
+    known = modules()
+    missing = []
+    for path in known.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in known):
+                continue
+            defined = defined_names(known[node.module])
+            missing += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
+                        if alias.name not in defined and f"{node.module}.{alias.name}" not in known]  # fmt: skip
+    assert not missing, "imported but not defined there:\n" + "\n".join(missing)
