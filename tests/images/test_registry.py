@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -140,7 +141,8 @@ def forget(docker_client, registry: str) -> None:
     for image in docker_client.images.list(name=f"{registry}/trainkit"):
         for name in [*image.tags, *(image.attrs.get("RepoDigests") or [])]:
             if name.startswith(f"{registry}/"):
-                docker_client.images.remove(name, noprune=True)
+                with contextlib.suppress(docker.errors.ImageNotFound):  # gone with a reference removed before it
+                    docker_client.images.remove(name, noprune=True)
 
 
 REPRODUCE_CORPUS = "".join(f"{i}: the quick brown fox jumps over the lazy dog\n" for i in range(6))  # 4 steps: 1 epoch
