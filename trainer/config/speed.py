@@ -237,7 +237,8 @@ def records_apart(attn: str) -> str:
         return ("plain text gets no mask (SDPA's causal flash/cuDNN kernels); a batch of packed records one boolean "
                 "block-diagonal mask built once for every layer: the fastest exact form on this path "
                 "(SDPA's flash and cuDNN kernels take no mask; Transformers' own packed mask is the same mask but "
-                "costs a host sync per forward, and its detection put a dense mask on plain text under compile)")
+                "costs a host sync per forward, and its detection put a dense mask on plain text under compile; "
+                "flex_attention's document masks, which skip the masked blocks, wait for a GPU measurement)")
     return "packed records: Transformers' per-record mask from the position ids"
 
 
