@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import EXIT_OK, ConfigError
-from trainer.provenance import PROVENANCE_FILE, read
+from trainer.errors import EXIT_OK
+from trainer.provenance import require
 
 # Keys that name the folder itself or only describe the record: they differ between any two runs.
 IGNORED = frozenset({"settings.TRAIN_OUTPUT_DIR", "provenance.format"})
@@ -44,12 +44,7 @@ def main(args: argparse.Namespace) -> int:
 
 def facts(folder: Path) -> dict[str, Any]:
     """One run's comparable facts, flattened to dotted keys; ConfigError when it has no provenance."""
-    provenance = read(folder)
-    if provenance is None:
-        raise ConfigError(
-            f"{folder / PROVENANCE_FILE} is missing or unreadable: the folder was made by an older trainkit (before "
-            "provenance was recorded) or is not a run's output folder; run it again with this version to compare it"
-        )
+    provenance = require(folder, "run it again with this version to compare it")
     flat = flatten({"provenance": provenance})
     try:
         run_config = json.loads((folder / "run_config.json").read_text(encoding="utf-8"))

@@ -88,6 +88,19 @@ def read(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def require(folder: Path, then: str) -> dict[str, Any]:
+    """The provenance of `folder`, or a ConfigError naming it as missing and what to do about it (`then`)."""
+    from trainer.errors import ConfigError
+
+    provenance = read(folder)
+    if provenance is None:
+        raise ConfigError(
+            f"{Path(folder) / PROVENANCE_FILE} is missing or unreadable: the folder was made by an older trainkit "
+            f"(before provenance was recorded) or is not a run's output folder; {then}"
+        )
+    return provenance
+
+
 def reference(output_dir: Path) -> dict[str, str] | None:
     """What a checkpoint's record says of the run's provenance: `{"file": "../provenance.json", "sha256": ...}`;
     None when the run wrote none."""

@@ -30,7 +30,7 @@ from typing import Any
 
 from trainer.diff_command import differences, facts
 from trainer.errors import EXIT_CRASH, EXIT_OK, EXIT_SIGTERM, ConfigError
-from trainer.provenance import PROVENANCE_FILE, file_sha256, read
+from trainer.provenance import file_sha256, require
 from trainer.secrets import MASK
 
 REL_TOLERANCE = 1e-2  # a run that is not deterministic (GPU kernels' order of sums): |a - b| <= 1% of |a|
@@ -103,13 +103,7 @@ def main(args: argparse.Namespace) -> int:
 
 def recorded_run(folder: Path) -> dict[str, Any]:
     """The run's provenance and run_config; ConfigError naming what is missing."""
-    provenance = read(folder)
-    if provenance is None:
-        raise ConfigError(
-            f"{folder / PROVENANCE_FILE} is missing or unreadable: the folder was made by an older trainkit (before "
-            "provenance was recorded) or is not a run's output folder; it cannot be reproduced exactly, run it "
-            "again with this version"
-        )
+    provenance = require(folder, "it cannot be reproduced exactly, run it again with this version")
     try:
         run_config = json.loads((folder / "run_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
