@@ -14,6 +14,8 @@ EXIT_PUSH_FAILED = 3
 # final/, nothing pushed; the newest checkpoint is the last finite one. Distinct so that no scheduler retries it
 # as a crash (Kubernetes' ExitCode policy fails the job at once on 1-127) and scripts can tell it apart.
 EXIT_DIVERGED = 4
+# `reproduce` ran and its losses are not the original's (a result, not a crash or a mistake).
+EXIT_DIFFERS = 5
 EXIT_SIGNAL_BASE = 128
 
 

@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.diff_command import differences, facts
-from trainer.errors import EXIT_CRASH, EXIT_OK, EXIT_SIGTERM, ConfigError
+from trainer.errors import EXIT_CRASH, EXIT_DIFFERS, EXIT_OK, EXIT_SIGTERM, ConfigError
 from trainer.provenance import file_sha256, require
 from trainer.secrets import MASK
 
 REL_TOLERANCE = 1e-2  # a run that is not deterministic (GPU kernels' order of sums): |a - b| <= 1% of |a|
-EXIT_DIFFERS = 5  # the re-run's losses are not the original's
 REPORT_FILE = "reproduce.json"
 FIX_DATA = "restore the file(s), or give --allow-changed-data to run on them anyway and see where the loss differs"
 
