@@ -69,6 +69,7 @@ class RunSpec:
     detach: bool = False
     stop_grace_s: int = STOP_GRACE_S
     memlock: int | None = None  # None: unlimited where the engine allows it, else the engine's own limit
+    working_dir: str | None = None  # None: the image's own (/output)
 
 
 def log(message: str) -> None:
@@ -249,6 +250,7 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
             labels={"org.trainkit.launcher": "run.py", "org.trainkit.command": spec.command[0]},
             stop_signal="SIGTERM",
             stop_timeout=spec.stop_grace_s,  # also what a plain `docker stop` waits
+            working_dir=spec.working_dir,
             host_config=host_config,
         )
     except APIError as exc:
@@ -401,6 +403,9 @@ def reproduce_spec(wanted: argparse.Namespace, args: argparse.Namespace, client:
     spec = spec_from(args, client)
     spec.command = reproduce.container_command(wanted)
     spec.volumes.update(reproduce.mounts(wanted))
+    # NEW's parent is often the project folder: as the working directory, its trainer/ would shadow the image's own
+    # (python -m puts the working directory first on sys.path), and the re-run would not run the recorded code.
+    spec.working_dir = "/"
     return spec
 
 
