@@ -404,7 +404,7 @@ def reproduce_spec(wanted: argparse.Namespace, args: argparse.Namespace, client:
     spec.command = reproduce.container_command(wanted)
     spec.volumes.update(reproduce.mounts(wanted))
     # NEW's parent is often the project folder: as the working directory, its trainer/ would shadow the image's own
-    # (python -m puts the working directory first on sys.path), and the re-run would not run the recorded code.
+    # (python -m imports from the working directory first), and the re-run would not run the recorded code.
     spec.working_dir = "/"
     return spec
 
