@@ -21,7 +21,8 @@ from errors import UserError
 from registry import DIGEST_REF
 
 try:
-    from trainer.provenance import PROVENANCE_FILE, read
+    from trainer.errors import ConfigError
+    from trainer.provenance import PROVENANCE_FILE, read, require
 except ModuleNotFoundError as missing:
     from errors import exit_missing_package
 
@@ -42,12 +43,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--allow-other-gpus", action="store_true", help="run on other GPUs than the run recorded")
     wanted, rest = parser.parse_known_args(argv)
     folder = wanted.output_dir.expanduser().resolve()
-    if not (folder / PROVENANCE_FILE).is_file():
-        raise UserError(
-            f"{folder / PROVENANCE_FILE} is missing: the folder was made by an older trainkit (before provenance was "
-            "recorded) or is not a run's output folder; it cannot be reproduced exactly, run it again with this "
-            "version"
-        )
+    try:
+        require(folder, "it cannot be reproduced exactly, run it again with this version")
+    except ConfigError as exc:
+        raise UserError(exc.message) from None
     wanted.output_dir = folder
     wanted.new = (wanted.new or folder.with_name(f"{folder.name}-reproduce")).expanduser().resolve()
     if wanted.new == folder or folder in wanted.new.parents:
