@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,12 +53,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         heavy = item.get_closest_marker("docker") or item.get_closest_marker("slow")
         if item.path.relative_to(ROOT).as_posix() in FAST_FILES and not heavy:
             item.add_marker(pytest.mark.fast)
-    if config.getoption("--standin") or config.getoption("--all-rows") or config.getoption("--row-image"):
+    if not (config.getoption("--standin") or config.getoption("--all-rows") or config.getoption("--row-image")):
+        standin = [item for item in items if STANDIN_FIXTURES & set(getattr(item, "fixturenames", ()))]
+        if standin:
+            config.hook.pytest_deselected(items=standin)
+            items[:] = [item for item in items if item not in standin]
+    _engine_files_last(items)
+
+
+def _needs_the_engine(item: pytest.Item) -> bool:
+    return "cpu_image" in getattr(item, "fixturenames", ()) or item.get_closest_marker("docker") is not None
+
+
+def _engine_files_last(items: list[pytest.Item]) -> None:
+    """The files that need the CPU image or the engine run last (each file's order kept), so the image's build,
+    started in the background when collection ends, overlaps every test before them instead of holding up the
+    first."""
+    engine_files = {item.path for item in items if _needs_the_engine(item)}
+    items.sort(key=lambda item: item.path in engine_files)
+
+
+# The CPU image's build, started in the background once collection knows a test needs it (`cpu_image` waits);
+# its output goes to a file, read back only when it fails.
+_cpu_build: subprocess.Popen | None = None
+_cpu_build_log = tempfile.TemporaryFile()  # noqa: SIM115 (open for the whole session)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    global _cpu_build
+    needed = any("cpu_image" in getattr(item, "fixturenames", ()) for item in session.items)
+    if session.config.getoption("--collect-only") or not needed:
         return
-    standin = [item for item in items if STANDIN_FIXTURES & set(getattr(item, "fixturenames", ()))]
-    if standin:
-        config.hook.pytest_deselected(items=standin)
-        items[:] = [item for item in items if item not in standin]
+    try:
+        if subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode != 0:
+            return
+    except (OSError, subprocess.TimeoutExpired):
+        return  # no engine: `docker_client` skips (or fails on CI) with the reason
+    _cpu_build = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT,
+                                  stdout=_cpu_build_log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _cpu_build is not None and _cpu_build.poll() is None:  # the session ended (-x, Ctrl-C) before a test needed it
+        _cpu_build.terminate()
+        _cpu_build.wait(timeout=60)
 
 
 def standin_rows(config: pytest.Config) -> list[str]:
@@ -97,13 +136,18 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def cpu_image(docker_client) -> str:
-    """`trainkit:latest-cpu`, built once per session from this tree by `scripts/build.py --cpu`
-    (a warm rebuild when only the trainer changed takes seconds)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=3600)  # fmt: skip
-    if proc.returncode != 0:
-        output = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-        pytest.fail(f"`scripts/build.py --cpu` failed (exit {proc.returncode}):\n{output}")
+    """`trainkit:latest-cpu`, built once per session from this tree by `scripts/build.py --cpu`, in the background
+    from the end of collection (a warm rebuild when only the trainer changed takes seconds)."""
+    if _cpu_build is None:  # not started by collection (e.g. the engine came up later)
+        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT,
+                              stdout=_cpu_build_log, stderr=subprocess.STDOUT, timeout=3600)  # fmt: skip
+        returncode = proc.returncode
+    else:
+        returncode = _cpu_build.wait(timeout=3600)
+    if returncode != 0:
+        _cpu_build_log.seek(0)
+        output = _cpu_build_log.read().decode(errors="replace")[-9000:]
+        pytest.fail(f"`scripts/build.py --cpu` failed (exit {returncode}):\n{output}")
     return CPU_IMAGE
 
 

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-log() { printf '\n== %s\n' "$*"; }
+log() { printf '\n== %s (at %ds)\n' "$*" "$SECONDS"; }
 
 # The engine and Python's venv as quickstart.sh gets them (one shared script), plus what only the tests need.
 need_apt=()
@@ -66,4 +66,5 @@ if [ $# -eq 0 ]; then   # the whole suite: also the trainer's portable test file
   log "pytest on the oldest row (.venv-oldest)"
   bash tests/oldest/run.sh || status=$?
 fi
+log "done: exit $status"
 exit $status
