@@ -5,8 +5,10 @@
 #   bash tests/run.sh --all-rows      # also every CUDA row's stand-in image
 # Sets up what the tests need (Docker Engine, compose v2, debootstrap, a local registry, a Python venv
 # with the training stack, and .venv-oldest with the oldest row's stack), builds the CPU image once
-# (warm rebuilds take seconds) and runs pytest. The stand-in images (one arch, 9.0) are built at most
-# once per run; a cold one takes about 25 minutes on 2 cores, so they are opt-in.
+# (warm rebuilds take seconds) and runs pytest: without arguments the whole suite, as two pytest processes at once
+# (tests/trainer beside the rest) and then the oldest row's pass; with arguments, one pytest with them.
+# The stand-in images (one arch, 9.0) are built at most once per run; a cold one takes about 25 minutes on 2 cores,
+# so they are opt-in.
 # Needs root (or sudo) for the engine and debootstrap. Set TRAINKIT_TORCH_INDEX to a CPU wheel
 # index (e.g. https://download.pytorch.org/whl/cpu) where PyPI would give a CUDA torch build.
 set -euo pipefail
@@ -58,13 +60,31 @@ log "lint"
 .venv/bin/hadolint Dockerfile
 .venv/bin/actionlint   # .github/workflows (the release pipeline)
 
-log "pytest"
 export PATH="$ROOT/.venv/bin:$PATH"
 status=0
-$PY -m pytest -ra "$@" || status=$?
-if [ $# -eq 0 ]; then   # the whole suite: also the trainer's portable test files on the oldest row's stack
-  log "pytest on the oldest row (.venv-oldest)"
-  bash tests/oldest/run.sh || status=$?
+if [ $# -gt 0 ]; then
+  log "pytest $*"
+  $PY -m pytest -ra "$@" || status=$?
+  log "done: exit $status"
+  exit $status
 fi
+# The whole suite as two pytest processes at once. A trainer test keeps about one of the two cores busy (one training
+# process, OMP_NUM_THREADS=1), so tests/trainer runs beside the rest (the image build, the engine, Slurm, the
+# benchmarks), which is then followed by the trainer's portable test files on the oldest row's stack. Each stream keeps
+# its own output: the trainer's is printed when it ends.
+trainer_log=build/test-logs/trainer.log
+mkdir -p "$(dirname "$trainer_log")"
+log "pytest tests/trainer, in the background (its output: $trainer_log, printed here when it ends)"
+$PY -m pytest -ra -p no:cacheprovider tests/trainer >"$trainer_log" 2>&1 &
+trainer_pid=$!
+log "pytest: the rest of tests/"
+$PY -m pytest -ra --ignore=tests/trainer || status=$?
+log "pytest on the oldest row (.venv-oldest)"
+bash tests/oldest/run.sh || status=$?
+trainer_status=0
+wait "$trainer_pid" || trainer_status=$?
+log "pytest tests/trainer ended: exit $trainer_status"
+cat "$trainer_log"
+[ "$trainer_status" -eq 0 ] || status=$trainer_status
 log "done: exit $status"
 exit $status
