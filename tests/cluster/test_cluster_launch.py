@@ -218,23 +218,27 @@ def test_launch_line_is_printed_without_secrets() -> None:
 def test_sigterm_reaches_torchrun_workers_and_the_launcher_exits_143(tmp_path: Path) -> None:
     """A real torchrun with two CPU workers: SIGTERM to the launcher -> every rank stops at the same step,
     rank 0 writes a checkpoint, the launcher exits 143 (not torchrun's 1) within a bounded time."""
+    # More steps than the run reaches: on a loaded machine 500 steps ended before the test saw two metrics lines.
     env = clean_env(TRAIN_NPROC_PER_NODE="2", TRAIN_MODEL="tiny", TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
-                    TRAIN_MAX_STEPS="500", TRAIN_SAVE_STEPS="1000", TRAIN_LOG_STEPS="1",
-                    TRAIN_OUTPUT_DIR=str(tmp_path))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch", "train"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                    TRAIN_MAX_STEPS="1000000", TRAIN_SAVE_STEPS="1000000", TRAIN_LOG_STEPS="1",
+                    TRAIN_OUTPUT_DIR=str(tmp_path / "output"))  # fmt: skip
+    log = tmp_path / "launcher.log"
+    with open(log, "w") as out_file:  # a file, not a pipe: a full pipe nobody reads would hold the launcher up
+        proc = subprocess.Popen([sys.executable, "-m", "trainer.launch", "train"], env=env, cwd=ROOT,
+                                stdout=out_file, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        metrics = tmp_path / "metrics.jsonl"
+        metrics = tmp_path / "output" / "metrics.jsonl"
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
+    out = log.read_text()
     assert proc.returncode == 143, out[-3000:]
     assert "[rank0]:" in out and "[rank1]:" in out
-    checkpoints = [p for p in tmp_path.glob("checkpoint-*") if (p / "trainkit_complete").exists()]
+    checkpoints = [p for p in (tmp_path / "output").glob("checkpoint-*") if (p / "trainkit_complete").exists()]
     assert checkpoints, out[-3000:]
