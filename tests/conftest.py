@@ -61,8 +61,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _engine_files_last(items)
 
 
+def _needs_the_cpu_image(item: pytest.Item) -> bool:
+    return "cpu_image" in getattr(item, "fixturenames", ())
+
+
 def _needs_the_engine(item: pytest.Item) -> bool:
-    return "cpu_image" in getattr(item, "fixturenames", ()) or item.get_closest_marker("docker") is not None
+    return _needs_the_cpu_image(item) or item.get_closest_marker("docker") is not None
 
 
 def _engine_files_last(items: list[pytest.Item]) -> None:
@@ -79,9 +83,15 @@ _cpu_build: subprocess.Popen | None = None
 _cpu_build_log = tempfile.TemporaryFile()  # noqa: SIM115 (open for the whole session)
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
+def _start_cpu_build() -> subprocess.Popen:
     global _cpu_build
-    needed = any("cpu_image" in getattr(item, "fixturenames", ()) for item in session.items)
+    _cpu_build = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT,
+                                  stdout=_cpu_build_log, stderr=subprocess.STDOUT)  # fmt: skip
+    return _cpu_build
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    needed = any(_needs_the_cpu_image(item) for item in session.items)
     if session.config.getoption("--collect-only") or not needed:
         return
     try:
@@ -89,8 +99,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             return
     except (OSError, subprocess.TimeoutExpired):
         return  # no engine: `docker_client` skips (or fails on CI) with the reason
-    _cpu_build = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT,
-                                  stdout=_cpu_build_log, stderr=subprocess.STDOUT)  # fmt: skip
+    _start_cpu_build()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -138,12 +147,8 @@ def docker_client():
 def cpu_image(docker_client) -> str:
     """`trainkit:latest-cpu`, built once per session from this tree by `scripts/build.py --cpu`, in the background
     from the end of collection (a warm rebuild when only the trainer changed takes seconds)."""
-    if _cpu_build is None:  # not started by collection (e.g. the engine came up later)
-        proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu"], cwd=ROOT,
-                              stdout=_cpu_build_log, stderr=subprocess.STDOUT, timeout=3600)  # fmt: skip
-        returncode = proc.returncode
-    else:
-        returncode = _cpu_build.wait(timeout=3600)
+    build = _cpu_build or _start_cpu_build()  # not started by collection where the engine came up later
+    returncode = build.wait(timeout=3600)
     if returncode != 0:
         _cpu_build_log.seek(0)
         output = _cpu_build_log.read().decode(errors="replace")[-9000:]
