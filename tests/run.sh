@@ -75,12 +75,12 @@ fi
 trainer_log=build/test-logs/trainer.log
 mkdir -p "$(dirname "$trainer_log")"
 log "pytest tests/trainer, in the background (its output: $trainer_log, printed here when it ends)"
-$PY -m pytest -ra -p no:cacheprovider tests/trainer >"$trainer_log" 2>&1 &
+$PY -m pytest -ra --durations=15 -p no:cacheprovider tests/trainer >"$trainer_log" 2>&1 &
 trainer_pid=$!
 # A background job of a script ignores Ctrl-C: whatever ends this script ends that pytest too.
 trap 'kill -TERM "$trainer_pid" 2>/dev/null || true' EXIT
 log "pytest: the rest of tests/"
-$PY -m pytest -ra --ignore=tests/trainer || status=$?
+$PY -m pytest -ra --durations=15 --ignore=tests/trainer || status=$?
 log "pytest on the oldest row (.venv-oldest)"
 bash tests/oldest/run.sh || status=$?
 trainer_status=0

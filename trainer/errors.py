@@ -60,20 +60,28 @@ def raise_on_stop_signals() -> None:
 # The launcher (trainer.launch.supervise) names a folder here; each trainer process writes its exit code into
 # FOLDER/<pid> on the way out, so the launcher can tell a clean stop from a crash behind torchrun's own exit code.
 OUTCOME_DIR_ENV = "TRAINKIT_OUTCOME_DIR"
+# Written into that folder by the launcher when it stops the trainer processes: after a clean stop they exit 0, so
+# torchrun does not take the first one to end for a failed worker and restart the group while the others are still
+# exiting (its SIGTERM from the launcher can come too late, or be swallowed by its log tailer).
+STOP_REQUESTED = "stop-requested"
+STOPPED_CODES = (EXIT_SIGTERM, EXIT_SIGINT)  # a stop that wrote its checkpoint
 
 
-def record_outcome(code: int) -> None:
-    """This process's exit code, for the launcher (nothing when no launcher asked; never fails the exit)."""
+def record_outcome(code: int) -> int:
+    """Record this process's exit code for the launcher (nothing when no launcher asked; never fails the exit) and
+    return the code to exit with: 0 for a clean stop the launcher asked for, else `code`."""
     import os
 
     folder = os.environ.get(OUTCOME_DIR_ENV)
     if not folder:
-        return
+        return code
     try:
         with open(os.path.join(folder, str(os.getpid())), "w") as handle:
             handle.write(str(code))
     except OSError:
-        pass
+        return code
+    stop_asked = os.path.exists(os.path.join(folder, STOP_REQUESTED))
+    return 0 if stop_asked and code in STOPPED_CODES else code
 
 
 class ConfigError(Exception):

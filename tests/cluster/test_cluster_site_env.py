@@ -104,7 +104,8 @@ def test_inside_torchrun_means_torchelastic_run_id_only(tmp_path: Path) -> None:
     assert hook_only["distributed"] and torchrun_options(hook_only)["--nproc-per-node"] == "2"
 
 
-# A torchrun worker whose "checkpoint" takes SAVE_S seconds after SIGTERM; it records its start and its save.
+# A torchrun worker whose "checkpoint" takes SAVE_S seconds after SIGTERM (a comma-separated list: one per rank); it
+# records its start, each stop signal and its save, and exits as the trainer does.
 SLOW_SAVER = """\
 import os, signal, sys, time
 from pathlib import Path
@@ -113,10 +114,11 @@ marks, rank = Path(os.environ["MARK_DIR"]), os.environ["RANK"]
 with open(marks / f"start-{rank}", "a") as fh:
     fh.write("started\\n")
 def save_and_stop(signum, frame):
-    time.sleep(float(os.environ["SAVE_S"]))
+    with open(marks / f"stops-{rank}", "a") as fh:
+        fh.write(f"{signum}\\n")
+    time.sleep(float(os.environ["SAVE_S"].split(",")[int(rank)]))
     (marks / f"saved-{rank}").write_text("saved")
-    record_outcome(128 + signum)
-    sys.exit(128 + signum)
+    sys.exit(record_outcome(128 + signum))
 signal.signal(signal.SIGTERM, save_and_stop)
 (marks / f"ready-{rank}").write_text("")
 while True:
@@ -172,10 +174,11 @@ def dumb_init_signal(proc: subprocess.Popen, sig: signal.Signals) -> None:
 def test_stop_reaches_the_workers_with_the_time_the_scheduler_gives(tmp_path: Path, deliver, stop) -> None:
     """torch < 2.12 gives workers a fixed 30 s after torchrun's own SIGTERM; TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1 plays that
     fixed wait here (this torch honours the variable), against a checkpoint that takes 5 s. The signal arrives the
-    way each site sends it: to every process of a Slurm step, or to the process group under dumb-init."""
+    way each site sends it: to every process of a Slurm step, or to the process group under dumb-init. Rank 0 ends
+    4 s before rank 1: torchrun restarts the group when the first worker exits non-zero, and kills rank 1's save."""
     (tmp_path / "worker.py").write_text(SLOW_SAVER)
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK_DIR": str(tmp_path), "SAVE_S": "5",
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK_DIR": str(tmp_path), "SAVE_S": "1,5",
            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "1"}  # fmt: skip
     proc = subprocess.Popen([sys.executable, "driver.py", "worker.py"], cwd=tmp_path, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -191,8 +194,9 @@ def test_stop_reaches_the_workers_with_the_time_the_scheduler_gives(tmp_path: Pa
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, out
     assert sorted(p.name for p in tmp_path.glob("saved-*")) == ["saved-0", "saved-1"], out
-    # torchrun did not restart the workers that stopped
+    # torchrun did not restart the workers that stopped, nor stop rank 1 for rank 0's exit (a second SIGTERM)
     assert all(p.read_text() == "started\n" for p in tmp_path.glob("start-*")), out
+    assert [p.read_text() for p in sorted(tmp_path.glob("stops-*"))] == [f"{int(signal.SIGTERM)}\n"] * 2, out
 
 
 SLEEPER_DRIVER = """\

@@ -297,11 +297,13 @@ def test_placement_options(tmp_path: Path) -> None:
 # Stand-ins for the trap's tools: `srun` waits for SIGUSR1 (what the launcher answers with a checkpoint) and exits
 # 143; `scancel` and `scontrol` record their arguments, and scancel delivers the signal to the step as Slurm does.
 # srun sets its trap before it writes step.pid: the test signals as soon as that file exists.
+# scancel returns only once the step has ended: the order that lost the step's code (the trap's interrupted `wait`
+# gave 138), which happened at random on a loaded machine.
 STEP_TOOLS = {
     "srun": "#!/bin/bash\ntrap 'exit 143' USR1\necho $$ > \"$FAKE_RECORD_DIR/step.pid\"\n"
     "while true; do sleep 0.1; done\n",
-    "scancel": '#!/bin/bash\necho "scancel $*" >> "$FAKE_RECORD_DIR/calls"\n'
-    'kill -"${1#--signal=}" "$(cat "$FAKE_RECORD_DIR/step.pid")"\n',
+    "scancel": '#!/bin/bash\necho "scancel $*" >> "$FAKE_RECORD_DIR/calls"\nstep=$(cat "$FAKE_RECORD_DIR/step.pid")\n'
+    'kill -"${1#--signal=}" "$step"\nwhile kill -0 "$step" 2>/dev/null; do sleep 0.05; done\n',
     "scontrol": '#!/bin/bash\necho "scontrol $*" >> "$FAKE_RECORD_DIR/calls"\n',
 }
 

@@ -9,9 +9,11 @@ exists from 2.12 on; NGC's default row ships 2.7), and it restarts workers that 
   launcher only, and with SIGUSR1 ignored, which survives exec: torchrun, its workers and their data loaders ignore a
   step-wide SIGUSR1 (`scancel --signal=USR1`), and only the launcher acts on it;
 - on the first SIGTERM or SIGUSR1 the launcher sends SIGTERM to the trainer processes (torchrun's workers, or the
-  trainer), waits until they have exited (they checkpoint first), and only then stops torchrun, so that it cannot
-  restart them; where every worker finished instead (the stop came after the last step), torchrun is left to end
-  by itself: killed, it would skip its exit barrier and leave the other nodes' torchruns waiting for it (300 s);
+  trainer) and waits until they have exited (they checkpoint first). Told so by a file in the outcome folder,
+  workers that stopped cleanly exit 0: torchrun restarts a group as soon as one worker ends non-zero, which it would
+  see while the others are still exiting. So torchrun ends by itself, through its exit barrier (killed, it would
+  leave the other nodes' torchruns waiting for it, 300 s). Where a worker failed instead, the launcher stops
+  torchrun, so that it cannot restart the group;
 - SIGINT, SIGHUP and SIGQUIT are forwarded to the child;
 - the child dies with the launcher (PR_SET_PDEATHSIG: a SIGKILL to the launcher must not leave a trainer holding
   the GPUs), and a child killed by a signal kills the launcher with the same signal, so callers see what happened
@@ -32,20 +34,19 @@ import threading
 import time
 from pathlib import Path
 
-from trainer.errors import EXIT_DIVERGED, OUTCOME_DIR_ENV, exit_code_for_signal
+from trainer.errors import EXIT_DIVERGED, OUTCOME_DIR_ENV, STOP_REQUESTED, STOPPED_CODES, exit_code_for_signal
 from trainer.launch.decide import LaunchPlan
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-STOPPED_CODES = tuple(exit_code_for_signal(s) for s in (signal.SIGTERM, signal.SIGINT))  # checkpoint written
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def supervise(plan: LaunchPlan) -> int:
     """Run the decided command; return the trainer's exit code. After a stop, the trainers' real outcome: torchrun
-    itself exits 1 for any failed worker, also after a stop the workers answered with 143, so each trainer writes its
-    exit code into a folder named by OUTCOME_DIR_ENV, and a crash or a kill during the stop checkpoint is reported
-    as such, never as "checkpoint written"."""
+    exits 0 when its workers stopped cleanly (they exit 0 for it) and 1 for any failed worker, so each trainer writes
+    its exit code into a folder named by OUTCOME_DIR_ENV, and a crash or a kill during the stop checkpoint is
+    reported as such, never as "checkpoint written"."""
     stops: list[int] = []
     pending: list[int] = []
     trainers: list[int] = []  # the trainer processes the stop went to
@@ -71,7 +72,7 @@ def supervise(plan: LaunchPlan) -> int:
     for signum in pending:
         on_signal(signum, None)
     code = child.wait()
-    if stops and plan.distributed and code != 0:  # torchrun exits 1 for any failed worker, a clean stop too
+    if stops and plan.distributed:
         code = outcome_after_stop(trainers, outcomes)
     elif plan.distributed and code != 0:
         code = diverged_or(code, outcomes)
@@ -123,7 +124,9 @@ def recorded_codes(trainers: list[int], outcomes: Path) -> dict[int, int | None]
 def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, trainers: list[int], outcomes: Path,
                   poll_s: float = 0.05) -> None:  # fmt: skip
     """SIGTERM to the trainer processes (recorded in `trainers`); with torchrun, SIGTERM to torchrun once they have
-    exited, unless every one of them finished (exit 0 in `outcomes`)."""
+    exited, unless every one of them finished or stopped cleanly (their codes in `outcomes`)."""
+    if distributed:
+        (outcomes / STOP_REQUESTED).touch()  # the workers exit 0 after a clean stop (trainer.errors.record_outcome)
     trainers += children_of(child.pid) if distributed else [child.pid]
     log(f"{signal.Signals(signum).name}: SIGTERM to {len(trainers)} trainer process(es); they checkpoint and stop")
     for pid in trainers:
@@ -132,9 +135,12 @@ def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, train
         return
     while any(_alive(pid) for pid in trainers) and child.poll() is None:
         time.sleep(poll_s)
-    if set(recorded_codes(trainers, outcomes).values()) == {0}:
+    codes = set(recorded_codes(trainers, outcomes).values())
+    if codes == {0}:
         log("every trainer process finished the run before the stop reached it; torchrun ends by itself")
-    elif child.poll() is None:  # before it restarts the workers that stopped
+    elif codes <= {0, *STOPPED_CODES}:
+        log("every trainer process wrote its checkpoint and stopped; torchrun ends by itself")
+    elif child.poll() is None:  # before it restarts the workers that failed
         _kill(child.pid, signal.SIGTERM)
 
 

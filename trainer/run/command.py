@@ -41,5 +41,5 @@ def main(_args: argparse.Namespace) -> int:
         code = EXIT_USER
         raise
     finally:
-        record_outcome(code)  # for the launcher: a stop is told from a crash (trainer.launch.supervise)
+        code = record_outcome(code)  # for the launcher: a stop is told from a crash (trainer.launch.supervise)
     return code
