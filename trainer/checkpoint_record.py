@@ -10,7 +10,7 @@ record, `trainer_state.json`, says the step and the batch the Trainer saved with
 Here, once each: the writer (`write_record`), the reader (`read_record`: a missing or damaged record reads as None, a
 field of the wrong type as empty), the check of the files against the record (`damage`), and the choice of the newest
 checkpoint whose files are whole (`newest_sound_checkpoint`). What a run does with a checkpoint is its callers' to
-decide: trainer.run.resume (what to resume, whether the run may continue), trainer.export (what SRC holds).
+decide: trainer.config.resume (what to resume, whether the run may continue), trainer.export (what SRC holds).
 No other module names these files. Torch-free and imports nothing of trainkit (floor 1).
 """
 

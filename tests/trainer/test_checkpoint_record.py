@@ -10,9 +10,9 @@ import pytest
 
 from trainer import checkpoint_record as records
 from trainer import config
+from trainer.config import resume
 from trainer.config.schema import OnResume, TrainSettings, resume_rule
 from trainer.errors import ConfigError
-from trainer.run import resume
 
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 

@@ -362,7 +362,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
     ("TRAIN_MAX_RESTARTS", "launch", lambda c: c["max-restarts"] == "5"),
     ("TRAIN_RDZV_TIMEOUT", "launch", lambda c: c["rdzv-conf"].startswith("join_timeout=60,")),
-    # read by the run's resume (trainer.run.resume; tests/trainer/test_resume_safety.py)
+    # read by the run's resume (trainer.config.resume; tests/trainer/test_resume_safety.py)
     ("TRAIN_RESUME_CHANGED_DATA", "full", lambda c: c["settings"]["TRAIN_RESUME_CHANGED_DATA"]["value"] is True),
     ("TRAIN_START_OVER", "full", lambda c: c["settings"]["TRAIN_START_OVER"]["value"] is True),
     (

@@ -15,12 +15,12 @@ import pytest
 
 from tests.trainer.train_runs import REPO, finish, start, train_env, write_corpus
 from trainer.config.parse import load_settings
+from trainer.config.resume import check_drift
 from trainer.data.discovery import discover
 from trainer.data.mix import MixEntry, parse_eval_sets, parse_mix
 from trainer.data.mixed import MixedDataset, plan, prepare_mix
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
-from trainer.run.resume import check_drift
 from trainer.tokenizer import byte_level_tokenizer
 
 A, B = ord("a"), ord("b")
@@ -154,7 +154,8 @@ def test_a_hub_dataset_in_a_mix_is_fetched_mixed_at_its_weight_and_pinned(tmp_pa
     hub = HubServer().start()
     try:
         letters = hub.repo("org/letters", "datasets")
-        first = letters.commit({"train.jsonl": write_source(tmp_path / "h.jsonl", "b", 300).read_bytes()})
+        first = letters.commit({"train.jsonl": write_source(tmp_path / "h.jsonl", "b", 300).read_bytes(),
+                                "README.md": b"# letters\n", "letters.py": b"raise SystemExit('never run')\n"})
         a = write_source(tmp_path / "a.jsonl", "a", 100)
         env = {**train_env(tmp_path / "out", data=f"{a}:0.8,hf://datasets/org/letters:0.2", seq_len=64, max_steps=1,
                            save_steps=1), "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}  # fmt: skip
@@ -172,6 +173,8 @@ def test_a_hub_dataset_in_a_mix_is_fetched_mixed_at_its_weight_and_pinned(tmp_pa
         assert "python -m trainer fetch" in missing.stderr
         fetched = trainer(["fetch"], online)
         assert fetched.returncode == 0 and f"TRAIN_DATA[letters]=org/letters@main -> commit {first}" in fetched.stdout
+        files = f"GET /datasets/org/letters/resolve/{first}/"  # a source of a mix: its data files only, as alone
+        assert {r.removeprefix(files) for r in hub.requests if r.startswith(files)} == {"train.jsonl"}
         code, err = finish(start({**env, "HF_ENDPOINT": hub.url}))  # offline: from the fetched cache
         assert code == 0, err[-3000:]
         out = tmp_path / "out"

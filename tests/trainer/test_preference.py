@@ -20,8 +20,8 @@ from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
 from trainer.config.methods import decide_reference
 from trainer.config.parse import parse_settings
+from trainer.config.resume import check_drift
 from trainer.errors import ConfigError
-from trainer.run.resume import check_drift
 
 STEPS = 6
 HELD_OUT = 0.25  # 12 of 48 pairs

@@ -1,4 +1,4 @@
-"""trainer.run.resume, the one home of resume decisions, on real checkpoint folders (in-process, no training: the
+"""trainer.config.resume, the one home of resume decisions, on real checkpoint folders (in-process, no training: the
 runs that write and resume from these folders are in test_resume.py and test_stop_signals.py)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 
 from trainer import checkpoint_record as records
 from trainer import config
+from trainer.config import resume
 from trainer.config.checks import resume_problems
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 from trainer.machine.hardware import Hardware
-from trainer.run import resume
 from trainer.run.checkpoint import publish
 
 

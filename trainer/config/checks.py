@@ -286,7 +286,7 @@ RESUME_WORDS = ("auto", "never")  # TRAIN_RESUME's words; anything else is a che
 
 
 def resume_problems(s: TrainSettings) -> list[str]:
-    """What is wrong with TRAIN_RESUME, known without reading the checkpoint (the run reads it: trainer.run.resume)."""
+    """What is wrong with TRAIN_RESUME, known without reading the checkpoint (trainer.config.resume reads it)."""
     if s.resume in RESUME_WORDS or Path(s.resume).is_dir():
         return []
     return [f"TRAIN_RESUME={s.resume!r}: no such checkpoint folder; use auto, never or an existing checkpoint-N path"]

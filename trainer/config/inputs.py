@@ -9,16 +9,17 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
+from trainer.config.resume import hub_pins
 from trainer.config.schema import TrainSettings
 from trainer.data.cache import default_cache_dir
 from trainer.data.chat import TemplateChoice, chosen_template
 from trainer.data.discovery import DataSource, scan
+from trainer.data.hub_datasets import DATA_FILES
 from trainer.data.mix import Mix, combined, eval_set_problems, parse_eval_sets, parse_mix
 from trainer.data.preference import PreferenceRecords, read_records
 from trainer.data.spec import DataSpec
 from trainer.hub.ids import parse_dataset_id
 from trainer.hub.sources import KEYS, HubSources, entry_key, resolve_hub, setting_of
-from trainer.run.resume import hub_pins
 
 # DataSpec field -> the TRAIN_* setting (schema field) it is read from: what shapes the packed data.
 DATA_SPEC_SETTINGS = {"seq_len": "seq_len", "text_field": "text_field", "packing": "packing",
@@ -38,7 +39,7 @@ class Inputs:
     @cached_property
     def hub(self) -> HubSources:
         """The Hub IDs resolved to commits and fetched (pinned to the commits of the checkpoint a resume reads)."""
-        return resolve_hub(self.hub_wanted, hub_pins(self.settings))
+        return resolve_hub(self.hub_wanted, hub_pins(self.settings), DATA_FILES)
 
     @cached_property
     def hub_wanted(self) -> dict[str, str]:

@@ -35,7 +35,7 @@ GROUPS = {
 
 
 class OnResume(str, Enum):
-    """What a change of a setting means when a run resumes from a checkpoint (trainer.run.resume.check_drift)."""
+    """What a change of a setting means when a run resumes from a checkpoint (trainer.config.resume.check_drift)."""
 
     FIXED = "cannot change"  # the checkpoint cannot continue with another value: exit 2
     DATA = "changes the data"  # the training data or its order: exit 2 unless TRAIN_RESUME_CHANGED_DATA=1

@@ -115,7 +115,7 @@ def scan(key: str, value: str, spec: DataSpec, hub: HubSources) -> DataSource:
 
 def _hub_scan(key: str, value: str, spec: DataSpec, hub: HubSources, split: str) -> DataSource | None:
     """The scan of a Hub dataset's snapshot; None for local data."""
-    from trainer.hub.datasets import describe, local_data_spec
+    from trainer.data.hub_datasets import describe, local_data_spec
     from trainer.hub.ids import parse_dataset_id
 
     if parse_dataset_id(value) is None:

@@ -2,7 +2,7 @@
 Hub IDs: resolved once per run (trainer.config.inputs calls `resolve_hub`), into HF_HOME's cache. Each source of a
 list (a mix in TRAIN_DATA, named eval sets) is resolved and pinned on its own, under its `entry_key`.
 
-A run that resumes uses the commit its checkpoint recorded (the pins trainer.run.resume reads from the checkpoint),
+A run that resumes uses the commit its checkpoint recorded (the pins trainer.config.resume reads from the checkpoint),
 even if the branch has moved since; a fresh run resolves the revision asked for. The result is what the checks
 report (stage 1, before torch), what `config` and run_config.json show, and the folder the run loads.
 """
@@ -10,13 +10,12 @@ report (stage 1, before torch), what `config` and run_config.json show, and the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import ConfigError
-from trainer.hub.datasets import data_patterns, no_files_problem
 from trainer.hub.download import Snapshot, snapshot
 from trainer.hub.ids import HubRef, parse_dataset_id, parse_model_id
 
@@ -45,6 +44,16 @@ def _label(key: str) -> str:
     """A key as users read it: TRAIN_DATA, or TRAIN_DATA[chat] for one source of a list."""
     setting, _, name = key.partition(":")
     return f"TRAIN_{setting.upper()}" + (f"[{name}]" if name else "")
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """What of a dataset repository is data, told by the data layer (trainer.data.hub_datasets.DATA_FILES): the
+    patterns to download for a reference, and the problem with a download that holds no data file (None: it holds
+    some); its arguments: the variable, the snapshot's folder, the reference and the commit."""
+
+    patterns: Callable[[HubRef], tuple[str, ...]]
+    missing: Callable[[str, Path, HubRef, str], str | None]
 
 
 @dataclass(frozen=True)
@@ -93,14 +102,18 @@ def _ref_of(key: str, spec: str) -> HubRef | None:
     return parse_dataset_id(spec) if key in ("data", "eval_data") else hub_ref(spec)
 
 
-def _allowed(key: str, ref: HubRef) -> tuple[str, ...] | None:
-    return {"tokenizer": TOKENIZER_PATTERNS, "data": data_patterns(ref), "eval_data": data_patterns(ref)}.get(key)
+def _allowed(key: str, ref: HubRef, datasets: DatasetFiles) -> tuple[str, ...] | None:
+    if key in ("data", "eval_data"):
+        return datasets.patterns(ref)
+    return TOKENIZER_PATTERNS if key == "tokenizer" else None
 
 
-def resolve_hub(wanted: Mapping[str, str], pins: Mapping[str, Mapping[str, str]]) -> HubSources:
+def resolve_hub(wanted: Mapping[str, str], pins: Mapping[str, Mapping[str, str]], datasets: DatasetFiles
+                ) -> HubSources:  # fmt: skip
     """What each Hub ID among `wanted` ({"model": TRAIN_MODEL's value, "data:chat": a mix's source, ...}) resolves
     to, downloaded into HF_HOME's cache; `pins` ({key: {repo_id, sha, checkpoint}}, from the checkpoint a run resumes
-    from) fix their commits. Downloads happen here: the run's configuration calls it once (trainer.config.inputs)."""
+    from) fix their commits; `datasets` says what of a dataset repository is data. Downloads happen here: the run's
+    configuration calls it once (trainer.config.inputs)."""
     found: dict[str, Snapshot] = {}
     pinned: dict[str, str] = {}
     problems_of: dict[str, list[str]] = {}
@@ -112,11 +125,11 @@ def resolve_hub(wanted: Mapping[str, str], pins: Mapping[str, Mapping[str, str]]
         pin = pins.get(key, {})
         revision = pin.get("sha") if pin.get("repo_id") == ref.repo_id else None
         try:
-            snap = snapshot(ref, variable, revision=revision, allow=_allowed(key, ref))
+            snap = snapshot(ref, variable, revision=revision, allow=_allowed(setting_of(key), ref, datasets))
         except ConfigError as exc:
             problems_of[key] = exc.problems
             continue
-        empty = no_files_problem(variable, snap.path, ref, snap.sha) if ref.repo_type == "dataset" else None
+        empty = datasets.missing(variable, snap.path, ref, snap.sha) if ref.repo_type == "dataset" else None
         if empty:
             problems_of[key] = [empty]
             continue

@@ -9,7 +9,7 @@ checkpoint's record (trainer.checkpoint_record: its marker, with the files and t
 renames the folder to `OUTPUT_DIR/checkpoint-N` (one atomic rename on the same filesystem) and only then rotates the
 real checkpoints. So a `checkpoint-N` folder exists only when complete; `.tmp-*` leftovers of a killed save are
 deleted on the next start. Resume additionally requires the record, which guards against folders copied in by hand;
-whether a run may continue from a checkpoint is trainer.run.resume's to say.
+whether a run may continue from a checkpoint is trainer.config.resume's to say.
 """
 
 from __future__ import annotations

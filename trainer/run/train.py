@@ -18,8 +18,8 @@ from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
 
 if TYPE_CHECKING:
+    from trainer.config.resume import Resume
     from trainer.config.run_config import RunConfig
-    from trainer.run.resume import Resume
     from trainer.run.signals import GracefulStop
 
 log = logging.getLogger("trainer")
@@ -87,7 +87,7 @@ def run(cfg: RunConfig) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
     set_single_process_dist_env(cfg)
     setup_logging()
-    from trainer.run.resume import decide
+    from trainer.config.resume import decide
 
     resume = decide(cfg.settings)  # before the heavy work: a TRAIN_RESUME the run cannot continue from exits 2 at once
     from trainer.run.signals import GracefulStop
@@ -189,11 +189,11 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 
 
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
+    from trainer.config.resume import archive_run_config, run_record, set_aside_earlier_run
     from trainer.run.divergence import RECORD as DIVERGED_RECORD
     from trainer.run.divergence import DivergenceGuard
     from trainer.run.evaluation import EvalMetricsCallback
     from trainer.run.output_lock import acquire_output_lock
-    from trainer.run.resume import archive_run_config, run_record, set_aside_earlier_run
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
@@ -222,7 +222,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         return _interrupted(stop, None)
     if args.should_save:  # what made this run (trainer.provenance): the libraries it imported are all loaded now
         _record_provenance(cfg, tokenizer)
-    trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by run.resume
+    trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by config.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
 
@@ -382,7 +382,7 @@ def _prepare_trackers(cfg: RunConfig, args: Any, resume: Resume) -> dict[str, An
     trackers = [t for t in chosen if t in ("wandb", "mlflow")] if isinstance(chosen, list) else []
     if not trackers:
         return None
-    from trainer.run.resume import recorded_tracker_runs
+    from trainer.config.resume import recorded_tracker_runs
     from trainer.trackers.environment import prepare
 
     recorded = recorded_tracker_runs(resume.checkpoint) if resume.checkpoint else {}

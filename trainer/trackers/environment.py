@@ -61,7 +61,7 @@ def run_tags(cfg: Any) -> list[str]:
 
 
 def previous_runs(output_dir: str, resuming: bool, recorded: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    """The tracker runs a resumed run continues: what its checkpoint's marker recorded (trainer.run.resume reads it),
+    """The tracker runs a resumed run continues: what its checkpoint's marker recorded (trainer.config.resume reads it),
     else OUTPUT_DIR/trackers.json; none when the run starts from scratch."""
     if not resuming:
         return {}

@@ -1,9 +1,10 @@
 """TRAIN_DATA / TRAIN_EVAL_DATA given as Hub datasets: `hf://datasets/org/name[@revision][/path]`.
 
 Only the data files are downloaded into HF_HOME's cache: those under `path` (a config folder such as `en/`), the
-file or glob `path` names (`en/validation-*.parquet`), or every data file of the repository. The snapshot is then
-an ordinary local folder for trainer.data: a hub-style layout gives its train split to TRAIN_DATA and its validation
-split to TRAIN_EVAL_DATA, and the reader streams the files into the same prepared-shard cache as local data.
+file or glob `path` names (`en/validation-*.parquet`), or every data file of the repository (`DATA_FILES`, which
+the configuration hands to trainer.hub.sources.resolve_hub). The snapshot is then an ordinary local folder for
+discovery: a hub-style layout gives its train split to TRAIN_DATA and its validation split to TRAIN_EVAL_DATA, and
+the reader streams the files into the same prepared-shard cache as local data.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from trainer.data.formats import COMPRESSIBLE, COMPRESSIONS, FORMATS, is_glob
 from trainer.hub.ids import HubRef
+from trainer.hub.sources import DatasetFiles
 
 if TYPE_CHECKING:
     from trainer.hub.download import Snapshot
@@ -47,3 +49,6 @@ def no_files_problem(variable: str, snapshot_path: Path, ref: HubRef, sha: str) 
 
 def describe(snapshot: Snapshot) -> str:
     return f"Hub dataset {snapshot.ref.repo_id} at commit {snapshot.sha}"
+
+
+DATA_FILES = DatasetFiles(patterns=data_patterns, missing=no_files_problem)

@@ -30,14 +30,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainer import checkpoint_record as records
+from trainer.config.schema import OnResume, TrainSettings, resume_rule
+from trainer.data.mix import identity
 from trainer.errors import ConfigError
 from trainer.secrets import mask_secrets
-
-if TYPE_CHECKING:
-    from trainer.config.schema import TrainSettings
 
 PREVIOUS_RUNS = "previous-runs"
 RUN_CONFIG = "run_config.json"
@@ -150,8 +149,6 @@ def _env(name: str) -> str:
 
 def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     """The TRAIN_* settings a checkpoint records (secrets masked), by field name."""
-    from trainer.config.schema import OnResume, resume_rule  # here: the config package asks this module at import
-    from trainer.data.mix import identity
 
     values = json.loads(json.dumps(settings.model_dump(), default=str))
     values["data"] = identity(values["data"])  # a mix file's weights are part of the data
@@ -167,7 +164,6 @@ def run_record(settings: TrainSettings, hub: dict[str, Any]) -> records.Checkpoi
 def check_drift(checkpoint: Path, settings: TrainSettings, quiet: bool = False) -> None:
     """ConfigError when this run's settings differ from the checkpoint's in a way it cannot continue with; the
     changes it may continue with are logged (unless `quiet`)."""
-    from trainer.config.schema import OnResume, resume_rule
 
     record = records.read_record(checkpoint)
     before = record.settings if record else None
