@@ -9,11 +9,12 @@ exists from 2.12 on; NGC's default row ships 2.7), and it restarts workers that 
   launcher only, and with SIGUSR1 ignored, which survives exec: torchrun, its workers and their data loaders ignore a
   step-wide SIGUSR1 (`scancel --signal=USR1`), and only the launcher acts on it;
 - on the first SIGTERM or SIGUSR1 the launcher sends SIGTERM to the trainer processes (torchrun's workers, or the
-  trainer) and waits until they have exited (they checkpoint first). Told so by a file in the outcome folder,
-  workers that stopped cleanly exit 0: torchrun restarts a group as soon as one worker ends non-zero, which it would
-  see while the others are still exiting. So torchrun ends by itself, through its exit barrier (killed, it would
-  leave the other nodes' torchruns waiting for it, 300 s). Where a worker failed instead, the launcher stops
-  torchrun, so that it cannot restart the group;
+  trainer), waits until they have exited (they checkpoint first), and only then stops torchrun. Told so by a file
+  in the outcome folder, workers that stopped cleanly exit 0: torchrun restarts the group as soon as one worker ends
+  non-zero, which it would see while the others are still exiting, before the launcher's SIGTERM (which its log
+  tailer may even swallow). Stopped, torchrun skips its exit barrier: a node stopped alone does not wait there for
+  the others (300 s). Where every worker finished the run instead (the stop came after the last step), torchrun is
+  left to end by itself, through that barrier, which the other nodes' torchruns wait on;
 - SIGINT, SIGHUP and SIGQUIT are forwarded to the child;
 - the child dies with the launcher (PR_SET_PDEATHSIG: a SIGKILL to the launcher must not leave a trainer holding
   the GPUs), and a child killed by a signal kills the launcher with the same signal, so callers see what happened
@@ -124,7 +125,7 @@ def recorded_codes(trainers: list[int], outcomes: Path) -> dict[int, int | None]
 def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, trainers: list[int], outcomes: Path,
                   poll_s: float = 0.05) -> None:  # fmt: skip
     """SIGTERM to the trainer processes (recorded in `trainers`); with torchrun, SIGTERM to torchrun once they have
-    exited, unless every one of them finished or stopped cleanly (their codes in `outcomes`)."""
+    exited, unless every one of them finished (exit 0 in `outcomes`)."""
     if distributed:
         (outcomes / STOP_REQUESTED).touch()  # the workers exit 0 after a clean stop (trainer.errors.record_outcome)
     trainers += children_of(child.pid) if distributed else [child.pid]
@@ -135,12 +136,9 @@ def stop_trainers(child: subprocess.Popen, distributed: bool, signum: int, train
         return
     while any(_alive(pid) for pid in trainers) and child.poll() is None:
         time.sleep(poll_s)
-    codes = set(recorded_codes(trainers, outcomes).values())
-    if codes == {0}:
+    if set(recorded_codes(trainers, outcomes).values()) == {0}:
         log("every trainer process finished the run before the stop reached it; torchrun ends by itself")
-    elif codes <= {0, *STOPPED_CODES}:
-        log("every trainer process wrote its checkpoint and stopped; torchrun ends by itself")
-    elif child.poll() is None:  # before it restarts the workers that failed
+    elif child.poll() is None:  # before it restarts a worker that failed; a clean stop skips the exit barrier
         _kill(child.pid, signal.SIGTERM)
 
 
