@@ -37,8 +37,9 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 # those imports would run back up).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
-     "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance"),  # facts of the
-    # machine, the installed versions, a checkpoint's record and a run's provenance: no trainkit code above them
+     "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
+     "trainer/lifetime"),  # facts of the machine, the installed versions, a checkpoint's record and a run's
+    # provenance, and how long a process lives: no trainkit code above them
     ("trainer/hub",),  # the Hub, torch-free
     ("trainer/tokenizer",),  # the tokenizers the data is encoded with
     ("trainer/data",),

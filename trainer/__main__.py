@@ -17,6 +17,7 @@ import os
 import sys
 
 from trainer.errors import EXIT_USER, ConfigError, Interrupted
+from trainer.lifetime import die_with_torchrun
 
 COMMAND_MODULES = (
     "trainer.run.command", "trainer.config.command", "trainer.doctor.command", "trainer.bench.command",
@@ -66,4 +67,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_torchrun()
     sys.exit(main())

@@ -6,6 +6,7 @@ master.go, elastic.go) sets on a PyTorchJob's pods.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import gone, process_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER_PREFIXES = ("SLURM_", "PET_", "TRAIN_", "TORCHELASTIC_", "CUDA_")
@@ -214,24 +216,41 @@ def test_launch_line_is_printed_without_secrets() -> None:
     assert "--hub_token=***" in done.stderr
 
 
-@pytest.mark.slow
-def test_sigterm_reaches_torchrun_workers_and_the_launcher_exits_143(tmp_path: Path) -> None:
-    """A real torchrun with two CPU workers: SIGTERM to the launcher -> every rank stops at the same step,
-    rank 0 writes a checkpoint, torchrun does not restart them, the launcher exits 143 within a bounded time."""
+def start_two_ranks(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """The launcher of a real torchrun with two CPU workers, once rank 0 has logged two steps; its output (a file, not
+    a pipe: a full pipe nobody reads would hold the launcher up) and the run's outputs are under tmp_path."""
     # More steps than the run reaches: on a loaded machine 500 steps ended before the test saw two metrics lines.
     env = clean_env(TRAIN_NPROC_PER_NODE="2", TRAIN_MODEL="tiny", TRAIN_SEQ_LEN="32", TRAIN_BATCH_SIZE="2",
                     TRAIN_MAX_STEPS="1000000", TRAIN_SAVE_STEPS="1000000", TRAIN_LOG_STEPS="1",
                     TRAIN_OUTPUT_DIR=str(tmp_path / "output"))  # fmt: skip
     log = tmp_path / "launcher.log"
-    with open(log, "w") as out_file:  # a file, not a pipe: a full pipe nobody reads would hold the launcher up
+    with open(log, "w") as out_file:
         proc = subprocess.Popen([sys.executable, "-m", "trainer.launch", "train"], env=env, cwd=ROOT,
                                 stdout=out_file, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    metrics = tmp_path / "output" / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_run(proc)
+            pytest.fail("the run did not log two steps:\n" + log.read_text()[-3000:])
+        time.sleep(0.5)
+    return proc, log
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and everything it started (a failed test leaves no trainer behind)."""
+    for pid in process_tree(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_sigterm_reaches_torchrun_workers_and_the_launcher_exits_143(tmp_path: Path) -> None:
+    """A real torchrun with two CPU workers: SIGTERM to the launcher -> every rank stops at the same step,
+    rank 0 writes a checkpoint, torchrun does not restart them, the launcher exits 143 within a bounded time."""
+    proc, log = start_two_ranks(tmp_path)
     try:
-        deadline = time.monotonic() + 300
-        metrics = tmp_path / "output" / "metrics.jsonl"
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=180)
@@ -239,10 +258,31 @@ def test_sigterm_reaches_torchrun_workers_and_the_launcher_exits_143(tmp_path: P
             pytest.fail("no exit 180 s after SIGTERM:\n" + log.read_text()[-5000:])
     finally:
         if proc.poll() is None:
-            proc.kill()
+            kill_run(proc)
     out = log.read_text()
     assert proc.returncode == 143, out[-3000:]
     assert "[rank0]:" in out and "[rank1]:" in out
     assert out.count("rank 0 writes metrics") == 1, out[-3000:]  # torchrun did not restart the workers that stopped
     checkpoints = [p for p in (tmp_path / "output").glob("checkpoint-*") if (p / "trainkit_complete").exists()]
     assert checkpoints, out[-3000:]
+
+
+@pytest.mark.slow
+def test_sigkill_to_the_launcher_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """SIGKILL to the launcher: torchrun dies with it, and its workers with torchrun (each asked for it), so no
+    trainer keeps the GPUs or the output lock; their data loader workers follow within PyTorch's 5 s check."""
+    proc, log = start_two_ranks(tmp_path)
+    run = [pid for pid in process_tree(proc.pid) if pid != proc.pid]
+    try:
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while not all(gone(pid) for pid in run):
+            left = [pid for pid in run if not gone(pid)]
+            assert time.monotonic() < deadline, f"still running 30 s after the launcher's SIGKILL: {left}\n" + (
+                log.read_text()[-2000:])
+            time.sleep(0.2)
+    finally:
+        for pid in run:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import gone, process_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 KEEP = ("PATH", "HOME", "LANG", "TMPDIR")
@@ -137,23 +138,6 @@ sys.exit(supervise(decision))
 """
 
 
-def process_tree(root: int) -> list[int]:
-    """`root` and all its descendants, from /proc."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
-    tree, changed = {root}, True
-    while changed:
-        found = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= found
-        changed = bool(found)
-    return sorted(tree)
-
-
 def slurm_step_signal(proc: subprocess.Popen, sig: signal.Signals) -> None:
     """What `scancel --signal` does: slurmstepd signals every process of the step."""
     for pid in process_tree(proc.pid):
@@ -210,13 +194,6 @@ sys.exit(supervise(plan))
 """
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.parametrize("victim", ["launcher", "trainer"])
 def test_launcher_and_trainer_share_their_fate(tmp_path: Path, victim: str) -> None:
     """SIGKILL to the launcher takes the trainer with it (no orphan holding GPUs); a trainer killed by the OOM
@@ -232,7 +209,7 @@ def test_launcher_and_trainer_share_their_fate(tmp_path: Path, victim: str) -> N
         os.kill(proc.pid if victim == "launcher" else child, signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
         deadline = time.monotonic() + 10
-        while not _gone(child):
+        while not gone(child):
             assert time.monotonic() < deadline, "the trainer outlived the launcher"
             time.sleep(0.1)
     finally:

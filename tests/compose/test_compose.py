@@ -75,9 +75,11 @@ def kill_during_next_save(compose: Compose, output: Path, after: int) -> None:
 
 
 def crash_trainer(container) -> None:
-    """SIGKILL dumb-init's child, the trainer: the container exits 137 without anyone stopping it."""
+    """SIGKILL dumb-init's child, the trainer: the container exits 137 without anyone stopping it. The exec's own shell
+    may end with it (137: the container's end takes every process in it); the restart the caller waits for is what
+    shows the kill landed."""
     result = container.exec_run(["sh", "-c", "kill -9 $(cat /proc/1/task/1/children)"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in (0, 137), result.output
 
 
 def test_up_stop_resume_kill_crash_and_finish(project):

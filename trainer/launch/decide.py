@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from trainer import compat
 from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
+from trainer.lifetime import TORCHRUN_MARKER
 from trainer.machine.gpus import NprocError, resolve_nproc
 from trainer.secrets import mask_args
 
@@ -31,9 +32,8 @@ WORKER_ENV_DEFAULTS = {
 
 # A torchrun worker's own variables. Set outside torchrun (enroot's 50-slurm-pytorch.sh hook exports them into
 # every image with PYTORCH_VERSION, as NGC's) they would make each worker think it is rank 0 of a one-process job;
-# the launcher clears them and torchrun sets them per worker. Only TORCHELASTIC_RUN_ID means "inside torchrun".
+# the launcher clears them and torchrun sets them per worker. Only TORCHRUN_MARKER means "inside torchrun".
 WORKER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
 
 
 @dataclass

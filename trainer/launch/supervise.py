@@ -16,15 +16,14 @@ exists from 2.12 on; NGC's default row ships 2.7), and it restarts workers that 
   the others (300 s). Where every worker finished the run instead (the stop came after the last step), torchrun is
   left to end by itself, through that barrier, which the other nodes' torchruns wait on;
 - SIGINT, SIGHUP and SIGQUIT are forwarded to the child;
-- the child dies with the launcher (PR_SET_PDEATHSIG: a SIGKILL to the launcher must not leave a trainer holding
-  the GPUs), and a child killed by a signal kills the launcher with the same signal, so callers see what happened
-  (e.g. the OOM killer's SIGKILL).
+- the child dies with the launcher (trainer.lifetime: a SIGKILL to the launcher must not leave a trainer holding
+  the GPUs; torchrun's workers die with torchrun), and a child killed by a signal kills the launcher with the same
+  signal, so callers see what happened (e.g. the OOM killer's SIGKILL).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -37,10 +36,10 @@ from pathlib import Path
 
 from trainer.errors import EXIT_DIVERGED, OUTCOME_DIR_ENV, STOP_REQUESTED, STOPPED_CODES, exit_code_for_signal
 from trainer.launch.decide import LaunchPlan
+from trainer.lifetime import die_with_parent
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def supervise(plan: LaunchPlan) -> int:
@@ -169,8 +168,7 @@ def _alive(pid: int) -> bool:
 def _prepare_child() -> None:
     """In the child, before exec: ignore SIGUSR1 (inherited through exec) and die with the launcher."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    die_with_parent()
 
 
 def _kill(pid: int, sig: int) -> None:
