@@ -149,7 +149,6 @@ def _env(name: str) -> str:
 
 def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     """The TRAIN_* settings a checkpoint records (secrets masked), by field name."""
-
     values = json.loads(json.dumps(settings.model_dump(), default=str))
     values["data"] = identity(values["data"])  # a mix file's weights are part of the data
     return {k: v for k, v in mask_secrets(values).items() if resume_rule(k) is not OnResume.NOT_RECORDED}
@@ -164,7 +163,6 @@ def run_record(settings: TrainSettings, hub: dict[str, Any]) -> records.Checkpoi
 def check_drift(checkpoint: Path, settings: TrainSettings, quiet: bool = False) -> None:
     """ConfigError when this run's settings differ from the checkpoint's in a way it cannot continue with; the
     changes it may continue with are logged (unless `quiet`)."""
-
     record = records.read_record(checkpoint)
     before = record.settings if record else None
     if before is None:

@@ -118,14 +118,15 @@ def resolve_hub(wanted: Mapping[str, str], pins: Mapping[str, Mapping[str, str]]
     pinned: dict[str, str] = {}
     problems_of: dict[str, list[str]] = {}
     for key, value in wanted.items():
-        variable = f"TRAIN_{setting_of(key).upper()}"
-        ref = _ref_of(setting_of(key), value)
+        setting = setting_of(key)
+        variable = f"TRAIN_{setting.upper()}"
+        ref = _ref_of(setting, value)
         if ref is None:
             continue
         pin = pins.get(key, {})
         revision = pin.get("sha") if pin.get("repo_id") == ref.repo_id else None
         try:
-            snap = snapshot(ref, variable, revision=revision, allow=_allowed(setting_of(key), ref, datasets))
+            snap = snapshot(ref, variable, revision=revision, allow=_allowed(setting, ref, datasets))
         except ConfigError as exc:
             problems_of[key] = exc.problems
             continue
