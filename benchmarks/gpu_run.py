@@ -217,7 +217,7 @@ class Driver:
         if not (folder / "config.json").exists():
             from transformers import AutoModelForCausalLM
 
-            from trainer.run.models import preset_config
+            from trainer.model.build import preset_config
             from trainer.tokenizer import byte_level_tokenizer
 
             tok = byte_level_tokenizer()

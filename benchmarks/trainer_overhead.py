@@ -128,7 +128,7 @@ def resolved_config(env: dict[str, str]) -> dict:
 
 
 def prepare_baseline_inputs(tmp: Path, a: argparse.Namespace, config: dict) -> dict:
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tok = byte_level_tokenizer()

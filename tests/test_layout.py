@@ -38,12 +38,13 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
      "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
-     "trainer/lifetime"),  # facts of the machine, the installed versions, a checkpoint's record and a run's
-    # provenance, and how long a process lives: no trainkit code above them
+     "trainer/lifetime", "trainer/logs"),  # facts of the machine, the installed versions, a checkpoint's record
+    # and a run's provenance, how long a process lives and where it logs: no trainkit code above them
     ("trainer/hub",),  # the Hub, torch-free
     ("trainer/tokenizer",),  # the tokenizers the data is encoded with
     ("trainer/data",),
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
+    ("trainer/model",),  # a model built or loaded: preset, folder, checkpoint, export; quantization, LoRA, attention
     ("trainer/export", "trainer/answers"),  # a run's outputs -> a model folder (the run calls it at its end for
     # TRAIN_PUSH_TO_HUB); prompts in, answers out (the run's TRAIN_EVAL_GENERATE samples, generate, eval)
     ("trainer/run",),  # the training run

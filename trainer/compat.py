@@ -68,7 +68,7 @@ class Stack:
     def packs_by_position_ids(self) -> bool:
         """Whether sdpa/eager attention keeps packed records apart from restarted position_ids alone: transformers 5
         builds a mask per record from them (without a cache). 4.46 never does, 4.57 only on torch >= 2.6; there the
-        trainer passes a per-record 4D mask instead (trainer.run.packed_attention)."""
+        trainer passes a per-record 4D mask instead (trainer.model.packed_attention)."""
         return self.transformers_5
 
     @property

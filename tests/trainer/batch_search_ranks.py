@@ -26,7 +26,7 @@ START, CEILING, SEQ = 8, 256, 16
 def tiny_model_with_memory_limit(limit: int) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tok = byte_level_tokenizer()

@@ -3,7 +3,7 @@
     python tests/trainer/compiled_probe.py    (TRAIN_* from the environment, as `python -m trainer` reads them)
 
 Runs `python -m trainer train` in this process with two observers: the attention function the model is built
-with (trainer.run.packed_attention.CAUSAL_SDPA, Transformers' sdpa) is registered wrapped, counting the masks it is
+with (trainer.model.packed_attention.CAUSAL_SDPA, Transformers' sdpa) is registered wrapped, counting the masks it is
 given, and torch._dynamo's counters say how many graphs were compiled. Prints one JSON line last.
 """
 
@@ -21,7 +21,7 @@ def main() -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from trainer.__main__ import main as trainer_main
-    from trainer.run.packed_attention import CAUSAL_SDPA
+    from trainer.model.packed_attention import CAUSAL_SDPA
 
     masks: list[bool] = []  # True: no mask. Compiled code records at trace time (comptime runs in the compiler
     # and leaves the graph and its guards as they were); eager calls record each call.

@@ -18,7 +18,7 @@ def save_tiny_model(folder: Path, seed: int = 0) -> dict[str, bytes]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer()

@@ -4,7 +4,8 @@ the oldest row's (.venv-oldest), so each stack answers for itself.
     python tests/trainer/packed_isolation.py DATA_FILE OUTPUT_DIR [TRAIN_ATTN[:compiled] ...]
 
 Builds the dataset and the model exactly as a training run does (settings from TRAIN_* with the user's defaults,
-trainer.data.dataset.load_or_prepare, trainer.run.models.build_model, the run's collator), feeds one batch of packed
+trainer.data.dataset.load_or_prepare, trainer.run.training_model.build_model, the run's collator), feeds one batch of
+packed
 sequences, and compares each trained token's loss with the same record's loss computed alone. Prints one JSON line
 per attention implementation: the largest difference, and how many records and trained tokens were compared.
 `:compiled` builds the model with TRAIN_COMPILE=1 (its decoder layers compiled in place, as a run does) and computes
@@ -35,8 +36,8 @@ def per_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def compare(attn: str, data: str, output_dir: str, compiled: bool = False) -> dict[str, object]:
     from trainer.config import load_inputs, resolve
     from trainer.data.dataset import load_or_prepare
-    from trainer.run.models import build_model
-    from trainer.run.packed_attention import collator_for
+    from trainer.model.packed_attention import collator_for
+    from trainer.run.training_model import build_model
     from trainer.tokenizer import tokenizer_for
 
     env = {"TRAIN_DATA": data, "TRAIN_OUTPUT_DIR": output_dir, "TRAIN_SEQ_LEN": "96", "TRAIN_ATTN": attn,

@@ -164,7 +164,7 @@ def plain_run(out: Path, cfg: Any, sync_debug: bool) -> dict[int, dict[str, Any]
     attention (precision and attention decide which kernels run, e.g. fp16's loss scaler)."""
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments, default_data_collator, set_seed
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tok = byte_level_tokenizer()

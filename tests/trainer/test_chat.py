@@ -33,7 +33,7 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tokenizers import decoders
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
 
     folder = tmp_path_factory.mktemp("chat-model")
     save_bpe_tokenizer(folder)

@@ -170,7 +170,9 @@ def _model_effects(root: Path) -> dict[str, Any]:
     """The tiny preset with the RoPE scaling and the LoRA settings applied, as the run builds it."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import apply_lora, preset_config, scale_rope
+    from trainer.config.rope import scale_rope
+    from trainer.model.adapters import apply_lora
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     settings = config.parse_settings({**_base(root, "model"), **EFFECT_ENVS["model"]})
@@ -310,7 +312,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
             and "activation_checkpointing" not in c["training_arguments"]
         ),
     ),
-    # the trainer compiles each decoder layer itself (trainer.run.models); Transformers compiles only under
+    # the trainer compiles each decoder layer itself (trainer.run.training_model); Transformers compiles only under
     # DeepSpeed/FSDP (test_speed_decisions.py)
     ("TRAIN_COMPILE", "full", lambda c: c["decisions"]["compile"]["value"] is True
      and c["training_arguments"]["dataloader_drop_last"] is True),

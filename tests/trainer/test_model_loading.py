@@ -25,7 +25,7 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny preset saved as a Hugging Face folder in fp32 (no tokenizer: the byte-level one is used)."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     folder = tmp_path_factory.mktemp("models") / "tiny-fp32"

@@ -129,7 +129,7 @@ def test_peak_flops_table(name: str | None, tflops: int | None) -> None:
 def test_flops_per_token_counts_matmul_parameters_and_attention() -> None:
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tok = byte_level_tokenizer()
@@ -144,7 +144,7 @@ def test_lora_flops_skip_the_weight_gradients_of_frozen_weights() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     tok = byte_level_tokenizer()
@@ -206,7 +206,7 @@ def test_qlora_under_fsdp_stores_4bit_weights_shardably_and_lets_fsdp_place_them
     device_map would fight FSDP's own placement. Without FSDP, the model goes to this rank's GPU as before."""
     import torch
 
-    from trainer.run.models import pretrained_kwargs
+    from trainer.model.build import pretrained_kwargs
 
     fsdp = pretrained_kwargs("sdpa", "4bit", "bf16", sharded=True)
     assert fsdp["quantization_config"].bnb_4bit_quant_storage == torch.bfloat16 and "device_map" not in fsdp

@@ -109,7 +109,7 @@ def test_flash_attention_gets_each_records_boundaries_from_the_collator(tmp_path
     """flash-attention's kernels cannot run on the CPU: the varlen metadata the collator gives them is checked
     against the records themselves. One row; cu_seq_lens at every record start (int32, ending at the row's length);
     max_length_q/k plain ints (no host sync, no graph break in a compiled layer)."""
-    from trainer.run.packed_attention import collator_for
+    from trainer.model.packed_attention import collator_for
 
     write_pairs(tmp_path / "pairs.jsonl", 40)
     dataset = load_or_prepare(discover(str(tmp_path / "pairs.jsonl")), byte_level_tokenizer(), DataSpec(96), tmp_path)

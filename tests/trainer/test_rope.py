@@ -15,7 +15,7 @@ def test_scaled_run_saves_and_loads_the_scaling(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.models import preset_config
+    from trainer.model.build import preset_config
     from trainer.tokenizer import byte_level_tokenizer
 
     env = {**trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_ROPE_SCALING": "linear", "TRAIN_SEQ_LEN": "4096",

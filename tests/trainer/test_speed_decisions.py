@@ -40,7 +40,7 @@ def test_a_long_gpu_run_gets_the_fast_path_with_its_reasons() -> None:
     if compat.compile_default_problem() is None:  # this venv's torch is the one compat judges
         assert d.compile.value is True and d.compile.reason.startswith("auto: a GPU run (epochs)")
         assert "regional: each decoder layer compiled in place" in d.compile.reason
-        # the trainer compiles the layers itself (trainer.run.models); Transformers does not compile the whole
+        # the trainer compiles the layers itself (trainer.run.training_model); Transformers does not compile the whole
         assert ta["torch_compile"] is False and ta["dataloader_drop_last"] is True
     assert d.auto_batch.value is True and d.auto_batch.reason.startswith("auto: on")
     assert "with no accumulation" in d.batch_size.reason  # TRAIN_BATCH_SIZE not set: the search chooses it
@@ -112,7 +112,7 @@ def test_flash_attention_4_is_a_train_attn_value_with_clear_refusals() -> None:
     fa4 = with_libraries(H100, flash_attn_4=True)
     attn = resolve(fa4, attn="flash_attention_4").decisions.attn
     assert attn.value == "flash_attention_4" and attn.reason.startswith("set by TRAIN_ATTN; packed records: one row")
-    assert "cu_seq_lens" in attn.reason  # the varlen kernel gets the records' boundaries (trainer.run.packed_attention)
+    assert "cu_seq_lens" in attn.reason  # the varlen kernel gets the boundaries (trainer.model.packed_attention)
     refusals = [
         (H100, {}, "needs the flash-attn-4 package"),
         (with_libraries(A100, flash_attn_4=True), {}, "needs a Hopper or newer GPU"),

@@ -38,7 +38,7 @@ def test_bf16_fused_adamw_grad_ckpt_and_compile_train(run_trainer, trainer_env, 
     args = config["training_arguments"]
     assert args["bf16"] is True and args["optim"] == "adamw_torch_fused"
     assert config["decisions"]["compile"]["value"] is True and args["torch_compile"] is False  # not Transformers:
-    assert "LlamaDecoderLayer layers compiled in place" in result.stderr  # each layer, by trainer.run.models
+    assert "LlamaDecoderLayer layers compiled in place" in result.stderr  # each layer, by trainer.run.training_model
     rows = _metrics(output)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(math.isfinite(r["loss"]) for r in rows)

@@ -16,7 +16,8 @@ os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1"
 from transformers import AutoModelForCausalLM, TrainingArguments
 from trainer.config.deepspeed import generate
 from trainer.run.metrics import flops_per_token, matmul_params
-from trainer.run.models import count_parameters, preset_config
+from trainer.model.build import preset_config
+from trainer.run.training_model import count_parameters
 from trainer.tokenizer import byte_level_tokenizer, fit_embeddings
 
 tok = byte_level_tokenizer()

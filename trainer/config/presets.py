@@ -1,6 +1,6 @@
 """The built-in model presets: Llama shapes trained from scratch. Anything else in TRAIN_MODEL is a model folder or a
 Hub ID. The schema (TRAIN_MODEL's docs), the checks and the decisions take the names from here, the run
-(trainer.run.models) the shapes; torch-free."""
+(trainer.model.build) the shapes; torch-free."""
 
 from __future__ import annotations
 

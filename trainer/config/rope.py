@@ -1,6 +1,6 @@
 """RoPE scaling (TRAIN_ROPE_SCALING, TRAIN_ROPE_FACTOR): what a model config allows and the scaling it gets.
 
-Torch-free: the checks read a preset's shape or a model folder's config.json; the run (trainer.run.models) calls
+Torch-free: the checks read a preset's shape or a model folder's config.json; the model loader (trainer.model) calls
 `scale_rope` on the loaded config (first checked there for Hub models), which writes the scaling through trainer.compat.
 The model's max_position_embeddings stays its pretrained length (linear, dynamic and yarn read it as such), except
 for llama3, which keeps the pretrained length in its own original_max_position_embeddings (as Llama 3.1 does).

@@ -103,7 +103,7 @@ CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"
 def compiled_by_accelerate(s: TrainSettings, ds: dict[str, Any] | None) -> bool:
     """Who compiles: with DeepSpeed or FSDP, Transformers' torch_compile (Accelerate compiles each repeated block
     after wrapping the model, its regional compilation); otherwise the trainer compiles each decoder layer in place
-    (trainer.run.models.compile_layers) before the batch search, so the search sizes the model that trains."""
+    (trainer.run.training_model.compile_layers) before the batch search, so the search sizes the model that trains."""
     return ds is not None or s.zero_stage > 0 or s.fsdp != "none"
 
 
@@ -227,7 +227,7 @@ def _flash_problem(attn: str, hw: Hardware, precision: str) -> str | None:
 
 
 def records_apart(attn: str) -> str:
-    """How a batch of packed records is kept apart with `attn` (trainer.run.packed_attention), for the reason."""
+    """How a batch of packed records is kept apart with `attn` (trainer.model.packed_attention), for the reason."""
     if attn.startswith("flash_attention"):
         return ("packed records: one row per batch and their boundaries (cu_seq_lens, computed in the DataLoader) "
                 "for the varlen kernel")  # fmt: skip

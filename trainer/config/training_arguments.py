@@ -66,7 +66,7 @@ def _compile_arguments(s: TrainSettings, decisions: Decisions, ds: dict[str, Any
     # A partial last batch would recompile the model for its shape: a compiled run's training DataLoader drops it
     # (a different random one each epoch; trainer.run.train counts and records what is left out).
     if not speed.compiled_by_accelerate(s, ds):
-        return {"torch_compile": False, "dataloader_drop_last": True}  # trainer.run.models compiles each layer
+        return {"torch_compile": False, "dataloader_drop_last": True}  # trainer.run.training_model compiles each layer
     return {"torch_compile": True, "torch_compile_backend": s.compile_backend, "torch_compile_mode": s.compile_mode,
             "dataloader_drop_last": True}  # fmt: skip
 

@@ -32,7 +32,7 @@ IGNORE_INDEX = -100
 class ShardedDataset:
     """Blocks of token ids from the shards; labels are the ids, with -100 where the loss is not taken (prompts,
     padding, each record's first token). Where records were packed whole, items carry `position_ids` restarting at
-    0 on each record: with them (and use_cache off) attention stays inside each record (trainer.run.packed_attention).
+    0 on each record: with them (and use_cache off) attention stays inside each record (trainer.model.packed_attention).
     """
 
     def __init__(self, folder: Path, meta: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """Loss and perplexity on the trained tokens of an eval set, computed as training computes them: the data layer
 tokenizes, packs and masks it (trainer.data: the same cache, labels -100 where no loss is taken) with the data
 settings of the run the model came from (sequence length, packing, TRAIN_LOSS_ON...), and the model sees each
-packed sequence as the training run's evaluation did (records kept apart: trainer.run.packed_attention)."""
+packed sequence as the training run's evaluation did (records kept apart: trainer.model.packed_attention)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def loss_on(model: Any, dataset: Any, batch_size: int, device: Any) -> Loss:
     """The mean loss per trained token (labels != -100, shifted as the model's own loss shifts them)."""
     import torch
 
-    from trainer.run.packed_attention import collator_for, isolate_records
+    from trainer.model.packed_attention import collator_for, isolate_records
 
     attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
     isolate_records(model, attn)  # no cache, and the records of a packed sequence kept apart, as in training

@@ -49,8 +49,9 @@ def register(commands: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from trainer.export.verify import ExportMismatch
+    from trainer.logs import setup_logging
 
-    _log_to_stderr()
+    setup_logging()
     try:
         out = export(Path(args.src), Path(args.out), args.adapter_only, args.dtype, args.base)
     except ExportMismatch as exc:
@@ -59,18 +60,6 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_CRASH
     print(f"exported {out}")
     return EXIT_OK
-
-
-def _log_to_stderr() -> None:
-    """The `trainer` logger's INFO lines on stderr, as the run shows them."""
-    import sys
-
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(logging.INFO)
 
 
 def _check_out(out: Path, replace: bool) -> None:

@@ -80,7 +80,7 @@ def load_for(args: argparse.Namespace, command: str) -> Any:
     """The loaded model (trainer.generate.loading) and its generator, as the command line asks; logs on stderr."""
     from trainer.answers.decoding import Generator, Sampling
     from trainer.generate.loading import Choice, load
-    from trainer.run.train import setup_logging
+    from trainer.logs import setup_logging
 
     setup_logging()
     _quiet_transformers()

@@ -187,7 +187,7 @@ def _build(plan: Plan, choice: Choice, tokenizer: Any, device: Any) -> Any:
     from trainer.compat import model_dtype_kwargs
 
     if plan.preset:
-        from trainer.run.models import build_preset, preset_config
+        from trainer.model.build import build_preset, preset_config
 
         model = build_preset(preset_config(plan.model, len(tokenizer), 2048, tokenizer), "sdpa", device)
         return model.to(getattr(torch, DTYPES[choice.dtype] or "float32"))

@@ -271,7 +271,7 @@ def search_key(cfg: RunConfig, args: Any, model: Any) -> dict[str, Any]:
     import torch
     import transformers
 
-    from trainer.run.models import count_parameters
+    from trainer.run.training_model import count_parameters
 
     s, d = cfg.settings, cfg.decisions
     props = torch.cuda.get_device_properties(args.device)

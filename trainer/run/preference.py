@@ -1,7 +1,7 @@
 """Preference tuning (TRAIN_METHOD=dpo/orpo/kto/simpo/reward) on TRL's trainers, with trainkit's machinery.
 
 `build_trainer` turns the checked records (trainer.config.methods.records_of: the same read the checks made) into
-TRL's rows, holds out evaluation pairs, applies TRAIN_LONG_RECORDS, builds the policy (trainer.run.models, LoRA
+TRL's rows, holds out evaluation pairs, applies TRAIN_LONG_RECORDS, builds the policy (trainer.run.training_model, LoRA
 included) and the reference the way cfg.decisions.reference says, and returns TRL's trainer made atomic
 (trainer.run.checkpoint.atomic_trainer): checkpoints, final/, SIGTERM stops, resume and metrics.jsonl are SFT's.
 TRL tokenizes: conversations through the tokenizer's chat template (TRAIN_CHAT_TEMPLATE or the model's own, set
@@ -93,7 +93,7 @@ def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records
 
 def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
     """The model to train: SFT's (preset or folder, LoRA/QLoRA applied), or for `reward` a one-score classifier."""
-    from trainer.run.models import build_model
+    from trainer.run.training_model import build_model
 
     if cfg.settings.method != "reward":
         return build_model(cfg, tokenizer)
@@ -107,7 +107,8 @@ def _reward_model(cfg: RunConfig, tokenizer: Any) -> Any:
     from trainer.compat import model_dtype_kwargs
     from trainer.config.presets import is_preset
     from trainer.config.rope import scale_rope
-    from trainer.run.models import build_device, compile_model, log_parameter_counts, preset_config
+    from trainer.model.build import preset_config
+    from trainer.run.training_model import build_device, compile_model, log_parameter_counts
     from trainer.tokenizer import fit_embeddings
 
     s = cfg.settings

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
+from trainer.logs import setup_logging
 
 if TYPE_CHECKING:
     from trainer.config.resume import Resume
@@ -34,10 +35,6 @@ def set_offline_env() -> None:
     hub_constants = sys.modules.get("huggingface_hub.constants")
     if hub_constants is not None and os.environ["HF_HUB_OFFLINE"] not in ("0", "false", "False"):
         hub_constants.HF_HUB_OFFLINE = True  # already imported (e.g. by config resolution): it read the env early
-
-
-def _rank_info() -> tuple[int, int]:
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def set_single_process_dist_env(cfg: RunConfig) -> None:
@@ -63,22 +60,6 @@ def set_single_process_dist_env(cfg: RunConfig) -> None:
         "MASTER_PORT": str(port),
     }.items():
         os.environ.setdefault(name, value)
-
-
-def setup_logging() -> None:
-    """The `trainer` logger on stderr; with several ranks, each line says which rank speaks and only rank 0 informs."""
-    rank, world = _rank_info()
-    prefix = f"[rank {rank}/{world}] " if world > 1 else ""
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    if world > 1 and rank == 0:
-        log.info(
-            "%d processes; rank 0 writes metrics, checkpoints and these logs (other ranks log warnings only)", world
-        )
 
 
 def run(cfg: RunConfig) -> int:
@@ -261,11 +242,11 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
     from transformers import set_seed
 
     from trainer.data.cache import Stopped
+    from trainer.model.packed_attention import collator_for
     from trainer.run.checkpoint import AtomicCheckpointTrainer
     from trainer.run.disk_space import full_disk_ends_run
     from trainer.run.evaluation import training_data
-    from trainer.run.models import build_model
-    from trainer.run.packed_attention import collator_for
+    from trainer.run.training_model import build_model
 
     inputs = cfg.inputs
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)

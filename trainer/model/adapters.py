@@ -1,0 +1,53 @@
+"""LoRA: a new adapter to train (apply_lora), a saved one attached to its base (attach_adapter: the one
+PeftModel.from_pretrained), and an adapter folded into the base's weights (merged)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.config.sharding import fsdp_checkpoints_activations
+
+if TYPE_CHECKING:
+    from trainer.config.schema import TrainSettings
+
+log = logging.getLogger("trainer")
+
+
+def apply_lora(model: Any, s: TrainSettings) -> Any:
+    """A new LoRA adapter on `model` as TRAIN_LORA_* say (QLoRA: the quantized base prepared for training first)."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if s.quant != "none":
+        checkpointing = s.grad_ckpt and not fsdp_checkpoints_activations(s)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
+    elif s.grad_ckpt:
+        # Frozen embeddings produce no grad; checkpointed blocks need an input that requires one.
+        model.enable_input_require_grads()
+    targets: Any = s.lora_targets
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    lora = LoraConfig(
+        r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
+    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s", s.lora_r, s.lora_alpha, s.lora_dropout, s.lora_targets)
+    return get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
+
+
+def attach_adapter(base: Any, adapter: Path, tokenizer: Any) -> Any:
+    """base + a saved adapter through PEFT (unmerged), the base's embeddings first fitted to `tokenizer` as the run
+    fitted them before adding its adapter."""
+    from peft import PeftModel
+
+    from trainer.tokenizer import fit_embeddings
+
+    fit_embeddings(base, tokenizer)
+    return PeftModel.from_pretrained(base, str(adapter))
+
+
+def merged(peft_model: Any) -> Any:
+    """A copy of the PEFT model with the adapter folded into the weights (the original stays unmerged)."""
+    import copy
+
+    return copy.deepcopy(peft_model).merge_and_unload()
