@@ -4,18 +4,28 @@
 # the process that receives SIGTERM from `docker stop` and can write its checkpoint.
 # On NGC bases the command is exec'd through NGC's own entrypoint (see run_command).
 #
-#   train [ARGS...]   (default) python -m trainer.launch train: one process, or torchrun per GPU
-#   doctor [--json]   python -m trainer doctor: what this machine can do
-#   bench [ARGS...]   python -m trainer bench
-#   fetch [--json]    python -m trainer fetch: download the configured Hub model/tokenizer/data into /cache
-#   export SRC OUT    python -m trainer export: a run/checkpoint -> a plain model folder (merged, verified)
-#   push SRC REPO     python -m trainer push: upload a model folder to the Hub
-#   data [ARGS...]    python -m trainer data: prepare the tokenized cache; --show N: what will be trained
-#   generate MODEL    python -m trainer generate: chat with a model, or --input/--output a file of prompts
-#   eval MODEL        python -m trainer eval: loss, perplexity and answer scores on --data, to --output DIR
-#   shell [ARGS...]   bash
-#   -ANYTHING ...     arguments for train
-#   CMD [ARGS...]     any other command, run as given (e.g. `python my_script.py`)
+# The trainer's commands (trainer/commands.py; `train`, the default, through python -m trainer.launch: one process,
+# or torchrun per GPU; every other as python -m trainer COMMAND):
+# BEGIN commands (scripts/generate.py)
+#   train [ARGS...]                   train with the TRAIN_* configuration (the default command)
+#   config [--json]                   print the resolved configuration without training
+#   doctor [--json]                   what this machine can do, and whether the configured run can work here
+#   bench [ARGS...]                   measure techniques side by side (python -m trainer bench --help)
+#   fetch [--json]                    download the configured Hub model, tokenizer and data into the cache (for offline
+#                                     runs)
+#   export SRC OUT                    turn a run, a checkpoint or final/ into a plain Transformers model folder (LoRA
+#                                     merged, shards joined)
+#   push SRC REPO                     upload a model folder (an export, or a run's final/) to a Hub repository
+#   data [--show N]                   tokenize TRAIN_DATA into the cache ahead of a run; --show N prints what the run
+#                                     trains on
+#   generate MODEL                    chat with a model, or answer a file of prompts (--input/--output)
+#   eval MODEL --data D --output DIR  score a model on your eval set: loss, perplexity, exact_match, contains
+#   diff RUN_A RUN_B                  what differs between two runs' provenance and settings
+#   reproduce OUTPUT_DIR              run a finished run again with the same settings and compare its per-step loss
+# END commands
+#   shell [ARGS...]                   bash
+#   -ANYTHING ...                     arguments for train
+#   CMD [ARGS...]                     any other command, run as given (e.g. `python my_script.py`)
 set -euo pipefail
 
 log() { printf '[trainkit] %s\n' "$*" >&2; }
@@ -39,21 +49,29 @@ prepare_user_env
 
 cmd="${1:-train}"
 if [ "$#" -gt 0 ]; then shift; fi
+in_list() {
+    local word="$1" item
+    shift
+    for item in "$@"; do [ "$item" = "$word" ] && return 0; done
+    return 1
+}
+# BEGIN command lists (scripts/generate.py)
+launched_commands=(train)
+trainer_commands=(config doctor bench fetch export push data generate eval diff reproduce)
+# END command lists
 # Arguments of user commands may hold secrets: the log names the program only.
 case "$cmd" in
     -*) set -- python -m trainer.launch train "$cmd" "$@"; what="python -m trainer.launch train" ;;
-    train) set -- python -m trainer.launch train "$@"; what="python -m trainer.launch train" ;;
-    doctor) set -- python -m trainer doctor "$@"; what="python -m trainer doctor" ;;
-    bench) set -- python -m trainer bench "$@"; what="python -m trainer bench" ;;
-    fetch) set -- python -m trainer fetch "$@"; what="python -m trainer fetch" ;;
-    export) set -- python -m trainer export "$@"; what="python -m trainer export" ;;
-    push) set -- python -m trainer push "$@"; what="python -m trainer push" ;;
-    data) set -- python -m trainer data "$@"; what="python -m trainer data" ;;
-    generate) set -- python -m trainer generate "$@"; what="python -m trainer generate" ;;
-    eval) set -- python -m trainer eval "$@"; what="python -m trainer eval" ;;
-    reproduce) set -- python -m trainer reproduce "$@"; what="python -m trainer reproduce" ;;
     shell) set -- bash "$@"; what="bash" ;;
-    *) set -- "$cmd" "$@"; what="$cmd" ;;
+    *)
+        if in_list "$cmd" "${launched_commands[@]}"; then
+            set -- python -m trainer.launch "$cmd" "$@"; what="python -m trainer.launch $cmd"
+        elif in_list "$cmd" "${trainer_commands[@]}"; then
+            set -- python -m trainer "$cmd" "$@"; what="python -m trainer $cmd"
+        else
+            set -- "$cmd" "$@"; what="$cmd"
+        fi
+        ;;
 esac
 
 # NGC's entrypoint sources its entrypoint.d parts (among them CUDA forward compatibility: the image's newer

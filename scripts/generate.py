@@ -1,8 +1,10 @@
 """Regenerate every derived text from its single source, or check that none drifted.
 
-Sources: images/versions.toml (the image matrix) and trainer/config/schema.py (the TRAIN_* schema).
+Sources: images/versions.toml (the image matrix), trainer/config/schema.py (the TRAIN_* schema) and
+trainer/commands.py (the trainer's commands).
 Derived: the Dockerfile's ARG defaults, docs/images.md's table, README.md's matrix and variable
-tables, .env.example, and the release workflow's job matrix (.github/workflows/release.yml).
+tables, .env.example, the release workflow's job matrix (.github/workflows/release.yml) and the
+entrypoint's command list and dispatch lists (entrypoints/entrypoint.sh).
 
     python scripts/generate.py           # rewrite what drifted
     python scripts/generate.py --check   # exit 1 naming what drifted
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import release_matrix
 from errors import exit_missing_package
 
 try:  # the installed project (`pip install -e .`); trainer.config's schema and docs import pydantic only, never torch
+    from trainer import commands as trainer_commands
     from trainer.config import docs as train_docs
 except ModuleNotFoundError as missing:
     exit_missing_package(missing)
@@ -29,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 README = ROOT / "README.md"
 ENV_EXAMPLE = ROOT / ".env.example"
+ENTRYPOINT = ROOT / "entrypoints" / "entrypoint.sh"
 
 README_BLOCKS: dict[str, Callable[[], str]] = {
     "image matrix": lambda: matrix.readme_table(matrix.load()),
@@ -49,6 +54,25 @@ def readme_markers(name: str) -> tuple[str, str]:
     return f"<!-- BEGIN {name} (scripts/generate.py) -->\n", f"<!-- END {name} -->\n"
 
 
+def entrypoint_help() -> str:
+    """The entrypoint's header: one comment line per trainer command."""
+    shown = {c.name: f"{c.name} {c.usage}".strip() for c in trainer_commands.COMMANDS}
+    width = max(map(len, shown.values()))
+    lines = [f"#   {shown[c.name]:<{width}}  {c.help}" for c in trainer_commands.COMMANDS]
+    wrap = textwrap.TextWrapper(width=120, subsequent_indent="#" + " " * (width + 5))
+    return "".join(f"{line}\n" for command in lines for line in wrap.wrap(command))
+
+
+def entrypoint_lists() -> str:
+    """The entrypoint's dispatch lists: through the launcher (distributed), or `python -m trainer NAME`."""
+    launched = " ".join(trainer_commands.names(distributed=True))
+    plain = " ".join(trainer_commands.names(distributed=False))
+    return f"launched_commands=({launched})\ntrainer_commands=({plain})\n"
+
+
+ENTRYPOINT_BLOCKS: dict[str, Callable[[], str]] = {"commands": entrypoint_help, "command lists": entrypoint_lists}
+
+
 def rendered() -> dict[Path, str]:
     """Every derived file as it should read now."""
     readme = README.read_text()
@@ -63,6 +87,10 @@ def rendered() -> dict[Path, str]:
     for begin, end, render_block in release_matrix.BLOCKS:
         text = replace_block(workflow, text, begin, end, render_block(table))
     out[workflow] = text
+    text = ENTRYPOINT.read_text()
+    for name, render in ENTRYPOINT_BLOCKS.items():
+        text = replace_block(ENTRYPOINT, text, f"# BEGIN {name} (scripts/generate.py)\n", f"# END {name}\n", render())
+    out[ENTRYPOINT] = text
     return out
 
 

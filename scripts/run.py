@@ -1,6 +1,6 @@
 """Run trainkit in a container, the way `docker compose up train` does, from any folder.
 
-    python scripts/run.py [options] train|doctor|bench|fetch|data|export|push|generate|eval [ARGS...]
+    python scripts/run.py [options] COMMAND [ARGS...]       (a trainer command, below; train when none is given)
     python scripts/run.py [options] -- CMD [ARGS...]        (any command inside the image)
     python scripts/run.py reproduce OUTPUT_DIR [--steps N] [--output NEW] [--allow-changed-data] [--image REF]
                                                             (run a finished run again in its image: reproduce.py)
@@ -11,7 +11,8 @@ Mounts ./data (read-only) at /data, ./models (read-only) at /models, ./output at
 `trainkit-cache` volume at /cache; runs as your user so ./output belongs to you; host IPC, memlock
 unlimited, 64 MB stack (as the compose file). TRAIN_* settings come from ./.env (or --env-file) and
 -e KEY=VALUE; HF_TOKEN and WANDB_API_KEY are passed from your environment at run time, never written anywhere.
-`export /output/checkpoint-200 /output/merged` and `push /output/export org/name` name container paths.
+`export /output/checkpoint-200 /output/merged`, `push /output/export org/name` and `diff /output/a /output/b`
+name container paths.
 
 Image rule (without --image): the GPU image (`trainkit:latest-cu<XY>`, the matrix default) when the
 engine has the NVIDIA runtime and --gpus is not `none`, else the CPU image `trainkit:latest-cpu`.
@@ -44,6 +45,7 @@ from hf_token import add_token_file
 from run_image import choose_image_and_gpus, ensure_image
 
 try:
+    from trainer.commands import BY_NAME, COMMANDS, DEFAULT, names
     from trainer.envfile import EnvFileError, read_env_file
     from trainer.secrets import mask_secrets
 except ModuleNotFoundError as missing:
@@ -52,7 +54,7 @@ except ModuleNotFoundError as missing:
 HOST_PASSTHROUGH = ("HF_TOKEN", "WANDB_API_KEY")  # taken from this environment when set
 CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml
 STOP_GRACE_S = 600  # as compose's stop_grace_period: the interruption checkpoint must fit
-TRAINER_COMMANDS = ("train", "doctor", "bench", "fetch", "data", "export", "push", "generate", "eval")
+FORWARDED = names(on_host=False)  # trainer commands run in the container as given; reproduce is run.py's own
 STACK_BYTES = 67108864
 
 
@@ -84,6 +86,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="run.py",
         allow_abbrev=False,
         description=__doc__,
+        epilog="commands:\n" + "\n".join(f"  {c.name:<10} {c.help}" for c in COMMANDS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--image", help="image to run, a tag or repo@sha256:... (default: see the image rule above)")
@@ -116,9 +119,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="build the chosen image with scripts/build.py when it is not there (first build takes a while)",
     )  # fmt: skip
     parser.add_argument(
-        "command", nargs="?", default="train",
-        help="train (default), doctor, bench, fetch, data, export, push, generate, eval, or -- CMD ...",
-    )
+        "command", nargs="?", default=DEFAULT, help=f"a command below ({DEFAULT} by default), or -- CMD ...",
+    )  # fmt: skip
     head, tail = split_at_double_dash(argv)
     args, passed_on = parser.parse_known_args(head)
     args.command = container_command(args.command, passed_on, tail)
@@ -145,15 +147,14 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
     if tail is not None:
         if not tail:
             raise UserError("nothing after `--`: give the command to run, e.g. `run.py -- python my_script.py`")
-        if command != "train" or passed_on:
+        if command != DEFAULT or passed_on:
             raise UserError(f"`-- {tail[0]} ...` runs a command of its own: drop {command!r} {' '.join(passed_on)}")
         return tail
-    if command == "reproduce":
-        raise UserError("reproduce comes first: `run.py reproduce OUTPUT_DIR [options]`")
-    if command not in TRAINER_COMMANDS:
+    if command in names(on_host=True):
+        raise UserError(f"{command} comes first: `run.py {command} {BY_NAME[command].usage} [options]`")
+    if command not in FORWARDED:
         raise UserError(
-            f"unknown command {command!r}: use {', '.join(TRAINER_COMMANDS)}, or `-- CMD ...` to run any command in "
-            "the image"
+            f"unknown command {command!r}: use {', '.join(FORWARDED)}, or `-- CMD ...` to run any command in the image"
         )
     return [command, *passed_on]
 

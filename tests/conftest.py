@@ -42,7 +42,7 @@ FAST_FILES = frozenset({
     "tests/cluster/test_cluster_secrets.py",
     "tests/bench/test_bench_parts.py", "tests/compose/test_compose_files.py",
     "tests/trainer/test_resume_decide.py", "tests/trainer/test_rows_compat.py", "tests/trainer/test_speed_decisions.py",
-    "tests/trainer/test_doctor_driver.py", "tests/trainer/test_training_arguments_fields.py",
+    "tests/trainer/test_doctor_driver.py", "tests/trainer/test_training_arguments_fields.py", "tests/test_commands.py",
 })  # fmt: skip
 
 

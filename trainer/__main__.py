@@ -1,12 +1,9 @@
-"""`python -m trainer [train|config|doctor|bench|fetch|export|push|data|generate|eval|diff|reproduce] ...`: the
-container's entry into the trainer.
+"""`python -m trainer [COMMAND] ...`: the container's entry into the trainer.
 
-Each command lives with its concern and registers its own argparse parser (`register(commands)` in
-trainer/run/command.py, trainer/config/command.py, trainer/doctor/command.py, trainer/bench/command.py,
-trainer/fetch.py, trainer/export/command.py, trainer/hub/push.py, trainer/data_command.py,
-trainer/diff_command.py, trainer/reproduce_command.py).
-Startup stays light: TRAIN_* is parsed and checked before torch is imported, so a user mistake ends in well under
-a second with `error: ...` and exit code 2 (docs/architecture.md).
+The commands are trainer/commands.py's list (name, one line of help, the module that adds its arguments); each
+module's `register(parser)` fills in the parser made here for it. Startup stays light: TRAIN_* is parsed and checked
+before torch is imported, so a user mistake ends in well under a second with `error: ...` and exit code 2
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -16,15 +13,9 @@ import importlib
 import os
 import sys
 
+from trainer.commands import COMMANDS, DEFAULT
 from trainer.errors import EXIT_USER, ConfigError, Interrupted
 from trainer.lifetime import die_with_torchrun
-
-COMMAND_MODULES = (
-    "trainer.run.command", "trainer.config.command", "trainer.doctor.command", "trainer.bench.command",
-    "trainer.fetch", "trainer.export.command", "trainer.hub.push", "trainer.data_command", "trainer.generate.command",
-    "trainer.evaluate.command", "trainer.diff_command", "trainer.reproduce_command",
-)  # fmt: skip
-DEFAULT_COMMAND = "train"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Configuration is read from TRAIN_* environment variables; `python -m trainer config` lists them all.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(commands)
+    for command in COMMANDS:
+        importlib.import_module(command.module).register(commands.add_parser(command.name, help=command.help))
     return parser
 
 
@@ -51,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     quiet_third_party_notices()
     parser = build_parser()
-    args = parser.parse_args(raw or [DEFAULT_COMMAND])
+    args = parser.parse_args(raw or [DEFAULT])
     args.argv = raw[1:]  # the command's own arguments, as typed (bench records them)
     try:
         return args.func(args)

@@ -27,13 +27,11 @@ IGNORE_INDEX = -100
 OPEN, CLOSE = "⟦", "⟧"
 
 
-def register(commands: Any) -> None:
-    """Add `data` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "data",
-        help="tokenize TRAIN_DATA into the cache ahead of a run; --show N prints what the run trains on",
-        description="Prepare the tokenized cache of TRAIN_DATA with the same TRAIN_* settings as the run (one JSON "
-        "summary line), or show its first packed sequences with the trained tokens marked.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """`data`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Prepare the tokenized cache of TRAIN_DATA with the same TRAIN_* settings as the run (one JSON "
+        "summary line), or show its first packed sequences with the trained tokens marked."
     )
     parser.add_argument("--show", type=int, metavar="N", help="print the first N packed sequences")
     parser.add_argument("--json", action="store_true", help="with --show: one JSON object per sequence "

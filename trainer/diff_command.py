@@ -22,13 +22,11 @@ IGNORED = frozenset({"settings.TRAIN_OUTPUT_DIR", "provenance.format"})
 UNCOMPARED = (".mtime_ns", ".size")  # a data file's time and size: its sha256 says whether the content differs
 
 
-def register(commands: Any) -> None:
-    """Add `diff` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "diff",
-        help="what differs between two runs' provenance and settings",
-        description="Compare two output folders: image, library versions, GPU, data fingerprints, Hub revisions, "
-        "chat template, seed (provenance.json) and the TRAIN_* settings and decisions (run_config.json).",
+def register(parser: argparse.ArgumentParser) -> None:
+    """`diff`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Compare two output folders: image, library versions, GPU, data fingerprints, Hub revisions, "
+        "chat template, seed (provenance.json) and the TRAIN_* settings and decisions (run_config.json)."
     )
     parser.add_argument("run_a", type=Path, metavar="RUN_A", help="an output folder")
     parser.add_argument("run_b", type=Path, metavar="RUN_B", help="another output folder")

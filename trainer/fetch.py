@@ -18,14 +18,12 @@ from trainer.errors import EXIT_OK, ConfigError
 PINNABLE = ("TRAIN_MODEL", "TRAIN_TOKENIZER")  # org/name@sha works for these (datasets: hf://datasets/org/name@sha)
 
 
-def register(commands: Any) -> None:
-    """Add `fetch` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "fetch",
-        help="download the configured Hub model, tokenizer and data into the cache (for offline runs)",
-        description="Download every Hub ID in the TRAIN_* configuration (TRAIN_MODEL, TRAIN_TOKENIZER, TRAIN_DATA, "
+def register(parser: argparse.ArgumentParser) -> None:
+    """`fetch`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Download every Hub ID in the TRAIN_* configuration (TRAIN_MODEL, TRAIN_TOKENIZER, TRAIN_DATA, "
         "TRAIN_EVAL_DATA), and with --tasks the datasets of lm-eval-harness tasks, into HF_HOME, then print what to "
-        "copy or mount where runs are offline. With HF_HUB_OFFLINE=1: check that the cache holds them all.",
+        "copy or mount where runs are offline. With HF_HUB_OFFLINE=1: check that the cache holds them all."
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--tasks", metavar="T1,T2", help="also the datasets of these lm-eval-harness tasks (for "

@@ -38,16 +38,14 @@ REPORT_FILE = "reproduce.json"
 FIX_DATA = "restore the file(s), or give --allow-changed-data to run on them anyway and see where the loss differs"
 
 
-def register(commands: Any) -> None:
-    """Add `reproduce` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "reproduce",
-        help="run a finished run again with the same settings and compare its per-step loss",
-        description="Re-run OUTPUT_DIR's first N steps with its recorded TRAIN_* settings into a new folder (staged, "
+def register(parser: argparse.ArgumentParser) -> None:
+    """`reproduce`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Re-run OUTPUT_DIR's first N steps with its recorded TRAIN_* settings into a new folder (staged, "
         "published when complete) after checking its data files' sha256 and its GPUs, then compare the loss "
         f"of every step: identical for a deterministic run (CPU or TRAIN_DETERMINISTIC=1), else within "
         f"{REL_TOLERANCE:.0%}. Prints the first diverging step and which recorded inputs differ. Exit 0: the "
-        f"losses agree; {EXIT_DIFFERS}: they differ; 2: a mistake (no provenance, changed data, other GPUs).",
+        f"losses agree; {EXIT_DIFFERS}: they differ; 2: a mistake (no provenance, changed data, other GPUs)."
     )
     parser.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="a finished run's output folder")
     parser.add_argument("--steps", type=int, help="re-run only the first N steps (default: all of them)")

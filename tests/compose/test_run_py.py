@@ -206,3 +206,18 @@ def test_fetch_runs_in_the_image(run_project, cpu_image, engine_memlock):
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output
     assert "TRAIN_MODEL=org/not-fetched: revision 'main' is not in the cache /cache/huggingface/hub" in output
+
+
+@pytest.mark.docker
+def test_config_and_diff_run_in_the_image(run_project, cpu_image, engine_memlock):
+    """`run.py config` and `run.py diff` reach `python -m trainer config|diff` through the entrypoint (run.py refused
+    both, and the entrypoint ran neither: trainer/commands.py is now the one list). diff names container paths."""
+    result = run_py(*base_args(cpu_image, engine_memlock), "config", "--json", cwd=run_project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["settings"]["TRAIN_MAX_STEPS"]["value"] == MAX_STEPS
+    for name, seed in (("a", 1), ("b", 2)):
+        (run_project / "output" / name).mkdir()
+        (run_project / "output" / name / "provenance.json").write_text(json.dumps({"seed": seed}))
+    result = run_py(*base_args(cpu_image, engine_memlock), "diff", "/output/a", "/output/b", cwd=run_project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "provenance.seed" in result.stdout

@@ -15,7 +15,6 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from trainer.bench.catalogue import BASELINE, UnknownRowError, catalogue, select_rows
 from trainer.bench.machine import machine, versions
@@ -29,13 +28,11 @@ from trainer.hub.sources import hub_ref
 
 # ---- command line ---------------------------------------------------------------------------------
 
-def register(commands: Any) -> None:
-    """Add `bench` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "bench",
-        help="measure techniques side by side (python -m trainer bench --help)",
-        description="Measure each training technique on this machine with the configured TRAIN_* model and data, "
-        "and recommend the fastest configuration that fits. Results go to TRAIN_OUTPUT_DIR/bench/.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """`bench`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Measure each training technique on this machine with the configured TRAIN_* model and data, "
+        "and recommend the fastest configuration that fits. Results go to TRAIN_OUTPUT_DIR/bench/."
     )
     parser.add_argument("--rows", help="comma-separated rows or groups to run (default: all; see --list); "
                         "the fp32 baseline always runs")

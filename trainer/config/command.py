@@ -9,13 +9,11 @@ from typing import Any
 from trainer.errors import EXIT_OK
 
 
-def register(commands: Any) -> None:
-    """Add `config` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "config",
-        help="print the resolved configuration without training",
-        description="The resolved configuration: settings (with their source), decisions with their reasons, "
-        "Transformers' TrainingArguments and the DeepSpeed config. Secrets are masked.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """`config`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "The resolved configuration: settings (with their source), decisions with their reasons, "
+        "Transformers' TrainingArguments and the DeepSpeed config. Secrets are masked."
     )
     parser.add_argument("--json", action="store_true", help="print it as JSON")
     parser.set_defaults(func=main)

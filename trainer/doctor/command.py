@@ -41,13 +41,11 @@ from trainer.errors import EXIT_OK, EXIT_USER
 from trainer.machine import hardware
 
 
-def register(commands: Any) -> None:
-    """Add `doctor` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "doctor",
-        help="what this machine can do, and whether the configured run can work here",
-        description="Check this machine (GPUs, libraries, limits, paths) and the TRAIN_* configuration; "
-        "exit 2 with the reasons when the configured run cannot work here.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """`doctor`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Check this machine (GPUs, libraries, limits, paths) and the TRAIN_* configuration; "
+        "exit 2 with the reasons when the configured run cannot work here."
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=main)

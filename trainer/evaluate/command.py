@@ -30,16 +30,14 @@ RESULTS = "eval_results.json"
 RECORDS = "records.jsonl"
 
 
-def register(commands: Any) -> None:
-    """Add `eval` to `python -m trainer`'s subcommands."""
+def register(parser: argparse.ArgumentParser) -> None:
+    """`eval`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
     from trainer.generate.command import add_decoding_arguments, add_model_arguments
 
-    parser = commands.add_parser(
-        "eval",
-        help="score a model on your eval set: loss, perplexity, exact_match, contains",
-        description="Loss and perplexity on the trained tokens of --data (read and masked as training reads it, "
+    parser.description = (
+        "Loss and perplexity on the trained tokens of --data (read and masked as training reads it, "
         "with the run's data settings), and for prompt/completion records and conversations the model's answers "
-        "scored against the references. Results go to --output DIR (eval_results.json, records.jsonl).",
+        "scored against the references. Results go to --output DIR (eval_results.json, records.jsonl)."
     )
     add_model_arguments(parser)
     add_decoding_arguments(parser)

@@ -23,16 +23,14 @@ log = logging.getLogger("trainer")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
-def register(commands: Any) -> None:
-    """Add `export` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "export",
-        help="turn a run, a checkpoint or final/ into a plain Transformers model folder (LoRA merged, shards joined)",
-        description="Write OUT: a model folder for from_pretrained (safetensors, config, generation config, the run's "
+def register(parser: argparse.ArgumentParser) -> None:
+    """`export`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Write OUT: a model folder for from_pretrained (safetensors, config, generation config, the run's "
         "tokenizer and chat template, a README model card). SRC is a run folder (its final/, else its newest "
         "complete checkpoint), a checkpoint-N folder or final/. A LoRA adapter is merged into the base the run "
         "recorded (a quantized base is loaded unquantized in the run's compute dtype); ZeRO and FSDP shards are "
-        "consolidated. The result is verified (its logits equal the source's) before it is published.",
+        "consolidated. The result is verified (its logits equal the source's) before it is published."
     )
     parser.add_argument("src", metavar="SRC", help="a run folder, a checkpoint-N folder or final/")
     parser.add_argument("out", metavar="OUT", help="the folder to write (must not exist, or be empty)")

@@ -46,13 +46,11 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="prompts generated together (default 8)")
 
 
-def register(commands: Any) -> None:
-    """Add `generate` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "generate",
-        help="chat with a model, or answer a file of prompts (--input/--output)",
-        description="Load MODEL (LoRA adapter, chat template and generation config as saved) and chat with it on "
-        "the terminal (/reset, /exit), or answer every line of --input into --output. Greedy unless asked to sample.",
+def register(parser: argparse.ArgumentParser) -> None:
+    """`generate`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Load MODEL (LoRA adapter, chat template and generation config as saved) and chat with it on "
+        "the terminal (/reset, /exit), or answer every line of --input into --output. Greedy unless asked to sample."
     )
     add_model_arguments(parser)
     add_decoding_arguments(parser)

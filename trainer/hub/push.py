@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from trainer.errors import EXIT_OK, ConfigError
 from trainer.hub.ids import HubRef, parse_model_id
@@ -29,14 +29,12 @@ NO_TOKEN = ("no Hub token: set HF_TOKEN (a token with write access, from {endpoi
             "(a file holding it)")  # fmt: skip
 
 
-def register(commands: Any) -> None:
-    """Add `push` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "push",
-        help="upload a model folder (an export, or a run's final/) to a Hub repository",
-        description="Upload SRC to the Hub repository REPO (org/name or org/name@branch), created private unless "
+def register(parser: argparse.ArgumentParser) -> None:
+    """`push`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Upload SRC to the Hub repository REPO (org/name or org/name@branch), created private unless "
         "--public. SRC is a model folder (e.g. what `python -m trainer export` wrote) or a run folder (its export/, "
-        "else its final/). Token: HF_TOKEN or HF_TOKEN_PATH.",
+        "else its final/). Token: HF_TOKEN or HF_TOKEN_PATH."
     )
     parser.add_argument("src", metavar="SRC", help="a model folder or a run folder")
     parser.add_argument("repo", metavar="REPO", help="org/name[@branch]")

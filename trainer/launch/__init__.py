@@ -16,6 +16,6 @@ anything else (enroot's PyTorch hook, an operator) are cleared before torchrun s
 SIGUSR1) goes to the trainer processes directly, not through torchrun, whose wait before SIGKILL is a fixed 30 s
 before torch 2.12: the checkpoint gets the time the scheduler gives (trainer/launch/supervise.py).
 
-Only `train` is distributed; other trainer commands (config, doctor, bench) run as one process.
+Only `train` is distributed (trainer/commands.py); every other trainer command runs as one process.
 Never imports torch: the decision must be quick and must not touch the GPUs.
 """

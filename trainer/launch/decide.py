@@ -7,13 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainer import compat
+from trainer.commands import names
 from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
 from trainer.lifetime import TORCHRUN_MARKER
 from trainer.machine.gpus import NprocError, resolve_nproc
 from trainer.secrets import mask_args
 
-DISTRIBUTED_COMMANDS = {"train"}
-TRAINER_COMMANDS = {"train", "config", "doctor", "bench"}
+DISTRIBUTED_COMMANDS = frozenset(names(distributed=True))  # run under torchrun across GPUs and nodes
+TRAINER_COMMANDS = frozenset(names())  # `python -m trainer.launch COMMAND`: any other first word is train's
 
 # Set for the workers unless the user set them: a failed or hung collective must end the job.
 WORKER_ENV_DEFAULTS = {

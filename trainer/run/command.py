@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 
-def register(commands: Any) -> None:
-    """Add `train` to `python -m trainer`'s subcommands."""
-    parser = commands.add_parser(
-        "train",
-        help="train with the TRAIN_* configuration (the default command)",
-        description="Train with the TRAIN_* configuration; `python -m trainer config` lists every variable. "
+def register(parser: argparse.ArgumentParser) -> None:
+    """`train`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
+    parser.description = (
+        "Train with the TRAIN_* configuration; `python -m trainer config` lists every variable. "
         "Exit codes: 0 finished, 1 crashed, 2 configuration mistake, 3 finished but the push failed, 4 diverged "
-        "(TRAIN_ON_NAN), 128+N stopped by signal N after a checkpoint.",
+        "(TRAIN_ON_NAN), 128+N stopped by signal N after a checkpoint."
     )
     parser.set_defaults(func=main)
 
