@@ -1,12 +1,14 @@
-"""`python scripts/run.py reproduce OUTPUT_DIR [--steps N] [--output NEW] [--allow-changed-data] [--image REF]`:
+"""`python scripts/run.py [options] reproduce OUTPUT_DIR [--steps N] [--output NEW] [--allow-changed-data]`:
 the host's half of reproducing a run.
 
 It picks the image the run recorded in OUTPUT_DIR/provenance.json, by digest (on this engine, else pulled from the
 registry its reference names), or by the engine's image id for an image that was never pushed; --image overrides.
-Then run.py starts it like any run (./data at /data, the .env, your user), with OUTPUT_DIR mounted read-only at
-ORIGINAL and NEW's parent folder at /output, and `python -m trainer reproduce` inside does the rest: the data's
-sha256, the GPUs, the re-run into a staged folder and the comparison (trainer/reproduce_command.py, the one
-definition). A CPU run is reproduced without GPUs.
+Then run.py starts it with the mounts and the env file the run recorded (run_mounts.py's OUTPUT_DIR/run_py.json; an
+option given, --data DIR, replaces its recorded folder; a run without the record gets ./data and ./.env as any run),
+OUTPUT_DIR mounted read-only at ORIGINAL and NEW's parent folder at /output, and `python -m trainer reproduce`
+inside does the rest: the data's sha256, the GPUs, the re-run into a staged folder and the comparison
+(trainer/reproduce_command.py, the one definition). A CPU run is reproduced without GPUs. run.py's options may come
+before `reproduce` too.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python scripts/run.py [options] COMMAND [ARGS...]       (a trainer command, below; train when none is given)
     python scripts/run.py [options] -- CMD [ARGS...]        (any command inside the image)
-    python scripts/run.py reproduce OUTPUT_DIR [--steps N] [--output NEW] [--allow-changed-data] [--image REF]
+    python scripts/run.py [options] reproduce OUTPUT_DIR [--steps N] [--output NEW] [--allow-changed-data]
                                                             (run a finished run again in its image: reproduce.py)
 
 run.py's options may also follow the trainer command; other arguments go to the command.
@@ -36,6 +36,7 @@ from pathlib import Path
 import docker
 import registry
 import reproduce
+import run_mounts
 from devices import device_requests, rdma_passthrough
 from docker.errors import APIError
 from docker.types import Ulimit
@@ -43,6 +44,7 @@ from engine import connect
 from errors import UserError, exit_missing_package, exit_on_user_error
 from hf_token import add_token_file
 from run_image import choose_image_and_gpus, ensure_image
+from run_mounts import CACHE_VOLUME, volumes
 
 try:
     from trainer.commands import BY_NAME, COMMANDS, DEFAULT, names
@@ -52,7 +54,6 @@ except ModuleNotFoundError as missing:
     exit_missing_package(missing)
 
 HOST_PASSTHROUGH = ("HF_TOKEN", "WANDB_API_KEY")  # taken from this environment when set
-CACHE_VOLUME = "trainkit-cache"  # the same named volume as docker-compose.yml
 STOP_GRACE_S = 600  # as compose's stop_grace_period: the interruption checkpoint must fit
 FORWARDED = names(on_host=False)  # trainer commands run in the container as given; reproduce is run.py's own
 STACK_BYTES = 67108864
@@ -81,13 +82,15 @@ def log(message: str) -> None:
 # --- arguments -----------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def options_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """run.py's options (the command is added by the caller)."""
     parser = argparse.ArgumentParser(
         prog="run.py",
         allow_abbrev=False,
         description=__doc__,
         epilog="commands:\n" + "\n".join(f"  {c.name:<10} {c.help}" for c in COMMANDS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=add_help,
     )
     parser.add_argument("--image", help="image to run, a tag or repo@sha256:... (default: see the image rule above)")
     parser.add_argument("--cuda", metavar="X.Y", help="with GPUs: the image of this CUDA row, or auto: the newest row "
@@ -106,7 +109,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="Hub token file, mounted read-only (HF_TOKEN_PATH): not in docker inspect")  # fmt: skip
     parser.add_argument("--gpus", default="auto", help="all, a count N, or none (default: all if the engine has GPUs)")
     parser.add_argument("--user", default=f"{os.getuid()}:{os.getgid()}", help="UID:GID to run as (default: you)")
-    parser.add_argument("--cache-volume", default=CACHE_VOLUME, help="named volume for /cache")
+    parser.add_argument("--cache-volume", help=f"named volume for /cache (default {CACHE_VOLUME})")
     parser.add_argument("--stop-timeout", type=int, default=STOP_GRACE_S, help="seconds for the checkpoint on stop")
     parser.add_argument(
         "--memlock", type=int, default=os.environ.get("TRAINKIT_MEMLOCK") or None,
@@ -118,6 +121,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--build-if-missing", action="store_true",
         help="build the chosen image with scripts/build.py when it is not there (first build takes a while)",
     )  # fmt: skip
+    parser.set_defaults(from_record=False)  # reproduce of a run with run_mounts.RECORD_FILE: no ./data, ./.env defaults
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = options_parser()
     parser.add_argument(
         "command", nargs="?", default=DEFAULT, help=f"a command below ({DEFAULT} by default), or -- CMD ...",
     )  # fmt: skip
@@ -159,13 +168,19 @@ def container_command(command: str, passed_on: list[str], tail: list[str] | None
     return [command, *passed_on]
 
 
+def env_file_path(args: argparse.Namespace) -> Path | None:
+    """--env-file (it must exist), else ./.env where present (not for a recorded run: reproduce reads the run's)."""
+    env_file = Path(args.env_file or ".env").expanduser()
+    if args.env_file and not env_file.is_file():
+        raise UserError(f"--env-file {args.env_file}: no such file")
+    return env_file.resolve() if env_file.is_file() and (args.env_file or not args.from_record) else None
+
+
 def environment(args: argparse.Namespace) -> dict[str, str]:
     """The container's environment: host passthrough (HF_TOKEN), then the env file, then -e options."""
     env = {name: os.environ[name] for name in HOST_PASSTHROUGH if os.environ.get(name)}
-    env_file = Path(args.env_file) if args.env_file else Path(".env")
-    if args.env_file and not env_file.is_file():
-        raise UserError(f"--env-file {args.env_file}: no such file")
-    if env_file.is_file():
+    env_file = env_file_path(args)
+    if env_file:
         try:
             env.update(read_env_file(env_file))
         except EnvFileError as exc:
@@ -185,43 +200,6 @@ def describe_env(env: dict[str, str]) -> str:
     """KEY=VALUE for the log: secrets' values and secret flags inside values (TRAIN_ARGS='--hub_token x') masked."""
     shown = [f"{k}={v}" for k, v in sorted(mask_secrets(env).items())]
     return " ".join(shown) or "(none)"
-
-
-# --- mounts --------------------------------------------------------------------------------------
-
-
-def bind(path: str | None, default: str, option: str) -> Path | None:
-    """The absolute host path for a mount; None when the default is absent; UserError for a missing explicit one."""
-    if path is None:
-        candidate = Path(default).resolve()
-        return candidate if candidate.exists() else None
-    candidate = Path(path).expanduser().resolve()
-    if not candidate.exists():
-        raise UserError(f"{option} {path}: no such file or folder ({candidate}); create it or fix the path")
-    return candidate
-
-
-def output_folder(path: str | None) -> Path:
-    """The output folder, created (as you, so it is yours) when its parent exists."""
-    candidate = Path(path or "output").expanduser().resolve()
-    if not candidate.exists():
-        if not candidate.parent.is_dir():
-            raise UserError(f"--output {path}: its parent folder {candidate.parent} does not exist")
-        candidate.mkdir()
-    if not candidate.is_dir():
-        raise UserError(f"--output {path}: {candidate} is not a folder")
-    return candidate
-
-
-def volumes(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    found = {
-        "/data": bind(args.data, "data", "--data"),
-        "/models": bind(args.models, "models", "--models"),
-    }
-    mounts = {str(host): {"bind": target, "mode": "ro"} for target, host in found.items() if host}
-    mounts[str(output_folder(args.output))] = {"bind": "/output", "mode": "rw"}
-    mounts[args.cache_volume] = {"bind": "/cache", "mode": "rw"}
-    return mounts
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -386,13 +364,27 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
     )
 
 
-def reproduce_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
-    """`reproduce OUTPUT_DIR ...`: reproduce's own arguments and run.py's options (--data, --env-file, -e, --image,
-    --gpus, --user...), checked before the engine is asked anything."""
-    wanted, rest = reproduce.parse_args(argv)
-    args = parse_args(rest)
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(run.py's options before the command, the command and what follows it): `--data D reproduce OUT` too."""
+    head, _ = split_at_double_dash(argv)
+    parser = options_parser(add_help=False)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    rest = parser.parse_known_args(head)[0].rest
+    return argv[: len(head) - len(rest)], argv[len(head) - len(rest) :]
+
+
+def reproduce_args(before: list[str], after: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """`[options] reproduce OUTPUT_DIR ...`: reproduce's own arguments and run.py's options (--data, --env-file, -e,
+    --image, --gpus, --user...) before or after it; the mounts the run recorded for those not given. All checked
+    before the engine is asked anything."""
+    wanted, rest = reproduce.parse_args(after)
+    args = parse_args(before + rest)
     if args.command != ["train"]:
         raise UserError(f"reproduce: unknown argument(s) {' '.join(args.command)}; see `run.py reproduce --help`")
+    if args.output is not None:
+        raise UserError(f"--output {args.output} before reproduce: the new folder is reproduce's own option, "
+                        f"`run.py reproduce {wanted.output_dir} --output NEW`")  # fmt: skip
+    run_mounts.mount_again(wanted.output_dir, args, log)
     return wanted, args
 
 
@@ -413,8 +405,9 @@ def reproduce_spec(wanted: argparse.Namespace, args: argparse.Namespace, client:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["reproduce"]:
-        wanted, args = reproduce_args(argv[1:])
+    before, rest = split_command(argv)
+    if rest[:1] == ["reproduce"]:
+        wanted, args = reproduce_args(before, rest[1:])
         client = connect()
         spec = reproduce_spec(wanted, args, client)
     else:
@@ -424,7 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     mounts = ", ".join(f"{host} -> {m['bind']} ({m['mode']})" for host, m in spec.volumes.items())
     log(f"{spec.image}: {spec.command[0]} | gpus {spec.gpus} | user {spec.user} | {mounts}")
     log(f"environment: {describe_env(spec.environment)}")
-    return run(client, spec)
+    record = run_mounts.describe(spec.environment, spec.volumes, env_file_path(args))
+    if spec.command[0] == "reproduce":  # the new run's record, once it is published
+        return run_mounts.after(wanted.new, record, spec.user, run(client, spec))
+    if spec.command[0] != "train":
+        return run(client, spec)
+    folder = run_mounts.run_folder(spec.environment, spec.volumes)
+    with run_mounts.kept(folder, record, spec.user, spec.detach, log):
+        return run(client, spec)
 
 
 if __name__ == "__main__":
