@@ -57,6 +57,7 @@ bash tests/oldest/setup.sh
 
 log "lint"
 .venv/bin/ruff check .
+.venv/bin/mypy   # the types of the torch-free core and model/ (pyproject.toml's [tool.mypy] files)
 .venv/bin/hadolint Dockerfile
 .venv/bin/actionlint   # .github/workflows (the release pipeline)
 

@@ -184,12 +184,17 @@ def compile_default_problem(st: Stack | None = None) -> str | None:
 
 
 class Switches(Protocol):
-    """The settings a row may not run (trainer.config.schema.TrainSettings has them; this floor cannot import it)."""
+    """The settings a row may not run (trainer.config.schema.TrainSettings has them; this floor cannot import it).
+    Read-only, as the frozen settings are: a settable member would ask for exactly `str`, not a Literal of words."""
 
-    attn: str
-    fsdp: str
-    optim: str
-    method: str
+    @property
+    def attn(self) -> str: ...
+    @property
+    def fsdp(self) -> str: ...
+    @property
+    def optim(self) -> str: ...
+    @property
+    def method(self) -> str: ...
 
 
 def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[str]:

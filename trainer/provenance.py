@@ -118,8 +118,9 @@ def fingerprints(paths: Iterable[Path], previous: Mapping[str, Any]) -> dict[str
         stat = Path(path).stat()
         entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
         before = _streamed.get(str(Path(path).resolve())) or previous.get(str(path))
-        same = isinstance(before, dict) and all(before.get(k) == v for k, v in entry.items()) and before.get("sha256")
-        found[str(path)] = {"sha256": before["sha256"] if same else file_sha256(path), **entry}
+        if not (isinstance(before, dict) and all(before.get(k) == v for k, v in entry.items())):
+            before = {}  # never seen, or changed since: hash it again
+        found[str(path)] = {"sha256": before.get("sha256") or file_sha256(path), **entry}
     return found
 
 

@@ -226,7 +226,7 @@ def parse_train_args(tokens: list[str], arguments_class: Any = None) -> dict[str
     def refuse(message: str) -> None:
         raise ConfigError(f"TRAIN_ARGS: {message}")
 
-    parser.error = refuse  # type: ignore[method-assign]  # argparse would print usage and exit
+    parser.error = refuse  # argparse would print usage and exit
     unset = object()
     parser.set_defaults(**{action.dest: unset for action in parser._actions if action.dest != "help"})
     for action in parser._actions:

@@ -296,13 +296,13 @@ def _on_settings(check: Callable[[TrainSettings], list[str]]) -> Callable[[Input
     return lambda inputs: check(inputs.settings)
 
 
+SETTINGS_CHECKS: tuple[Callable[[TrainSettings], list[str]], ...] = (
+    _combination_problems, compat.unsupported_problems, _library_problems, _optimizer_problems,
+    _deepspeed_config_problems, _train_args_problems, _model_problems, _rope_problems, _tokenizer_problems,
+    resume_problems, _nvme_problems, _output_problems,
+)  # fmt: skip
 STATIC_CHECKS: tuple[Callable[[Inputs], list[str]], ...] = (
-    *map(_on_settings, (
-        _combination_problems, compat.unsupported_problems, _library_problems, _optimizer_problems,
-        _deepspeed_config_problems, _train_args_problems, _model_problems, _rope_problems, _tokenizer_problems,
-        resume_problems,
-        _nvme_problems, _output_problems,
-    )),
+    *map(_on_settings, SETTINGS_CHECKS),
     _data_problems,
     _on_settings(methods.option_problems),
     methods.data_problems,
@@ -322,7 +322,5 @@ def static_problems(inputs: Inputs) -> list[str]:
 
 def _chat_template_problems(inputs: Inputs) -> list[str]:
     """After the Hub: the template comes with a Hub tokenizer; a Hub dataset's pairs are read once fetched."""
-    found = methods.data_problems(inputs, hub=True) or [methods.template_problem(inputs)]
-    return [p for p in found if p] or template_problems(
-        inputs.data, inputs.settings.chat_template, inputs.tokenizer_folder
-    )
+    found = methods.data_problems(inputs, hub=True) or [p for p in [methods.template_problem(inputs)] if p]
+    return found or template_problems(inputs.data, inputs.settings.chat_template, inputs.tokenizer_folder)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from trainer.errors import EXIT_OK
@@ -31,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Any:
+def _table(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> Any:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", show_lines=False)

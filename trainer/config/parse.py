@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
@@ -20,9 +22,14 @@ class _MappingSettings(TrainSettings):
     """TrainSettings validated from an explicit mapping only (the base class would also read os.environ)."""
 
     @classmethod
-    def settings_customise_sources(  # type: ignore[override]
-        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings, **other_sources
-    ):
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
 
 
@@ -41,7 +48,7 @@ def _unknown_names(variables: Mapping[str, str]) -> list[str]:
     ]
 
 
-def _describe_validation_error(error: dict[str, Any]) -> str:
+def _describe_validation_error(error: ErrorDetails) -> str:
     field_name = str(error["loc"][0]) if error.get("loc") else "?"
     name = env_name(field_name)
     value = error.get("input")
@@ -56,7 +63,7 @@ def parse_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
     """TRAIN_* -> TrainSettings; every unknown name and bad value becomes one line of a ConfigError."""
     variables = train_variables(os.environ if env is None else env)
     problems = _unknown_names(variables)
-    values = {field_of_env(k): v for k, v in variables.items() if field_of_env(k)}
+    values: dict[str, Any] = {field: v for k, v in variables.items() if (field := field_of_env(k))}  # validated below
     try:
         settings = _MappingSettings(**values)
     except ValidationError as exc:
@@ -114,7 +121,7 @@ def allowed_values(field: str) -> str:
         return ", ".join(choices)
     if info.annotation is bool:
         return "0 or 1"
-    kind = {int: "integer", float: "number"}.get(info.annotation, "text")
+    kind = "integer" if info.annotation is int else "number" if info.annotation is float else "text"
     bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in info.metadata if hasattr(m, "__slots__")}
     if "Ge" in bounds and "Le" in bounds:
         return f"{kind} {bounds['Ge']}-{bounds['Le']}"

@@ -7,7 +7,7 @@ are all derived from `TrainSettings`. This module must stay importable without t
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,7 +46,7 @@ class OnResume(str, Enum):
 FIXED, DATA, FREE, NOT_RECORDED = OnResume.FIXED, OnResume.DATA, OnResume.FREE, OnResume.NOT_RECORDED
 
 
-def _f(default, group: str, doc: str, *, on_resume: OnResume, **kw):
+def _f(default: Any, group: str, doc: str, *, on_resume: OnResume, **kw: Any) -> Any:
     """A field with its documentation group (`doc` feeds the README and .env.example) and its resume rule."""
     return Field(default, description=doc, json_schema_extra={"group": group, "on_resume": on_resume.value}, **kw)
 

@@ -433,7 +433,8 @@ class ChatEncoder:
         import numpy as np
 
         edges = sorted({0, len(text), *(x for span in spans for x in span)})
-        ids, mask = [], []
+        ids: list[int] = []
+        mask: list[int] = []
         for a, b in itertools.pairwise(edges):
             part = self.tokenizer(text[a:b], add_special_tokens=False)["input_ids"]
             ids += part

@@ -295,12 +295,14 @@ def _jsonl_problem(path: Path, text_field: str, max_bad_lines: int) -> str | Non
     first = _first_record(path)
     if first is None:
         return None
+    kind = file_kind(path)
+    one_document = kind is not None and kind.format == "json"  # a .json file, where a JSON Lines one has records
     if len(first[1]) > MAX_LINE_BYTES:  # read no further: a .json document may be one long line, the reader's to read
-        return None if file_kind(path).format == "json" else long_line_message(path, first[0])
+        return None if one_document else long_line_message(path, first[0])
     try:
         row = json.loads(first[1])
     except json.JSONDecodeError as exc:
-        if file_kind(path).format == "json" or max_bad_lines > 0:
+        if one_document or max_bad_lines > 0:
             return None  # a .json document spans lines; skipped lines are the reader's to count
         return too_many_bad_lines(bad_line_message(path, first[0], f"not valid JSON ({exc.msg})"), 1, 0)
     from trainer.data.chat import CHAT_LAYOUTS, BadRecord, conversation_of, layout_of_record

@@ -148,8 +148,8 @@ def _json_rows(path: Path, fmt: str) -> Any:
             if isinstance(content, dict):
                 lists = [v for v in content.values() if isinstance(v, list)]
                 content = lists[0] if len(lists) == 1 and layout_of_record(content) is None else [content]
-            for number, row in enumerate(content, 1):
-                yield f"{path}:record {number}", row
+            for number, record in enumerate(content, 1):
+                yield f"{path}:record {number}", record
             return
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -182,14 +182,16 @@ def _table(path: Path, fmt: str) -> Any:
 # ---- one record -> TRL's row -----------------------------------------------------------------------------------
 
 
+PAIR_SIDES = ("prompt", "chosen", "rejected")  # checked in this order: the first problem is the one named
+
+
 def normalized(row: dict[str, Any], layout: str) -> dict[str, Any]:
     """The row TRL takes: {prompt, chosen, rejected} (text or messages) or {prompt, completion, label}."""
     if layout == "preference":
-        prompt = _text(row.get("prompt"), "prompt", allow_empty=True)
-        chosen, rejected = _text(row.get("chosen"), "chosen"), _text(row.get("rejected"), "rejected")
-        if chosen == rejected:
+        pair = {side: _text(row.get(side), side, allow_empty=side == "prompt") for side in PAIR_SIDES}
+        if pair["chosen"] == pair["rejected"]:
             raise BadPair("chosen equals rejected: the pair says nothing to learn; remove it or fix one side")
-        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+        return pair
     if layout == "preference_chat":
         return _chat_pair(row)
     label = row.get("label")

@@ -85,9 +85,11 @@ def _online() -> Iterator[None]:
 
 
 class PushSettings(Protocol):
-    """TRAIN_PUSH_TO_HUB (trainer.config.schema.TrainSettings has it; this floor cannot import it)."""
+    """TRAIN_PUSH_TO_HUB (trainer.config.schema.TrainSettings has it; this floor cannot import it). Read-only, as the
+    frozen settings are."""
 
-    push_to_hub: str
+    @property
+    def push_to_hub(self) -> str: ...
 
 
 def push_problems(settings: PushSettings) -> list[str]:

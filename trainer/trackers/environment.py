@@ -23,7 +23,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.errors import ConfigError
 from trainer.secrets import mask_url_credentials, mask_value
@@ -40,13 +40,56 @@ MLFLOW_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_R
                           "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
 
 
+class _Decided(Protocol):
+    """A decision (trainer.config.decision.Decision): the value decided."""
+
+    @property
+    def value(self) -> Any: ...
+
+
+class _Decisions(Protocol):
+    """The decisions the tags name (trainer.config.decisions.Decisions)."""
+
+    @property
+    def precision(self) -> _Decided: ...
+    @property
+    def nproc_per_node(self) -> _Decided: ...
+    @property
+    def lora(self) -> _Decided: ...
+    @property
+    def quant(self) -> _Decided: ...
+    @property
+    def deepspeed(self) -> _Decided: ...
+    @property
+    def fsdp(self) -> _Decided: ...
+
+
+class _Settings(Protocol):
+    """The settings the trackers read (trainer.config.schema.TrainSettings)."""
+
+    @property
+    def output_dir(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+
+
+class ResolvedRun(Protocol):
+    """What the trackers read of a resolved run: trainer.config's RunConfig, which this floor cannot import (config/
+    imports trackers/)."""
+
+    @property
+    def settings(self) -> _Settings: ...
+    @property
+    def decisions(self) -> _Decisions: ...
+
+
 def run_name(output_dir: str) -> str:
     """The tracker run's name: the output folder's name (its parent's too when it is a generic `output`)."""
     path = Path(output_dir).resolve()
     return f"{path.parent.name}-{path.name}" if path.name in ("output", "outputs") and path.parent.name else path.name
 
 
-def run_tags(cfg: Any) -> list[str]:
+def run_tags(cfg: ResolvedRun) -> list[str]:
     """Tags from the resolved configuration: what a run list is filtered by."""
     d, s = cfg.decisions, cfg.settings
     model = s.model if s.model in ("tiny", "125m", "350m", "1b") else Path(s.model.split("@")[0]).name
@@ -83,7 +126,7 @@ def save_runs(output_dir: str, runs: dict[str, dict[str, str]]) -> None:
 
 
 def prepare(
-    cfg: Any, trackers: list[str], resuming: bool, recorded: dict[str, dict[str, str]], main_process: bool
+    cfg: ResolvedRun, trackers: list[str], resuming: bool, recorded: dict[str, dict[str, str]], main_process: bool
 ) -> dict[str, dict[str, str]]:
     """Set each chosen tracker's environment, check that it can be reached; returns the runs continued on resume."""
     out = cfg.settings.output_dir
@@ -97,7 +140,7 @@ def prepare(
     return runs
 
 
-def _prepare_wandb(cfg: Any, previous: dict[str, str], main_process: bool) -> dict[str, str]:
+def _prepare_wandb(cfg: ResolvedRun, previous: dict[str, str], main_process: bool) -> dict[str, str]:
     out = cfg.settings.output_dir
     env = os.environ
     env.setdefault("WANDB_DIR", out)
@@ -119,7 +162,7 @@ def _prepare_wandb(cfg: Any, previous: dict[str, str], main_process: bool) -> di
     return {"run_id": run_id, "project": env["WANDB_PROJECT"]}
 
 
-def _prepare_mlflow(cfg: Any, previous: dict[str, str], main_process: bool) -> None:
+def _prepare_mlflow(cfg: ResolvedRun, previous: dict[str, str], main_process: bool) -> None:
     out = cfg.settings.output_dir
     env = os.environ
     if "MLFLOW_TRACKING_URI" not in env:
