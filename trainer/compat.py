@@ -23,7 +23,7 @@ log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
 # TRAIN_METHOD's preference methods run on TRL's trainers (trainer/preference/); the oldest TRL whose API they use.
 TRL_MIN = (1, 16)
-PREFERENCE_METHODS = ("dpo", "orpo", "kto", "simpo", "reward")
+PREFERENCE_METHODS = ("dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")  # every method on TRL's trainers
 
 
 def _release(dist: str) -> tuple[int, ...] | None:
@@ -163,8 +163,9 @@ def _methods_unsupported(st: Stack) -> dict[str, str]:
         return {}
     wanted = ".".join(map(str, TRL_MIN))
     found = "no TRL is installed" if st.trl is None else f"TRL {'.'.join(map(str, st.trl))} is installed"
-    why = (f"{found}; the preference methods use TRL >= {wanted}'s trainers (which need Python >= 3.11 and "
-           "transformers >= 4.56.2): use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU image)")
+    why = (f"{found}; the preference and online RL methods use TRL >= {wanted}'s trainers (which need Python >= "
+           "3.11 and transformers >= 4.56.2): use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU "
+           "image)")
     return {f"TRAIN_METHOD={method}": why for method in PREFERENCE_METHODS}
 
 

@@ -54,6 +54,8 @@ def main(args: argparse.Namespace) -> int:
     inputs = load_inputs()
     choice = inputs.template()
     tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
+    if inputs.settings.method in ("grpo", "rloo"):
+        return show_prompts(inputs, tokenizer, args.show, args.json)
     if inputs.settings.method != "sft":
         return show_pairs(inputs, tokenizer, args.show, args.json)
     if inputs.mix.is_mix:  # each source from its own cache, mixed as the run mixes them (trainer.data.mix)
@@ -75,6 +77,30 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps({"sequence": index, **item}))
     else:
         show_sequences(items, tokenizer)
+    return EXIT_OK
+
+
+def show_prompts(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool) -> int:
+    """Online RL's data: a summary line, or its first `count` prompts as the model is given them (conversations
+    through the chat template with its generation prompt) with the columns the rewards receive."""
+    from trainer.data.prompts import rendered
+
+    records = inputs.prompts
+    summary = {"method": inputs.settings.method, "records": len(records.rows), "skipped_lines": len(records.skipped),
+               "prompts": "messages" if records.chat else "text"}  # fmt: skip
+    if count is None:
+        print(json.dumps(summary))
+        return EXIT_OK
+    logging.getLogger("trainer").info("data: %s", json.dumps(summary))
+    for index, (row, where) in enumerate(zip(records.rows[: max(count, 0)], records.wheres, strict=False)):
+        text = rendered(tokenizer, row["prompt"])
+        columns = {k: v for k, v in row.items() if k != "prompt"}
+        if as_json:
+            print(json.dumps({"prompt": index, "where": where, "text": text,
+                              "input_ids": tokenizer(text, add_special_tokens=not records.chat)["input_ids"],
+                              "columns": columns}, default=str))  # fmt: skip
+        else:
+            print(f"--- prompt {index} ({where}) ---\n{text}\n--- columns for the rewards: {json.dumps(columns)}")
     return EXIT_OK
 
 

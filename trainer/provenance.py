@@ -43,6 +43,7 @@ def collect(
     environ: Mapping[str, str] | None = None,
     build_file: Path = BUILD_FILE,
     previous: Mapping[str, Any] | None = None,
+    online: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The provenance of the run in this process (secrets masked); `previous`: the data entries an earlier start
     recorded in the same output folder (a restart does not hash unchanged files again)."""
@@ -57,6 +58,7 @@ def collect(
         "hub": dict(hub),
         "chat_template_hash": template_hash or None,
         "seed": seed,
+        **({"online_rl": dict(online)} if online else {}),  # each reward file's sha256, the generation engine
     }
     return mask_secrets(json.loads(json.dumps(record, default=str)))
 
@@ -72,11 +74,11 @@ def write(folder: Path, record: Mapping[str, Any]) -> Path:
 
 
 def record_run(folder: Path, data_files: Iterable[Path], hub: Mapping[str, Any], template_hash: str,
-               seed: int) -> Path:  # fmt: skip
+               seed: int, online: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
     """Collect this run's provenance and write it into `folder` (the run's one call)."""
     earlier = (read(folder) or {}).get("data")
     previous = earlier if isinstance(earlier, dict) else None
-    return write(folder, collect(data_files, hub, template_hash, seed, previous=previous))
+    return write(folder, collect(data_files, hub, template_hash, seed, previous=previous, online=online))
 
 
 def read(folder: Path) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "data").mkdir()
     (root / "data" / "corpus.txt").write_text("hello world\n" * 50)
     (root / "pairs.jsonl").write_text(json.dumps({"prompt": "say hi", "chosen": "hi", "rejected": "HI"}) + "\n")
+    (root / "prompts.jsonl").write_text(json.dumps({"prompt": "say hi", "answer": "hi"}) + "\n")
     (root / "checkpoint-5").mkdir()
     (root / "nvme").mkdir()
     (root / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_batch_size": "auto"}))
@@ -134,6 +135,10 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
         "dpo": {"TRAIN_DATA": str(root / "pairs.jsonl"), "TRAIN_METHOD": "dpo", "TRAIN_PREF_BETA": "0.2",
                 "TRAIN_PREF_LOSS": "ipo", "TRAIN_PREF_REFERENCE": "precompute", "TRAIN_ARGS": "--use_weighting",
                 "TRAIN_PREF_MAX_PROMPT_LEN": "16"},
+        "grpo": {"TRAIN_DATA": str(root / "prompts.jsonl"), "TRAIN_METHOD": "grpo", "TRAIN_REWARD": "exact,length:0.5",
+                 "TRAIN_RL_GENERATIONS": "2", "TRAIN_RL_MAX_NEW_TOKENS": "12", "TRAIN_RL_TEMPERATURE": "0.7",
+                 "TRAIN_RL_BETA": "0.04", "TRAIN_RL_LOSS": "dr_grpo", "TRAIN_LORA": "1", "TRAIN_BATCH_SIZE": "4",
+                 "TRAIN_ARGS": "--top_p 0.9"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
     }
     return {**_base(root, name), **envs[name]}
@@ -240,6 +245,16 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_DATA_MAX_BAD_LINES", "data", lambda c: len(c["meta"]["skipped_lines"]) == 2),  # the default, 0, exits 2
     ("TRAIN_METHOD", "dpo", lambda c: c["decisions"]["method"]["value"] == "dpo"
      and c["training_arguments"]["use_weighting"] is True),  # TRAIN_ARGS takes DPOConfig's own fields
+    ("TRAIN_REWARD", "grpo", lambda c: c["training_arguments"]["reward_weights"] == [1.0, 0.5]
+     and c["training_arguments"]["top_p"] == 0.9),  # TRAIN_ARGS takes GRPOConfig's own fields
+    ("TRAIN_RL_GENERATIONS", "grpo", lambda c: c["training_arguments"]["num_generations"] == 2),
+    ("TRAIN_RL_MAX_NEW_TOKENS", "grpo", lambda c: c["training_arguments"]["max_completion_length"] == 12),
+    ("TRAIN_RL_TEMPERATURE", "grpo", lambda c: c["training_arguments"]["temperature"] == 0.7),
+    ("TRAIN_RL_BETA", "grpo", lambda c: c["training_arguments"]["beta"] == 0.04
+     and c["decisions"]["reference"]["value"] == "frozen adapter"),
+    ("TRAIN_RL_LOSS", "grpo", lambda c: c["training_arguments"]["loss_type"] == "dr_grpo"
+     and c["decisions"]["method"]["value"] == "grpo"),
+    ("TRAIN_RL_ENGINE", "defaults", lambda c: c["settings"]["TRAIN_RL_ENGINE"]["value"] == "transformers"),  # vllm: 2
     ("TRAIN_PREF_BETA", "dpo", lambda c: c["training_arguments"]["beta"] == 0.2),
     ("TRAIN_PREF_LOSS", "dpo", lambda c: c["training_arguments"]["loss_type"] == ["ipo"]),
     ("TRAIN_PREF_MAX_PROMPT_LEN", "dpo",

@@ -132,8 +132,8 @@ def _deepspeed_config_problems(s: TrainSettings) -> list[str]:
 def _train_args_problems(s: TrainSettings) -> list[str]:
     try:
         tokens = transformers_names.split_train_args(s.args)
-        if methods.is_preference(s):
-            owner = f"TRL {methods.METHODS[s.method].config}"
+        if methods.on_trl(s):
+            owner = f"TRL {methods.TRL_METHODS[s.method].config}"
             return transformers_names.check_train_args(tokens, methods.config_fields(s.method), owner)
         return transformers_names.check_train_args(tokens)
     except ConfigError as exc:

@@ -252,7 +252,7 @@ def _fsdp_reason(s: TrainSettings, hw: Hardware) -> str:
 def decide_packing(inputs: Inputs) -> Decision[str]:
     """TRAIN_PACKING for the data's record layouts (the packer applies the same rule to each piece: DataSpec)."""
     s = inputs.settings
-    if methods.is_preference(s):
+    if methods.on_trl(s):
         return _decide("none", f"TRAIN_METHOD={s.method}: {methods.SFT_ONLY['packing']}")
     if inputs.mix.is_mix:  # each source is packed on its own (trainer.data.mix)
         parts = zip(inputs.mix.entries, inputs.mix_sources, strict=True)
@@ -275,7 +275,7 @@ def decide_all(
     ds, deepspeed_decision = decide_deepspeed(s, precision.value, inputs.model_folder)
     pin_memory = decide_pin_memory(s, hw)
     auto_batch = speed.decide_auto_batch(s, hw, ds)
-    if methods.is_preference(s) and auto_batch.value:  # TRAIN_AUTO_BATCH=1 is refused (methods.option_problems)
+    if methods.on_trl(s) and auto_batch.value:  # TRAIN_AUTO_BATCH=1 is refused (methods.option_problems)
         auto_batch = Decision(False, f"TRAIN_METHOD={s.method}: the batch search probes SFT's packed batches; "
                               "TRAIN_BATCH_SIZE is used as set")  # fmt: skip
     alloc_value, alloc_decision = alloc_conf_decision(environ)

@@ -1,6 +1,6 @@
 """`Inputs`: what the settings name outside this process, each resolved once, on first use, and carried from the
 checks (stage 1) through `resolve` (stage 2, as `RunConfig.inputs`) to the run: the Hub snapshots, the scans of
-TRAIN_DATA and TRAIN_EVAL_DATA (and, for a preference method, their records), and the data spec the data layer is
+TRAIN_DATA and TRAIN_EVAL_DATA (and, for a method on TRL's trainers, their records), and the data spec the data layer is
 given. The settings object is frozen: nothing is kept on it, so a new settings object is a new run and resolves anew.
 """
 
@@ -17,6 +17,7 @@ from trainer.data.discovery import DataSource, scan
 from trainer.data.hub_datasets import DATA_FILES
 from trainer.data.mix import Mix, combined, eval_set_problems, parse_eval_sets, parse_mix
 from trainer.data.preference import PreferenceRecords, read_records
+from trainer.data.prompts import PromptRecords, read_prompts
 from trainer.data.spec import DataSpec
 from trainer.hub.ids import parse_dataset_id
 from trainer.hub.sources import KEYS, HubSources, entry_key, resolve_hub, setting_of
@@ -103,6 +104,16 @@ class Inputs:
     def eval_pairs(self) -> PreferenceRecords:
         """TRAIN_EVAL_DATA's preference records (as `pairs`)."""
         return read_records(self.eval_data, self.settings.data_max_bad_lines)
+
+    @cached_property
+    def prompts(self) -> PromptRecords:
+        """TRAIN_DATA's prompts (TRAIN_METHOD=grpo/rloo), every record read and checked once."""
+        return read_prompts(self.data, self.settings.data_max_bad_lines)
+
+    @cached_property
+    def eval_prompts(self) -> PromptRecords:
+        """TRAIN_EVAL_DATA's prompts (as `prompts`)."""
+        return read_prompts(self.eval_data, self.settings.data_max_bad_lines)
 
     def _scan(self, key: str, value: str | None = None) -> DataSource:
         """The scan of a setting ("data"), or of one source of its list (`entry_key`, with the source as `value`)."""

@@ -42,6 +42,12 @@ METHODS = {
                     fixed=(("loss_type", "simpo"), ("cpo_alpha", 0.0))),
     "reward": Method("trl", "RewardTrainer", "RewardConfig", "trainer/reward_config.py", None, False),
 }
+# online RL (trainer.config.online): prompts in, completions generated in training, scored by TRAIN_REWARD
+ONLINE = {
+    "grpo": Method("trl", "GRPOTrainer", "GRPOConfig", "trainer/grpo_config.py", 0.0, False),
+    "rloo": Method("trl", "RLOOTrainer", "RLOOConfig", "trainer/rloo_config.py", 0.0, False),
+}
+TRL_METHODS = {**METHODS, **ONLINE}  # every method on TRL's trainers
 # TRAIN_PREF_* option -> the methods it applies to
 OPTION_METHODS = {
     "pref_beta": tuple(m for m, facts in METHODS.items() if facts.beta is not None),
@@ -55,6 +61,11 @@ SFT_ONLY = {"packing": "pairs are never packed (each side is one padded sequence
 
 
 def is_preference(settings: TrainSettings) -> bool:
+    return settings.method in METHODS
+
+
+def on_trl(settings: TrainSettings) -> bool:
+    """Whether the method runs on a TRL trainer (preference tuning or online RL), not SFT's Trainer."""
     return settings.method != "sft"
 
 
@@ -63,7 +74,9 @@ def is_preference(settings: TrainSettings) -> bool:
 
 def option_problems(s: TrainSettings) -> list[str]:
     """A TRAIN_PREF_* option given for a method it does not apply to is an error, never silently ignored."""
-    problems = []
+    from trainer.config import online
+
+    problems = online.option_problems(s)
     for name, methods in OPTION_METHODS.items():
         if name in s.model_fields_set and s.method not in methods:
             problems.append(f"TRAIN_{name.upper()} applies to TRAIN_METHOD={'/'.join(methods)}, not "
@@ -71,6 +84,8 @@ def option_problems(s: TrainSettings) -> list[str]:
     if is_preference(s) and s.pref_max_prompt_len >= s.seq_len:
         problems.append(f"TRAIN_PREF_MAX_PROMPT_LEN={s.pref_max_prompt_len} leaves no room for the answer within "
                         f"TRAIN_SEQ_LEN={s.seq_len}; set it below TRAIN_SEQ_LEN (or 0: no limit of its own)")
+    if on_trl(s):
+        problems += _trl_problems(s)
     if is_preference(s):
         problems += reference_problems(s)
         if s.method == "reward":  # trainer.run.preference builds it itself: a full one-score classifier
@@ -78,13 +93,21 @@ def option_problems(s: TrainSettings) -> list[str]:
             problems += [f"{x} with TRAIN_METHOD=reward: trainkit trains a reward model (a one-score classifier) in "
                          "full; its adapters and quantization are for causal language models so far; remove it"
                          for x in given]  # fmt: skip
-        if s.optim == "adamw_apex_fused" or s.auto_batch == "1":
-            what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
-            problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
-                            "trainer only); use TRAIN_OPTIM=auto and set TRAIN_BATCH_SIZE")  # fmt: skip
-        for name, why in SFT_ONLY.items():
-            if name in s.model_fields_set:
-                problems.append(f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it")
+    return problems
+
+
+def _trl_problems(s: TrainSettings) -> list[str]:
+    """What trainkit applies to SFT's trainer only, given to a method on TRL's."""
+    problems = []
+    if s.optim == "adamw_apex_fused" or s.auto_batch == "1":
+        what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
+        problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
+                        "trainer only); use TRAIN_OPTIM=auto and set TRAIN_BATCH_SIZE")  # fmt: skip
+    sft_only = {**SFT_ONLY, "loss_on": "online RL trains on the generated completions"} if s.method in ONLINE \
+        else SFT_ONLY
+    for name, why in sft_only.items():
+        if name in s.model_fields_set:
+            problems.append(f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it")
     return problems
 
 
@@ -131,7 +154,14 @@ def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str 
 
     found = ", ".join(LAYOUT_NAMES.get(x, x) for x in layouts)
     preference = [x for x in layouts if x in PREFERENCE_LAYOUTS]
+    if method in ONLINE:
+        from trainer.config.online import layout_problem as prompts_problem
+
+        return prompts_problem(method, layouts, variable, found)
     if method == "sft":
+        if "prompt" in layouts:
+            return (f"{variable} holds prompts without answers ({found}); TRAIN_METHOD=sft trains on answers: give "
+                    "prompt/completion records, or set TRAIN_METHOD=grpo to train on generated answers")
         if not preference:
             return None
         return (f"{variable} holds preference data ({found}) but TRAIN_METHOD=sft trains on text, prompt/completion "
@@ -159,12 +189,15 @@ def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
         if source.problems or (source.embedded and s.method == "sft"):
             continue
         if source.embedded:
-            problems.append(f"TRAIN_METHOD={s.method} needs preference data: {source.variable} is empty or missing "
-                            "(the embedded corpus is plain text); point it at a pairs file")  # fmt: skip
+            what = "prompts" if s.method in ONLINE else "preference data"
+            problems.append(f"TRAIN_METHOD={s.method} needs {what}: {source.variable} is empty or missing (the "
+                            f"embedded corpus is plain text); point it at a {what.split()[0]} file")  # fmt: skip
             continue
         found = layout_problem(s.method, source.layouts, source.variable)
         if found:
             problems.append(found)
+        elif s.method in ONLINE:
+            problems += (inputs.prompts if key == "data" else inputs.eval_prompts).problems
         elif is_preference(s):
             problems += records_of(inputs, key).problems
     return problems
@@ -182,13 +215,14 @@ def template_problem(inputs: Inputs) -> str | None:
     from trainer.errors import ConfigError
 
     source = inputs.data
-    if not is_preference(inputs.settings) or source.problems or not any(x != "preference" for x in source.layouts):
+    if not on_trl(inputs.settings) or source.problems or not any(x != "preference" for x in source.layouts):
         return None
     try:
         choice = inputs.template()
     except ConfigError as exc:
         return exc.message
-    chat = any(isinstance(row.get("prompt"), list) for row in records_of(inputs).rows[:1])
+    rows = inputs.prompts.rows if inputs.settings.method in ONLINE else records_of(inputs).rows
+    chat = any(isinstance(row.get("prompt"), list) for row in rows[:1])
     return no_template_problem(source.layout_names(), choice.origin) if chat and choice.text is None else None
 
 
@@ -198,7 +232,7 @@ def template_problem(inputs: Inputs) -> str | None:
 def decide_reference(s: TrainSettings) -> Decision[str]:
     """The reference model done the way that costs least (recorded in run_config.json)."""
     if not is_preference(s):
-        return Decision("none", "TRAIN_METHOD=sft")
+        return Decision("none", f"TRAIN_METHOD={s.method}") if s.method == "sft" else _online().decide_reference(s)
     if s.method == "reward":
         return Decision("none", "a reward model scores each side of a pair: no reference model")
     if not METHODS[s.method].reference:
@@ -225,6 +259,9 @@ def _sharded(s: TrainSettings) -> str:
 
 
 def decide_method(s: TrainSettings) -> Decision[str]:
+    if s.method in ONLINE:
+        return Decision(s.method, f"TRL's {ONLINE[s.method].trainer} ({ONLINE[s.method].module}), "
+                        f"{config_fields_text(s)}")  # fmt: skip
     if not is_preference(s):
         return Decision("sft", "TRAIN_METHOD=sft (default): supervised training on the data's own tokens")
     facts = METHODS[s.method]
@@ -241,6 +278,8 @@ def config_fields_text(s: TrainSettings) -> str:
 
 def method_arguments(s: TrainSettings) -> dict[str, Any]:
     """The TRL config fields trainkit sets for the method (TRAIN_ARGS may set others, and wins)."""
+    if s.method in ONLINE:
+        return _online().method_arguments(s)
     if not is_preference(s):
         return {}
     facts = METHODS[s.method]
@@ -263,16 +302,16 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
 @functools.lru_cache(maxsize=8)
 def config_fields(method: str) -> frozenset[str]:
     """Field names the method's TRL config adds to TrainingArguments, read from TRL's source; empty without TRL."""
-    if method not in METHODS:
+    if method not in TRL_METHODS:
         return frozenset()
     spec = importlib.util.find_spec("trl")
     if spec is None or not spec.submodule_search_locations:
         return frozenset()
-    path = Path(next(iter(spec.submodule_search_locations))) / METHODS[method].config_file
+    path = Path(next(iter(spec.submodule_search_locations))) / TRL_METHODS[method].config_file
     if not path.is_file():
         return frozenset()
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.ClassDef) and node.name == METHODS[method].config:
+        if isinstance(node, ast.ClassDef) and node.name == TRL_METHODS[method].config:
             return frozenset(
                 item.target.id for item in node.body
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
@@ -282,14 +321,20 @@ def config_fields(method: str) -> frozenset[str]:
 
 
 def config_class(method: str) -> Any:
-    """The TRL config class of a preference method (imports TRL)."""
+    """The TRL config class of a method on TRL's trainers (imports TRL)."""
     import importlib
 
-    return getattr(importlib.import_module(METHODS[method].module), METHODS[method].config)
+    return getattr(importlib.import_module(TRL_METHODS[method].module), TRL_METHODS[method].config)
 
 
 def trainer_class(method: str) -> Any:
     import importlib
 
-    return getattr(importlib.import_module(METHODS[method].module), METHODS[method].trainer)
+    return getattr(importlib.import_module(TRL_METHODS[method].module), TRL_METHODS[method].trainer)
+
+
+def _online() -> Any:
+    from trainer.config import online
+
+    return online
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import checkpoint_record as records
+from trainer.config.online import reward_identity
 from trainer.config.schema import OnResume, TrainSettings, resume_rule
 from trainer.data.mix import identity
 from trainer.errors import ConfigError
@@ -151,6 +152,7 @@ def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     """The TRAIN_* settings a checkpoint records (secrets masked), by field name."""
     values = json.loads(json.dumps(settings.model_dump(), default=str))
     values["data"] = identity(values["data"])  # a mix file's weights are part of the data
+    values["reward"] = reward_identity(values["reward"])  # so is a reward file's content (online RL)
     return {k: v for k, v in mask_secrets(values).items() if resume_rule(k) is not OnResume.NOT_RECORDED}
 
 

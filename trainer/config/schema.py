@@ -20,7 +20,7 @@ Toggle = Literal["auto", "0", "1"]
 # Field groups, in the order docs present them.
 GROUPS = {
     "paths": "Paths and data",
-    "method": "Method: SFT or preference tuning",
+    "method": "Method: SFT, preference tuning or online RL",
     "precision": "Precision",
     "optim": "Optimizer and batch",
     "memory": "Memory: checkpointing, ZeRO, FSDP",
@@ -137,11 +137,13 @@ class TrainSettings(BaseSettings):
     )
 
     # method (trainer/config/methods.py, trainer/run/preference.py); the method and its options are FIXED on resume
-    method: Literal["sft", "dpo", "orpo", "kto", "simpo", "reward"] = _f(
+    method: Literal["sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo"] = _f(
         "sft", "method",
         "sft: supervised fine-tuning / pre-training on text, prompt/completion or conversations. Preference tuning on "
         "pairs (prompt/chosen/rejected, as text or messages) through TRL's trainers: dpo, orpo, simpo, reward (a "
-        "reward model); kto also on prompt/completion/label records. Further TRL config fields go in TRAIN_ARGS.",
+        "reward model); kto also on prompt/completion/label records. Online RL on prompts, the completions generated "
+        "in training and scored by TRAIN_REWARD: grpo, rloo (TRL's GRPOTrainer, RLOOTrainer). Further TRL config "
+        "fields go in TRAIN_ARGS.",
         on_resume=FIXED)  # fmt: skip
     pref_beta: float = _f(
         0.0, "method",
@@ -163,6 +165,33 @@ class TrainSettings(BaseSettings):
         "conversation: its earliest messages first), one cut for chosen and rejected; with TRAIN_LONG_RECORDS=drop "
         "its record is dropped instead. Counted in the log. 0: no limit of its own (TRAIN_SEQ_LEN bounds the prompt "
         "and answer together).", ge=0, on_resume=FIXED)  # fmt: skip
+
+    # online RL (trainer/config/online.py, trainer/run/online.py, trainer/run/rewards.py)
+    reward: str = _f(
+        "", "method",
+        "grpo/rloo: the rewards, a comma list, each optionally NAME:WEIGHT (default weight 1). Built-ins: exact (the "
+        "completion equals the record's `answer` after whitespace and case normalisation), contains (the answer "
+        "appears in the completion), regex=PATTERN (the completion matches), length[=N] (0 up to N completion tokens, falling to -1 at "
+        "2N; N defaults to TRAIN_RL_MAX_NEW_TOKENS/2); a user function path/file.py:function with TRL's signature (prompts, "
+        "completions, **columns) -> list[float]; a reward model folder (TRAIN_METHOD=reward's final/). A changed "
+        "list or reward file is refused on resume (TRAIN_RESUME_CHANGED_DATA=1 allows it).",
+        on_resume=DATA)  # fmt: skip
+    rl_generations: int = _f(
+        4, "method", "grpo/rloo: completions generated per prompt (the group whose rewards are compared); "
+        "TRAIN_BATCH_SIZE x TRAIN_GRAD_ACCUM counts completions and must be a multiple of it.", ge=2,
+        on_resume=DATA)  # fmt: skip
+    rl_max_new_tokens: int = _f(256, "method", "grpo/rloo: the longest completion, in tokens.", ge=1, on_resume=DATA)
+    rl_temperature: float = _f(1.0, "method", "grpo/rloo: the sampling temperature.", gt=0, on_resume=DATA)
+    rl_beta: float = _f(
+        0.0, "method", "grpo/rloo: the KL coefficient against the starting model; 0 (TRL GRPO's default): no KL term "
+        "and no reference model held.", ge=0, on_resume=FIXED)  # fmt: skip
+    rl_loss: Literal["auto", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = _f(
+        "auto", "method", "grpo: TRL's GRPO loss_type. auto: dapo (TRL's default).", on_resume=FIXED)  # fmt: skip
+    rl_engine: Literal["transformers", "vllm"] = _f(
+        "transformers", "method",
+        "grpo/rloo: what generates the completions. transformers: its generate inside the training process (every "
+        "stack, the CPU included). vllm: refused for now: no image row holds a vLLM built for its own torch "
+        "(docs/running.md).", on_resume=DATA)  # fmt: skip
 
     # precision
     precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(

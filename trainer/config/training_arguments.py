@@ -164,7 +164,7 @@ def apply_user_arguments(
         return derived, Decision({}, "TRAIN_ARGS empty")
     from trainer.config import methods
 
-    arguments_class = methods.config_class(s.method) if parse and methods.is_preference(s) else None
+    arguments_class = methods.config_class(s.method) if parse and methods.on_trl(s) else None
     user = transformers_names.parse_train_args(tokens, arguments_class) if parse else {}
     overridden = sorted(k for k in user if k in derived and derived[k] != user[k])
     reason = "TrainingArguments flags from TRAIN_ARGS; they win over derived values"
@@ -183,7 +183,7 @@ def build_training_arguments(cfg: RunConfig) -> Any:
     from trainer.config import methods
 
     compat.install_torch_shims()
-    arguments_class = methods.config_class(cfg.settings.method) if methods.is_preference(cfg.settings) else None
+    arguments_class = methods.config_class(cfg.settings.method) if methods.on_trl(cfg.settings) else None
     try:  # a copy: TrainingArguments fills nested dicts (fsdp_config, deepspeed) in place
         args = (arguments_class or TrainingArguments)(**copy.deepcopy(cfg.training_arguments))
     except (ValueError, TypeError, ImportError) as exc:

@@ -5,7 +5,8 @@ Layouts of a record (one per file, `layout_of_record` / `layout_of_columns`):
   as they are, with any other keys such as tool_calls or name);
 - `conversations`: ShareGPT, a list of {from, value}; `from` human/gpt/system/tool (FROM_ROLES) maps onto the roles;
 - `chat_pair`: prompt/completion where the prompt and/or the completion is a message list;
-- `pair` (prompt/completion text) and `text` stay with shards.py.
+- `pair` (prompt/completion text) and `text` stay with shards.py;
+- `prompt`: a prompt alone (no answer), online RL's (trainer.data.prompts).
 
 `ChatEncoder` renders conversations with the tokenizer's chat template (Transformers' `apply_chat_template`) and
 marks the trained tokens (TRAIN_LOSS_ON): the template's `{% generation %}` blocks through
@@ -36,6 +37,7 @@ FROM_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": 
 CHAT_LAYOUTS = ("messages", "conversations", "chat_pair")
 LAYOUT_NAMES = {"messages": "messages", "conversations": "ShareGPT conversations", "chat_pair":
                 "conversational prompt/completion", "pair": "prompt/completion", "text": "text",
+                "prompt": "prompts (no answers)",
                 **preference.PREFERENCE_LAYOUTS}  # fmt: skip
 TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "assets" / "chat_templates"
 BUILTIN_TEMPLATES = {p.stem: p for p in sorted(TEMPLATES_DIR.glob("*.jinja"))}
@@ -61,7 +63,9 @@ def layout_of_record(row: dict[str, Any], text_field: str) -> str | None:
         return "conversations"
     if row.get("prompt") is not None and row.get("completion") is not None:
         return "chat_pair" if isinstance(row["prompt"], list) or isinstance(row["completion"], list) else "pair"
-    return "text" if text_field in row else None
+    if text_field in row:
+        return "text"
+    return "prompt" if row.get("prompt") is not None else None
 
 
 def layout_of_columns(schema: Any, text_field: str) -> str | None:
@@ -79,7 +83,9 @@ def layout_of_columns(schema: Any, text_field: str) -> str | None:
         is_list = [pa.types.is_list(schema.field(n).type) or pa.types.is_large_list(schema.field(n).type)
                    for n in ("prompt", "completion")]  # fmt: skip
         return "chat_pair" if any(is_list) else "pair"
-    return "text" if text_field in names else None
+    if text_field in names:
+        return "text"
+    return "prompt" if "prompt" in names else None
 
 
 def file_layout(path: Path, text_field: str) -> str | None:

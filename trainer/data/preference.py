@@ -87,13 +87,13 @@ def read_records(source: Any, max_bad_lines: int) -> PreferenceRecords:
     inputs = [source.saved_dataset] if source.saved_dataset else list(source.files)
     for path in inputs:
         file_layout: str | None = None
-        for where, row in _rows_of(Path(path)):
+        for where, row in rows_of(Path(path)):
             layout = layout_of_record(row) if isinstance(row, dict) else None
             if isinstance(row, NotJson):
                 bad.append(f"{where}: {row}")
                 continue
             if layout is None:
-                bad.append(f"{where}: not a preference record (fields: {_fields(row)}); each needs chosen/rejected "
+                bad.append(f"{where}: not a preference record (fields: {fields_of(row)}); each needs chosen/rejected "
                            "(with a prompt) or prompt/completion/label")  # fmt: skip
                 continue
             file_layout = file_layout or layout
@@ -119,11 +119,11 @@ def read_records(source: Any, max_bad_lines: int) -> PreferenceRecords:
     return out
 
 
-def _fields(row: Any) -> str:
+def fields_of(row: Any) -> str:
     return ", ".join(sorted(row)[:8]) if isinstance(row, dict) else type(row).__name__
 
 
-def _rows_of(path: Path) -> Any:
+def rows_of(path: Path) -> Any:
     """(where, record) of every record: JSON Lines by line, a .json document, or a table by record number."""
     kind = file_kind(path) if path.is_file() else None
     if kind is not None and kind.format in ("jsonl", "json"):

@@ -219,9 +219,11 @@ def useful_token_share(dataset: Any) -> float:
     return max(0.0, 1.0 - int(packing["padding_tokens"]) / max(1, blocks * int(meta["seq_len"])))
 
 
-# The metrics TRL's preference trainers log besides their "group/name" ones (rewards/margins, logps/chosen, ...).
+# The metrics TRL's preference and online trainers log besides their "group/name" ones (rewards/margins,
+# rewards/NAME/mean, completions/mean_length, ...).
 METHOD_METRIC_NAMES = ("nll_loss", "log_odds_ratio", "log_odds_chosen", "kl", "accuracy", "margin", "mean_reward",
-                       "min_reward", "max_reward")  # fmt: skip
+                       "min_reward", "max_reward", "reward", "reward_std", "frac_reward_zero_std",
+                       "entropy")  # fmt: skip
 
 
 def method_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.compat import resuming_from
+from trainer.config.methods import ONLINE
 from trainer.errors import EXIT_OK
 from trainer.logs import setup_logging
 
@@ -197,6 +198,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     if s.method == "sft":
         trainer = _sft_trainer(cfg, args, tokenizer, stop, resume, clock)
+    elif s.method in ONLINE:  # online RL on TRL's trainers (trainer.run.online)
+        trainer = _online_trainer(cfg, args, tokenizer, stop, resume, clock)
     else:  # preference tuning on TRL's trainers (trainer.run.preference)
         trainer = _preference_trainer(cfg, args, tokenizer, stop, resume, clock)
     if trainer is None:
@@ -293,6 +296,24 @@ def _preference_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: Gracefu
     return preference.build_trainer(cfg, args, tokenizer, model, rows, _callbacks(cfg, model, stop, clock))
 
 
+def _online_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any
+                    ) -> Any:  # fmt: skip
+    """TRL's GRPO/RLOO trainer (trainer.run.online), the rewards checked before the model loads."""
+    from transformers import set_seed
+
+    from trainer.run import online
+
+    rows = online.training_rows(cfg)
+    rewards = online.reward_functions(cfg, rows)
+    clock.mark("data")
+    set_seed(cfg.settings.seed)
+    model = online.build_policy(cfg, tokenizer)
+    clock.mark("model")
+    _before_training(cfg, args, model, resume)
+    _record_training_data(cfg, args, len(rows))
+    return online.build_trainer(cfg, args, tokenizer, model, rows, rewards, _callbacks(cfg, model, stop, clock))
+
+
 def _before_training(cfg: RunConfig, args: Any, model: Any, resume: Resume) -> None:
     from trainer.run.checkpoint import remove_stale_temps
     from trainer.run.disk_space import warn_if_too_small
@@ -314,7 +335,13 @@ def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
 
     s, inputs = cfg.settings, cfg.inputs
     data_files = [*inputs.data.identity_files(), *(inputs.eval_data.identity_files() if s.eval_data else [])]
-    record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed)
+    online = None
+    if s.method in ONLINE:
+        from trainer.config.online import reward_files
+        from trainer.run.online import generation_provenance
+
+        online = {"reward_files": reward_files(s.reward), "generation": generation_provenance()}
+    record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, online)
 
 
 def _record_training_data(cfg: RunConfig, args: Any, sequences: int, mix: dict[str, Any] | None = None) -> None:

@@ -34,8 +34,10 @@ def build_device(cfg: Any) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    """The model to train: a preset from scratch or a local folder, with LoRA/quantization applied."""
+def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool = True) -> PreTrainedModel:
+    """The model to train: a preset from scratch or a local folder, with LoRA/quantization applied. `packed`: the
+    attention of packed records (trainer.model.packed_attention); False for a model that also generates (online RL):
+    Transformers' own attention, which reads the padding mask, with its KV cache."""
     s = cfg.settings
     attn = cfg.decisions.attn.value
     precision = cfg.decisions.precision.value
@@ -55,7 +57,10 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTraine
         name = s.model if s.model == folder else f"{s.model} ({folder})"
         log.info("model: loaded %s offline (attention=%s, weights %s on %s)", name, attn, model.dtype, model.device)
         fit_embeddings(model, tokenizer)
-    isolate_records(model, attn)  # use_cache off; attention never crosses packed records
+    if packed:
+        isolate_records(model, attn)  # use_cache off; attention never crosses packed records
+    elif model.config._attn_implementation != attn:
+        model.set_attn_implementation(attn)  # trainkit's mask-free causal sdpa would attend to left padding
     if s.lora:
         model = apply_lora(model, s)
     compile_model(cfg, model)

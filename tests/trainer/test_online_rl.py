@@ -1,0 +1,224 @@
+"""Online RL (TRAIN_METHOD=grpo) on TRL's GRPOTrainer: real `python -m trainer` runs of the tiny preset with a user
+reward file it can learn (the share of lower-case letters in its completions), a resume from that run's middle
+checkpoint (the same per-step rewards as the run it continues), reward functions that fail in training (exit 2,
+named, no traceback, the last checkpoint kept), and the bad inputs, which end before torch (checked in-process,
+one as a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from train_runs import finish, start, train_env
+
+from trainer.config.checks import static_problems
+from trainer.config.inputs import Inputs
+from trainer.config.parse import parse_settings
+from trainer.errors import ConfigError
+
+STEPS = 12
+WORDS = ("cat", "sun", "red", "sky", "owl", "map", "ink", "oak")
+REWARDS = '''
+LETTERS = set("abcdefghijklmnopqrstuvwxyz")
+
+
+def lowercase_share(prompts, completions, **columns):
+    """The share of lower-case letters in each completion: a tiny model from scratch can learn it."""
+    return [sum(ch in LETTERS for ch in c) / max(1, len(c)) for c in completions]
+
+
+def flaky(prompts, completions, trainer_state, **columns):
+    if trainer_state.global_step >= 1:
+        raise ValueError("no score after the first step")
+    return [0.0] * len(completions)
+
+
+def not_a_number(prompts, completions, word, **columns):
+    return [float("nan")] * len(word)
+
+
+def wrong_arity(completions):
+    return [0.0] * len(completions)
+
+
+def needs_solution(prompts, completions, solution):
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(prompts.jsonl: 48 text prompts with `word` and `answer` columns, one epoch of STEPS steps; rewards.py)."""
+    folder = tmp_path_factory.mktemp("rl")
+    rows = [{"prompt": f"say {WORDS[i % len(WORDS)]}:", "word": WORDS[i % len(WORDS)], "answer": "a"}
+            for i in range(48)]  # fmt: skip
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "rewards.py").write_text(REWARDS)
+    return prompts, folder / "rewards.py"
+
+
+def grpo_env(out: Path, files: tuple[Path, Path], function: str, **more: object) -> dict[str, str]:
+    """16 completions per step (4 prompts x 4), 8 new tokens each."""
+    settings = {"method": "grpo", "data": files[0], "reward": f"{files[1]}:{function}", "batch_size": 16,
+                "rl_generations": 4, "rl_max_new_tokens": 8, "lr": 2e-3, "max_steps": STEPS,
+                "save_steps": STEPS // 2, **more}  # fmt: skip
+    return train_env(out, **settings)
+
+
+def rewards_of(out: Path) -> list[float]:
+    return [json.loads(line)["reward"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def grpo_run(files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("grpo") / "out"
+    code, err = finish(start(grpo_env(out, files, "lowercase_share")))
+    assert code == 0, err[-3000:]
+    return out
+
+
+def test_grpo_learns_the_reward_of_a_user_file(grpo_run: Path, files: tuple[Path, Path]) -> None:
+    rewards = rewards_of(grpo_run)
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    print(f"reward per step: {[round(r, 3) for r in rewards]}; first 3 steps {first:.3f}, last 3 steps {last:.3f}")
+    assert len(rewards) == STEPS and last > first + 0.1, rewards
+    line = json.loads((grpo_run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"reward", "reward_std", "rewards/lowercase_share/mean", "completions/mean_length"} <= set(line), line
+    provenance = json.loads((grpo_run / "provenance.json").read_text())["online_rl"]
+    assert provenance["reward_files"] == {
+        str(files[1]): __import__("hashlib").sha256(files[1].read_bytes()).hexdigest()
+    }
+    assert provenance["generation"]["engine"] == "transformers" and provenance["generation"]["version"]
+    decisions = json.loads((grpo_run / "run_config.json").read_text())["decisions"]
+    assert decisions["method"]["value"] == "grpo" and "GRPOTrainer" in decisions["method"]["reason"]
+    assert (grpo_run / "final" / "model.safetensors").is_file()
+
+
+def test_a_resume_gives_the_same_rewards_as_the_run_it_continues(
+    grpo_run: Path, files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The run continued from its middle checkpoint in a new process (the seed, the prompt order and the sampling
+    state restored) gives the uninterrupted run's per-step rewards, bit for bit on the CPU. (Within one epoch: after
+    an epoch boundary a resumed run's rewards differ from the uninterrupted run's, not solved yet.)"""
+    out = tmp_path / "out"
+    shutil.copytree(grpo_run, out, ignore=shutil.ignore_patterns(f"checkpoint-{STEPS}", "final"))
+    code, err = finish(start(grpo_env(out, files, "lowercase_share")))
+    assert code == 0 and f"checkpoint-{STEPS // 2}" in err, err[-3000:]
+    assert rewards_of(out) == rewards_of(grpo_run)
+
+
+def test_a_changed_reward_file_is_refused_on_resume(files: tuple[Path, Path], tmp_path: Path) -> None:
+    from trainer import checkpoint_record
+    from trainer.config.resume import check_drift, run_record
+
+    reward = tmp_path / "rewards.py"
+    reward.write_text(files[1].read_text())
+    env = {"TRAIN_METHOD": "grpo", "TRAIN_REWARD": f"{reward}:lowercase_share"}
+    settings = parse_settings(env)
+    checkpoint = tmp_path / "checkpoint-6"
+    checkpoint.mkdir()
+    checkpoint_record.write_record(checkpoint, run_record(settings, {}), 6)
+    check_drift(checkpoint, settings)  # unchanged: goes on
+    reward.write_text(files[1].read_text() + "# changed\n")
+    with pytest.raises(ConfigError) as caught:
+        check_drift(checkpoint, settings)
+    assert "TRAIN_REWARD was" in caught.value.message and "TRAIN_RESUME_CHANGED_DATA=1" in caught.value.message
+    check_drift(checkpoint, parse_settings({**env, "TRAIN_RESUME_CHANGED_DATA": "1"}))  # allowed when asked
+
+
+@pytest.mark.parametrize(
+    ("function", "expected"),
+    [("flaky", "reward function 'flaky' in {file} raised ValueError: no score after the first step (on the record at "
+      "{data}:"),
+     ("not_a_number", "reward function 'not_a_number' in {file} returned nan for the completion")],
+    ids=["raises", "nan"],
+)  # fmt: skip
+def test_a_failing_reward_function_ends_the_run_named(
+    function: str, expected: str, files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    code, err = finish(start(grpo_env(out, files, function, max_steps=3, save_steps=1)))
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    assert expected.format(file=files[1], data=files[0]) in err, err[-3000:]
+    if function == "flaky":  # it failed in step 2: step 1's checkpoint stays, complete
+        assert (out / "checkpoint-1" / "model.safetensors").is_file() and not (out / "checkpoint-2").exists()
+    else:
+        assert f"of the record at {files[0]}:" in err
+
+
+def test_a_reward_function_that_takes_the_wrong_arguments_is_refused(files: tuple[Path, Path]) -> None:
+    from trainer.run.rewards import build_rewards
+
+    columns = frozenset({"word", "answer"})
+    for function, expected in (("wrong_arity", "it takes no prompts"),
+                               ("needs_solution", "parameters solution are neither TRL's arguments nor data columns"),
+                               ("missing", "defines no 'missing'")):  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            build_rewards(f"{files[1]}:{function}", columns, 8)
+        assert expected in caught.value.message or function == "missing", caught.value.message
+    assert "exact" in [r.__name__ for r in build_rewards("exact,regex=^a:0.5,length", columns, 8)][:1]
+
+
+GOOD = {"prompt": "say hi", "answer": "hi"}
+
+
+def problems(tmp_path: Path, rows: list, **env: str) -> str:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    settings = parse_settings({"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"),
+                               "TRAIN_METHOD": "grpo", "TRAIN_REWARD": "exact", "TRAIN_CHAT_TEMPLATE": "chatml",
+                               "TRAIN_RL_GENERATIONS": "4", **env})  # fmt: skip
+    return "\n".join(static_problems(Inputs(settings)))
+
+
+def test_bad_prompts_and_settings_are_named_before_torch(tmp_path: Path, files: tuple[Path, Path]) -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}], "answer": "x"}
+    assert problems(tmp_path, [chat, {"prompt": [{"role": "user", "content": "a"}], "answer": "y"}]) == ""
+    assert "some prompts are text and some are messages" in problems(tmp_path, [GOOD, chat])
+    assert "data.jsonl:2: no prompt (fields: answer, question)" in problems(
+        tmp_path, [GOOD, {"question": "a", "answer": "b"}]
+    )
+    ends = problems(tmp_path, [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}])
+    assert "data.jsonl:1: the conversation ends on a assistant turn" in ends, ends
+    pairs = problems(tmp_path, [{"prompt": "a", "chosen": "b", "rejected": "c"}])
+    assert "TRAIN_METHOD=grpo needs prompts" in pairs and "holds prompt/chosen/rejected" in pairs, pairs
+    sft = problems(tmp_path, [{"prompt": "a", "completion": "b"}])
+    assert "TRAIN_METHOD=grpo needs prompts" in sft and "holds prompt/completion" in sft, sft
+    assert "holds prompts without answers" in problems(tmp_path, [GOOD], TRAIN_METHOD="sft", TRAIN_REWARD="")
+    options = problems(tmp_path, [GOOD], TRAIN_METHOD="dpo", TRAIN_RL_GENERATIONS="4")
+    assert "TRAIN_RL_GENERATIONS: for online RL (TRAIN_METHOD=grpo or rloo), not TRAIN_METHOD=dpo" in options
+    assert "TRAIN_RL_LOSS applies to TRAIN_METHOD=grpo, not TRAIN_METHOD=rloo" in problems(
+        tmp_path, [GOOD], TRAIN_METHOD="rloo", TRAIN_RL_LOSS="dr_grpo"
+    )
+    assert "is no multiple of TRAIN_RL_GENERATIONS=4" in problems(tmp_path, [GOOD], TRAIN_BATCH_SIZE="6")
+    assert "TRAIN_RL_ENGINE=vllm: no image row" in problems(tmp_path, [GOOD], TRAIN_RL_ENGINE="vllm")
+    assert "TRAIN_REWARD is empty" in problems(tmp_path, [GOOD], TRAIN_REWARD="")
+    assert "no such file" in problems(tmp_path, [GOOD], TRAIN_REWARD=f"{tmp_path}/none.py:score")
+    assert "defines no 'score'" in problems(tmp_path, [GOOD], TRAIN_REWARD=f"{files[1]}:score")
+    assert "regex=[: the pattern does not compile" in problems(tmp_path, [GOOD], TRAIN_REWARD="regex=[")
+    assert "did you mean num_generations?" in problems(tmp_path, [GOOD], TRAIN_ARGS="--num_generation 8")
+    assert problems(tmp_path, [GOOD], TRAIN_ARGS="--top_p 0.9", TRAIN_REWARD=f"exact:2,{files[1]}:flaky:0.5") == ""
+
+
+def test_pair_data_given_to_grpo_exits_2_before_torch(tmp_path: Path, run_trainer, imported_modules) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n")
+    env = {"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_METHOD": "grpo",
+           "TRAIN_REWARD": "exact"}  # fmt: skip
+    result = run_trainer(["config"], env=env, python_args=["-X", "importtime"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "TRAIN_METHOD=grpo needs prompts" in result.stderr and "torch" not in imported_modules(result.stderr)
+
+
+def test_data_show_prints_the_prompts_as_rendered(tmp_path: Path, run_trainer) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": [{"role": "user", "content": "say hi"}], "answer": "hi"}) + "\n")
+    env = {"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_METHOD": "grpo",
+           "TRAIN_REWARD": "exact", "TRAIN_CHAT_TEMPLATE": "chatml"}  # fmt: skip
+    result = run_trainer(["data", "--show", "1"], env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "<|im_start|>user\nsay hi<|im_end|>\n<|im_start|>assistant\n" in result.stdout, result.stdout
+    assert f"prompt 0 ({data}:1)" in result.stdout and '{"answer": "hi"}' in result.stdout

@@ -1,0 +1,235 @@
+"""Online RL (TRAIN_METHOD=grpo/rloo): TRAIN_REWARD's rewards, the TRAIN_RL_* options, the data layout the method
+takes and the TRL config fields trainkit sets. Torch- and TRL-free: a user's reward file is read with `ast` here
+(it exists, it parses, it defines the function); trainer/run/rewards.py imports it and checks its signature before
+the model loads, and trainer/run/online.py builds TRL's trainer.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.config.decision import Decision
+from trainer.config.schema import TrainSettings
+from trainer.data.mix import split_weight
+
+BUILTINS = ("exact", "contains", "regex", "length")
+RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine")
+# TRAIN_RL_* option -> the methods it applies to (the others apply to both)
+OPTION_METHODS = {"rl_loss": ("grpo",)}
+ONLINE_METHODS = ("grpo", "rloo")
+VLLM_REFUSED = ("TRAIN_RL_ENGINE=vllm: no image row of this release can run vLLM: a vLLM wheel is built for one torch, "
+                "none matches the torch NVIDIA's NGC images ship, and installing it would replace that torch; TRL's "
+                "vLLM server mode (the server in its own container) is not built or proven yet. Use "
+                "TRAIN_RL_ENGINE=transformers (generation inside the training process)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One entry of TRAIN_REWARD: a built-in (`kind` its name, `argument` regex's pattern or length's budget), a
+    user function (`kind` "function": `path`, `function`) or a reward model folder (`kind` "model": `path`)."""
+
+    text: str  # the entry as written, less its weight
+    kind: str
+    name: str  # the name its reward is logged under (rewards/NAME/mean)
+    weight: float = 1.0
+    argument: str = ""
+    path: str = ""
+    function: str = ""
+
+
+def parse_rewards(value: str) -> tuple[list[RewardSpec], list[str]]:
+    """(the rewards, problems) of TRAIN_REWARD: a comma list, each TERM or TERM:WEIGHT."""
+    specs, problems = [], []
+    for part in (p for p in value.split(",") if p.strip()):
+        text, weight_text = split_weight(part)
+        weight = float(weight_text) if weight_text is not None else 1.0
+        if not math.isfinite(weight) or weight == 0:
+            problems.append(f"TRAIN_REWARD: the weight {weight_text!r} of {text} is not a non-zero number")
+        spec = _spec(text, weight)
+        if isinstance(spec, str):
+            problems.append(f"TRAIN_REWARD: {spec}")
+        else:
+            specs.append(spec)
+    return _unique_names(specs), problems
+
+
+def _spec(text: str, weight: float) -> RewardSpec | str:
+    head, _, argument = text.partition("=")
+    if head in BUILTINS:
+        return _builtin(text, head, argument, weight)
+    if ".py:" in text:
+        path, _, function = text.rpartition(":")
+        if not function.isidentifier():
+            return f"{text}: {function!r} is no Python function name; write path/file.py:function"
+        return RewardSpec(text, "function", function, weight, path=path, function=function)
+    if text.endswith(".py"):
+        return f"{text}: name the function too: {text}:FUNCTION"
+    if Path(text).is_dir():
+        return RewardSpec(text, "model", Path(text).name or "reward_model", weight, path=text)
+    return (f"{text!r} is no reward: use a built-in ({', '.join(BUILTINS)}; regex=PATTERN, length=TOKENS), a user "
+            "function path/file.py:function, or a reward model folder")  # fmt: skip
+
+
+def _builtin(text: str, kind: str, argument: str, weight: float) -> RewardSpec | str:
+    if kind == "regex":
+        if not argument:
+            return "regex needs its pattern: regex=PATTERN"
+        try:
+            re.compile(argument)
+        except re.error as exc:
+            return f"{text}: the pattern does not compile ({exc})"
+    elif kind == "length":
+        if argument and not (argument.isdigit() and int(argument) > 0):
+            return f"{text}: length's budget is a whole number of tokens above 0 (length=200)"
+    elif argument:
+        return f"{text}: {kind} takes no argument"
+    return RewardSpec(text, kind, kind, weight, argument=argument)
+
+
+def _unique_names(specs: list[RewardSpec]) -> list[RewardSpec]:
+    """Two entries with one name (two regexes) are logged as regex, regex_2."""
+    seen: dict[str, int] = {}
+    out = []
+    for spec in specs:
+        seen[spec.name] = seen.get(spec.name, 0) + 1
+        name = spec.name if seen[spec.name] == 1 else f"{spec.name}_{seen[spec.name]}"
+        out.append(RewardSpec(spec.text, spec.kind, name, spec.weight, spec.argument, spec.path, spec.function))
+    return out
+
+
+def reward_problems(value: str) -> list[str]:
+    """TRAIN_REWARD read without running anything: each entry parses, each file exists and defines its function,
+    each reward model folder holds a model."""
+    if not value.strip():
+        return ["TRAIN_REWARD is empty: name at least one reward, e.g. TRAIN_REWARD=exact or "
+                "TRAIN_REWARD=/data/reward.py:score (docs/running.md, 'Online RL')"]  # fmt: skip
+    specs, problems = parse_rewards(value)
+    for spec in specs:
+        if spec.kind == "function":
+            problems += _function_problems(spec)
+        elif spec.kind == "model" and not (Path(spec.path) / "config.json").is_file():
+            problems.append(f"TRAIN_REWARD: {spec.path} holds no config.json; a reward model folder is what "
+                            "TRAIN_METHOD=reward writes (its final/)")  # fmt: skip
+    return problems
+
+
+def _function_problems(spec: RewardSpec) -> list[str]:
+    path = Path(spec.path)
+    if not path.is_file():
+        return [f"TRAIN_REWARD: {spec.text}: no such file {path}; mount it and give its path in the container"]
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+        return [f"TRAIN_REWARD: {spec.text}: {path} does not read as Python ({exc})"]
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+    if spec.function not in defined:
+        functions = sorted(n for n in defined if not n.startswith("_")) or ["none"]
+        return [f"TRAIN_REWARD: {spec.text}: {path} defines no {spec.function!r} at its top level (it defines: "
+                f"{', '.join(functions[:8])})"]  # fmt: skip
+    return []
+
+
+def reward_identity(value: str) -> str:
+    """TRAIN_REWARD as a checkpoint records it: each user file with its content's sha256, so that a changed reward
+    file is a changed setting on resume (trainer.config.resume)."""
+    specs, _ = parse_rewards(value)
+    files = [s.path for s in specs if s.kind == "function" and Path(s.path).is_file()]
+    if not files:
+        return value
+    return value + " (" + ", ".join(f"{f} sha256 {file_sha256(f)[:16]}" for f in dict.fromkeys(files)) + ")"
+
+
+def file_sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def reward_files(value: str) -> dict[str, str]:
+    """{path: sha256} of every user reward file (provenance.json)."""
+    specs, _ = parse_rewards(value)
+    return {s.path: file_sha256(s.path) for s in specs if s.kind == "function" and Path(s.path).is_file()}
+
+
+# ---- the options ----------------------------------------------------------------------------------------------
+
+
+def option_problems(s: TrainSettings) -> list[str]:
+    """TRAIN_REWARD and TRAIN_RL_* against the method; the batch against the group."""
+    if s.method not in ONLINE_METHODS:
+        given = [f"TRAIN_{n.upper()}" for n in RL_OPTIONS if n in s.model_fields_set]
+        return [f"{', '.join(given)}: for online RL (TRAIN_METHOD=grpo or rloo), not TRAIN_METHOD={s.method}; remove "
+                f"{'them' if len(given) > 1 else 'it'}, or set TRAIN_METHOD=grpo"] if given else []  # fmt: skip
+    problems = [f"TRAIN_{n.upper()} applies to TRAIN_METHOD={'/'.join(m)}, not TRAIN_METHOD={s.method}; remove it"
+                for n, m in OPTION_METHODS.items() if n in s.model_fields_set and s.method not in m]  # fmt: skip
+    problems += reward_problems(s.reward)
+    if s.rl_engine == "vllm":
+        problems.append(VLLM_REFUSED)
+    completions = s.batch_size * s.grad_accum
+    if completions % s.rl_generations:
+        problems.append(f"TRAIN_BATCH_SIZE={s.batch_size} x TRAIN_GRAD_ACCUM={s.grad_accum} = {completions} "
+                        f"completions per step is no multiple of TRAIN_RL_GENERATIONS={s.rl_generations} (each "
+                        "prompt's group of completions is scored together); make TRAIN_BATCH_SIZE a multiple of it, "
+                        f"e.g. {s.rl_generations * max(1, round(completions / s.rl_generations))}")  # fmt: skip
+    if s.rl_beta > 0 and not s.lora and _is_preset(s.model):
+        problems.append(f"TRAIN_RL_BETA={s.rl_beta} with a preset trained in full (TRAIN_LORA=0): TRL 1.16 loads the "
+                        "KL reference from the model's files, which a preset has none of; use TRAIN_LORA=1 (the "
+                        "reference is the adapter-disabled model) or a model folder")  # fmt: skip
+    if s.eval_data or s.eval_split > 0:
+        problems.append(
+            f"TRAIN_EVAL_DATA/TRAIN_EVAL_SPLIT with TRAIN_METHOD={s.method}: evaluation during online RL "
+            "is not supported yet; remove them (the rewards in metrics.jsonl are the measure)"
+        )
+    return problems
+
+
+def _is_preset(model: str) -> bool:
+    from trainer.config.presets import is_preset
+
+    return is_preset(model)
+
+
+def layout_problem(method: str, layouts: tuple[str, ...], variable: str, found: str) -> str | None:
+    """Online RL takes prompts: `prompt` records, or `messages` ending on a user turn."""
+    other = [x for x in layouts if x not in ("prompt", "messages")]
+    if not other and layouts:
+        return None
+    return (
+        f"TRAIN_METHOD={method} needs prompts (records with `prompt`, as text or messages, or `messages` ending "
+        f"on a user turn; other fields reach the rewards); {variable} holds {found or 'no records'}"
+    )
+
+
+# ---- decisions and TRL's fields ----------------------------------------------------------------------------------
+
+
+def decide_reference(s: TrainSettings) -> Decision[str]:
+    if s.rl_beta == 0:
+        return Decision("none", "TRAIN_RL_BETA=0: no KL term, so no reference model is held")
+    if s.lora:
+        return Decision("frozen adapter", f"TRAIN_RL_BETA={s.rl_beta} with TRAIN_LORA=1: the adapter-disabled model "
+                        "is the KL reference (no second copy)")  # fmt: skip
+    return Decision("frozen copy", f"TRAIN_RL_BETA={s.rl_beta}: TRL loads a second copy of the model from its folder")
+
+
+def method_arguments(s: TrainSettings) -> dict[str, Any]:
+    """GRPOConfig/RLOOConfig fields from TRAIN_RL_*; `max_length` is no field of theirs (prompts are not cut)."""
+    args: dict[str, Any] = {
+        "num_generations": s.rl_generations,
+        "max_completion_length": s.rl_max_new_tokens,
+        "temperature": s.rl_temperature,
+        "beta": s.rl_beta,
+        "use_vllm": False,
+        "reward_weights": [spec.weight for spec in parse_rewards(s.reward)[0]],
+        "log_completions": False,  # trainkit logs the rewards; TRL's table needs rich/pandas output of its own
+    }
+    if s.method == "grpo":
+        args["loss_type"] = "dapo" if s.rl_loss == "auto" else s.rl_loss
+    return args

@@ -1,0 +1,87 @@
+"""Online RL (TRAIN_METHOD=grpo/rloo) on TRL's GRPOTrainer/RLOOTrainer, with trainkit's machinery.
+
+The prompts are the records the checks read (trainer.config.Inputs.prompts), each row carrying its file:line for the
+reward functions' errors (trainer.run.rewards takes it off again before a user function sees the columns). The
+policy is SFT's model (preset or folder, LoRA applied) with Transformers' own attention (it generates, with left
+padding); Transformers' generate makes the completions inside this process. The trainer is made atomic
+(trainer.run.checkpoint.atomic_trainer): checkpoints, final/, SIGTERM stops, resume and metrics.jsonl are SFT's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from trainer.config.methods import trainer_class
+from trainer.data.prompts import WHERE
+from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config.run_config import RunConfig
+
+log = logging.getLogger("trainer")
+
+
+def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
+    """TRL's rows: the prompt, every other column, and where the record came from."""
+    s = cfg.settings
+    records = cfg.inputs.prompts
+    for line in records.skipped:
+        log.warning("data: skipped %s (TRAIN_DATA_MAX_BAD_LINES=%d)", line, s.data_max_bad_lines)
+    if not records.rows:
+        raise ConfigError(f"TRAIN_DATA: no prompt to train on ({len(records.skipped)} records skipped)")
+    rows = [{**row, WHERE: where} for row, where in zip(records.rows, records.wheres, strict=True)]
+    columns = sorted(k for k in rows[0] if k not in ("prompt", WHERE))
+    log.info("data: %d prompts (%s) for TRAIN_METHOD=%s; columns given to the rewards: %s", len(rows),
+             "messages, rendered with the chat template" if records.chat else "text", s.method,
+             ", ".join(columns) or "none")  # fmt: skip
+    return rows
+
+
+def reward_functions(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[Any]:
+    """TRAIN_REWARD's functions, imported and checked against the data's columns before the model loads."""
+    from trainer.run.rewards import build_rewards
+
+    s = cfg.settings
+    columns = frozenset(k for k in rows[0] if k not in ("prompt", WHERE))
+    rewards = build_rewards(s.reward, columns, s.rl_max_new_tokens)
+    names = [getattr(r, "__name__", r) for r in rewards]
+    log.info("rewards: %s (weights %s), each logged as rewards/NAME/mean", ", ".join(map(str, names)),
+             cfg.training_arguments.get("reward_weights"))  # fmt: skip
+    return rewards
+
+
+def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
+    from trainer.run.training_model import build_model
+
+    return build_model(cfg, tokenizer, packed=False)
+
+
+def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: list[dict[str, Any]],
+                  rewards: list[Any], callbacks: list[Any]) -> Any:  # fmt: skip
+    """TRL's trainer for cfg.settings.method with atomic checkpoints, ready for `train`."""
+    from datasets import Dataset
+
+    from trainer.run.checkpoint import atomic_trainer
+
+    log.info("generation: Transformers' generate in this process, %d completions per prompt, at most %d new tokens, "
+             "temperature %g", cfg.settings.rl_generations, cfg.settings.rl_max_new_tokens,
+             cfg.settings.rl_temperature)  # fmt: skip
+    log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return atomic_trainer(trainer_class(cfg.settings.method))(
+        model=model,
+        reward_funcs=rewards,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
+def generation_provenance() -> dict[str, Any]:
+    """What generated the completions, for provenance.json."""
+    import transformers
+
+    return {"engine": "transformers", "version": transformers.__version__}

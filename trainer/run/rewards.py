@@ -1,0 +1,208 @@
+"""TRAIN_REWARD's reward functions, as TRL's online trainers call them: (prompts, completions, **columns) -> one
+number per completion.
+
+Each entry of TRAIN_REWARD (trainer.config.online.parse_rewards) becomes a `Reward`: a built-in, the user's function
+imported from its file, or a reward model folder (handed to TRL by path). A `Reward` is named as TRL logs it
+(rewards/NAME/mean) and guards the call: a function that raises, returns something that is not one finite number
+per completion, ends the run with a RewardFailed (exit 2) naming the function, the record (file:line) and the value,
+never a traceback from inside TRL; the last checkpoint stays as it was.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer.config.online import RewardSpec, parse_rewards
+from trainer.data.prompts import WHERE
+from trainer.errors import ConfigError
+
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+class RewardFailed(ConfigError):
+    """A reward function failed in training (exit 2, named)."""
+
+
+def normalised(text: str) -> str:
+    """Whitespace runs as one space, ends stripped, lower case: what `exact` and `contains` compare."""
+    return " ".join(text.split()).lower()
+
+
+def text_of(completion: Any) -> str:
+    """A completion's text: TRL gives text, or for conversational prompts a list holding the assistant message."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def exact(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
+    """1 where the completion, normalised, equals the record's `answer`, else 0."""
+    return [float(normalised(text_of(c)) == normalised(str(a))) for c, a in zip(completions, answer, strict=True)]
+
+
+def contains(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
+    """1 where the record's `answer`, normalised, appears in the normalised completion, else 0."""
+    return [float(normalised(str(a)) in normalised(text_of(c))) for c, a in zip(completions, answer, strict=True)]
+
+
+def regex_reward(pattern: str) -> Any:
+    compiled = re.compile(pattern)
+
+    def regex(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
+        """1 where the pattern matches the completion (re.search), else 0."""
+        return [float(compiled.search(text_of(c)) is not None) for c in completions]
+
+    return regex
+
+
+def length_reward(budget: int) -> Any:
+    def length(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float]:
+        """0 up to `budget` completion tokens, then down to -1 at twice the budget (and below no further)."""
+        return [-min(1.0, max(0, len(ids) - budget) / budget) for ids in completion_ids]
+
+    return length
+
+
+class Reward:
+    """One reward function as TRL calls it, guarded (see the module docstring). `__name__` is what TRL logs."""
+
+    def __init__(self, spec: RewardSpec, function: Any, columns: frozenset[str]) -> None:
+        self.spec, self.function, self.__name__ = spec, function, spec.name
+        self.takes_any = any(p.kind is p.VAR_KEYWORD for p in _parameters(function))
+        self.accepted = {p.name for p in _parameters(function)}
+        self.columns = columns
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+        wheres = kwargs.pop(WHERE, None) or ["?"] * len(prompts)
+        given = {"prompts": prompts, "completions": completions, **kwargs}
+        if not self.takes_any:
+            given = {k: v for k, v in given.items() if k in self.accepted}
+        try:
+            values = self.function(**given)
+        except Exception as exc:  # the user's code: any error ends the run, named
+            raise RewardFailed(f"{self._who()} raised {type(exc).__name__}: {exc} (on the record at {wheres[0]}, "
+                               f"first of this batch; {self._fix()})") from None  # fmt: skip
+        return self._checked(values, wheres, completions)
+
+    def _checked(self, values: Any, wheres: list[str], completions: list[Any]) -> list[float]:
+        try:
+            values = list(values)
+        except TypeError:
+            raise RewardFailed(f"{self._who()} returned {type(values).__name__}, not a list of numbers (one per "
+                               f"completion); {self._fix()}") from None  # fmt: skip
+        if len(values) != len(completions):
+            raise RewardFailed(
+                f"{self._who()} returned {len(values)} values for {len(completions)} completions (the "
+                f"batch starting at the record at {wheres[0]}); return one number per completion"
+            )
+        out = []
+        for i, value in enumerate(values):
+            number = _number(value)
+            if number is None:
+                snippet = text_of(completions[i])[:80]
+                raise RewardFailed(f"{self._who()} returned {value!r} for the completion {snippet!r} of the record at "
+                                   f"{wheres[i]}; a reward is a finite number ({self._fix()})")  # fmt: skip
+            out.append(number)
+        return out
+
+    def _who(self) -> str:
+        where = f" in {self.spec.path}" if self.spec.kind == "function" else " (built-in)"
+        return f"reward function {self.spec.function or self.spec.kind!r}{where}"
+
+    def _fix(self) -> str:
+        if self.spec.kind == "function":
+            return f"fix {self.spec.path}, then start again: the run resumes from its last checkpoint"
+        return "check the records' columns it reads"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _parameters(function: Any) -> list[inspect.Parameter]:
+    return list(inspect.signature(function).parameters.values())
+
+
+def build_rewards(value: str, columns: frozenset[str], max_new_tokens: int) -> list[Any]:
+    """TRAIN_REWARD as TRL's reward_funcs: Reward objects, and a reward model folder's path; ConfigError (exit 2)
+    naming a function that cannot be imported or called with TRL's arguments and the data's columns."""
+    out: list[Any] = []
+    for spec in parse_rewards(value)[0]:
+        if spec.kind == "model":
+            out.append(spec.path)
+            continue
+        function = _function(spec, max_new_tokens)
+        _check_signature(spec, function, columns)
+        out.append(Reward(spec, function, columns))
+    return out
+
+
+def _function(spec: RewardSpec, max_new_tokens: int) -> Any:
+    if spec.kind == "exact":
+        return exact
+    if spec.kind == "contains":
+        return contains
+    if spec.kind == "regex":
+        return regex_reward(spec.argument)
+    if spec.kind == "length":
+        return length_reward(int(spec.argument) if spec.argument else max(1, max_new_tokens // 2))
+    return _imported(spec)
+
+
+def _imported(spec: RewardSpec) -> Any:
+    path = Path(spec.path).resolve()
+    name = f"trainkit_reward_{abs(hash(str(path)))}"
+    module = sys.modules.get(name)
+    if module is None:
+        loader = importlib.util.spec_from_file_location(name, path)
+        if loader is None or loader.loader is None:
+            raise ConfigError(f"TRAIN_REWARD: {spec.text}: {path} cannot be imported as a Python file")
+        module = importlib.util.module_from_spec(loader)
+        try:
+            loader.loader.exec_module(module)
+        except Exception as exc:  # the user's module: its import error, named
+            raise ConfigError(f"TRAIN_REWARD: importing {path} failed: {type(exc).__name__}: {exc}") from None
+        sys.modules[name] = module
+    function = getattr(module, spec.function, None)
+    if not callable(function):
+        raise ConfigError(f"TRAIN_REWARD: {spec.text}: {spec.function} in {path} is not a function "
+                          f"({type(function).__name__})")  # fmt: skip
+    return function
+
+
+def _check_signature(spec: RewardSpec, function: Any, columns: frozenset[str]) -> None:
+    """Every parameter must be one TRL passes (prompts, completions, completion_ids, ...) or a column of the data;
+    a function without **kwargs is given only the ones it names."""
+    try:
+        parameters = _parameters(function)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: the call itself will say
+    known = set(TRL_ARGUMENTS) | set(columns)
+    wrong = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)
+             or (p.kind is not p.VAR_KEYWORD and p.default is p.empty and p.name not in known)]  # fmt: skip
+    names = {p.name for p in parameters}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    missing = [n for n in ("prompts", "completions") if n not in names and not takes_any]
+    if wrong or missing:
+        what = (
+            f"parameters {', '.join(wrong)} are neither TRL's arguments nor data columns"
+            if wrong
+            else f"it takes no {' or '.join(missing)}"
+        )
+        signature = f"def {spec.function or spec.name}(prompts, completions, **columns) -> list[float]"
+        raise ConfigError(
+            f"TRAIN_REWARD: {spec.text}: {what}; a reward function is {signature} (the data's columns: "
+            f"{', '.join(sorted(columns)) or 'none'})"
+        )
