@@ -170,11 +170,11 @@ class TrainSettings(BaseSettings):
     reward: str = _f(
         "", "method",
         "grpo/rloo: the rewards, a comma list, each optionally NAME:WEIGHT (default weight 1). Built-ins: exact (the "
-        "completion equals the record's `answer` after whitespace and case normalisation), contains (the answer "
-        "appears in the completion), regex=PATTERN (the completion matches), length[=N] (0 up to N completion tokens, falling to -1 at "
-        "2N; N defaults to TRAIN_RL_MAX_NEW_TOKENS/2); a user function path/file.py:function with TRL's signature (prompts, "
-        "completions, **columns) -> list[float]; a reward model folder (TRAIN_METHOD=reward's final/). A changed "
-        "list or reward file is refused on resume (TRAIN_RESUME_CHANGED_DATA=1 allows it).",
+        "completion equals the record's `answer`, whitespace and case normalised), contains (the answer appears in "
+        "it), regex=PATTERN (it matches), length[=N] (0 up to N tokens, falling to -1 at 2N; N defaults to "
+        "TRAIN_RL_MAX_NEW_TOKENS/2); a user function path/file.py:function (TRL's signature: prompts, completions, "
+        "**columns -> list[float]); a reward model folder (TRAIN_METHOD=reward's final/). A changed list or reward "
+        "file is refused on resume (TRAIN_RESUME_CHANGED_DATA=1 allows it).",
         on_resume=DATA)  # fmt: skip
     rl_generations: int = _f(
         4, "method", "grpo/rloo: completions generated per prompt (the group whose rewards are compared); "
