@@ -7,11 +7,14 @@ one as a real subprocess)."""
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
-from train_runs import finish, start, train_env
+from train_runs import assert_same_weights, finish, logged_steps, start, train_env
+from waiting import wait_for
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
@@ -50,10 +53,10 @@ def needs_solution(prompts, completions, solution):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(prompts.jsonl: 48 text prompts with `word` and `answer` columns, one epoch of STEPS steps; rewards.py)."""
+    """(prompts.jsonl: 32 text prompts with `word` and `answer` columns, an epoch of 8 steps; rewards.py)."""
     folder = tmp_path_factory.mktemp("rl")
     rows = [{"prompt": f"say {WORDS[i % len(WORDS)]}:", "word": WORDS[i % len(WORDS)], "answer": "a"}
-            for i in range(48)]  # fmt: skip
+            for i in range(32)]  # fmt: skip
     prompts = folder / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
     (folder / "rewards.py").write_text(REWARDS)
@@ -97,17 +100,25 @@ def test_grpo_learns_the_reward_of_a_user_file(grpo_run: Path, files: tuple[Path
     assert (grpo_run / "final" / "model.safetensors").is_file()
 
 
-def test_a_resume_gives_the_same_rewards_as_the_run_it_continues(
+def test_a_stopped_run_resumes_to_the_same_rewards_and_weights(
     grpo_run: Path, files: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """The run continued from its middle checkpoint in a new process (the seed, the prompt order and the sampling
-    state restored) gives the uninterrupted run's per-step rewards, bit for bit on the CPU. (Within one epoch: after
-    an epoch boundary a resumed run's rewards differ from the uninterrupted run's, not solved yet.)"""
+    """SIGTERM after step 3: a checkpoint, exit 143; the restart continues from it (the prompt order and the
+    sampling state restored, across the epoch boundary at step 8) and gives the uninterrupted run's per-step rewards
+    and final weights, bit for bit on the CPU."""
     out = tmp_path / "out"
-    shutil.copytree(grpo_run, out, ignore=shutil.ignore_patterns(f"checkpoint-{STEPS}", "final"))
-    code, err = finish(start(grpo_env(out, files, "lowercase_share")))
-    assert code == 0 and f"checkpoint-{STEPS // 2}" in err, err[-3000:]
+    env = grpo_env(out, files, "lowercase_share")
+    proc = start(env)
+    wait_for(lambda: 3 in logged_steps(out), 300, "step 3", proc=proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 143, err[-3000:]
+    stopped = int(re.search(r"checkpoint-(\d+) written", err)[1])
+    assert stopped < 8, stopped  # the resumed part crosses the epoch boundary
+    code, err = finish(start(env))
+    assert code == 0 and f"continuing from {out / f'checkpoint-{stopped}'}" in err, err[-3000:]
     assert rewards_of(out) == rewards_of(grpo_run)
+    assert_same_weights(out / "final", grpo_run / "final")
 
 
 def test_a_changed_reward_file_is_refused_on_resume(files: tuple[Path, Path], tmp_path: Path) -> None:

@@ -229,6 +229,11 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         "use_vllm": False,
         "reward_weights": [spec.weight for spec in parse_rewards(s.reward)[0]],
         "log_completions": False,  # trainkit logs the rewards; TRL's table needs rich/pandas output of its own
+        # A DataLoader iterator draws its workers' base seed from torch's global generator, which also samples the
+        # completions. Kept across epochs (persistent workers), a resumed run makes that draw at the next epoch
+        # where the uninterrupted run made it at step 0, and samples differently from then on; made anew each epoch,
+        # both runs draw at the same step.
+        "dataloader_persistent_workers": False,
     }
     if s.method == "grpo":
         args["loss_type"] = "dapo" if s.rl_loss == "auto" else s.rl_loss
