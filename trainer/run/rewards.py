@@ -117,7 +117,10 @@ class Reward:
 
     def _fix(self) -> str:
         if self.spec.kind == "function":
-            return f"fix {self.spec.path}, then start again: the run resumes from its last checkpoint"
+            return (
+                f"fix {self.spec.path}, then start again with TRAIN_RESUME_CHANGED_DATA=1 (the reward file changed): "
+                "the run resumes from its last checkpoint"
+            )
         return "check the records' columns it reads"
 
 
