@@ -1,21 +1,24 @@
-"""TRAIN_AUTO_BATCH: the largest per-device batch that fits, found before training, the same on every rank.
+"""TRAIN_AUTO_BATCH: the largest per-device batch that fits with headroom, found before training, alike on every rank.
 
 The probe. One real forward and backward pass of the model at a candidate batch (random token ids, TRAIN_SEQ_LEN
 long, under the run's autocast and activation checkpointing), with the optimizer's state held aside as one
 allocation of its size (AdamW: two fp32 values per trainable parameter; with several ranks, one more for DDP's
-gradient buckets). It reports whether the device ran out of memory, and frees everything it allocated.
+gradient buckets). It reports whether the device ran out of memory and, where it did not, the peak memory allocated
+(the allocator's statistics), and frees everything it allocated.
 
-The search. From TRAIN_BATCH_SIZE it doubles while the probe fits (up to the ceiling: the blocks one rank gets, at
-most MAX_BATCH), or halves while it does not; then it bisects between the largest size that fit and the smallest
-that did not. The result is the largest batch that fits. Each verdict is agreed by every rank before the next
-size is chosen (a MIN all-reduce over the CPU gloo group of the stop agreement): all ranks probe the same sizes
-and end on the same batch, and a rank that runs out of memory never leaves the others waiting.
+The search (trainer/run/batch_fit.py): two probes give the line of peak memory against the batch, a third confirms
+the largest batch the line keeps under the allocator's capacity less a headroom. Each verdict and peak is agreed by
+every rank before the next size is chosen (a MIN all-reduce over the CPU gloo group of the stop agreement): all
+ranks probe the same sizes and end on the same batch, and a rank that runs out of memory never leaves the others
+waiting.
 
 The model probed is the model that trains: with torch.compile on, the probe runs the model compiled with the run's
 backend and mode (or as it is, where it was compiled in place), with the batch dimension marked dynamic, so one
-compile serves every size and the compiled forward and backward set the memory. Where compiling the probe fails
-(not an out-of-memory), the search probes the eager model and its reason says so: eager activations are the larger,
-so the batch found is one that fits, possibly smaller than the compiled model could take.
+compile serves every size and the compiled forward and backward set the memory. After a compiled search dynamo's
+graphs are dropped, so that training compiles (or reads from the inductor cache) the static graph at the chosen
+batch rather than running the search's dynamic one. Where compiling the probe fails (not an out-of-memory), the
+search probes the eager model and its reason says so: eager activations are the larger, so the batch found is one
+that fits, possibly smaller than the compiled model could take.
 After the search the device's peak-memory statistics are reset: `peak_mem_bytes` is the training steps' peak.
 """
 
@@ -25,10 +28,23 @@ import contextlib
 import functools
 import gc
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from trainer.run.batch_fit import (
+    GIB,
+    HEADROOM,
+    DeviceMemory,
+    Probe,
+    Probed,
+    Search,
+    agreed,
+    agreed_limit,
+    device_memory,
+    memory_limit,
+    search_predicted,
+)
 
 if TYPE_CHECKING:
     from trainer.config.decisions import Decision
@@ -38,74 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 
 MAX_BATCH = 4096
-HEADROOM = 0.05  # of the GPU's memory, kept free beyond what the probe uses (allocator fragmentation, workspaces)
-Probe = Callable[[int], bool]
-
-
-@dataclass
-class Search:
-    """The chosen batch (0: not even 1 fits) and every (size, fits) probed, in order."""
-
-    batch: int = 0
-    probes: list[tuple[int, bool]] = field(default_factory=list)
-
-    def reason(self, ceiling: int) -> str:
-        tried = ", ".join(f"{size} {'fits' if ok else 'out of memory'}" for size, ok in self.probes)
-        bound = " (the ceiling: a larger batch was not tried)" if self.batch == ceiling else ""
-        return f"TRAIN_AUTO_BATCH: largest per-device batch that fits{bound}; probed {tried}"
-
-
-def search_largest(fits: Probe, start: int, ceiling: int) -> Search:
-    """The largest size in 1..ceiling for which `fits` holds, assuming that a size that fits means every smaller one
-    does; `fits` is called with one size at a time, the same sequence wherever it returns the same verdicts."""
-    found = Search()
-
-    def probe(size: int) -> bool:
-        ok = fits(size)
-        found.probes.append((size, ok))
-        return ok
-
-    start = max(1, min(start, ceiling))
-    if probe(start):
-        good, bad = start, ceiling + 1
-        while good < ceiling:
-            size = min(good * 2, ceiling)
-            if not probe(size):
-                bad = size
-                break
-            good = size
-    else:
-        good, bad = 0, start
-        while bad > 1:
-            size = bad // 2
-            if probe(size):
-                good = size
-                break
-            bad = size
-    while bad - good > 1:
-        size = (good + bad) // 2
-        if probe(size):
-            good = size
-        else:
-            bad = size
-    found.batch = good
-    return found
-
-
-def agreed(fits: Probe, group: Any) -> Probe:
-    """`fits` as every rank of `group` sees it: true only where it fit on all of them (None: this process alone)."""
-    if group is None:
-        return fits
-
-    def every_rank(size: int) -> bool:
-        import torch
-        import torch.distributed as dist
-
-        flag = torch.tensor([1 if fits(size) else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-        return bool(flag.numpy()[0])
-
-    return every_rank
 
 
 def optimizer_state_bytes(model: Any, world_size: int) -> int:
@@ -115,43 +63,76 @@ def optimizer_state_bytes(model: Any, world_size: int) -> int:
 
 
 def memory_probe(
-    model: Any, seq_len: int, vocab_size: int, device: Any, precision: str, reserve: int, forward: Any = None
+    model: Any,
+    seq_len: int,
+    vocab_size: int,
+    device: Any,
+    precision: str,
+    reserve: int,
+    memory: DeviceMemory,
+    forward: Any = None,
 ) -> Probe:
-    """fits(batch): one forward and backward pass at `batch` on `device` ran without running out of memory.
-    `forward`: the callable that runs the model (the compiled model, whose batch dimension is then marked dynamic so
-    one compile serves every size); the model itself where not given."""
+    """probe(batch): one forward and backward pass at `batch` on `device`: whether it ran without running out of
+    memory, and its peak as `memory` measured it. `forward`: the callable that runs the model (the compiled model,
+    whose batch dimension is then marked dynamic so one compile serves every size); the model itself where not
+    given."""
     import torch
 
     from trainer.precision import compute_dtype
 
     dtype = compute_dtype(precision)
     run = model if forward is None else forward
+    regional = forward is model and getattr(model, "_compiled_call_impl", None) is None  # its layers compiled
 
-    def fits(batch: int) -> bool:
+    def probe(batch: int) -> Probed:
         held = ids = loss = None
+        memory.reset_peak()
         try:
             held = torch.empty(reserve, dtype=torch.uint8, device=device)
             ids = torch.randint(0, vocab_size, (batch, seq_len), device=device)
-            if forward is not None and batch > 1:  # a size of 1 is specialised by dynamo: it compiles apart
+            dynamic = forward is not None and batch > 1  # a size of 1 is specialised by dynamo: it compiles apart
+            if dynamic:
                 torch._dynamo.mark_dynamic(ids, 0)
             mixed = dtype != torch.float32
             autocast = torch.autocast(device.type, dtype=dtype) if mixed else contextlib.nullcontext()
-            with autocast:
+            with autocast, layers_see_a_dynamic_batch(model, dynamic and regional):
                 loss = run(input_ids=ids, labels=ids).loss
             loss.backward()
-            return True
+            result = Probed(True, memory.peak())
         except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
-            return False
+            result = Probed(False)
         finally:  # the tensors, the gradients, the failed try's frames (gc), then the allocator's cache
             del held, ids, loss
             model.zero_grad(set_to_none=True)
             if device.type == "cuda":
                 gc.collect()
                 torch.cuda.empty_cache()
+        said = f"peak {result.peak / GIB:.2f} GiB" if result.fits else "out of memory"
+        log.info("auto batch: probe at %d sequences: %s", batch, said)
+        return result
 
-    return fits
+    return probe
+
+
+@contextlib.contextmanager
+def layers_see_a_dynamic_batch(model: Any, on: bool) -> Iterator[None]:
+    """With the decoder layers compiled in place, the hidden states the embeddings hand them are what their graph
+    sees: marked dynamic in the batch, one compile serves every probed size (the token ids never reach the layers)."""
+    if not on:
+        yield
+        return
+    import torch
+
+    def mark(_module: Any, _args: Any, output: Any) -> None:
+        torch._dynamo.mark_dynamic(output, 0)
+
+    handle = model.get_input_embeddings().register_forward_hook(mark)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 ALLOCATION_FAILURES = ("CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
@@ -190,30 +171,45 @@ def compiled_like_training(model: Any, settings: TrainSettings) -> Any:
 
 
 def search_batch(
-    model: Any, settings: TrainSettings, device: Any, precision: str, reserve: int, ceiling: int, group: Any,
+    model: Any,
+    settings: TrainSettings,
+    device: Any,
+    precision: str,
+    reserve: int,
+    ceiling: int,
+    group: Any,
     compiled: bool,
+    memory: DeviceMemory,
+    limit: int,
 ) -> tuple[Search, str]:
     """The search over `model` as it trains (compiled when `compiled`), and how it was probed (for the reason).
-    A compiled probe that fails for another reason than memory gives way to the eager model, and says why."""
-    vocab = model.get_input_embeddings().weight.shape[0]
-    probe = functools.partial(memory_probe, model, settings.seq_len, vocab, device, precision, reserve)
-    if compiled:
-        try:
-            forward = compiled_like_training(model, settings)
-            how = (f"probed compiled as the run compiles it (backend {settings.compile_backend}, mode "
-                   f"{settings.compile_mode}; one compile, the batch dimension dynamic)")  # fmt: skip
-            return search_largest(agreed(probe(forward=forward), group), settings.batch_size, ceiling), how
-        except Exception as exc:  # any compile failure: the eager model is still a safe bound
-            import torch
+    A compiled probe that fails for another reason than memory gives way to the eager model, and says why. After a
+    compiled search dynamo's graphs are dropped: training then compiles the static graph at the batch chosen."""
+    import torch
 
-            torch._dynamo.reset()
-            model.zero_grad(set_to_none=True)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            log.warning("auto batch: compiling the probe failed (%s); probing the eager model", first[:300])
-            how = (f"probed eager: compiling the probe failed ({first[:200]}); eager activations take more memory "
-                   "than compiled ones, so a larger batch may fit the compiled run")  # fmt: skip
-            return search_largest(agreed(probe(), group), settings.batch_size, ceiling), how
-    return search_largest(agreed(probe(), group), settings.batch_size, ceiling), "probed eager (TRAIN_COMPILE off)"
+    vocab = model.get_input_embeddings().weight.shape[0]
+    probe = functools.partial(memory_probe, model, settings.seq_len, vocab, device, precision, reserve, memory)
+
+    def search(probing: Probe) -> Search:
+        return search_predicted(agreed(probing, group), settings.batch_size, ceiling, limit)
+
+    if not compiled:
+        return search(probe()), "probed eager (TRAIN_COMPILE off)"
+    try:
+        found = search(probe(forward=compiled_like_training(model, settings)))
+        how = (f"probed compiled as the run compiles it (backend {settings.compile_backend}, mode "
+               f"{settings.compile_mode}; one compile, the batch dimension dynamic; training compiles the static "
+               "graph at the batch chosen)")  # fmt: skip
+    except Exception as exc:  # any compile failure: the eager model is still a safe bound
+        torch._dynamo.reset()
+        model.zero_grad(set_to_none=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("auto batch: compiling the probe failed (%s); probing the eager model", first[:300])
+        how = (f"probed eager: compiling the probe failed ({first[:200]}); eager activations take more memory "
+               "than compiled ones, so a larger batch may fit the compiled run")  # fmt: skip
+        return search(probe()), how
+    torch._dynamo.reset()  # the search's dynamic graphs: training compiles (or reads) the static one at its batch
+    return found, how
 
 
 def batch_ceiling(blocks: int, world_size: int, effective: int | None) -> int:
@@ -237,7 +233,8 @@ def choose_batch(
     from trainer.errors import ConfigError
 
     ceiling = batch_ceiling(blocks, args.world_size, effective)
-    if args.device.type != "cuda":
+    memory = device_memory(args.device)
+    if memory is None:
         reason = "TRAIN_AUTO_BATCH=1 needs a GPU (a CPU has no out-of-memory error to search against); TRAIN_BATCH_SIZE"
         log.warning("auto batch: no GPU, so the batch stays TRAIN_BATCH_SIZE=%d", settings.batch_size)
         return Decision(settings.batch_size, reason)
@@ -247,16 +244,16 @@ def choose_batch(
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    import torch
-
-    headroom = int(HEADROOM * torch.cuda.get_device_properties(args.device).total_memory)
-    reserve = optimizer_state_bytes(model, args.world_size) + headroom
-    found, how = search_batch(model, settings, args.device, precision, reserve, ceiling, group, compiled)
+    limit = agreed_limit(memory_limit(memory), group)
+    reserve = optimizer_state_bytes(model, args.world_size)
+    found, how = search_batch(model, settings, args.device, precision, reserve, ceiling, group, compiled, memory,
+                              limit)  # fmt: skip
     if checkpointing:
         model.gradient_checkpointing_disable()  # Trainer switches it on again from TrainingArguments
     if found.batch == 0:
         raise ConfigError(
-            f"TRAIN_AUTO_BATCH=1: not even a batch of 1 fits in GPU memory at TRAIN_SEQ_LEN={settings.seq_len}; "
+            f"TRAIN_AUTO_BATCH=1: not even a batch of 1 fits in GPU memory with {HEADROOM:.0%} of it kept free at "
+            f"TRAIN_SEQ_LEN={settings.seq_len}; "
             "lower TRAIN_SEQ_LEN, or use TRAIN_GRAD_CKPT=1, TRAIN_LORA=1 or sharding (TRAIN_FSDP, TRAIN_ZERO_STAGE)"
         )
     reason = f"{found.reason(ceiling)}; {how}"
@@ -264,7 +261,7 @@ def choose_batch(
     return Decision(found.batch, reason)
 
 
-def search_key(cfg: RunConfig, args: Any, model: Any) -> dict[str, Any]:
+def search_key(cfg: RunConfig, args: Any, model: Any, memory: DeviceMemory) -> dict[str, Any]:
     """What the batch that fits depends on: the model and its trainable part, TRAIN_SEQ_LEN, the precision, attention,
     compile, Liger and checkpointing decisions, the processes, the GPU and the versions."""
     import accelerate
@@ -274,27 +271,39 @@ def search_key(cfg: RunConfig, args: Any, model: Any) -> dict[str, Any]:
     from trainer.run.training_model import count_parameters
 
     s, d = cfg.settings, cfg.decisions
-    props = torch.cuda.get_device_properties(args.device)
     return {
         "model": s.model, "parameters": count_parameters(model), "seq_len": s.seq_len,
         "precision": d.precision.value, "attn": d.attn.value, "liger": d.liger.value, "grad_ckpt": s.grad_ckpt,
         "compile": f"{s.compile_scope}/{s.compile_backend}/{s.compile_mode}" if d.compile.value else "off",
-        "lora": s.lora, "quant": s.quant, "optim": d.optim.value, "world_size": args.world_size, "gpu": props.name,
-        "gpu_memory": props.total_memory,
+        "lora": s.lora, "quant": s.quant, "optim": d.optim.value, "world_size": args.world_size, "gpu": memory.name,
+        "gpu_memory": memory.total, "headroom": HEADROOM,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "accelerate": accelerate.__version__},
     }  # fmt: skip
 
 
-def search_cache_file(output_dir: str, key: dict[str, Any]) -> Path:
-    """Where the search's result for `key` is kept: beside the data cache (a volume shared by runs in the image)."""
+def search_cache_file(key: dict[str, Any], environ: Mapping[str, str]) -> Path:
+    """Where the search's result for `key` is kept: beside the compile cache (the images' /cache volume, from
+    source HF_HOME/../torch-compile/), so a restarted run, or a run into a new output folder, finds it."""
     import hashlib
     import json
 
-    from trainer.data.cache import default_cache_dir
+    from trainer.config.speed import compile_environment
 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return default_cache_dir(output_dir).parent / "batch_search" / f"{digest}.json"
+    inductor = Path(compile_environment(environ, "layers")["TORCHINDUCTOR_CACHE_DIR"])
+    return inductor.parent / "batch-search" / f"{digest}.json"
+
+
+def without_torchs_default(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less a TORCHINDUCTOR_CACHE_DIR that is torch's own default (/tmp/torchinductor_USER, which torch
+    writes into os.environ when a run that does not compile touches inductor): not where the caches are kept."""
+    import tempfile
+
+    value = environ.get("TORCHINDUCTOR_CACHE_DIR")
+    torchs = value is not None and Path(value).parent == Path(tempfile.gettempdir()) and (
+        Path(value).name.startswith("torchinductor_"))  # fmt: skip
+    return {name: v for name, v in environ.items() if not (torchs and name == "TORCHINDUCTOR_CACHE_DIR")}
 
 
 def cached_batch(path: Path, key: dict[str, Any]) -> tuple[int, str] | None:
@@ -327,16 +336,22 @@ def searched_or_cached(cfg: RunConfig, args: Any, model: Any, search: Callable[[
     from trainer.config.decisions import Decision
     from trainer.run.signals import from_rank_0
 
-    if args.device.type != "cuda":
+    memory = device_memory(args.device)
+    if memory is None:
         return search()
-    key = {**search_key(cfg, args, model), "ceiling": ceiling}
-    path = search_cache_file(cfg.settings.output_dir, key)
+    import json
+    import os
+
+    key = json.loads(json.dumps({**search_key(cfg, args, model, memory), "ceiling": ceiling}))  # as read back
+    path = search_cache_file(key, without_torchs_default(os.environ))
     hit = from_rank_0(cached_batch(path, key) if args.process_index == 0 else None, args.world_size)
     if hit is not None:
         batch, earlier = hit
         log.info("auto batch: %d per device, cached in %s (no search)", batch, path)
-        why = (f"TRAIN_AUTO_BATCH: the cached result of an earlier search for this model, sequence length, precision, "
-               f"GPU and versions ({path}; delete it to search again): {earlier}")
+        why = (
+            f"TRAIN_AUTO_BATCH: the cached result of an earlier search for this model, sequence length, precision, "
+            f"GPU and versions ({path}; delete it to search again): {earlier}"
+        )
         return Decision(batch, why)
     decision = search()
     if args.process_index == 0:
