@@ -1,26 +1,29 @@
-"""One GPU run that measures the GPU path (issues 34 and 42), on one GPU machine without Docker or network.
+"""The GPU plan in two prepared commands (issue 49 item 8), on one GPU machine without Docker or network.
 
 From the repository root, after `benchmarks/gpu_wheels.sh` filled `.whl/` (docs/benchmarks.md, "The GPU run"):
 
-    python3 -m benchmarks.gpu_run --only gemm,sdpa,auto --out gpu_run.jsonl
-    python3 -m benchmarks.gpu_run --dry-run            # the same driver on the CPU: tiny preset, tiny shapes
+    python3 -m benchmarks.gpu_run --out gpu_run.jsonl                  # the first command: at most 9 minutes
+    python3 -m benchmarks.gpu_run --plan second --out gpu_run.jsonl    # the second command
+    python3 -m benchmarks.gpu_run --dry-run [--plan second]            # the same driver on the CPU
 
-Parts, in this order (`--only a,b` picks some; the lead splits them across calls of under 10 minutes):
-  gemm        bf16 8192^3 matmul TFLOP/s and device copy bandwidth
-  sdpa        SDPA forward+backward at the 1b attention shape: causal with no mask vs a dense boolean mask
-  auto        the 1b preset with the trainer's own defaults (no TRAIN_BATCH_SIZE, no TRAIN_COMPILE), TRAIN_SEQ_LEN=2048,
-              the embedded corpus: batch chosen, tokens/s, MFU, peak memory, to_first_step_s, compile_s, phases
-  warm        the same again, reusing the compile and batch-search caches of `auto`
-  whole       the same with the whole model compiled (TRAIN_COMPILE_SCOPE=model) against auto's regional compile,
-              cold then warm (the dry run compiles the tiny preset once, cold only)
-  eager       the same with TRAIN_COMPILE=0
-  chat        a packed conversation corpus made here: records vs stream packing, eager, short
-  techniques  the technique rows of the 125m preset, each the fp32 baseline plus one change
-  gputests    python3 -m pytest tests/gpu -q -x
-Each trainer run is a `python -m trainer.launch train` subprocess with its own output folder (trainer.bench.runner,
-the bench's own machinery); medians over the steps after the warm-up, no checkpoint written while measuring (so
-none is in the step times). Each measurement appends one JSON line to --out as it ends and prints one line; the
-table of every line in --out (earlier calls' too) is printed last.
+The first command, in this order (`--only a,b` picks parts of either):
+  imports     `python -X importtime` of what a run imports: total, the 20 slowest modules, trainkit's own share
+  gemm        bf16 matmuls at the 1b preset's own shapes (attention and MLP projections, the LM head at the byte-level
+              and at Llama-3.2-1B's 128,256-row vocabulary) and an 8192^3 reference; device copy bandwidth
+  defaults    A: the 1b preset with the trainer's defaults (TRAIN_COMPILE=1 where auto compiles a long run), the
+              search as built (predicted, capped, static after it): batch, probes, tokens/s, MFU, peak, start-up
+  static      B: A's batch set, no search in the process: the static graph alone (A ~ B: item 1 holds)
+  capped      C: three quarters of A's batch: whether per-token speed rises further from the allocator's limit
+  whole       D: C's batch with the whole model compiled (TRAIN_COMPILE_SCOPE=model)
+  bf16_act    E: bf16 activations at C's batch (not built yet: reported as such)
+  profile     F: TRAIN_PROFILE=1 on the fastest of A-D: GEMM, attention, elementwise, optimizer, idle ms per step
+The second command: gputests (tests/gpu), vocab (the 128k-vocabulary rows), fp8, chat (records vs stream packing),
+techniques (the 125m technique table relative to fp32).
+Each trainer run is a `python -m trainer.launch train` subprocess with its own output folder (trainer.bench.runner);
+medians over the steps after the warm-up, no checkpoint written while measuring. Each part appends one JSON line
+per result to --out as it ends and prints one line; the table of every line in --out is printed last. The dry run
+trains for real only the rows whose plumbing differs (A, and F's profile); every other row's settings are resolved
+and checked in this process, as the trainer checks them, and its line says `checked`.
 """
 
 from __future__ import annotations
@@ -28,18 +31,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-PARTS = ("gemm", "sdpa", "auto", "warm", "whole", "eager", "chat", "techniques", "gputests")
-GIB = 1 << 30
+from benchmarks.gpu_support import (
+    GIB,
+    REPO,
+    device,
+    gib,
+    import_profile,
+    importable,
+    machine_facts,
+    read_json,
+    short,
+    table,
+    time_by_kind,
+    timed,
+    use_wheels,
+    write_conversations,
+)
+
+FIRST = ("imports", "gemm", "defaults", "static", "capped", "whole", "bf16_act", "profile")
+SECOND = ("gputests", "vocab", "fp8", "chat", "techniques")
+PARTS = FIRST + SECOND
+LLAMA_32_VOCAB = 128_256
+TECHNIQUES = ("fp32", "bf16", "tf32", "adamw_torch_fused", "adamw_bnb_8bit", "grad_accum", "grad_ckpt", "compile",
+              "eager", "flash_attention_2", "zero2_offload", "lora", "qlora")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,98 +71,218 @@ class Sizes:
     model: str
     seq_len: int
     gemm_n: int
+    gemm_tokens: int
     copy_bytes: int
-    sdpa: tuple[int, int, int, int]  # batch, heads, seq, head dim (the 1b preset: 32 heads of 64)
     warmup: int
     steps: int
     tech_model: str
-    tech_seq: int
     tech_batch: int
-    tech_warmup: int
     tech_steps: int
-    chat_steps: int
     timeout_s: float
 
 
-REAL = Sizes("1b", 2048, 8192, 2 * GIB, (8, 32, 2048, 64), 10, 30, "125m", 2048, 8, 4, 12, 20, 540)
-DRY = Sizes("tiny", 64, 256, 64 << 20, (2, 4, 64, 16), 1, 3, "tiny", 64, 4, 1, 2, 4, 240)
+REAL = Sizes("1b", 2048, 8192, 8 * 2048, 2 * GIB, 5, 15, "125m", 8, 8, 240)
+DRY = Sizes("tiny", 64, 256, 128, 64 << 20, 1, 2, "tiny", 4, 2, 240)
 
 
 class Driver:
     def __init__(self, out: Path, work: Path, sizes: Sizes, dry: bool) -> None:
         self.out, self.work, self.sizes, self.dry = out, work, sizes, dry
+        self.measured: dict[str, tuple[float, dict[str, str], float | None]] = {}  # name: tokens/s, env, step s
+        self.batch = 0
         work.mkdir(parents=True, exist_ok=True)
 
     def emit(self, part: str, name: str, **values: Any) -> None:
         record = {"part": part, "name": name, "dry_run": self.dry, "time": time.time(), **values}
         with open(self.out, "a") as fh:
             fh.write(json.dumps(record) + "\n")
-        shown = ", ".join(f"{k}={_short(v)}" for k, v in values.items() if k not in ("phases_s", "note", "tail"))
+        shown = ", ".join(f"{k}={short(v)}" for k, v in values.items() if k not in ("phases_s", "note", "tail", "top"))
         print(f"[{part}] {name}: {shown}", flush=True)
 
-    # ---- kernels ------------------------------------------------------------------------------------------------
+    # ---- the first command ------------------------------------------------------------------------------------
+
+    def imports(self) -> None:
+        code = "import trainer.__main__, trainer.run.train, trainer.run.training_model, transformers.trainer"
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=REPO, capture_output=True,
+                              text=True, timeout=self.sizes.timeout_s)  # fmt: skip
+        profile = import_profile(proc.stderr)
+        self.emit("imports", "python -X importtime", status="ok" if proc.returncode == 0 else "error",
+                  wall_s=round(time.monotonic() - started, 2), **profile)  # fmt: skip
 
     def gemm(self) -> None:
         import torch
 
-        device, n = _device(), self.sizes.gemm_n
-        a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-        seconds = _timed(lambda: a @ b, device)
-        self.emit("gemm", f"bf16 matmul {n}^3", tflops=2 * n**3 / seconds / 1e12, ms=seconds * 1e3, **_machine())
-        src = torch.empty(self.sizes.copy_bytes, dtype=torch.uint8, device=device)
+        from trainer.model.build import preset_config
+        from trainer.tokenizer import byte_level_tokenizer
+
+        where, s = device(), self.sizes
+        dtype = torch.bfloat16 if where.type == "cuda" else torch.float32
+        tok = byte_level_tokenizer()
+        c = preset_config(s.model, len(tok), s.seq_len, tok)
+        kv = c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+        shapes = {"q, o": (c.hidden_size, c.hidden_size), "k, v": (c.hidden_size, kv),
+                  "gate, up": (c.hidden_size, c.intermediate_size), "down": (c.intermediate_size, c.hidden_size),
+                  f"lm head ({len(tok)} rows)": (c.hidden_size, len(tok)),
+                  f"lm head ({LLAMA_32_VOCAB} rows)": (c.hidden_size, LLAMA_32_VOCAB)}  # fmt: skip
+        shapes[f"reference {s.gemm_n}^3"] = (s.gemm_n, s.gemm_n)
+        for name, (k, n) in shapes.items():
+            m = s.gemm_n if name.startswith("reference") else s.gemm_tokens
+            a = torch.randn(m, k, device=where, dtype=dtype)
+            b = torch.randn(k, n, device=where, dtype=dtype)
+            seconds = timed(lambda a=a, b=b: a @ b, where)
+            self.emit(
+                "gemm",
+                f"{name}: {m}x{k} @ {k}x{n}",
+                tflops=2 * m * k * n / seconds / 1e12,
+                ms=seconds * 1e3,
+                dtype=str(dtype).replace("torch.", ""),
+                **(machine_facts() if name.startswith("q") else {}),
+            )
+            del a, b
+        src = torch.empty(s.copy_bytes, dtype=torch.uint8, device=where)
         dst = torch.empty_like(src)
-        seconds = _timed(lambda: dst.copy_(src), device)
-        self.emit("gemm", f"copy {self.sizes.copy_bytes >> 20} MiB", gb_per_s=2 * src.numel() / seconds / 1e9,
-                  ms=seconds * 1e3)  # fmt: skip
+        seconds = timed(lambda: dst.copy_(src), where)
+        self.emit("gemm", f"copy {s.copy_bytes >> 20} MiB", gb_per_s=2 * src.numel() / seconds / 1e9, ms=seconds * 1e3)
 
-    def sdpa(self) -> None:
-        import torch
-        import torch.nn.functional as F
+    def defaults(self) -> None:
+        env, note = self.long_run_env()
+        self.row("defaults", "A defaults", env, note, train_in_dry_run=True)
 
-        device = _device()
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        batch, heads, seq, dim = self.sizes.sdpa
-        q, k, v = (torch.randn(batch, heads, seq, dim, device=device, dtype=dtype, requires_grad=True)
-                   for _ in range(3))  # fmt: skip
-        mask = torch.ones(seq, seq, device=device, dtype=torch.bool).tril().expand(batch, 1, seq, seq)
+    def static(self) -> None:
+        env = {**self.long_run_env()[0], "TRAIN_AUTO_BATCH": "0", "TRAIN_BATCH_SIZE": str(self.batch_of_a())}
+        self.row("static", "B A's batch, no search", env, "the static graph with no search before it")
 
-        def step(**kwargs: Any) -> None:
-            F.scaled_dot_product_attention(q, k, v, **kwargs).sum().backward()
+    def capped(self) -> None:
+        self.row("capped", "C 3/4 of A's batch", self.capped_env(), "further from the allocator's limit than A")
 
-        causal = _timed(lambda: step(is_causal=True), device)
-        masked = _timed(lambda: step(attn_mask=mask), device)
-        shape = f"batch {batch}, {heads} heads, seq {seq}, head dim {dim}, {dtype}".replace("torch.", "")
-        self.emit("sdpa", "causal, no mask", ms=causal * 1e3, shape=shape)
-        self.emit("sdpa", "dense boolean mask", ms=masked * 1e3, shape=shape, vs_causal=masked / causal)
+    def whole(self) -> None:
+        env = {**self.capped_env(), "TRAIN_COMPILE": "1", "TRAIN_COMPILE_SCOPE": "model"}
+        self.row("whole", "D whole-model compile", env, "C's batch, the whole model's forward compiled")
 
-    # ---- trainer runs -------------------------------------------------------------------------------------------
+    def bf16_act(self) -> None:
+        self.emit("bf16_act", "E bf16 activations", status="skipped",
+                  reason="not built: the residual stream in bf16 on fp32 master weights (issue 49 item 5; "
+                         "docs/benchmarks.md, 'bf16 activations') has no setting yet")  # fmt: skip
 
-    def train(self, part: str, name: str, env: dict[str, str], warmup: int, steps: int, note: str = "") -> None:
+    def profile(self) -> None:
+        best = max(self.measured, key=lambda k: self.measured[k][0]) if self.measured else None
+        _speed, env, step_s = self.measured[best] if best else (0.0, self.long_run_env()[0], None)
+        env = {**env, "TRAIN_PROFILE": "1"}
+        self.train("profile", f"F profile of {best or 'A'}", env, 2, 4, note="steps 3-5 profiled", kinds_of=step_s)
+
+    # ---- the second command -----------------------------------------------------------------------------------
+
+    def gputests(self) -> None:
+        started = time.monotonic()
+        command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-x", "-p", "no:cacheprovider"]
+        command += ["--collect-only"] if self.dry else []
+        try:
+            proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=540)
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            self.emit("gputests", "tests/gpu", status="ok" if proc.returncode in (0, 5) else "failed",
+                      rc=proc.returncode, wall_s=round(time.monotonic() - started, 1),
+                      summary=tail[-1] if tail else "", tail=tail)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            self.emit("gputests", "tests/gpu", status="timeout", wall_s=540)
+
+    def vocab(self) -> None:
+        self.emit("vocab", f"1b at {LLAMA_32_VOCAB} rows", status="skipped",
+                  reason="not built: no setting carries Llama-3.2-1B's vocabulary yet (issue 49 item 4)")  # fmt: skip
+
+    def fp8(self) -> None:
+        self.emit(
+            "fp8",
+            "TRAIN_PRECISION=fp8",
+            status="skipped",
+            reason="not built: FP8 training through torchao (issue 49 item 6); no torchao wheel is carried",
+        )
+
+    def chat(self) -> None:
+        corpus = self.work / "chat" / "conversations.jsonl"
+        seq_len = max(self.sizes.seq_len, 256)
+        write_conversations(corpus, 300 if self.dry else 4000, seq_len)
+        for packing in ("records", "stream"):
+            env = {**self.defaults_env(), "TRAIN_SEQ_LEN": str(seq_len), "TRAIN_COMPILE": "0",
+                   "TRAIN_DATA": str(corpus), "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_PACKING": packing}  # fmt: skip
+            self.row("chat", f"chat {packing}", env, steps=self.sizes.tech_steps)
+
+    def techniques(self) -> None:
+        from trainer.bench.catalogue import BASELINE_ENV, catalogue
+        from trainer.bench.session import grad_accum_env
+
+        s = self.sizes
+        rows = {row.name: dict(row.env) for row in catalogue()}
+        base = {**BASELINE_ENV, "TRAIN_MODEL": s.tech_model, "TRAIN_SEQ_LEN": str(s.seq_len),
+                "TRAIN_BATCH_SIZE": str(s.tech_batch)}  # fmt: skip
+        for name in TECHNIQUES:
+            env = {**base, **rows.get(name, {})}
+            if name == "grad_accum":
+                env.update(grad_accum_env(s.tech_batch))
+            if name == "adamw_bnb_8bit" and not importable("bitsandbytes"):
+                self.emit("techniques", name, status="skipped", reason="bitsandbytes is not importable here")
+                continue
+            if name in ("lora", "qlora"):
+                env["TRAIN_MODEL"] = str(self.preset_folder(s.tech_model))
+            self.row("techniques", name, env, "fp32 baseline plus this row", steps=s.tech_steps)
+
+    # ---- rows ---------------------------------------------------------------------------------------------------
+
+    def row(self, part: str, name: str, env: dict[str, str], note: str = "", steps: int = 0,
+            train_in_dry_run: bool = False) -> None:  # fmt: skip
+        if self.dry and not train_in_dry_run:
+            self.check(part, name, env, note)
+        else:
+            self.train(part, name, env, self.sizes.warmup, steps or self.sizes.steps, note)
+
+    def check(self, part: str, name: str, env: dict[str, str], note: str) -> None:
+        """The dry run's stand-in for a trainer run: the row's settings resolved and checked in this process."""
+        from trainer import config
+        from trainer.bench.runner import RunPlan, child_environment
+        from trainer.errors import ConfigError
+
+        plan = RunPlan(warmup=1, steps=1, timeout_s=self.sizes.timeout_s, work_dir=self.work)
+        full = child_environment(env, plan, self.work / "checked" / part)
+        try:
+            decisions = config.resolve(config.load_inputs(full), environ=full).decisions.to_dict()
+        except ConfigError as exc:
+            self.emit(part, name, status="skipped", reason=str(exc)[:500], env=env)
+            return
+        picked = {k: decisions[k]["value"] for k in ("batch_size", "compile", "precision", "attn") if k in decisions}
+        self.emit(part, name, status="checked", **picked, env=env,
+                  note=f"dry run: settings resolved and checked, not trained; {note}")  # fmt: skip
+
+    def train(self, part: str, name: str, env: dict[str, str], warmup: int, steps: int, note: str = "",
+              kinds_of: float | None = None) -> None:  # fmt: skip
         from trainer.bench.runner import OK, RunPlan, row_dir, run_row
 
         plan = RunPlan(warmup=warmup, steps=steps, timeout_s=self.sizes.timeout_s, work_dir=self.work)
-        outcome = run_row(name, env, plan)
-        folder = row_dir(plan, name)
-        config = _json(folder / "run_config.json")
-        decisions = config.get("decisions", {})
-        startup = config.get("startup") or {}
+        slug = re.sub(r"\W+", "_", name).strip("_")
+        outcome = run_row(slug, env, plan)
+        folder = row_dir(plan, slug)
+        config = read_json(folder / "run_config.json")
+        decisions, startup = config.get("decisions", {}), config.get("startup") or {}
         values: dict[str, Any] = {"status": outcome.status, "wall_s": round(outcome.wall_s, 1)}
         if outcome.status != OK:
             values["reason"] = outcome.reason
         m = outcome.measured
         if m is not None:
-            values.update(tokens_per_s=m.tokens_per_s, mfu=m.mfu, peak_mem_gib=_gib(m.peak_mem_bytes),
+            values.update(tokens_per_s=m.tokens_per_s, mfu=m.mfu, peak_mem_gib=gib(m.peak_mem_bytes),
                           step_time_s=m.step_time_s, measured_steps=m.measured_steps)  # fmt: skip
+            if part in ("defaults", "static", "capped", "whole"):
+                self.measured[name.split()[0]] = (m.tokens_per_s, env, m.step_time_s)
         for key in ("batch_size", "grad_accum", "compile", "precision", "attn", "optim", "packing"):
             if key in decisions:
                 values[key] = decisions[key].get("value")
         if "batch_size" in decisions:
             values["batch_reason"] = decisions["batch_size"].get("reason")
+            self.batch = self.batch or (int(values["batch_size"]) if part == "defaults" else 0)
+        if part == "profile":
+            summary = read_json(folder / "summary-rank0.json")
+            values["ms_per_step"] = time_by_kind(summary, kinds_of or values.get("step_time_s"))
         values.update(to_first_step_s=startup.get("to_first_step_s"), compile_s=startup.get("compile_s"),
                       phases_s=startup.get("phases_s"), env=env, logs=str(folder))  # fmt: skip
-        if note:
-            values["note"] = note
-        self.emit(part, name, **values)
+        self.emit(part, name, **values, **({"note": note} if note else {}))
 
     def defaults_env(self) -> dict[str, str]:
         return {"TRAIN_MODEL": self.sizes.model, "TRAIN_SEQ_LEN": str(self.sizes.seq_len)}
@@ -156,60 +298,13 @@ class Driver:
         env = {**self.defaults_env(), **({"TRAIN_COMPILE": "1"} if compiles else {})}
         return env, note + "; medians of the steps after the warm-up; no checkpoint is written in the measured steps"
 
-    def auto(self) -> None:
-        env, note = self.long_run_env()
-        self.train("auto", "auto", env, self.sizes.warmup, self.sizes.steps, note)
+    def batch_of_a(self) -> int:
+        """The batch A's search chose (its decision in run_config.json), 8 where A did not run."""
+        return self.batch or 8
 
-    def warm(self) -> None:
-        env, note = self.long_run_env()
-        note = "auto again, reusing the compile and batch-search caches of `auto` (same machine, same --work); " + note
-        self.train("warm", "auto warm", env, self.sizes.warmup, self.sizes.steps, note)
-
-    def whole(self) -> None:
-        env = {**self.defaults_env(), "TRAIN_COMPILE": "1", "TRAIN_COMPILE_SCOPE": "model"}
-        note = "the whole model's forward compiled (embeddings, mask, LM head), against auto's regional compile"
-        self.train("whole", "whole cold", env, self.sizes.warmup, self.sizes.steps, note)
-        if self.dry:
-            self.emit("whole", "whole warm", status="skipped", reason="dry run: the warm row repeats the cold one")
-            return
-        self.train("whole", "whole warm", env, self.sizes.warmup, self.sizes.steps, "again, its compile cache warm")
-
-    def eager(self) -> None:
-        env = {**self.defaults_env(), "TRAIN_COMPILE": "0"}
-        self.train("eager", "eager", env, self.sizes.warmup, self.sizes.steps)
-
-    def chat(self) -> None:
-        corpus = self.work / "chat" / "conversations.jsonl"
-        seq_len = max(self.sizes.seq_len, 256)
-        write_conversations(corpus, 4000 if not self.dry else 300, seq_len)
-        for packing in ("records", "stream"):
-            env = {**self.defaults_env(), "TRAIN_SEQ_LEN": str(seq_len), "TRAIN_COMPILE": "0",
-                   "TRAIN_DATA": str(corpus), "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_PACKING": packing}  # fmt: skip
-            self.train("chat", f"chat {packing}", env, self.sizes.warmup, self.sizes.chat_steps)
-
-    def techniques(self) -> None:
-        from trainer.bench.catalogue import BASELINE_ENV, catalogue
-        from trainer.bench.session import grad_accum_env
-
-        s = self.sizes
-        rows = {row.name: dict(row.env) for row in catalogue()}
-        base = {**BASELINE_ENV, "TRAIN_MODEL": s.tech_model, "TRAIN_SEQ_LEN": str(s.tech_seq),
-                "TRAIN_BATCH_SIZE": str(s.tech_batch)}  # fmt: skip
-        chosen = ["fp32", "bf16", "tf32", "adamw_torch_fused", "adamw_bnb_8bit", "grad_accum", "grad_ckpt", "compile",
-                  "eager", "lora"]  # fmt: skip
-        for name in chosen:
-            env = {**base, **rows.get(name, {})}
-            if name == "grad_accum":
-                env.update(grad_accum_env(s.tech_batch))
-            if name == "adamw_bnb_8bit" and not _importable("bitsandbytes"):
-                self.emit("techniques", name, status="skipped", reason="bitsandbytes is not importable here")
-                continue
-            if name == "compile" and self.dry:
-                self.emit("techniques", name, status="skipped", reason="dry run: inductor on a CPU takes minutes")
-                continue
-            if name == "lora":
-                env["TRAIN_MODEL"] = str(self.preset_folder(s.tech_model))
-            self.train("techniques", name, env, s.tech_warmup, s.tech_steps, note="fp32 baseline plus this row")
+    def capped_env(self) -> dict[str, str]:
+        batch = max(1, self.batch_of_a() * 3 // 4)
+        return {**self.long_run_env()[0], "TRAIN_AUTO_BATCH": "0", "TRAIN_BATCH_SIZE": str(batch)}
 
     def preset_folder(self, preset: str) -> Path:
         """The preset with fresh weights saved as a model folder (LoRA trains adapters on a pretrained model)."""
@@ -221,173 +316,31 @@ class Driver:
             from trainer.tokenizer import byte_level_tokenizer
 
             tok = byte_level_tokenizer()
-            model = AutoModelForCausalLM.from_config(preset_config(preset, len(tok), self.sizes.tech_seq, tok))
+            model = AutoModelForCausalLM.from_config(preset_config(preset, len(tok), self.sizes.seq_len, tok))
             model.save_pretrained(folder)
             tok.save_pretrained(folder)
         return folder
 
-    def gputests(self) -> None:
-        started = time.monotonic()
-        command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-x", "-p", "no:cacheprovider"]
-        try:
-            proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=self.sizes.timeout_s)
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
-            self.emit("gputests", "tests/gpu", status="ok" if proc.returncode in (0, 5) else "failed",
-                      rc=proc.returncode, wall_s=round(time.monotonic() - started, 1),
-                      summary=tail[-1] if tail else "", tail=tail)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            self.emit("gputests", "tests/gpu", status="timeout", wall_s=self.sizes.timeout_s)
-
-
-def write_conversations(path: Path, count: int, seq_len: int) -> None:
-    """`count` chat records (messages layout) of varied lengths that fit `seq_len` byte-level tokens with the chatml
-    template, the same every time (seeded)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    words = ["the", "a", "model", "trains", "on", "packed", "records", "of", "text", "with", "attention", "kept",
-             "inside", "each", "one"]  # fmt: skip
-    user, assistant = max(2, seq_len // 60), max(4, seq_len // 25)  # words per turn, at most; two exchanges at most
-    with open(path, "w") as fh:
-        for _ in range(count):
-            turns = [{"role": "system", "content": "Be brief."}] if rng.random() < 0.3 else []
-            for _ in range(rng.randint(1, 2)):
-                turns.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(1, user)))})
-                turns.append({"role": "assistant",
-                              "content": " ".join(rng.choices(words, k=rng.randint(1, assistant)))})  # fmt: skip
-            fh.write(json.dumps({"messages": turns}) + "\n")
-
-
-# ---- helpers -----------------------------------------------------------------------------------------------------
-
-
-def _device() -> Any:
-    import torch
-
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _timed(fn: Callable[[], Any], device: Any, repeat: int = 20) -> float:
-    """Seconds per call: the median of `repeat` calls after 3 warm-up calls, timed with CUDA events on a GPU."""
-    import statistics
-
-    import torch
-
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            began = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - began)
-    return statistics.median(times)
-
-
-def _machine() -> dict[str, Any]:
-    import torch
-
-    info: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-        info["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / GIB, 1)
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return info
-
-
-def _importable(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _gib(value: int | None) -> float | None:
-    return round(value / GIB, 2) if value else None
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    text = str(value)
-    return text if len(text) < 120 else text[:117] + "..."
-
-
-# ---- wheels and the table ----------------------------------------------------------------------------------------
-
-
-def use_wheels(wheels: Path, argv: list[str]) -> None:
-    """Unpack the carried wheels (.whl/*.whl) into wheels/site once (a wheel is a zip of its site-packages files:
-    no pip, no network), then run this command again with that folder ahead of the machine's own packages on
-    PYTHONPATH, which every trainer it starts inherits."""
-    import zipfile
-
-    found = sorted(wheels.glob("*.whl"))
-    site = (wheels / "site").resolve()
-    if not found or str(site) in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        return
-    marker = site / ".unpacked"
-    names = "\n".join(p.name for p in found)
-    if not marker.exists() or marker.read_text() != names:
-        for wheel in found:
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extractall(site)
-        marker.write_text(names)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO), os.environ.get("PYTHONPATH")) if p)
-    os.execv(sys.executable, [sys.executable, "-m", "benchmarks.gpu_run", *argv])
-
-
-COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "peak_mem_gib", "to_first_step_s", "compile_s", "tflops",
-           "gb_per_s", "ms", "vs_fp32_speed", "vs_fp32_mem", "summary")  # fmt: skip
-
-
-def table(out: Path) -> str:
-    records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
-    fp32 = next((r for r in reversed(records) if r["part"] == "techniques" and r["name"] == "fp32"), None)
-    for r in records:
-        if r["part"] == "techniques" and fp32 and fp32.get("tokens_per_s") and r.get("tokens_per_s"):
-            r["vs_fp32_speed"] = r["tokens_per_s"] / fp32["tokens_per_s"]
-            if fp32.get("peak_mem_gib") and r.get("peak_mem_gib"):
-                r["vs_fp32_mem"] = r["peak_mem_gib"] / fp32["peak_mem_gib"]
-    lines = ["| part | name | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
-    for r in records:
-        cells = [_short(r.get(c)) if r.get(c) is not None else "" for c in COLUMNS]
-        lines.append(f"| {r['part']} | {r['name']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu_run", description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default=",".join(PARTS), help=f"parts to run, comma-separated: {', '.join(PARTS)}")
+    parser.add_argument("--plan", choices=("first", "second"), default="first", help="which prepared command")
+    parser.add_argument("--only", default="", help=f"parts to run instead, comma-separated: {', '.join(PARTS)}")
     parser.add_argument("--out", type=Path, default=Path("gpu_run.jsonl"), help="JSON lines file results append to")
     parser.add_argument("--work", type=Path, default=Path("gpu_run_work"), help="trainer outputs, logs and caches")
     parser.add_argument("--wheels", type=Path, default=REPO / ".whl", help="folder of the carried wheels")
     parser.add_argument("--dry-run", action="store_true", help="the same driver on the CPU: tiny preset and shapes")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # a kernel part's own child
     args = parser.parse_args(argv)
-    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    parts = [p.strip() for p in args.only.split(",") if p.strip()] or list(FIRST if args.plan == "first" else SECOND)
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         parser.error(f"unknown part(s) {', '.join(unknown)}; the parts are {', '.join(PARTS)}")
     args.parts = [p for p in PARTS if p in parts]
     return args
+
+
+IN_CHILD = ("gemm",)  # its CUDA context and cached memory must not stay in the process that starts trainers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(REPO)
     if not args.dry_run:  # the wheels are for the GPU machine's Python (3.12); a dry run uses this environment's
         use_wheels(args.wheels, argv)
-    for name in ("TRAIN_BATCH_SIZE", "TRAIN_COMPILE", "TRAIN_AUTO_BATCH"):  # the defaults are what `auto` measures
+    for name in ("TRAIN_BATCH_SIZE", "TRAIN_COMPILE", "TRAIN_AUTO_BATCH"):  # the defaults are what A measures
         os.environ.pop(name, None)
     if args.dry_run:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -414,9 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.in_process:
         print(table(driver.out), flush=True)
     return 1 if failed else 0
-
-
-IN_CHILD = ("gemm", "sdpa")  # their CUDA context and cached memory must not stay in the process that starts trainers
 
 
 def run_in_child(part: str, args: argparse.Namespace) -> int:

@@ -1,5 +1,7 @@
-"""benchmarks/gpu_run.py's --dry-run: the GPU run's own driver on the CPU with the tiny preset and tiny shapes
-(issue 34 item 8): each part appends its JSON lines as it ends, and the table comes last."""
+"""benchmarks/gpu_run.py's --dry-run: both prepared commands' driver on the CPU with the tiny preset (issue 49 item 8):
+every part, in one process. A and F's profile train for real (their plumbing: metrics, run_config.json, the
+profile's time by kind); every other row's settings are resolved and checked as the trainer checks them; each part
+appends its JSON lines as it ends, and the table comes last."""
 
 from __future__ import annotations
 
@@ -11,41 +13,54 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_run import PARTS
+from benchmarks.gpu_run import FIRST, PARTS, SECOND, TECHNIQUES, parse
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def dry_run(tmp_path: Path, parts: str, timeout: int) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    out = tmp_path / "gpu_run.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--only", parts, "--out", str(out),
-         "--work", str(tmp_path / "work")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-    return proc, [json.loads(line) for line in out.read_text().splitlines()]
+def test_both_commands_parse_to_their_parts_in_order() -> None:
+    assert parse(["--out", "gpu_run.jsonl"]).parts == list(FIRST)
+    assert parse(["--plan", "second", "--out", "gpu_run.jsonl"]).parts == list(SECOND)
+    assert FIRST[:3] == ("imports", "gemm", "defaults") and FIRST[-1] == "profile"
 
 
 @pytest.mark.slow
 def test_the_whole_dry_run(tmp_path: Path) -> None:
-    """Every part, once, as the GPU machine runs them (one run: each part's trainer rows cost a process start)."""
-    proc, records = dry_run(tmp_path, ",".join(PARTS), 1200)
+    """Every part of both commands, once, as the GPU machine runs them (caches under tmp_path, not the user's)."""
+    out = tmp_path / "gpu_run.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")} | {"HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--only", ",".join(PARTS), "--out", str(out),
+         "--work", str(tmp_path / "work")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
     by_part = {part: [r for r in records if r["part"] == part] for part in PARTS}
-    assert [r["name"] for r in by_part["gemm"]] == ["bf16 matmul 256^3", "copy 64 MiB"]
-    assert by_part["gemm"][0]["tflops"] > 0 and by_part["gemm"][1]["gb_per_s"] > 0
-    assert [r["name"] for r in by_part["sdpa"]] == ["causal, no mask", "dense boolean mask"]
-    (auto,) = by_part["auto"]
-    assert auto["status"] == "ok" and auto["tokens_per_s"] > 0 and auto["measured_steps"] == 3, auto
-    assert auto["batch_size"] == 8 and auto["to_first_step_s"] > 0 and "TRAIN_BATCH_SIZE" not in auto["env"]
-    assert set(auto["phases_s"]) >= {"imports_and_config", "model", "first_step"}
-    status = {(r["part"], r["name"]): r.get("status", "ok") for r in records}
-    whole = by_part["whole"][0]
-    assert whole["status"] == "ok" and whole["compile"] is True and whole["compile_s"] > 0, whole
-    assert status[("chat", "chat records")] == status[("chat", "chat stream")] == "ok", records
-    assert status[("techniques", "fp32")] == status[("techniques", "lora")] == "ok", records
-    assert status[("warm", "auto warm")] == status[("eager", "eager")] == "ok"
-    assert ("gputests", "tests/gpu") in status
-    table = proc.stdout[proc.stdout.index("| part | name |"):]
+    status = {r["name"]: r.get("status", "ok") for r in records}
+    (imports,) = by_part["imports"]
+    assert imports["status"] == "ok" and len(imports["top"]) == 20 and imports["total_s"] > 0, imports
+    gemm = {r["name"].split(":")[0]: r for r in by_part["gemm"]}
+    assert {"q, o", "down", "lm head (128256 rows)", "reference 256^3", "copy 64 MiB"} <= set(gemm), set(gemm)
+    assert sum(name.startswith("lm head") for name in gemm) == 2  # the byte-level vocabulary's and Llama-3.2-1B's
+    assert all(r.get("tflops", 1) > 0 for r in gemm.values()) and gemm["copy 64 MiB"]["gb_per_s"] > 0
+    (a,) = by_part["defaults"]
+    assert a["status"] == "ok" and a["tokens_per_s"] > 0 and a["measured_steps"] == 2, a
+    assert a["batch_size"] == 8 and a["to_first_step_s"] > 0 and "TRAIN_BATCH_SIZE" not in a["env"]
+    assert set(a["phases_s"]) >= {"imports_and_config", "model", "first_step"}
+    (b,), (c,), (d,) = by_part["static"], by_part["capped"], by_part["whole"]
+    assert (b["status"], b["batch_size"], c["status"], c["batch_size"]) == ("checked", 8, "checked", 6), (b, c)
+    assert d["status"] == "checked" and d["compile"] is True and d["env"]["TRAIN_COMPILE_SCOPE"] == "model", d
+    assert status["E bf16 activations"] == status["TRAIN_PRECISION=fp8"] == status["1b at 128256 rows"] == "skipped"
+    (f,) = by_part["profile"]
+    assert f["status"] == "ok" and f["env"]["TRAIN_PROFILE"] == "1", f
+    kinds = f["ms_per_step"]
+    assert set(kinds) == {"gemm", "attention", "elementwise", "optimizer", "idle"} and kinds["gemm"] > 0, f
+    assert kinds["idle"] is None  # a CPU's operators are no device's idle time
+    assert status["chat records"] == status["chat stream"] == "checked", records
+    assert [r["name"] for r in by_part["techniques"]] == list(TECHNIQUES)
+    assert status["fp32"] == status["lora"] == "checked" and {r["status"] for r in by_part["techniques"]} <= {
+        "checked", "skipped"}  # fmt: skip
+    assert status["tests/gpu"] == "ok", by_part["gputests"]
+    table = proc.stdout[proc.stdout.index("| part | name |") :]
     assert table.count("\n| ") == len(records)  # one row per line of --out, printed last

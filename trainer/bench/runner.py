@@ -88,8 +88,10 @@ def run_controls(plan: RunPlan, output_dir: Path) -> dict[str, str]:
 
 def child_environment(env: Mapping[str, str], plan: RunPlan, output_dir: Path) -> dict[str, str]:
     """The row's variables over this process's, with the run controls; a variable the row marks UNSET is removed
-    (the `auto` row's TRAIN_BATCH_SIZE: the batch search chooses it, as for a user who sets none)."""
-    merged = {**os.environ, **env, **run_controls(plan, output_dir), "PYTHONUNBUFFERED": "1"}
+    (the `auto` row's TRAIN_BATCH_SIZE: the batch search chooses it, as for a user who sets none). A row that sets
+    TRAIN_PROFILE keeps it (benchmarks/gpu_run.py's profile part)."""
+    controls = {k: v for k, v in run_controls(plan, output_dir).items() if not (k == "TRAIN_PROFILE" and k in env)}
+    merged = {**os.environ, **env, **controls, "PYTHONUNBUFFERED": "1"}
     return {key: value for key, value in merged.items() if value != UNSET}
 
 
@@ -112,9 +114,9 @@ def run_row(name: str, env: Mapping[str, str], plan: RunPlan, on_step: StepCallb
         started = time.monotonic()
         returncode, timed_out = _run_trainer(child_env, log_dir, output_dir / "metrics.jsonl", plan, on_step)
         wall_s = time.monotonic() - started
-        for kept in ("metrics.jsonl", "run_config.json"):  # run_config.json: what the trainer decided
+        for kept in ("metrics.jsonl", "run_config.json", "profile/summary-rank0.json"):  # what it decided, measured
             if (output_dir / kept).exists():
-                shutil.copyfile(output_dir / kept, log_dir / kept)
+                shutil.copyfile(output_dir / kept, log_dir / Path(kept).name)
         stderr = (log_dir / "stderr.log").read_text(errors="replace")
         outcome = classify(returncode, timed_out, stderr, log_dir / "metrics.jsonl", plan)
         return RowOutcome(outcome.status, outcome.reason, outcome.measured, wall_s)

@@ -79,7 +79,22 @@ def write_summary(prof: Any, path: Path, on_gpu: bool) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{PROFILE_ACTIVE} steps, sorted by {key}\n{table}\n")
+    write_self_times(averages, path.with_suffix(".json"), key)
     log.info("profile: the operators that took the most time are in %s", path)
+
+
+def write_self_times(averages: Any, path: Path, key: str) -> None:
+    """Each kernel's (on a CPU, operator's) self time over the recorded steps, in microseconds per step, as JSON
+    ({"steps", "time", "self_us": {name: us}}): for tools that group them (benchmarks/gpu_run.py's profile part)."""
+    import json
+
+    from torch.autograd import DeviceType
+
+    on_device = key != "self_cpu_time_total"  # there, the kernels alone (an operator's row repeats its kernels' time)
+    times = {event.key: getattr(event, key, 0) / PROFILE_ACTIVE for event in averages
+             if not on_device or getattr(event, "device_type", None) != DeviceType.CPU}  # fmt: skip
+    record = {"steps": PROFILE_ACTIVE, "time": key, "self_us": {k: v for k, v in times.items() if v > 0}}
+    path.write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
 class MemorySnapshotCallback(TrainerCallback):
