@@ -305,7 +305,7 @@ def _slices(batches: Iterator[Any], text_field: str, origin: str) -> Iterator[Co
 
 def needed_columns(schema: Any, text_field: str, origin: str) -> list[str]:
     layout = layout_of_columns(schema, text_field)
-    if layout is None:
+    if layout is None or layout == "prompt":  # prompts alone are online RL's (trainer.data.prompts reads them)
         names = schema.names
         raise ConfigError(
             f"{origin}: no field {text_field!r} (fields: {', '.join(names) or 'none'}); set TRAIN_TEXT_FIELD, "
