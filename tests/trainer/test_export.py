@@ -59,6 +59,46 @@ def test_lora_checkpoint_exports_to_a_plain_folder_equal_to_base_plus_adapter(ru
     assert "TRAIN_LORA" in card
 
 
+def _loaded(stderr: str) -> str:
+    """trainer.model's one line naming what it loaded (weights, head, dtype, adapter), its time stripped."""
+    (line,) = [line for line in stderr.splitlines() if " INFO model loaded: " in line]
+    return line.split(" INFO model loaded: ", 1)[1]
+
+
+def test_one_loader_serves_a_lora_run_to_generate_eval_and_export(run_trainer, lora_run, tmp_path) -> None:
+    """trainer.model loads the LoRA checkpoint (base + adapter) the same way for generate, eval and export: the same
+    base, dtype, adapter and head; and final/ (merged by the run), the checkpoint and its merged export give the
+    same greedy answers and the same eval loss."""
+    out = lora_run / "output"
+    texts = ["The quick brown fox", "Once upon a time there", "Hello"]
+    prompts, data = tmp_path / "prompts.jsonl", tmp_path / "eval.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    data.write_text("".join(json.dumps({"prompt": t, "completion": " jumps over the dog."}) + "\n" for t in texts))
+    merged = tmp_path / "merged"
+    exported = run_trainer(["export", str(out / "checkpoint-2"), str(merged)], timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    loaded, answers, losses = {}, {}, {}
+    for name, model in {"checkpoint": out / "checkpoint-2", "final": out / "final", "export": merged}.items():
+        answered = tmp_path / f"{name}.jsonl"
+        result = run_trainer(["generate", str(model), "--input", str(prompts), "--output", str(answered),
+                              "--max-new-tokens", "8"], timeout=600)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        loaded[name] = _loaded(result.stderr)
+        answers[name] = [json.loads(line)["response"] for line in answered.read_text().splitlines()]
+        if name != "export":
+            result = run_trainer(["eval", str(model), "--data", str(data), "--output", str(tmp_path / f"eval-{name}")],
+                                 timeout=600)  # fmt: skip
+            assert result.returncode == 0, result.stderr[-3000:]
+            assert _loaded(result.stderr) == loaded[name]  # eval loads as generate does
+            losses[name] = json.loads((tmp_path / f"eval-{name}" / "eval_results.json").read_text())["loss"]
+    assert _loaded(exported.stderr) == loaded["checkpoint"]  # export merges what generate and eval run
+    assert f"{lora_run / 'base'} + LoRA adapter {out / 'checkpoint-2'}: LlamaForCausalLM (LM head)" in loaded[
+        "checkpoint"]  # fmt: skip
+    assert loaded["final"].startswith(f"{out / 'final'}: LlamaForCausalLM (LM head)")
+    assert answers["final"] == answers["export"] == answers["checkpoint"]
+    assert losses["final"] == pytest.approx(losses["checkpoint"], rel=1e-4)
+
+
 def test_export_refuses_an_occupied_out_and_keeps_the_adapter_on_request(run_trainer, lora_run, tmp_path) -> None:
     occupied = tmp_path / "occupied"
     occupied.mkdir()

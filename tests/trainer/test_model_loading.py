@@ -90,3 +90,20 @@ def test_two_fsdp_ranks_train_a_model_folder(run_trainer, trainer_env, model_fol
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
     assert (output / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize(("native", "expected"), [(False, "float16"), (True, "bfloat16")])
+def test_generate_quant_4bit_computes_in_fp16_on_a_gpu_that_only_emulates_bf16(monkeypatch, native, expected):
+    """A T4 or V100 computes bf16 only by emulation (slow; torch >= 2.3 counts it unless asked not to): `generate
+    --quant 4bit` and `eval --quant 4bit` (one loader) compute in fp16 there, as training would, and in bf16 where
+    the GPU has it natively. The GPU is faked at torch's capability probe, which trainer.compat's rule reads."""
+    import torch
+
+    from trainer.generate.loading import Choice, Plan, load_how
+    from trainer.model.loading import pretrained_kwargs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or native)
+    plan = Plan("model-folder", None, (), "a model folder")
+    how = load_how(plan, Choice(quant="4bit"), torch.device("cuda", 0))
+    assert pretrained_kwargs(how)["quantization_config"].bnb_4bit_compute_dtype == getattr(torch, expected)

@@ -204,12 +204,14 @@ def test_zero_offload_runs_deepspeeds_optimizer_and_says_so(caplog: pytest.LogCa
 def test_qlora_under_fsdp_stores_4bit_weights_shardably_and_lets_fsdp_place_them() -> None:
     """FSDP shards parameters of the storage dtype: 4-bit weights kept as uint8 stay whole on every rank, and a
     device_map would fight FSDP's own placement. Without FSDP, the model goes to this rank's GPU as before."""
+    from dataclasses import replace
+
     import torch
 
-    from trainer.model.build import pretrained_kwargs
+    from trainer.model.loading import LoadHow, pretrained_kwargs
 
-    fsdp = pretrained_kwargs("sdpa", "4bit", "bf16", sharded=True)
+    qlora = LoadHow(dtype="bfloat16", quant="4bit", double_quant=True, compute="bfloat16")
+    fsdp = pretrained_kwargs(replace(qlora, shardable=True))
     assert fsdp["quantization_config"].bnb_4bit_quant_storage == torch.bfloat16 and "device_map" not in fsdp
-    alone = pretrained_kwargs("sdpa", "4bit", "bf16", sharded=False)
+    alone = pretrained_kwargs(replace(qlora, device=0))
     assert alone["quantization_config"].bnb_4bit_quant_storage == torch.uint8 and alone["device_map"] == {"": 0}
-

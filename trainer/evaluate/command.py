@@ -207,7 +207,7 @@ def record_in_run(plan: Any, results: dict[str, Any]) -> None:
     and its tracker runs (trainer.trackers.results)."""
     from trainer.evaluate.metrics import summary_rows
     from trainer.export.model_card import EVALS
-    from trainer.run.metrics import append_line, json_line
+    from trainer.jsonl import append_line, json_line
     from trainer.trackers.results import report_to_run
 
     metrics = numeric_metrics(results)

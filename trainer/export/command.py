@@ -103,6 +103,7 @@ def _tokenizer(*folders: Path | str | None) -> Any:
 def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str | None, name: str) -> None:
     from trainer.export import consolidate, merge, model_card, verify
     from trainer.export.source import ADAPTER, FSDP, ZERO
+    from trainer.model.adapters import merged
 
     if adapter_only and source.kind != ADAPTER:
         raise ConfigError(f"export --adapter-only: {source.folder} holds no LoRA adapter")
@@ -113,10 +114,10 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
         folder, base_how = merge.base_folder(source, base)
         tokenizer = _tokenizer(source.folder, source.adapter, folder)
         dtype_name = DTYPE_NAMES.get(dtype) or merge.run_dtype_name(source)
-        reference_model = merge.with_adapter(merge.load_base(folder, merge.run_dtype_name(source), source.run_config),
-                                             source.adapter, tokenizer)  # fmt: skip
+        reference_model = merge.load_base(folder, merge.run_dtype_name(source), source.run_config, source.adapter,
+                                          tokenizer)  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, base_how)
-        model = merge.merged(reference_model)
+        model = merged(reference_model)
     elif source.kind in (ZERO, FSDP):
         state = consolidate.zero_state_dict(source.folder) if source.kind == ZERO else consolidate.fsdp_state_dict(
             source.folder)  # fmt: skip
@@ -150,9 +151,9 @@ def _unsharded_reference(folder: Path) -> Any:
 
 
 def _load_full(folder: Path) -> Any:
-    from transformers import AutoModelForCausalLM
+    from trainer.model.loading import LoadHow, Weights, load
 
-    return AutoModelForCausalLM.from_pretrained(str(folder))
+    return load(Weights(folder=str(folder)), LoadHow(dtype=None))  # Transformers' default dtype, as verify reloads
 
 
 def _save(model: Any, tokenizer: Any, staging: Path, dtype_name: str) -> None:

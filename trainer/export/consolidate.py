@@ -44,13 +44,9 @@ def fsdp_state_dict(folder: Path) -> dict[str, Any]:
 
 def model_from_state_dict(config_folder: Path, state: dict[str, Any]) -> Any:
     """The checkpoint's architecture (its config.json) with `state` loaded; every weight must be there."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from trainer.model.loading import LoadHow, Weights, load
 
-    from trainer.compat import model_dtype_kwargs
-
-    config = AutoConfig.from_pretrained(str(config_folder))
-    model = AutoModelForCausalLM.from_config(config, **model_dtype_kwargs(torch.float32))
+    model = load(Weights(folder=str(config_folder), fresh=True), LoadHow(dtype="float32"))
     state = {k.removeprefix("module."): v for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if model.config.tie_word_embeddings and k.endswith("lm_head.weight")}

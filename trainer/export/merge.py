@@ -84,34 +84,12 @@ def recorded_scaling(run_config: dict[str, Any] | None) -> TrainSettings | None:
     return parse_settings({name: str(recorded[name]["value"]) for name in names if name in recorded})
 
 
-def load_base(folder: str, dtype_name: str, run_config: dict[str, Any] | None = None) -> Any:
+def load_base(folder: str, dtype_name: str, run_config: dict[str, Any] | None = None,
+              adapter: Path | None = None, tokenizer: Any = None) -> Any:  # fmt: skip
     """The base in `dtype_name`, never quantized (a QLoRA run's bitsandbytes settings are not applied), with the
-    RoPE scaling the run trained it with (TRAIN_ROPE_SCALING), unless the base already carries one."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    RoPE scaling the run trained it with (TRAIN_ROPE_SCALING), unless the base already carries one; with `adapter`,
+    that adapter attached through PEFT, unmerged (the reference the export is checked against)."""
+    from trainer.model.loading import LoadHow, Weights, load
 
-    from trainer.compat import model_dtype_kwargs
-    from trainer.config.rope import existing_scaling, scale_rope
-
-    config = AutoConfig.from_pretrained(folder)
-    scaling = recorded_scaling(run_config)
-    if scaling is not None and existing_scaling(config.to_dict()) is None:
-        config = scale_rope(config, scaling)
-    return AutoModelForCausalLM.from_pretrained(folder, config=config, **model_dtype_kwargs(getattr(torch, dtype_name)))
-
-
-def with_adapter(base: Any, adapter: Path, tokenizer: Any) -> Any:
-    """base + adapter through PEFT (unmerged): the reference the export is checked against."""
-    from peft import PeftModel
-
-    from trainer.tokenizer import fit_embeddings
-
-    fit_embeddings(base, tokenizer)  # as the run did before adding the adapter
-    return PeftModel.from_pretrained(base, str(adapter))
-
-
-def merged(peft_model: Any) -> Any:
-    """A copy of the PEFT model with the adapter folded into the weights (the reference stays unmerged)."""
-    import copy
-
-    return copy.deepcopy(peft_model).merge_and_unload()
+    how = LoadHow(dtype=dtype_name, recorded_rope=recorded_scaling(run_config))
+    return load(Weights(folder=folder, adapter=adapter, tokenizer=tokenizer), how)

@@ -21,13 +21,14 @@ QUANT_CHOICES = ("8bit", "4bit")
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """MODEL and how it is loaded: shared by `generate` and `eval`."""
-    from trainer.generate.loading import DTYPES, QUANT_TYPES
+    from trainer.generate.loading import DTYPES
+    from trainer.model.quantization import QUANT_TYPES
 
     parser.add_argument("model", metavar="MODEL", help="a run folder, final/, an export, a checkpoint-N folder, a "
                         "base model folder (with --adapter), a preset or a Hub ID org/name[@revision]")  # fmt: skip
     parser.add_argument("--adapter", metavar="FOLDER", help="a LoRA adapter to put on MODEL (the base)")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
-                        help="the weights' dtype (auto: as saved)")  # fmt: skip
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="the weights' dtype (auto: as saved; a "
+                        "LoRA checkpoint's base: the run's compute dtype)")  # fmt: skip
     parser.add_argument("--quant", choices=QUANT_CHOICES, help="load the weights quantized by bitsandbytes (Int8, or "
                         "4-bit NF4/FP4)")  # fmt: skip
     parser.add_argument("--quant-type", choices=QUANT_TYPES, default="nf4", help="--quant 4bit's data type")

@@ -12,16 +12,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint_record import holds_full_model
 from trainer.errors import ConfigError
 from trainer.precision import DTYPE_NAMES
 
+if TYPE_CHECKING:
+    from trainer.model.loading import LoadHow
+
 log = logging.getLogger("trainer")
-DTYPES = {"auto": None, **DTYPE_NAMES}  # --dtype: auto keeps the saved dtype
-QUANTS = ("none", "8bit", "4bit")
-QUANT_TYPES = ("nf4", "fp4")
+DTYPES = {"auto": None, **DTYPE_NAMES}  # --dtype: auto keeps the saved dtype (a LoRA checkpoint: the run's)
 GENERATE_FIX = "give the base as MODEL and the adapter with --adapter FOLDER"
 
 
@@ -48,6 +49,8 @@ class Plan:
     run_config: dict[str, Any] | None = None
     folder: Path | None = None  # the run's folder read (final/ or checkpoint-N), when it came from a run
     step: int | None = None  # its step
+    base_dtype: str | None = None  # a LoRA checkpoint's base: the dtype the run read it in (its compute dtype)
+    recorded_rope: Any = None  # a LoRA checkpoint's base: the RoPE scaling the run trained it with
 
 
 @dataclass
@@ -104,7 +107,9 @@ def _from_folder(folder: Path, command: str) -> Plan:
         base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
         folders = (source.folder, source.adapter, Path(base))
         return Plan(base, source.adapter, folders, f"{source.folder} (LoRA adapter on {how})", run_dir=source.run_dir,
-                    run_config=source.run_config, folder=source.folder, step=source.step)  # fmt: skip
+                    run_config=source.run_config, folder=source.folder, step=source.step,
+                    base_dtype=merge.run_dtype_name(source),
+                    recorded_rope=merge.recorded_scaling(source.run_config))  # fmt: skip
     if source.kind != FULL:
         raise ConfigError(f"{command} {folder}: {source.folder} holds {source.kind.upper()} shards; turn them into a "
                           f"model folder first: python -m trainer export {folder} OUT, then {command} OUT")  # fmt: skip
@@ -180,58 +185,28 @@ def _tokenizer(plan: Plan) -> Any:
     return load_tokenizer(plan.model)  # a preset, or a folder without one: the byte-level tokenizer
 
 
+def load_how(plan: Plan, choice: Choice, device: Any) -> LoadHow:
+    """How MODEL loads as --dtype/--quant say: auto keeps the saved dtype (a LoRA checkpoint's base: the dtype its run
+    read it in); --quant 4bit computes in --dtype, else bf16 where the GPU runs it natively, else fp16."""
+    from trainer.model.loading import LoadHow
+
+    dtype = DTYPES[choice.dtype] or ("float32" if plan.preset else plan.base_dtype or "auto")
+    place = (device.index or 0) if device.type == "cuda" else ("cpu" if choice.quant != "none" else None)
+    return LoadHow(dtype=dtype, quant=choice.quant, quant_type=choice.quant_type, double_quant=choice.double_quant,
+                   compute=DTYPES[choice.dtype], device=place, recorded_rope=plan.recorded_rope)  # fmt: skip
+
+
 def _build(plan: Plan, choice: Choice, tokenizer: Any, device: Any) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
+    """The model through trainer.model: a preset's fresh weights, or the folder (+ adapter)."""
+    from trainer.model.loading import Weights, load
 
-    from trainer.compat import model_dtype_kwargs
-
-    if plan.preset:
-        from trainer.model.build import build_preset, preset_config
-
-        model = build_preset(preset_config(plan.model, len(tokenizer), 2048, tokenizer), "sdpa", device)
-        return model.to(getattr(torch, DTYPES[choice.dtype] or "float32"))
-    if not holds_full_model(Path(plan.model)):
+    if not plan.preset and not holds_full_model(Path(plan.model)):
         raise ConfigError(f"{plan.model}: no model weights in it (config.json and *.safetensors or *.bin)")
-    dtype = getattr(torch, DTYPES[choice.dtype]) if DTYPES[choice.dtype] else "auto"
-    kwargs: dict[str, Any] = {"local_files_only": True, **model_dtype_kwargs(dtype)}
-    if choice.quant != "none":
-        kwargs["quantization_config"] = _quantization_config(choice, dtype)
-        kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
-    model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs)
-    if choice.quant == "none":
-        model = model.to(device)
-    if plan.adapter is not None:
-        model = _with_peft(model, plan.adapter, tokenizer)
-    return model
-
-
-def _quantization_config(choice: Choice, dtype: Any) -> Any:
-    import torch
-    from transformers import BitsAndBytesConfig
-
-    if choice.quant == "8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    compute = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16 if _bf16_ok() else torch.float16
-    return BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type=choice.quant_type, bnb_4bit_use_double_quant=choice.double_quant,
-        bnb_4bit_compute_dtype=compute,
-    )  # fmt: skip
-
-
-def _bf16_ok() -> bool:
-    import torch
-
-    return not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
-
-
-def _with_peft(model: Any, adapter: Path, tokenizer: Any) -> Any:
-    from peft import PeftModel
-
-    from trainer.tokenizer import fit_embeddings
-
-    fit_embeddings(model, tokenizer)  # as the run did before adding the adapter
-    return PeftModel.from_pretrained(model, str(adapter))
+    how = load_how(plan, choice, device)
+    if plan.preset:
+        return load(Weights(preset=plan.model, tokenizer=tokenizer), how)
+    fitted = tokenizer if plan.adapter is not None else None  # an adapter's base is fitted as the run fitted it
+    return load(Weights(folder=plan.model, adapter=plan.adapter, tokenizer=fitted), how)
 
 
 def memory_report(loaded: Loaded) -> str:

@@ -35,14 +35,11 @@ def apply_lora(model: Any, s: TrainSettings) -> Any:
     return get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
 
 
-def attach_adapter(base: Any, adapter: Path, tokenizer: Any) -> Any:
-    """base + a saved adapter through PEFT (unmerged), the base's embeddings first fitted to `tokenizer` as the run
-    fitted them before adding its adapter."""
+def attach_adapter(base: Any, adapter: Path) -> Any:
+    """base + a saved adapter through PEFT, unmerged (trainer.model.loading fits the base's embeddings to the
+    tokenizer first, as the run did before adding its adapter)."""
     from peft import PeftModel
 
-    from trainer.tokenizer import fit_embeddings
-
-    fit_embeddings(base, tokenizer)
     return PeftModel.from_pretrained(base, str(adapter))
 
 

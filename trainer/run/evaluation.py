@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from trainer.run.metrics import append_line, json_line, method_metrics
+from trainer.jsonl import append_line, json_line
+from trainer.run.metrics import method_metrics
 
 if TYPE_CHECKING:
     from trainer.config.inputs import Inputs

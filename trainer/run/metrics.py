@@ -31,6 +31,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from trainer.jsonl import append_line, json_line
+
 log = logging.getLogger("trainer")
 
 METRIC_KEYS = (
@@ -141,12 +143,6 @@ def _number(x: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def json_line(record: dict[str, Any]) -> str:
-    """One strict JSON line: non-finite floats become null."""
-    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-    return json.dumps(clean, allow_nan=False)
-
-
 class MetricsCallback(TrainerCallback):
     """Appends one line to metrics.jsonl per logging step (rank 0 only)."""
 
@@ -233,18 +229,6 @@ def method_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         if key.startswith(prefix) and (prefix or not key.startswith("eval_"))
         and ("/" in key or key[len(prefix):] in METHOD_METRIC_NAMES)
     }  # fmt: skip
-
-
-def append_line(path: Path, line: str) -> None:
-    """One whole line or nothing: a write cut short (e.g. a full disk) is undone before the error goes on."""
-    with open(path, "ab") as fh:
-        size = fh.tell()
-        try:
-            fh.write((line + "\n").encode())
-            fh.flush()
-        except OSError:
-            fh.truncate(size)
-            raise
 
 
 def truncate_after(path: Path, step: int) -> None:

@@ -93,42 +93,11 @@ def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records
 
 def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
     """The model to train: SFT's (preset or folder, LoRA/QLoRA applied), or for `reward` a one-score classifier."""
-    from trainer.run.training_model import build_model
+    from trainer.run.training_model import build_model, build_reward_model
 
     if cfg.settings.method != "reward":
         return build_model(cfg, tokenizer)
-    return _reward_model(cfg, tokenizer)
-
-
-def _reward_model(cfg: RunConfig, tokenizer: Any) -> Any:
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    from trainer.compat import model_dtype_kwargs
-    from trainer.config.presets import is_preset
-    from trainer.config.rope import scale_rope
-    from trainer.model.build import preset_config
-    from trainer.run.training_model import build_device, compile_model, log_parameter_counts
-    from trainer.tokenizer import fit_embeddings
-
-    s = cfg.settings
-    if is_preset(s.model):
-        config = scale_rope(preset_config(s.model, len(tokenizer), s.seq_len, tokenizer), s)
-        config.num_labels = 1
-        with torch.device(build_device(cfg)):
-            model = AutoModelForSequenceClassification.from_config(config, **model_dtype_kwargs(torch.float32))
-    else:
-        folder = cfg.decisions.model.value
-        config = scale_rope(AutoConfig.from_pretrained(folder, local_files_only=True, num_labels=1), s)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            folder, config=config, attn_implementation=cfg.decisions.attn.value, local_files_only=True
-        )
-        fit_embeddings(model, tokenizer)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    log.info("model: %s with a one-score head (reward model)", type(model).__name__)
-    compile_model(cfg, model)
-    log_parameter_counts(model)
-    return model
+    return build_reward_model(cfg, tokenizer)
 
 
 def reference_model(cfg: RunConfig, model: Any) -> Any:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from transformers import TrainerCallback
 
 from trainer.errors import ConfigError
-from trainer.run.metrics import append_line, json_line, truncate_after
+from trainer.jsonl import append_line, json_line
+from trainer.run.metrics import truncate_after
 from trainer.secrets import mask_value
 
 if TYPE_CHECKING:

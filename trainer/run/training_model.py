@@ -9,16 +9,16 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.config.presets import is_preset
-from trainer.config.rope import scale_rope
 from trainer.config.sharding import uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
 from trainer.model.adapters import apply_lora
-from trainer.model.build import build_preset, load_pretrained, preset_config, quantized_preset
-from trainer.model.packed_attention import isolate_records
-from trainer.tokenizer import fit_embeddings
+from trainer.model.build import base_weights_dtype
+from trainer.model.loading import LoadHow, Weights, load
+from trainer.model.packed_attention import implementation, isolate_records
+from trainer.precision import compute_dtype_name
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -34,35 +34,70 @@ def build_device(cfg: Any) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def load_how(cfg: RunConfig, score_head: bool = False, packed: bool = True) -> LoadHow:
+    """How the run loads its model, from its settings and decisions. `packed`: the attention of packed records
+    (trainer.model.packed_attention); else the attention decision as Transformers implements it, which reads the
+    padding mask: a reward model's padded pairs, a model that also generates (online RL, with its KV cache). The
+    reward model (`score_head`) is trained in full (no LoRA, no quantization: config.methods refuses them)."""
+    s = cfg.settings
+    attn, precision = cfg.decisions.attn.value, cfg.decisions.precision.value
+    sharded = uses_fsdp(s)  # FSDP places and shards the weights itself
+    return LoadHow(
+        dtype=base_weights_dtype(s.quant, s.lora, precision, sharded),
+        quant=s.quant, quant_type="nf4", double_quant=True, compute=compute_dtype_name(precision), shardable=sharded,
+        device=_placement(cfg, s.quant, sharded), attention=implementation(attn) if packed else attn,
+        score_head=score_head, rope=s,
+    )  # fmt: skip
+
+
+def _placement(cfg: RunConfig, quant: str, sharded: bool) -> str | int | None:
+    """A quantized model goes to this rank's GPU, except under FSDP, which places (and shards) it itself (ZeRO-3
+    with quantization is refused at configuration time); other weights are read straight onto build_device's GPU."""
+    if quant != "none":
+        return None if sharded else int(os.environ.get("LOCAL_RANK", "0"))
+    device = build_device(cfg)
+    return str(device) if device.type == "cuda" else None
+
+
+def _weights(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> Weights:
+    if is_preset(cfg.settings.model):
+        return Weights(preset=cfg.settings.model, tokenizer=tokenizer)
+    return Weights(folder=cfg.decisions.model.value, tokenizer=tokenizer)  # a Hub ID: its snapshot in HF_HOME
+
+
+def _log_loaded(cfg: RunConfig, model: PreTrainedModel, attn: str) -> None:
+    s = cfg.settings
+    if is_preset(s.model):
+        log.info("model: preset %r from scratch (Llama, attention=%s), built on %s", s.model, attn, model.device)
+        return
+    folder = cfg.decisions.model.value
+    name = s.model if s.model == folder else f"{s.model} ({folder})"
+    log.info("model: loaded %s offline (attention=%s, weights %s on %s)", name, attn, model.dtype, model.device)
+
+
 def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool = True) -> PreTrainedModel:
     """The model to train: a preset from scratch or a local folder, with LoRA/quantization applied. `packed`: the
     attention of packed records (trainer.model.packed_attention); False for a model that also generates (online RL):
     Transformers' own attention, which reads the padding mask, with its KV cache."""
     s = cfg.settings
     attn = cfg.decisions.attn.value
-    precision = cfg.decisions.precision.value
-    sharded = uses_fsdp(s)  # FSDP places and shards the weights itself
-    device = build_device(cfg)
-    if is_preset(s.model):
-        config = scale_rope(preset_config(s.model, len(tokenizer), s.seq_len, tokenizer), s)
-        if s.quant != "none":
-            model = quantized_preset(config, attn, s.quant, precision, sharded)
-        else:
-            model = build_preset(config, attn, device)
-        log.info("model: preset %r from scratch (Llama, attention=%s), built on %s", s.model, attn, model.device)
-    else:
-        folder = cfg.decisions.model.value  # a Hub ID's snapshot in HF_HOME (trainer.hub.sources)
-        config = scale_rope(AutoConfig.from_pretrained(folder, local_files_only=True), s)
-        model = load_pretrained(folder, attn, s.quant, precision, sharded, s.lora, device, config)
-        name = s.model if s.model == folder else f"{s.model} ({folder})"
-        log.info("model: loaded %s offline (attention=%s, weights %s on %s)", name, attn, model.dtype, model.device)
-        fit_embeddings(model, tokenizer)
+    model = load(_weights(cfg, tokenizer), load_how(cfg, packed=packed))
+    _log_loaded(cfg, model, attn)
     if packed:
         isolate_records(model, attn)  # use_cache off; attention never crosses packed records
-    elif model.config._attn_implementation != attn:
-        model.set_attn_implementation(attn)  # trainkit's mask-free causal sdpa would attend to left padding
     if s.lora:
         model = apply_lora(model, s)
+    compile_model(cfg, model)
+    log_parameter_counts(model)
+    return model
+
+
+def build_reward_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """TRAIN_METHOD=reward's model: the policy's, loaded the same way, with a one-score head."""
+    model = load(_weights(cfg, tokenizer), load_how(cfg, score_head=True, packed=False))
+    _log_loaded(cfg, model, cfg.decisions.attn.value)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    log.info("model: %s with a one-score head (reward model)", type(model).__name__)
     compile_model(cfg, model)
     log_parameter_counts(model)
     return model
