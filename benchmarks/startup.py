@@ -4,7 +4,7 @@
     python -m benchmarks.startup [--cpu] [--repeat 5] [--image IMAGE]
     python -m benchmarks.startup --build [--presets tiny,125m,350m]   # no Docker: the model build on the host
 
-`--build` measures the trainer's own preset build (trainer.model.build.build_preset), each in a fresh process:
+`--build` measures the trainer's own preset build (trainer.model.loading.load), each in a fresh process:
 built on the CPU in fp32 (what a GPU run did before: a host copy, then moved), and built where it trains, with the
 `meta` device standing in for the GPU (what the host does when the model is built on its GPU: nothing in host
 memory, no initialisation on the host). Printed: seconds and the growth of the process's peak resident memory.
@@ -130,14 +130,16 @@ def default_image(gpu: bool) -> str:
 
 BUILD = """
 import json, resource, sys, time
-from trainer.model.build import build_preset, preset_config
+from transformers import AutoModelForCausalLM, LlamaConfig  # imported before the clock starts
+from trainer.model.loading import LoadHow, Weights, load
+from trainer.model.packed_attention import implementation
 from trainer.tokenizer import byte_level_tokenizer
 preset, device = sys.argv[1:3]
 tokenizer = byte_level_tokenizer()
-config = preset_config(preset, len(tokenizer), 2048, tokenizer)
+how = LoadHow(attention=implementation("sdpa"), device=device)
 peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.perf_counter()
-model = build_preset(config, "sdpa", device)
+model = load(Weights(preset=preset, tokenizer=tokenizer), how)
 seconds = time.perf_counter() - started
 growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
 params = sum(p.numel() for p in model.parameters())
@@ -154,7 +156,7 @@ def build_seconds(preset: str, device: str) -> dict:
 
 
 def build_report(presets: list[str], repeat: int) -> None:
-    print(f"preset build (trainer.model.build.build_preset), median of {repeat}, each in a fresh process:")
+    print(f"preset build (trainer.model.loading.load), median of {repeat}, each in a fresh process:")
     print(f"  {'preset':8} {'parameters':>13}  {'on the CPU, fp32':>26}  {'where it trains (meta)':>26}")
     for preset in presets:
         runs = {device: [build_seconds(preset, device) for _ in range(repeat)] for device in ("cpu", "meta")}

@@ -125,7 +125,7 @@ def test_eval_scores_its_own_set_and_matches_the_runs_eval_loss(memorized: Path,
     result = run_trainer(["eval", str(out), "--data", str(shuffled), "--output", str(tmp_path / "other")])
     assert result.returncode == 0, result.stderr[-3000:]
     other = json.loads((tmp_path / "other" / "eval_results.json").read_text())
-    assert other["exact_match"] == 0.0 and other["loss"] > own["loss"] + 1
+    assert other["exact_match"] == 0.0 and other["loss"] > 5 * own["loss"]  # answers swapped: many times the loss
     assert not list(tmp_path.glob(".tmp-eval-*"))
 
 

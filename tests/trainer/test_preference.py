@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from hub_support import save_tiny_model
 from preference_data import pairs, write_jsonl
 from train_runs import assert_same_weights, finish, logged_steps, start, train_env
 from waiting import wait_for
@@ -43,6 +44,18 @@ def lines(out: Path) -> tuple[list[dict], list[dict]]:
     """(training lines, evaluation lines) of metrics.jsonl."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "loss" in r], [r for r in rows if "eval_loss" in r]
+
+
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset saved as a bf16 model folder with the byte-level tokenizer, as a Hub model often comes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("bf16") / "tiny"
+    save_tiny_model(folder, seed=7)
+    AutoModelForCausalLM.from_pretrained(folder).to(torch.bfloat16).save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +160,19 @@ def test_dpo_without_lora_learns_against_a_frozen_copy(pair_file: Path, tmp_path
      ("simpo", 1, "rewards/margins", "none"), ("reward", 0, "margin", "none")],
 )  # fmt: skip
 def test_each_method_learns_its_own_metric(method: str, lora: int, metric: str, reference: str, pair_file: Path,
-                                           tmp_path: Path) -> None:  # fmt: skip
+                                           tmp_path: Path, request: pytest.FixtureRequest) -> None:  # fmt: skip
     """ORPO and SimPO with LoRA (no reference), KTO on the pairs without LoRA (a frozen copy of the model is the
-    reference), a reward model (a one-score head) scoring chosen above rejected."""
+    reference), a reward model (a one-score head) scoring chosen above rejected, from a bf16 model folder that it
+    trains in fp32 master weights as the policy would (the same loader, dtype and device map)."""
     out = tmp_path / "out"
-    rope = {"rope_scaling": "linear", "rope_factor": 2} if method == "reward" else {}  # the classifier gets it too
-    code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0, **rope)))
+    more: dict[str, object] = {}
+    if method == "reward":  # the classifier gets the RoPE scaling too
+        more = {"rope_scaling": "linear", "rope_factor": 2, "model": request.getfixturevalue("bf16_model")}
+    code, err = finish(start(method_env(out, pair_file, method=method, lora=lora, eval_split=0, eval_steps=0, **more)))
     assert code == 0, err[-3000:]
-    if rope:
+    if method == "reward":
+        assert "LlamaForSequenceClassification (one-score head), torch.float32 weights" in err, err[-3000:]
+    if method == "reward":
         saved = json.loads((out / "final" / "config.json").read_text())
         scaling = saved.get("rope_parameters") or saved["rope_scaling"]  # transformers 5 / 4
         assert (scaling["rope_type"], scaling["factor"]) == ("linear", 2.0), saved
