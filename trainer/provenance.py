@@ -198,6 +198,11 @@ def image(env: Mapping[str, str], build_file: Path = BUILD_FILE) -> dict[str, An
     return {"image": found, "outside_image": False}
 
 
+def inside_image(build_file: Path = BUILD_FILE) -> bool:
+    """Whether this process runs in a trainkit image (its build wrote `build_file`), e.g. for the default folders."""
+    return build_file.is_file()
+
+
 def repository(reference: str) -> str:
     """`registry:5000/trainkit:cu128` or `trainkit@sha256:...` -> the repository without tag or digest."""
     name = reference.split("@", 1)[0]

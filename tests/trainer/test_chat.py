@@ -331,3 +331,29 @@ def test_tool_calls_train_with_the_builtin_chatml(tmp_path: Path) -> None:
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in trained
     assert "It is 18C and sunny.<|im_end|>" in trained
     assert "18C, sunny<|im_end|>" in untrained and "Weather in Paris?" in untrained
+
+
+def test_answers_cut_off_by_truncation_name_the_setting_in_force(tmp_path: Path) -> None:
+    """Every answer past TRAIN_SEQ_LEN at the default TRAIN_LONG_RECORDS (truncate): the message says truncation cut
+    them off (not `drop`, not "set truncate"), with the longest record and where the first answer starts; under
+    drop it names drop and the length that keeps them."""
+    data = tmp_path / "long.jsonl"
+    prompt = "question " + "word " * 30
+    rows = [{"messages": [{"role": "user", "content": f"{prompt}{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+            for i in range(6)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {**env_for(tmp_path, data, chat_template="chatml"), "TRAIN_SEQ_LEN": "64"}
+    result = run_trainer(["data"], env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    message = result.stderr.strip().splitlines()[-1]
+    assert "TRAIN_LONG_RECORDS=truncate cut every answer off at TRAIN_SEQ_LEN=64" in message, message
+    assert "TRAIN_LONG_RECORDS=drop" not in message and "set TRAIN_LONG_RECORDS" not in message, message
+    found = re.search(r"the longest record is (\d+) tokens, the first answer starts at token (\d+)", message)
+    assert found, message
+    longest, first = int(found[1]), int(found[2])
+    assert 64 < first < longest, message
+    assert f"raise TRAIN_SEQ_LEN above {first}" in message, message
+    result = run_trainer(["data"], env={**env, "TRAIN_LONG_RECORDS": "drop"})
+    message = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "TRAIN_LONG_RECORDS=drop dropped 6 longer than TRAIN_SEQ_LEN=64" in message
+    assert f"the longest record is {longest} tokens" in message and f"raise TRAIN_SEQ_LEN to {longest}" in message

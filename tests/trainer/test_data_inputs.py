@@ -213,3 +213,18 @@ def test_worker_processes_make_the_same_shards_as_one_process(tmp_path: Path, mo
     assert results[0][1:] == results[1][1:]
     assert results[0][1] == [f"{path}:3: not valid JSON (Unterminated string starting at); each line must be one JSON "
                              "object", f"{path}:151: expected a JSON object, got list"]  # fmt: skip
+
+
+def test_data_show_outside_the_image_caches_under_dot_output_and_says_so(tmp_path: Path) -> None:
+    """No TRAIN_OUTPUT_DIR outside the image: ./output of the folder it starts in (not /output at the root), named
+    in the log."""
+    from conftest import run_trainer
+
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(jsonl_bytes(TEXTS[:20]))
+    env = {"TRAIN_DATA": str(data), "HOME": str(tmp_path), "PYTHONPATH": str(REPO)}
+    result = run_trainer(["data", "--show", "1"], env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"the output (and its data cache) go to {tmp_path / 'output'}" in result.stderr, result.stderr[-3000:]
+    assert f"cached at {tmp_path / 'output' / '.cache' / 'data'}" in result.stderr, result.stderr[-3000:]
+    assert "/output/.cache" not in result.stderr.replace(str(tmp_path / "output"), "")

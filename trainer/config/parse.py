@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any, Literal, get_args, get_origin
@@ -13,9 +14,18 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
 from trainer.config.presets import MODEL_PRESETS
-from trainer.config.schema import ENV_PREFIX, TrainSettings, env_name, field_of_env
+from trainer.config.schema import (
+    ENV_PREFIX,
+    OUTPUT_IN_IMAGE,
+    TrainSettings,
+    default_output_dir,
+    env_name,
+    field_of_env,
+)
 from trainer.errors import ConfigError
 from trainer.transformers_names import did_you_mean
+
+log = logging.getLogger("trainer")
 
 
 class _MappingSettings(TrainSettings):
@@ -64,6 +74,7 @@ def parse_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
     variables = train_variables(os.environ if env is None else env)
     problems = _unknown_names(variables)
     values: dict[str, Any] = {field: v for k, v in variables.items() if (field := field_of_env(k))}  # validated below
+    values.setdefault("output_dir", default_output_dir())
     try:
         settings = _MappingSettings(**values)
     except ValidationError as exc:
@@ -77,6 +88,10 @@ def load_inputs(env: Mapping[str, str] | None = None) -> Inputs:
     """Parse TRAIN_* from `env` (os.environ by default) and run every check that needs no torch; the settings with
     the Hub snapshots and data scans the checks made, for `resolve` and the run."""
     inputs = Inputs(parse_settings(env))
+    if "TRAIN_OUTPUT_DIR" not in train_variables(os.environ if env is None else env) and (
+            inputs.settings.output_dir != OUTPUT_IN_IMAGE):  # fmt: skip
+        log.info("TRAIN_OUTPUT_DIR is not set and this is not the image: the output (and its data cache) go to %s",
+                 inputs.settings.output_dir)  # fmt: skip
     problems = static_problems(inputs)
     if problems:
         raise ConfigError(*problems)

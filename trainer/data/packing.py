@@ -45,6 +45,8 @@ class PackStats:
     records_truncated: int = 0
     records_dropped_too_long: int = 0
     records_dropped_untrained: int = 0
+    records_cut_untrained: int = 0  # of those: truncation (TRAIN_LONG_RECORDS=truncate) cut off every trained token
+    first_trained_at: int = -1  # the earliest token a dropped record trains on (where its first answer starts)
     record_blocks: int = 0
     stream_blocks: int = 0
     padding_tokens: int = 0
@@ -90,16 +92,34 @@ def report_left_out(meta: dict[str, Any]) -> None:
         log.warning("data: %d record(s) longer than TRAIN_SEQ_LEN=%d were dropped (TRAIN_LONG_RECORDS=drop; longest: "
                     "%d tokens)", p["records_dropped_too_long"], seq_len, p["longest_record"])  # fmt: skip
     if p["records_dropped_untrained"]:
-        log.warning("data: %d record(s) had no token to train on (within TRAIN_SEQ_LEN=%d) and were dropped",
-                    p["records_dropped_untrained"], seq_len)  # fmt: skip
+        cut = p.get("records_cut_untrained", 0)
+        log.warning("data: %d record(s) had no token to train on (within TRAIN_SEQ_LEN=%d) and were dropped%s",
+                    p["records_dropped_untrained"], seq_len, f" ({cut} because TRAIN_LONG_RECORDS=truncate cut off "
+                    "every answer)" if cut else "")  # fmt: skip
 
 
-def nothing_packed(source: Any, stats: PackStats, seq_len: int) -> str:
+def nothing_packed(source: Any, stats: PackStats, spec: DataSpec) -> str:
+    """Why no record of `source` is left to train on, naming TRAIN_LONG_RECORDS as it is set, and what to change."""
     dropped = stats.records_dropped_too_long + stats.records_dropped_untrained
-    return (f"{source.variable}: {source.describe()}: none of its {dropped} record(s) fits: "
-            f"{stats.records_dropped_too_long} longer than TRAIN_SEQ_LEN={seq_len} (TRAIN_LONG_RECORDS=drop), "
-            f"{stats.records_dropped_untrained} with nothing to train on; raise TRAIN_SEQ_LEN or set "
-            "TRAIN_LONG_RECORDS=truncate")  # fmt: skip
+    head = f"{source.variable}: {source.describe()}: none of its {dropped} record(s) has a token to train on"
+    seq_len, longest, first = spec.seq_len, stats.longest_record, stats.first_trained_at
+    where = f"the longest record is {longest} tokens" + (
+        f", the first answer starts at token {first} at the earliest" if first >= 0 else ""
+    )
+    if spec.long_records == "truncate" and stats.records_cut_untrained:
+        return (
+            f"{head}: TRAIN_LONG_RECORDS=truncate cut every answer off at TRAIN_SEQ_LEN={seq_len} "
+            f"({stats.records_cut_untrained} record(s) kept only their prompt; {where}); raise TRAIN_SEQ_LEN "
+            f"above {first} ({longest} keeps every record whole), or shorten the prompts"
+        )
+    if spec.long_records == "drop" and stats.records_dropped_too_long:
+        return (f"{head}: TRAIN_LONG_RECORDS=drop dropped {stats.records_dropped_too_long} longer than "
+                f"TRAIN_SEQ_LEN={seq_len}, {stats.records_dropped_untrained} had nothing to train on; {where}; raise "
+                f"TRAIN_SEQ_LEN to {longest}" + (
+                    f", or set TRAIN_LONG_RECORDS=truncate (it keeps answers that start before token {seq_len})"
+                    if 0 <= first < seq_len else ""))  # fmt: skip
+    return (f"{head}: none has a trained token (TRAIN_LOSS_ON={spec.loss_on}); give records with answers to "
+            "train on")  # fmt: skip
 
 
 def open_bins_for(seq_len: int) -> int:
@@ -203,10 +223,15 @@ class Packer:
         if length > self.seq_len:
             if self.spec.long_records == "drop":
                 self.stats.records_dropped_too_long += 1
+                self._note_first_trained(flags)
                 return
+            kept = bool(flags[1 : self.seq_len].any())
+            if learnable and not kept:
+                self.stats.records_cut_untrained += 1
+                self._note_first_trained(flags)
             ids, flags = ids[: self.seq_len], flags[: self.seq_len]
             self.stats.records_truncated += 1
-            learnable = bool(flags[1:].any())
+            learnable = kept
         if not learnable:
             self.stats.records_dropped_untrained += 1
             return
@@ -214,6 +239,13 @@ class Packer:
         self.stats.records_packed += 1
         if len(self._window) >= self.open_bins:
             self._flush_window()
+
+    def _note_first_trained(self, flags: np.ndarray) -> None:
+        """Where a dropped record's first trained token is (the earliest over such records), for the message."""
+        trained = np.flatnonzero(flags[1:])
+        if len(trained):
+            at, before = int(trained[0]) + 1, self.stats.first_trained_at
+            self.stats.first_trained_at = at if before < 0 else min(before, at)
 
     def _flush_window(self) -> None:
         """Longest records first (best fit decreasing): the short ones then fill the room the long ones leave."""

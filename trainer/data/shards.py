@@ -382,8 +382,7 @@ class Tally:
             if len(self.bad_lines) <= BAD_LINES_LOGGED:
                 log.warning("data: skipped malformed line %s", line)
         if len(self.bad_lines) > self.allowed:
-            raise ConfigError(too_many_bad_lines(self.bad_lines[0], len(self.bad_lines), self.allowed,
-                                                 self.variable))
+            raise ConfigError(too_many_bad_lines(self.bad_lines[0], len(self.bad_lines), self.allowed, self.variable))
 
     def report(self, text_field: str) -> dict[str, Any]:
         if self.without_text:
@@ -426,7 +425,7 @@ def prepare(source: DataSource, tokenizer: PreTrainedTokenizerBase, spec: DataSp
         if tokens == 0:
             raise ConfigError(f"TRAIN_DATA: {source.describe()} holds no text; add records or fix TRAIN_TEXT_FIELD")
         if writer.tokens == 0:
-            raise ConfigError(nothing_packed(source, packer.stats, spec.seq_len))
+            raise ConfigError(nothing_packed(source, packer.stats, spec))
         seconds = time.perf_counter() - start
         cores = workers + 1 if workers else (len(os.sched_getaffinity(0)) if _rust_threads(encoder) else 1)
         speed = {"tokens": tokens, "seconds": round(seconds, 3), "workers": workers, "cores": cores,

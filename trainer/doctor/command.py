@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
+from trainer.config.schema import default_output_dir
 from trainer.data.discovery import DEFAULT_DATA, discover
 from trainer.doctor.probes import (
     FAIL,
@@ -60,7 +61,7 @@ def collect() -> list[Probe]:
     settings = inputs.settings if inputs else None
     env_data = os.environ.get("TRAIN_DATA") or DEFAULT_DATA
     source = inputs.data if inputs else discover(env_data, os.environ.get("TRAIN_TEXT_FIELD") or "text")
-    output_path = settings.output_dir if settings else os.environ.get("TRAIN_OUTPUT_DIR", "/output")
+    output_path = settings.output_dir if settings else (os.environ.get("TRAIN_OUTPUT_DIR") or default_output_dir())
     num_workers = settings.num_workers if settings else 2
     return [
         *gpu_probes(hw),

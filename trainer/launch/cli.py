@@ -66,10 +66,11 @@ def push_failed_code(code: int, plan: LaunchPlan) -> int:
     """A multi-process run whose rank 0 finished but could not push (trainer.hub.push.push_after_run) exits 3."""
     from pathlib import Path
 
+    from trainer.config.schema import default_output_dir
     from trainer.errors import EXIT_PUSH_FAILED
     from trainer.hub.push import PUSH_FAILED_MARKER
 
-    output = plan.env.get("TRAIN_OUTPUT_DIR", "/output")
+    output = plan.env.get("TRAIN_OUTPUT_DIR") or default_output_dir()
     if code == 0 and plan.distributed and (Path(output) / PUSH_FAILED_MARKER).is_file():
         print(f"error: the run finished but its push to the Hub failed (see {PUSH_FAILED_MARKER}); final/ is kept; "
               f"exit {EXIT_PUSH_FAILED}", file=sys.stderr)  # fmt: skip
