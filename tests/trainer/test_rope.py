@@ -69,8 +69,14 @@ def _no_rope_model(root: Path) -> Path:
         ({"TRAIN_ROPE_SCALING": "yarn", "TRAIN_ROPE_FACTOR": "-2"}, "TRAIN_ROPE_FACTOR=-2: the factor must be above 1"),
         ({"TRAIN_ROPE_SCALING": "linear", "TRAIN_ROPE_FACTOR": "2", "TRAIN_MODEL": _no_rope_model},
          "gpt2 has no rotary position embeddings to scale; unset TRAIN_ROPE_SCALING"),
+        ({"TRAIN_ROPE_SCALING": "yarn", "TRAIN_ROPE_FACTOR": "nan"}, "TRAIN_ROPE_FACTOR='nan': input should be a "
+                                                                      "finite number"),
+        ({"TRAIN_ROPE_SCALING": "linear", "TRAIN_ROPE_FACTOR": "inf"}, "TRAIN_ROPE_FACTOR='inf': input should be a "
+                                                                        "finite number"),
+        ({"TRAIN_LR": "inf"}, "TRAIN_LR='inf': input should be a finite number"),
     ],
-    ids=["longer-than-the-model", "unsupported-type", "negative-factor", "model-without-rope"],
+    ids=["longer-than-the-model", "unsupported-type", "negative-factor", "model-without-rope", "nan-factor",
+         "inf-factor", "inf-lr"],
 )  # fmt: skip
 def test_bad_rope_settings_exit_2_before_torch(
     run_trainer, imported_modules, trainer_env: dict[str, str], tmp_path: Path, env: dict, expected: str

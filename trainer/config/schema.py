@@ -67,8 +67,9 @@ class TrainSettings(BaseSettings):
     """Every TRAIN_* variable. Field name `foo_bar` is environment variable `TRAIN_FOO_BAR`."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="ignore", case_sensitive=False, validate_default=True, frozen=True
-    )
+        env_prefix=ENV_PREFIX, extra="ignore", case_sensitive=False, validate_default=True, frozen=True,
+        allow_inf_nan=False,  # TRAIN_ROPE_FACTOR=inf or TRAIN_LR=nan: exit 2 at the check, not a diverged run
+    )  # fmt: skip
 
     # paths and data
     model: str = _f(
