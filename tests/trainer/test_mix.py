@@ -21,6 +21,8 @@ from trainer.data.mix import MixEntry, parse_eval_sets, parse_mix
 from trainer.data.mixed import MixedDataset, plan, prepare_mix
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
+from trainer.provenance import file_sha256
+from trainer.reproduce_command import changed_data
 from trainer.tokenizer import byte_level_tokenizer
 
 A, B = ord("a"), ord("b")
@@ -109,13 +111,41 @@ def test_bad_mixes_exit_2_before_training_with_the_fix(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+MIX_KEYS = "max_records, max_repeats, name, path, weight"
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ({"source": [{"path": "A"}]}, "it has no `sources` key (it has source; the one key is `sources`)"),
+    ([{"path": "A", "weight": 1}], "it holds a JSON list, not an object with a `sources` list"),
+    ({"sources": [{"path": "A", "wieght": 2}, {"path": "A", "weight": 1}]},
+     f"source 1 has unknown key(s) wieght (known: {MIX_KEYS})"),
+    ({"sources": [{"path": "A", "weight": 1}, {"path": "A", "weight": 2}]}, "is in the mix twice, in a (A) and in a-2"),
+], ids=["misspelled-key", "bare-list", "misspelled-source-key", "same-file-twice"])  # fmt: skip
+def test_a_malformed_mix_file_or_a_file_twice_exits_2_naming_it(tmp_path: Path, content, expected: str) -> None:
+    """A mix file that is not one is never read as training data (no TRAIN_TEXT_FIELD advice): its shape and keys
+    are named. The same file as two sources (here, and through another path) would train twice per epoch."""
+    a = str(write_source(tmp_path / "a.jsonl", "a", 3))
+    mix = tmp_path / "train.mix.json"
+    mix.write_text(json.dumps(content).replace('"A"', json.dumps(a)))
+    expected = expected.replace("(A)", f"({a})")
+    values = [str(mix)] + ([f"{a}:1,{tmp_path}/../{tmp_path.name}/a.jsonl:2"] if "twice" in expected else [])
+    for value in values:
+        proc = subprocess.run([sys.executable, "-m", "trainer", "config"], cwd=REPO, capture_output=True, text=True,
+                              env=train_env(tmp_path / "out", data=value), timeout=60)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert expected in proc.stderr and "TRAIN_TEXT_FIELD" not in proc.stderr, proc.stderr[-2000:]
+        assert value != str(mix) or f"TRAIN_DATA={mix}" in proc.stderr or "twice" in expected, proc.stderr[-2000:]
+        assert "twice" in expected or MIX_KEYS in proc.stderr, proc.stderr[-2000:]
+
+
 def test_two_eval_sets_report_separately_and_a_changed_weight_is_a_data_change(tmp_path: Path) -> None:
     a, b = write_corpus(tmp_path / "a.txt", 200), tmp_path / "b.jsonl"  # plain text (stream) and pairs (records)
     b.write_text("".join(json.dumps({"prompt": f"Question {i}?", "completion": " An answer."}) + "\n"
                          for i in range(300)))  # fmt: skip
     ea, eb = write_source(tmp_path / "ea.jsonl", "a", 20), write_source(tmp_path / "eb.jsonl", "b", 20)
-    out = tmp_path / "out"
-    settings = {"data": f"{a}:0.7,{b}:0.3", "eval_data": f"chat={ea},code={eb}", "max_steps": 2, "save_steps": 2,
+    out, mix_file = tmp_path / "out", tmp_path / "train.mix.json"
+    mix_file.write_text(json.dumps({"sources": [{"path": str(a), "weight": 0.7}, {"path": str(b), "weight": 0.3}]}))
+    settings = {"data": str(mix_file), "eval_data": f"chat={ea},code={eb}", "max_steps": 2, "save_steps": 2,
                 "eval_steps": 2}  # fmt: skip
     code, err = finish(start(train_env(out, **settings)))
     assert code == 0, err[-3000:]
@@ -127,7 +157,11 @@ def test_two_eval_sets_report_separately_and_a_changed_weight_is_a_data_change(t
     assert b"eval/chat_loss" in events and b"eval/code_loss" in events and b"eval/code_perplexity" in events
     mix = json.loads((out / "run_config.json").read_text())["training_data"]["mix"]
     assert [row["requested_share"] for row in mix["sources"]] == [0.7, 0.3]
-    changed = train_env(out, **{**settings, "data": f"{a}:0.5,{b}:0.5"})
+    recorded = json.loads((out / "provenance.json").read_text())
+    assert recorded["data"][str(mix_file)]["sha256"] == file_sha256(mix_file), "the mix file is an input"
+    mix_file.write_text(json.dumps({"sources": [{"path": str(a), "weight": 0.5}, {"path": str(b), "weight": 0.5}]}))
+    assert [line for line in changed_data(recorded) if str(mix_file) in line], "reproduce names the edited mix file"
+    changed = train_env(out, **settings)
     code, err = finish(start(changed))
     assert code == 2 and "TRAIN_RESUME_CHANGED_DATA=1" in err and "TRAIN_DATA was" in err, err[-2000:]
     checkpoint = out / "checkpoint-2"

@@ -58,7 +58,9 @@ class Mix:
 
     @property
     def is_mix(self) -> bool:
-        return bool(self.entries)
+        """Several sources, or a mix file (also one that cannot be read: its problems are the mix's, never read as
+        training data)."""
+        return bool(self.entries or self.problems)
 
     def shares(self) -> dict[str, float]:
         """Each source's requested share of the trained tokens (weights normalized)."""
@@ -145,15 +147,15 @@ def _mix_file(path: Path, variable: str) -> Mix:
         return Mix((), (f"{where}: cannot read the mix file as JSON ({exc})",))
     sources = data.get("sources") if isinstance(data, dict) else None
     if not isinstance(sources, list) or not sources:
-        return Mix((), (f'{where}: a mix file is {{"sources": [{{"path": "/data/a.jsonl", "weight": 0.7}}, ...]}}; '
-                        "its `sources` list is missing or empty",))  # fmt: skip
+        return Mix((), (f"{where}: {_shape_problem(data)}; a mix file is {_SHAPE}",))
     problems: list[str] = []
     rows = [row if isinstance(row, dict) else {} for row in sources]
     for n, row in enumerate(rows, 1):
         unknown = sorted(set(row) - _FILE_KEYS)
-        if unknown or not str(row.get("path", "")).strip():
-            problems.append(f"{where}: source {n} needs a non-empty `path`" + (
-                f"; unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_FILE_KEYS))})" if unknown else ""))
+        wrong = ([] if str(row.get("path", "")).strip() else ["needs a non-empty `path`"]) + (
+            [f"has unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_FILE_KEYS))})"] if unknown else [])
+        if wrong:
+            problems.append(f"{where}: source {n} {'; '.join(wrong)}")
     if len(rows) > 1 and any("weight" not in row for row in rows) and any("weight" in row for row in rows):
         problems.append(f"{where}: weights given for some sources only; give every source a `weight`")
     names = _unique([str(row.get("name") or name_of(str(row.get("path", "")))) for row in rows])
@@ -166,6 +168,45 @@ def _mix_file(path: Path, variable: str) -> Mix:
         entries.append(MixEntry(name, source, weight, _positive(row, "max_records", int, where, problems),
                                 _positive(row, "max_repeats", float, where, problems)))  # fmt: skip
     return Mix(tuple(entries), tuple(problems))
+
+
+_SHAPE = ('{"sources": [{"path": "/data/a.jsonl", "weight": 0.7}, ...]}, each source with the keys '
+          + ", ".join(sorted(_FILE_KEYS)) + " (path required; weight when there are several)")
+
+
+def _shape_problem(data: Any) -> str:
+    """What is wrong with a mix file's top level (it has no non-empty `sources` list)."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object with a `sources` list"
+    unknown = sorted(set(data) - {"sources"})
+    if "sources" not in data:
+        return "it has no `sources` key" + (f" (it has {', '.join(unknown)}; the one key is `sources`)" if unknown
+                                            else "")  # fmt: skip
+    return "its `sources` is empty" if data["sources"] == [] else "its `sources` is not a list"
+
+
+def duplicate_sources(mix: Mix, parts: list[DataSource]) -> list[str]:
+    """A file reached by two sources of the mix would be trained twice per epoch, each time as its own share:
+    refused, naming both entries (to train a source more, raise its weight)."""
+    seen: dict[Path, MixEntry] = {}
+    problems = []
+    for entry, part in zip(mix.entries, parts, strict=True):
+        for file in part.identity_files():
+            key = Path(file).resolve()
+            first = seen.setdefault(key, entry)
+            if first is not entry:
+                problems.append(f"TRAIN_DATA: {file} is in the mix twice, in {first.name} ({first.source}) and in "
+                                f"{entry.name} ({entry.source}); list each file once (to train it more, raise its "
+                                "weight)")  # fmt: skip
+                break
+    return problems
+
+
+def mix_file(value: str) -> list[Path]:
+    """The mix file TRAIN_DATA names ([] for a plain source or a SOURCE:WEIGHT list): an input of the run, whose
+    content (the weights) provenance records."""
+    value = value.strip()
+    return [Path(value)] if value.endswith(MIX_SUFFIX) and Path(value).is_file() else []
 
 
 def _positive(row: dict[str, Any], key: str, kind: type, where: str, problems: list[str]) -> Any:
@@ -229,7 +270,7 @@ def combined(value: str, mix: Mix, parts: list[DataSource]) -> DataSource:
     layouts and problems (an empty part is a problem: in a mix nothing falls back to the embedded corpus)."""
     from trainer.data.discovery import DataSource
 
-    problems = list(mix.problems)
+    problems = [*mix.problems, *duplicate_sources(mix, parts)]
     for entry, part in zip(mix.entries, parts, strict=True):
         problems += part.problems
         if not part.problems and (part.embedded or not part.identity_files()):

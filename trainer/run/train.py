@@ -331,10 +331,12 @@ def _before_training(cfg: RunConfig, args: Any, model: Any, resume: Resume) -> N
 def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
     """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed."""
     from trainer.data.chat import template_hash
+    from trainer.data.mix import mix_file
     from trainer.provenance import record_run
 
     s, inputs = cfg.settings, cfg.inputs
-    data_files = [*inputs.data.identity_files(), *(inputs.eval_data.identity_files() if s.eval_data else [])]
+    data_files = [*mix_file(s.data), *inputs.data.identity_files(),
+                  *(inputs.eval_data.identity_files() if s.eval_data else [])]  # fmt: skip
     online = None
     if s.method in ONLINE:
         from trainer.config.online import reward_files
