@@ -199,6 +199,29 @@ def test_data_show_json_marks_each_sides_answer_trained(pair_file: Path, tmp_pat
             assert side["labels"][prompt:] == side["input_ids"][prompt:] and len(side["labels"]) > prompt
 
 
+def test_a_text_prompt_with_whole_conversations_trains_the_prompt_once(tmp_path: Path, run_trainer) -> None:
+    """The layout of the most used public preference sets: `prompt` text, and chosen/rejected whole conversations
+    that repeat it as their user turn. The question is in each side once, and no user turn is trained."""
+    from trainer.tokenizer import byte_level_tokenizer
+
+    rows = [{"prompt": f"question{i} here", "chosen": [{"role": "user", "content": f"question{i} here"},
+                                                        {"role": "assistant", "content": f"good{i}"}],
+             "rejected": [{"role": "user", "content": f"question{i} here"}, {"role": "assistant", "content": f"bad{i}"}]}
+            for i in range(4)]  # fmt: skip
+    data = write_jsonl(tmp_path / "public.jsonl", rows)
+    env = {"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_METHOD": "dpo",
+           "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_SEQ_LEN": "256"}  # fmt: skip
+    result = run_trainer(["data", "--show", "4", "--json"], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokenizer = byte_level_tokenizer()
+    for i, pair in enumerate(json.loads(line) for line in result.stdout.splitlines()):
+        for side, answer in (("chosen", f"good{i}"), ("rejected", f"bad{i}")):
+            ids, labels = pair[side]["input_ids"], pair[side]["labels"]
+            assert tokenizer.decode(ids).count(f"question{i}") == 1, tokenizer.decode(ids)
+            trained = tokenizer.decode([t for t, label in zip(ids, labels, strict=True) if label != -100])
+            assert answer in trained and "question" not in trained and "user" not in trained, trained
+
+
 # ---- bad input: exit 2 before torch, naming file:line ----------------------------------------------------------
 
 GOOD = {"prompt": "say hi", "chosen": "hi", "rejected": "HI"}

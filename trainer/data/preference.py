@@ -245,6 +245,7 @@ def _chat_pair(row: dict[str, Any]) -> dict[str, Any]:
     chosen, rejected = _answer(row.get("chosen"), "chosen"), _answer(row.get("rejected"), "rejected")
     if row.get("prompt") is not None:
         prompt = _prompt_messages(row["prompt"])
+        chosen, rejected = _after_prompt(prompt, chosen), _after_prompt(prompt, rejected)
     else:  # implicit: the turns both sides share before their last one
         if chosen[:-1] != rejected[:-1]:
             raise BadPair("chosen and rejected differ before their last turn, so their prompts differ; a pair "
@@ -255,6 +256,13 @@ def _chat_pair(row: dict[str, Any]) -> dict[str, Any]:
     if chosen == rejected:
         raise BadPair("chosen equals rejected: the pair says nothing to learn; remove it or fix one side")
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def _after_prompt(prompt: list[dict[str, Any]], side: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A side without the prompt's turns where it repeats them: the layout of the most used public preference sets
+    (a text `prompt` and whole conversations in chosen/rejected), which would put the question twice in each side
+    and the user turn inside the trained answer."""
+    return side[len(prompt) :] if len(side) > len(prompt) and side[: len(prompt)] == prompt else side
 
 
 def unpaired_from_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -77,12 +77,14 @@ def main(args: argparse.Namespace) -> int:
     from trainer.evaluate.loss import data_settings, eval_source
     from trainer.generate.command import check_arguments, load_for
     from trainer.generate.loading import memory_report, plan_of
+    from trainer.run.output_lock import lock_beside
 
     raise_on_stop_signals()  # SIGTERM as Ctrl-C: nothing is published but a whole evaluation (write_atomically)
     check_arguments(args)
     if not args.data and not args.tasks:
         raise ConfigError("eval: give --data (your eval set), --tasks (lm-eval-harness tasks), or both")
     out = Path(args.output)
+    lock_beside(out, "eval")  # two evals into one DIR: the second exits 2 naming the first (one staging folder)
     _check_out(out)
     pattern = _pattern(args.regex)
     plan = plan_of(args.model, args.adapter, "eval")  # the run's data settings, before any weights are read

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from trainer.data.spec import DataSpec
 
 log = logging.getLogger("trainer")
+EVAL_LAYOUTS = "text, prompt/completion, messages, ShareGPT conversations or conversational prompt/completion"
 
 
 @dataclass
@@ -47,11 +48,20 @@ def data_settings(run_config: dict[str, Any] | None, data: str, overrides: dict[
 def eval_source(settings: TrainSettings) -> DataSource:
     """The scan of --data; a missing or empty one is an error here (training would fall back to its corpus)."""
     from trainer.data.discovery import discover
+    from trainer.data.preference import PREFERENCE_LAYOUTS
 
     source = discover(settings.data, settings.text_field, settings.data_max_bad_lines, "eval")
     problems = [p.replace("TRAIN_DATA", "eval --data", 1) for p in source.problems]
     if problems or source.embedded:
         raise ConfigError(*(problems or [f"eval --data {settings.data}: no data there"]))
+    pairs = [layout for layout in source.layouts if layout in PREFERENCE_LAYOUTS]
+    if pairs:
+        raise ConfigError(
+            f"eval --data {settings.data}: {source.layout_names()} records: eval scores the loss on the trained "
+            f"tokens and the answers of {EVAL_LAYOUTS} records, not preference pairs; give the eval set in one of "
+            "those layouts (e.g. each prompt with its chosen answer as `completion`), or watch the pairs' reward "
+            "accuracy and margins in the preference run's own evaluation (TRAIN_EVAL_DATA)"
+        )
     return source
 
 

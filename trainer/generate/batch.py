@@ -109,6 +109,19 @@ def drop_partial_line(out: Path) -> None:
         fh.truncate(data.rfind(b"\n") + 1)
 
 
+def make_folder_of(out: Path) -> None:
+    """OUT's folder, made when it does not exist yet (before the model loads: a mistake there costs no load time)."""
+    folder = out.parent
+    if folder.is_dir():
+        return
+    try:
+        folder.mkdir(parents=True)
+    except OSError as exc:
+        raise ConfigError(f"generate --output {out}: cannot make its folder {folder} ({exc.strerror}); give a path "
+                          "in a writable folder") from None  # fmt: skip
+    print(f"generate: made the folder {folder} for --output", file=sys.stderr)
+
+
 def done_lines(out: Path, resume: bool) -> int:
     """Complete lines already in OUT (a partial last line, cut by a kill, is removed); 0 for a new file."""
     if not out.exists() or out.stat().st_size == 0:

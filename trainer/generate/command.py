@@ -115,8 +115,11 @@ def main(args: argparse.Namespace) -> int:
     if (args.input is None) != (args.output is None):
         raise ConfigError("--input and --output go together: generate MODEL --input prompts.jsonl --output out.jsonl")
     if args.input:  # the files are checked before loading: a mistake costs no load time
-        from trainer.generate.batch import done_lines, encode_requests, read_requests, run_batch
+        from trainer.generate.batch import done_lines, encode_requests, make_folder_of, read_requests, run_batch
+        from trainer.run.output_lock import lock_beside
 
+        make_folder_of(Path(args.output))
+        lock_beside(Path(args.output), "generate")  # a second generate into the same file would interleave lines
         skip = done_lines(Path(args.output), args.resume)
         requests, bad = read_requests(Path(args.input), args.max_bad_lines)
     loaded, generator = load_for(args, "generate")

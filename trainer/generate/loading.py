@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.checkpoint_record import holds_full_model
+from trainer.checkpoint_record import damage, has_record, holds_full_model
 from trainer.errors import ConfigError
 from trainer.precision import DTYPE_NAMES
 
@@ -103,6 +103,9 @@ def _from_folder(folder: Path, command: str) -> Plan:
     from trainer.export.source import ADAPTER, FULL, resolve_source
 
     source = resolve_source(folder, command=command)
+    problem = damage(source.folder) if has_record(source.folder) else None
+    if problem:  # its record lists every file's size: a truncated copy is named before any weights are read
+        raise ConfigError(f"{command} {folder}: {problem}; copy it again, or use another checkpoint of the run")
     if source.kind == ADAPTER:
         base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
         folders = (source.folder, source.adapter, Path(base))
@@ -205,8 +208,22 @@ def _build(plan: Plan, choice: Choice, tokenizer: Any, device: Any) -> Any:
     how = load_how(plan, choice, device)
     if plan.preset:
         return load(Weights(preset=plan.model, tokenizer=tokenizer), how)
+    _check_headers(Path(plan.model))
     fitted = tokenizer if plan.adapter is not None else None  # an adapter's base is fitted as the run fitted it
     return load(Weights(folder=plan.model, adapter=plan.adapter, tokenizer=fitted), how)
+
+
+def _check_headers(folder: Path) -> None:
+    """Each *.safetensors file's header covers the file (a truncated copy does not): a folder without a record
+    (an export, a Hub snapshot) is checked this way before loading; ConfigError naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise ConfigError(f"{file} is damaged ({str(exc).splitlines()[0][:200]}); copy it again") from None
 
 
 def memory_report(loaded: Loaded) -> str:

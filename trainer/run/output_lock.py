@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ BUSY = {errno.EACCES, errno.EAGAIN}
 class OutputLock:
     """Held by this process from `acquire()` until `release()` or its exit."""
 
-    def __init__(self, output_dir: str | Path) -> None:
-        self.path = Path(output_dir) / LOCK_NAME
+    def __init__(self, output_dir: str | Path, name: str = LOCK_NAME, busy: Callable[..., str] | None = None) -> None:
+        self.path = Path(output_dir) / name
+        self._busy = busy or _busy_message  # the message for a second writer: (lock path, holder, pid_file=...)
         self._fd: int | None = None
         self._pid_file = False
 
@@ -50,7 +52,7 @@ class OutputLock:
             holder = _read_holder(fd)
             os.close(fd)
             if exc.errno in BUSY:
-                raise ConfigError(_busy_message(self.path, holder)) from None
+                raise ConfigError(self._busy(self.path, holder)) from None
             if exc.errno in NO_LOCKS:
                 return self._acquire_pid_file(exc)
             raise
@@ -72,7 +74,7 @@ class OutputLock:
             except FileExistsError:
                 holder = _read_holder_path(pid_path)
                 if not _dead_here(holder):
-                    raise ConfigError(_busy_message(pid_path, holder, pid_file=True)) from None
+                    raise ConfigError(self._busy(pid_path, holder, pid_file=True)) from None
                 log.warning("output lock: taking over %s from %s (that process no longer runs)",
                             pid_path, _describe(holder))  # fmt: skip
                 pid_path.unlink(missing_ok=True)
@@ -100,6 +102,28 @@ def acquire_output_lock(output_dir: str | Path) -> OutputLock:
     lock = OutputLock(output_dir).acquire()
     atexit.register(lock.release)
     log.info("output lock: %s holds %s", _describe(_holder()), lock.path)
+    return lock
+
+
+def lock_beside(target: Path, command: str) -> OutputLock:
+    """One writer at a time of a command's output (`eval --output DIR`, `generate --output FILE`): a lock file
+    beside it, `.NAME.lock`, held until this process ends, then removed; a second writer exits 2 naming the first."""
+
+    def busy(path: Path, holder: dict[str, Any], pid_file: bool = False) -> str:
+        return (f"{command} --output {target}: another {command} is writing it ({_describe(holder)} holds {path}); "
+                "wait for it to finish, or give this one another --output" + (
+                    f" (no file locks here: if that process is gone, delete {path})" if pid_file else ""))  # fmt: skip
+
+    lock = OutputLock(target.parent, f".{target.name}.lock", busy)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock.acquire()
+
+    def release() -> None:
+        with contextlib.suppress(OSError):
+            lock.path.unlink()
+        lock.release()
+
+    atexit.register(release)
     return lock
 
 
