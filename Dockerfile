@@ -27,10 +27,15 @@ ARG FLAVOR="cuda"
 FROM ${BASE_IMAGE} AS base
 ARG FLAVOR
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+# Nothing phones home by default (trainer/__main__.py's NO_TELEMETRY; `docker run -e NAME=...` overrides).
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore \
     PYTHONUNBUFFERED=1 \
-    TRAINKIT_FLAVOR=${FLAVOR}
+    TRAINKIT_FLAVOR=${FLAVOR} \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    MLFLOW_DISABLE_TELEMETRY=true \
+    WANDB_ERROR_REPORTING=false \
+    DO_NOT_TRACK=1
 COPY images/with-ca.sh /usr/local/bin/with-ca.sh
 COPY images/build_ext.py images/downloads.py images/base_constraints.py /opt/trainkit-build/
 # Compilers' helpers the builds need (NGC lacks ccache and libaio headers; the CPU base has them).

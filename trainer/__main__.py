@@ -17,6 +17,19 @@ from trainer.commands import COMMANDS, DEFAULT
 from trainer.errors import EXIT_USER, ConfigError, Interrupted
 from trainer.lifetime import die_with_torchrun
 
+# Nothing phones home unless the user asks: the usage pings of the libraries the image carries are off by default
+# (a value the user set wins). HF_HUB_DISABLE_TELEMETRY covers huggingface_hub, Transformers, datasets and TRL's
+# trainer pings; MLflow 3 has its own; W&B's error reports (Sentry) go out even for an offline run. The Dockerfile
+# sets the same (tests/trainer/test_no_phone_home.py keeps the two equal).
+NO_TELEMETRY = {"HF_HUB_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "WANDB_ERROR_REPORTING": "false",
+                "DO_NOT_TRACK": "1"}  # fmt: skip
+
+
+def no_telemetry() -> None:
+    """NO_TELEMETRY's defaults into this process's environment (and its children's), before any library reads it."""
+    for name, value in NO_TELEMETRY.items():
+        os.environ.setdefault(name, value)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -40,6 +53,7 @@ def quiet_third_party_notices() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code (argparse itself exits 2 on a bad command line)."""
     raw = list(sys.argv[1:] if argv is None else argv)
+    no_telemetry()
     quiet_third_party_notices()
     parser = build_parser()
     args = parser.parse_args(raw or [DEFAULT])
