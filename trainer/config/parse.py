@@ -14,14 +14,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
 from trainer.config.presets import MODEL_PRESETS
-from trainer.config.schema import (
-    ENV_PREFIX,
-    OUTPUT_IN_IMAGE,
-    TrainSettings,
-    default_output_dir,
-    env_name,
-    field_of_env,
-)
+from trainer.config.schema import ENV_PREFIX, TrainSettings, env_name, field_of_env
 from trainer.errors import ConfigError
 from trainer.transformers_names import did_you_mean
 
@@ -67,6 +60,17 @@ def _describe_validation_error(error: ErrorDetails) -> str:
     reason = error["msg"].removeprefix("Value error, ")
     allowed = allowed_values(field_name) if field_name in TrainSettings.model_fields else ""
     return f"{name}={value!r}: {reason[0].lower()}{reason[1:]}" + (f"; allowed values: {allowed}" if allowed else "")
+
+
+OUTPUT_IN_IMAGE = "/output"  # TRAIN_OUTPUT_DIR's default in the image (the mounted output folder)
+
+
+def default_output_dir() -> str:
+    """TRAIN_OUTPUT_DIR when it is not set: /output in the image, else ./output of the current folder (absolute), so
+    that nothing is written under the filesystem root of a user's machine."""
+    from trainer.provenance import inside_image
+
+    return OUTPUT_IN_IMAGE if inside_image() else os.path.abspath("output")
 
 
 def parse_settings(env: Mapping[str, str] | None = None) -> TrainSettings:

@@ -6,7 +6,6 @@ are all derived from `TrainSettings`. This module must stay importable without t
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 from typing import Any, Literal
 
@@ -47,17 +46,6 @@ class OnResume(str, Enum):
 FIXED, DATA, FREE, NOT_RECORDED = OnResume.FIXED, OnResume.DATA, OnResume.FREE, OnResume.NOT_RECORDED
 
 
-OUTPUT_IN_IMAGE = "/output"  # TRAIN_OUTPUT_DIR's default in the image (the mounted output folder)
-
-
-def default_output_dir() -> str:
-    """TRAIN_OUTPUT_DIR when it is not set: /output in the image, else ./output of the current folder (absolute), so
-    that nothing is written under the filesystem root of a user's machine."""
-    from trainer.provenance import inside_image
-
-    return OUTPUT_IN_IMAGE if inside_image() else os.path.abspath("output")
-
-
 def _f(default: Any, group: str, doc: str, *, on_resume: OnResume, **kw: Any) -> Any:
     """A field with its documentation group (`doc` feeds the README and .env.example) and its resume rule."""
     return Field(default, description=doc, json_schema_extra={"group": group, "on_resume": on_resume.value}, **kw)
@@ -66,10 +54,9 @@ def _f(default: Any, group: str, doc: str, *, on_resume: OnResume, **kw: Any) ->
 class TrainSettings(BaseSettings):
     """Every TRAIN_* variable. Field name `foo_bar` is environment variable `TRAIN_FOO_BAR`."""
 
-    model_config = SettingsConfigDict(
+    model_config = SettingsConfigDict(  # allow_inf_nan: TRAIN_ROPE_FACTOR=inf or TRAIN_LR=nan exit 2 at the check
         env_prefix=ENV_PREFIX, extra="ignore", case_sensitive=False, validate_default=True, frozen=True,
-        allow_inf_nan=False,  # TRAIN_ROPE_FACTOR=inf or TRAIN_LR=nan: exit 2 at the check, not a diverged run
-    )  # fmt: skip
+        allow_inf_nan=False)  # fmt: skip
 
     # paths and data
     model: str = _f(
@@ -95,12 +82,8 @@ class TrainSettings(BaseSettings):
         "trained tokens), or a NAME.mix.json file (docs/running.md, 'Mixing sources').",
         on_resume=DATA,
     )
-    output_dir: str = _f(
-        OUTPUT_IN_IMAGE, "paths",
-        "Where checkpoints, the final model, metrics and logs go. Unset outside the image: ./output of the folder "
-        "`python -m trainer` starts in (the log says where).",
-        on_resume=NOT_RECORDED,
-    )  # fmt: skip
+    output_dir: str = _f("/output", "paths", "Where checkpoints, the final model, metrics and logs go (unset outside "
+                         "the image: ./output of the current folder).", on_resume=NOT_RECORDED)  # fmt: skip
     text_field: str = _f("text", "paths", "Field holding the text in .jsonl/.json/.parquet/.csv data.", on_resume=DATA)
     seq_len: int = _f(512, "paths", "Tokens per packed training sequence.", ge=8, on_resume=DATA)
     rope_scaling: Literal["none", "linear", "dynamic", "yarn", "llama3"] = _f(

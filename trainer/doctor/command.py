@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from trainer.config.schema import default_output_dir
+from trainer.config.parse import default_output_dir
 from trainer.data.discovery import DEFAULT_DATA, discover
 from trainer.doctor.probes import (
     FAIL,

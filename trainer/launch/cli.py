@@ -66,7 +66,7 @@ def push_failed_code(code: int, plan: LaunchPlan) -> int:
     """A multi-process run whose rank 0 finished but could not push (trainer.hub.push.push_after_run) exits 3."""
     from pathlib import Path
 
-    from trainer.config.schema import default_output_dir
+    from trainer.config.parse import default_output_dir
     from trainer.errors import EXIT_PUSH_FAILED
     from trainer.hub.push import PUSH_FAILED_MARKER
 
