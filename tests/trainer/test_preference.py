@@ -204,9 +204,10 @@ def test_a_text_prompt_with_whole_conversations_trains_the_prompt_once(tmp_path:
     that repeat it as their user turn. The question is in each side once, and no user turn is trained."""
     from trainer.tokenizer import byte_level_tokenizer
 
-    rows = [{"prompt": f"question{i} here", "chosen": [{"role": "user", "content": f"question{i} here"},
-                                                        {"role": "assistant", "content": f"good{i}"}],
-             "rejected": [{"role": "user", "content": f"question{i} here"}, {"role": "assistant", "content": f"bad{i}"}]}
+    def side(i: int, answer: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"question{i} here"}, {"role": "assistant", "content": answer}]
+
+    rows = [{"prompt": f"question{i} here", "chosen": side(i, f"good{i}"), "rejected": side(i, f"bad{i}")}
             for i in range(4)]  # fmt: skip
     data = write_jsonl(tmp_path / "public.jsonl", rows)
     env = {"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_METHOD": "dpo",
