@@ -17,7 +17,8 @@ The first command, in this order (`--only a,b` picks parts of either):
   whole       D: C's batch with the whole model compiled (TRAIN_COMPILE_SCOPE=model)
   bf16_act    E: bf16 activations at C's batch (not built yet: reported as such)
   profile     F: TRAIN_PROFILE=1 on the fastest of A-D: GEMM, attention, elementwise, optimizer, idle ms per step
-The second command: gputests (tests/gpu), vocab (the 128k-vocabulary rows), fp8, chat (records vs stream packing),
+The second command: gputests (tests/gpu), vocab (A at the 128k vocabulary: the 1b-128k preset), fp8, chat (records
+vs stream packing),
 techniques (the 125m technique table relative to fp32).
 Each trainer run is a `python -m trainer.launch train` subprocess with its own output folder (trainer.bench.runner);
 medians over the steps after the warm-up, no checkpoint written while measuring. Each part appends one JSON line
@@ -60,6 +61,7 @@ FIRST = ("imports", "gemm", "defaults", "static", "capped", "whole", "bf16_act",
 SECOND = ("gputests", "vocab", "fp8", "chat", "techniques")
 PARTS = FIRST + SECOND
 LLAMA_32_VOCAB = 128_256
+VOCAB_PRESET = "1b-128k"  # trainer/config/presets.py: 1b with Llama-3.2-1B's vocabulary
 TECHNIQUES = ("fp32", "bf16", "tf32", "adamw_torch_fused", "adamw_bnb_8bit", "grad_accum", "grad_ckpt", "compile",
               "eager", "flash_attention_2", "zero2_offload", "lora", "qlora")  # fmt: skip
 
@@ -187,8 +189,9 @@ class Driver:
             self.emit("gputests", "tests/gpu", status="timeout", wall_s=540)
 
     def vocab(self) -> None:
-        self.emit("vocab", f"1b at {LLAMA_32_VOCAB} rows", status="skipped",
-                  reason="not built: no setting carries Llama-3.2-1B's vocabulary yet (issue 49 item 4)")  # fmt: skip
+        """A at Llama-3.2-1B's vocabulary: the 1b-128k preset (1b's shape with 128,256 embedding rows)."""
+        env = {**self.long_run_env()[0], "TRAIN_MODEL": VOCAB_PRESET}
+        self.row("vocab", f"A at {LLAMA_32_VOCAB} rows ({VOCAB_PRESET})", env, "the defaults, the real vocabulary")
 
     def fp8(self) -> None:
         self.emit(

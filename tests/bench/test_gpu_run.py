@@ -24,6 +24,16 @@ def test_both_commands_parse_to_their_parts_in_order() -> None:
     assert FIRST[:3] == ("imports", "gemm", "defaults") and FIRST[-1] == "profile"
 
 
+def test_the_128k_preset_is_1b_at_llama_3_2s_vocabulary() -> None:
+    from trainer.model.build import preset_config
+    from trainer.tokenizer import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    real, small = preset_config("1b-128k", len(tok), 2048, tok), preset_config("1b", len(tok), 2048, tok)
+    assert real.vocab_size == 128_256 and small.vocab_size == 320
+    assert real.to_dict() | {"vocab_size": 320} == small.to_dict()  # the same model otherwise
+
+
 @pytest.mark.slow
 def test_the_whole_dry_run(tmp_path: Path) -> None:
     """Every part of both commands, once, as the GPU machine runs them (caches under tmp_path, not the user's)."""
@@ -51,7 +61,8 @@ def test_the_whole_dry_run(tmp_path: Path) -> None:
     (b,), (c,), (d,) = by_part["static"], by_part["capped"], by_part["whole"]
     assert (b["status"], b["batch_size"], c["status"], c["batch_size"]) == ("checked", 8, "checked", 6), (b, c)
     assert d["status"] == "checked" and d["compile"] is True and d["env"]["TRAIN_COMPILE_SCOPE"] == "model", d
-    assert status["E bf16 activations"] == status["TRAIN_PRECISION=fp8"] == status["1b at 128256 rows"] == "skipped"
+    assert status["E bf16 activations"] == status["TRAIN_PRECISION=fp8"] == "skipped"
+    assert status["A at 128256 rows (1b-128k)"] == "checked", by_part["vocab"]
     (f,) = by_part["profile"]
     assert f["status"] == "ok" and f["env"]["TRAIN_PROFILE"] == "1", f
     kinds = f["ms_per_step"]

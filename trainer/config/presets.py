@@ -14,6 +14,7 @@ class Preset:
     heads: int
     kv_heads: int
     intermediate: int
+    vocab: int = 0  # embedding rows it carries at the least (0: the tokenizer's, rounded up to a multiple of 64)
 
 
 # Llama shapes. Parameter counts in the names assume a ~32k vocabulary; the byte-level tokenizer
@@ -23,6 +24,9 @@ PRESETS: dict[str, Preset] = {
     "125m": Preset(hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048),
     "350m": Preset(hidden=1024, layers=24, heads=16, kv_heads=16, intermediate=2816),
     "1b": Preset(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192),
+    # 1b with Llama-3.2-1B's 128,256-row vocabulary, where the LM head and the loss weigh as in the real model
+    # (the byte-level tokenizer uses its first rows): what 1b figures at the real vocabulary are measured with.
+    "1b-128k": Preset(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128_256),
 }
 MODEL_PRESETS = tuple(PRESETS)
 PRESET_MAX_POSITIONS = 2048  # every preset's max_position_embeddings; longer sequences need TRAIN_ROPE_SCALING

@@ -17,12 +17,13 @@ if TYPE_CHECKING:
 
 
 def preset_config(name: str, vocab_size: int, seq_len: int, tokenizer: Any) -> LlamaConfig:
-    """A LlamaConfig for preset `name`; the vocabulary is rounded up to a multiple of 64 for fast matmuls."""
+    """A LlamaConfig for preset `name`; the vocabulary (the preset's own where it carries a larger one) is rounded up
+    to a multiple of 64 for fast matmuls."""
     from transformers import LlamaConfig
 
     p = PRESETS[name]
     return LlamaConfig(
-        vocab_size=(vocab_size + 63) // 64 * 64,
+        vocab_size=(max(vocab_size, p.vocab) + 63) // 64 * 64,
         hidden_size=p.hidden,
         intermediate_size=p.intermediate,
         num_hidden_layers=p.layers,
