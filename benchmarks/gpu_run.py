@@ -258,13 +258,14 @@ class Driver:
     def train(self, part: str, name: str, env: dict[str, str], warmup: int, steps: int, note: str = "",
               kinds_of: float | None = None) -> None:  # fmt: skip
         from trainer.bench.runner import OK, RunPlan, row_dir, run_row
+        from trainer.config import run_record
 
         plan = RunPlan(warmup=warmup, steps=steps, timeout_s=self.sizes.timeout_s, work_dir=self.work)
         slug = re.sub(r"\W+", "_", name).strip("_")
         outcome = run_row(slug, env, plan)
         folder = row_dir(plan, slug)
-        config = read_json(folder / "run_config.json")
-        decisions, startup = config.get("decisions", {}), config.get("startup") or {}
+        run = run_record.read(folder)  # None when the row's run wrote no record
+        startup = run.startup.to_dict() if run and run.startup else {}
         values: dict[str, Any] = {"status": outcome.status, "wall_s": round(outcome.wall_s, 1)}
         if outcome.status != OK:
             values["reason"] = outcome.reason
@@ -274,11 +275,10 @@ class Driver:
                           step_time_s=m.step_time_s, measured_steps=m.measured_steps)  # fmt: skip
             if part in ("defaults", "static", "capped", "whole"):
                 self.measured[name.split()[0]] = (m.tokens_per_s, env, m.step_time_s)
-        for key in ("batch_size", "grad_accum", "compile", "precision", "attn", "optim", "packing"):
-            if key in decisions:
-                values[key] = decisions[key].get("value")
-        if "batch_size" in decisions:
-            values["batch_reason"] = decisions["batch_size"].get("reason")
+        if run is not None:
+            for key in ("batch_size", "grad_accum", "compile", "precision", "attn", "optim", "packing"):
+                values[key] = getattr(run.decisions, key).value
+            values["batch_reason"] = run.decisions.batch_size.reason
             self.batch = self.batch or (int(values["batch_size"]) if part == "defaults" else 0)
         if part == "profile":
             summary = read_json(folder / "summary-rank0.json")

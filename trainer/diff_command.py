@@ -1,9 +1,10 @@
 """`python -m trainer diff RUN_A RUN_B`: what differs between two runs, side by side.
 
 Compares each folder's provenance.json (image, library versions, GPU, data fingerprints, Hub revisions, chat
-template, seed: trainer.provenance) and the settings and decisions of its run_config.json; the question after "the
-new image trains worse". Prints a table of the differences and one summary line naming them; exit 0. A folder
-without provenance.json was made by an older trainkit: exit 2, naming the file.
+template, seed: trainer.provenance) and the settings and decisions of its run_config.json (trainer.config.run_record);
+the question after "the new image trains worse". Prints a table of the differences and one summary line naming them;
+exit 0. A folder without provenance.json was made by an older trainkit, and a run_config.json that is missing or
+cannot be read leaves nothing to compare: exit 2, naming the file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.config import run_record
 from trainer.errors import EXIT_OK
 from trainer.provenance import require
 
@@ -41,16 +43,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def facts(folder: Path) -> dict[str, Any]:
-    """One run's comparable facts, flattened to dotted keys; ConfigError when it has no provenance."""
+    """One run's comparable facts, flattened to dotted keys; ConfigError when it has no provenance or no readable
+    record."""
     provenance = require(folder, "run it again with this version to compare it")
+    run = run_record.require(folder, "diff")
     flat = flatten({"provenance": provenance})
-    try:
-        run_config = json.loads((folder / "run_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        run_config = {}
-    for section in ("settings", "decisions"):
-        for name, entry in (run_config.get(section) or {}).items():
-            flat[f"{section}.{name}"] = entry.get("value") if isinstance(entry, dict) else entry
+    flat.update({f"settings.{name}": value for name, value in run.setting_values().items()})
+    flat.update({f"decisions.{name}": value for name, value in run.decision_values().items()})
     return {key: value for key, value in flat.items() if key not in IGNORED and not key.endswith(UNCOMPARED)}
 
 

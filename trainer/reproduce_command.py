@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.config import run_record
+from trainer.config.run_record import RunRecord
 from trainer.diff_command import differences, facts
 from trainer.errors import EXIT_CRASH, EXIT_DIFFERS, EXIT_OK, EXIT_SIGTERM, ConfigError
 from trainer.provenance import file_sha256, require
@@ -81,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"warning: {line} (--allow-changed-data)", flush=True)
     staging = out.parent / f".tmp-reproduce-{out.name}"
     shutil.rmtree(staging, ignore_errors=True)
-    code, interrupted, stopped = train_again(run_environment(recorded["run_config"], staging), staging, steps,
+    code, interrupted, stopped = train_again(run_environment(recorded["run"], staging), staging, steps,
                                              max(losses))  # fmt: skip
     if interrupted:
         print(f"reproduce stopped: {staging} is unfinished and {out} was not written", file=sys.stderr)
@@ -99,13 +101,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def recorded_run(folder: Path) -> dict[str, Any]:
-    """The run's provenance and run_config; ConfigError naming what is missing."""
+    """The run's provenance and its record (trainer.config.run_record); ConfigError naming what is missing."""
     provenance = require(folder, "it cannot be reproduced exactly, run it again with this version")
-    try:
-        run_config = json.loads((folder / "run_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{folder / 'run_config.json'} cannot be read ({exc}): the run's settings are lost") from None
-    return {"provenance": provenance, "run_config": run_config}
+    return {"provenance": provenance, "run": run_record.require(folder, "reproduce")}
 
 
 def recorded_losses(folder: Path) -> dict[int, float | None]:
@@ -171,15 +169,14 @@ def describe_gpus(gpus: list[str]) -> str:
 
 def deterministic(recorded: dict[str, Any]) -> bool:
     """The CPU, or TRAIN_DETERMINISTIC=1: the loss of every step must be identical."""
-    settings = recorded["run_config"].get("settings") or {}
-    flag = (settings.get("TRAIN_DETERMINISTIC") or {}).get("value")
+    flag = recorded["run"].settings.deterministic
     return not (recorded["provenance"].get("accelerator") or {}).get("gpus") or flag is True
 
 
-def run_environment(run_config: dict[str, Any], staging: Path) -> dict[str, str]:
+def run_environment(run: RunRecord, staging: Path) -> dict[str, str]:
     """This process's environment without its TRAIN_*, plus the TRAIN_* the run was started with, writing into
     `staging`. A value the record masked (a secret inside TRAIN_ARGS) is taken from this environment."""
-    given = {k: v for k, v in (run_config.get("environment") or {}).items() if k.startswith("TRAIN_")}
+    given = run.started_with()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
     for name, value in given.items():
         if MASK in str(value):

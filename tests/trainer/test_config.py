@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from trainer import compat, config, transformers_names
-from trainer.config import docs
+from trainer.config import docs, run_record
 from trainer.config.deepspeed import AIO_DEFAULTS
 from trainer.config.schema import TrainSettings, env_name
 from trainer.errors import ConfigError
@@ -544,17 +544,19 @@ def test_run_config_file_masks_secrets(tmp_path: Path) -> None:
         "HF_HOME": "/cache/hf",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    written = config.RunConfig.write_run_config(cfg, tmp_path)
+    record = run_record.started(cfg, environ)
+    assert record.environment["HF_TOKEN"] == SECRET  # the secret was there to be leaked
+    written = run_record.write(tmp_path, record)
     assert written == tmp_path / "run_config.json"
     text = written.read_text()
     assert SECRET not in text
     data = json.loads(text)
     assert data["settings"]["TRAIN_ARGS"]["value"] == "--hub_token=*** --weight_decay 0.1 --hub-token ***"
     assert set(data) >= {"settings", "decisions", "hardware", "training_arguments", "deepspeed", "environment"}
-    masked = cfg.to_dict(masked=True, environ=environ)["environment"]
+    masked = data["environment"]
     assert masked["HF_TOKEN"] == "***" and masked["HF_HOME"] == "/cache/hf" and "AWS_SECRET_ACCESS_KEY" not in masked
     assert masked["TOKENIZERS_PARALLELISM"] == "false"  # a TOKEN-named switch that is no secret
-    assert cfg.to_dict(masked=False, environ=environ)["environment"]["HF_TOKEN"] == SECRET
+    assert SECRET not in json.dumps(run_record.read(tmp_path).to_dict())
 
 
 def test_alloc_conf_default_and_user_value() -> None:

@@ -90,7 +90,7 @@ def test_bad_rope_settings_exit_2_before_torch(
 
 def _scaling_of_base_exported_with(run_dir: Path, base: Path) -> str:
     """The RoPE type of an unscaled base as export loads it to merge an adapter of the run in `run_dir`."""
+    from trainer.config import run_record
     from trainer.export.merge import load_base
 
-    run_config = json.loads((run_dir / "run_config.json").read_text())
-    return load_base(str(base), "float32", run_config).model.rotary_emb.rope_type
+    return load_base(str(base), "float32", run_record.read(run_dir)).model.rotary_emb.rope_type

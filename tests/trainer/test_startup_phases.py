@@ -8,17 +8,39 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from trainer.config import run_record
 from trainer.run.startup import STEPS_AFTER_FIRST, StartupCallback, StartupClock
 
 PHASES = ["imports_and_config", "libraries", "data", "model", "trainer_setup", "first_step"]
 
 
-def test_a_cpu_run_logs_and_records_its_start_up_phases(run_trainer, trainer_env, text_file) -> None:
+# Python's audit hook, loaded by the trainer process (sitecustomize): each publication of run_config.json (its
+# writer renames a whole temporary file onto it) is one line of the log.
+COUNT_RECORD_WRITES = """
+import sys
+
+def _count(event, args):
+    if event == "os.rename" and str(args[1]).endswith("/run_config.json"):
+        with open({log!r}, "a") as f:
+            f.write(str(args[1]) + "\\n")
+
+sys.addaudithook(_count)
+"""
+
+
+def test_a_cpu_run_logs_and_records_its_start_up_phases(run_trainer, trainer_env, text_file, tmp_path) -> None:
+    hook, writes = tmp_path / "hook", tmp_path / "record-writes.log"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(COUNT_RECORD_WRITES.format(log=str(writes)))
     env = {**trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2",
-           "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "100"}  # fmt: skip
+           "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "100", "PYTHONPATH": str(hook)}  # fmt: skip
     result = run_trainer([], env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    startup = json.loads((Path(env["TRAIN_OUTPUT_DIR"]) / "run_config.json").read_text())["startup"]
+    out = Path(env["TRAIN_OUTPUT_DIR"])
+    assert writes.read_text().splitlines() == [str(out / "run_config.json")] * 2  # at its start, and what it learned
+    record = run_record.read(out)
+    assert record.training_data.sequences > 0 and record.data_spec.seq_len == 32 and record.startup is not None
+    startup = json.loads((out / "run_config.json").read_text())["startup"]
     assert list(startup["phases_s"]) == PHASES
     assert all(seconds >= 0 for seconds in startup["phases_s"].values())
     assert abs(sum(startup["phases_s"].values()) - startup["to_first_step_s"]) < 0.01
@@ -29,29 +51,28 @@ def test_a_cpu_run_logs_and_records_its_start_up_phases(run_trainer, trainer_env
     assert len(lines) == 1 and "from process start to the end of the first step (imports and config" in lines[0]
 
 
-class _Config:
-    """What the callback records into: a RunConfig's startup field and its writer."""
-
-    def __init__(self, output_dir: Path) -> None:
-        self.settings = SimpleNamespace(output_dir=str(output_dir))
-        self.startup: dict = {}
-        self.written = 0
-
-    def write_run_config(self, folder: Path) -> None:
-        self.written += 1
-
-
-def test_the_compile_time_is_the_first_step_minus_a_normal_step(tmp_path: Path) -> None:
+def test_the_compile_time_is_the_first_step_minus_a_normal_step() -> None:
     clock = StartupClock(started=time.time())
-    cfg = _Config(tmp_path)
-    callback = StartupCallback(clock, cfg, compiled=True)
+    reported: list = []
+    callback = StartupCallback(clock, reported.append, compiled=True)
     args = SimpleNamespace(should_save=True)
     callback.on_train_begin(args, None, None)
     for step in range(1 + STEPS_AFTER_FIRST):
         callback.on_step_begin(args, None, None)
         time.sleep(0.6 if step == 0 else 0.05)  # the first step compiles
         callback.on_step_end(args, None, None)
-    assert cfg.written == 1 and cfg.startup["phases_s"]["first_step"] >= 0.6
-    assert 0.45 < cfg.startup["compile_s"] < 0.7  # 0.6 s first step less a 0.05 s normal step
+    assert len(reported) == 1 and reported[0].phases_s["first_step"] >= 0.6
+    assert 0.45 < reported[0].compile_s < 0.7  # 0.6 s first step less a 0.05 s normal step
     callback.on_step_end(args, None, None)
-    assert cfg.written == 1  # once per run
+    callback.on_train_end(args, None, None)
+    assert len(reported) == 1  # once per run
+
+
+def test_a_run_that_trains_no_step_reports_once_without_phases() -> None:
+    reported: list = []
+    callback = StartupCallback(StartupClock(started=time.time()), reported.append, compiled=False)
+    args = SimpleNamespace(should_save=True)
+    callback.on_train_begin(args, None, None)
+    callback.on_train_end(args, None, None)
+    callback.on_train_end(args, None, None)
+    assert reported == [None]

@@ -102,6 +102,8 @@ def row_dir(plan: RunPlan, name: str) -> Path:
 
 def run_row(name: str, env: Mapping[str, str], plan: RunPlan, on_step: StepCallback | None = None) -> RowOutcome:
     """Train `plan.max_steps` steps with `env` over the current environment; logs land in work_dir/rows/<name>."""
+    from trainer.config import run_record
+
     log_dir = row_dir(plan, name)
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
@@ -114,7 +116,7 @@ def run_row(name: str, env: Mapping[str, str], plan: RunPlan, on_step: StepCallb
         started = time.monotonic()
         returncode, timed_out = _run_trainer(child_env, log_dir, output_dir / "metrics.jsonl", plan, on_step)
         wall_s = time.monotonic() - started
-        for kept in ("metrics.jsonl", "run_config.json", "profile/summary-rank0.json"):  # what it decided, measured
+        for kept in ("metrics.jsonl", run_record.FILE, "profile/summary-rank0.json"):  # what it decided, measured
             if (output_dir / kept).exists():
                 shutil.copyfile(output_dir / kept, log_dir / Path(kept).name)
         stderr = (log_dir / "stderr.log").read_text(errors="replace")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -205,7 +204,7 @@ class Bench:
     def run_defaults(self, spec: RowSpec) -> RowResult:
         """The baseline with the technique variables left at auto; the note says what the trainer chose."""
         row = self.measure(spec, self.defaults_env(), on_top_of=BASELINE)
-        chosen = chosen_values(row_dir(self.plan, spec.name) / "run_config.json", spec.env)
+        chosen = chosen_values(row_dir(self.plan, spec.name), spec.env)
         if chosen:
             row.note = "auto chose " + ", ".join(f"{k}={v}" for k, v in chosen.items()) + (
                 f"; {row.note}" if row.note else "")
@@ -253,14 +252,15 @@ def grad_accum_env(batch_size: int) -> dict[str, str]:
     return {"TRAIN_BATCH_SIZE": str(batch_size // accum), "TRAIN_GRAD_ACCUM": str(accum)}
 
 
-def chosen_values(run_config: Path, env: Mapping[str, str]) -> dict[str, str]:
-    """What the trainer decided for each TRAIN_* in `env`, read from a row's run_config.json ({} if absent)."""
-    try:
-        decisions = json.loads(run_config.read_text())["decisions"]
-    except (OSError, ValueError, KeyError):
-        return {}
+def chosen_values(row: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """What the trainer decided for each TRAIN_* in `env`, read from the run record kept in a row's folder ({} when
+    the row's run wrote none)."""
+    from trainer.config import run_record
+
+    run = run_record.read(row)
+    decisions = run.decision_values() if run else {}
     names = (key.removeprefix("TRAIN_").lower() for key in env)
-    return {name: str(decisions[name]["value"]) for name in names if name in decisions}
+    return {name: str(decisions[name]) for name in names if name in decisions}
 
 
 def changes(env: dict[str, str]) -> dict[str, str]:

@@ -17,11 +17,10 @@ from trainer.config.decisions import Decision, Decisions
 from trainer.config.inputs import Inputs
 from trainer.config.parse import load_inputs, load_settings, parse_settings, train_variables
 from trainer.config.resolve import apply_process_defaults, resolve
-from trainer.config.run_config import RunConfig, write_run_config
+from trainer.config.run_config import RunConfig
 from trainer.config.training_arguments import build_training_arguments
 
 __all__ = [
     "Decision", "Decisions", "Inputs", "RunConfig", "apply_process_defaults", "build_training_arguments",
     "load_inputs", "load_settings", "parse_settings", "resolve", "static_problems", "train_variables",
-    "write_run_config",
 ]  # fmt: skip

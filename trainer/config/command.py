@@ -22,13 +22,15 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from trainer import config
+    from trainer.config import run_record
 
     cfg = config.resolve(config.load_inputs())
     config.build_training_arguments(cfg)  # Transformers' own validation: what it refuses is exit 2 here too
+    record = run_record.started(cfg).to_dict()  # what the run would record in run_config.json, secrets masked
     if args.json:
-        print(json.dumps(cfg.to_dict(masked=True), indent=2))
+        print(json.dumps(record, indent=2))
     else:
-        print_config(cfg.to_dict(masked=True))
+        print_config(record)
     return EXIT_OK
 
 

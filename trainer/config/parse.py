@@ -41,7 +41,7 @@ def train_variables(env: Mapping[str, str]) -> dict[str, str]:
     return {k.upper(): v for k, v in env.items() if k.upper().startswith(ENV_PREFIX) and v != ""}
 
 
-def _unknown_names(variables: Mapping[str, str]) -> list[str]:
+def _unknown_names(variables: Mapping[str, Any]) -> list[str]:
     known = [env_name(f) for f in TrainSettings.model_fields]
     return [
         f"unknown variable {name}{did_you_mean(name, known)}; every TRAIN_* variable is listed in "
@@ -76,9 +76,22 @@ def default_output_dir() -> str:
 def parse_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
     """TRAIN_* -> TrainSettings; every unknown name and bad value becomes one line of a ConfigError."""
     variables = train_variables(os.environ if env is None else env)
-    problems = _unknown_names(variables)
-    values: dict[str, Any] = {field: v for k, v in variables.items() if (field := field_of_env(k))}  # validated below
+    values = _by_field(variables)
     values.setdefault("output_dir", default_output_dir())
+    return _validated(values, _unknown_names(variables))
+
+
+def settings_from_values(values: Mapping[str, Any]) -> TrainSettings:
+    """TrainSettings from values by TRAIN_* name, as a record keeps them (JSON values, not environment strings):
+    the same validation and the same error lines as `parse_settings`."""
+    return _validated(_by_field(values), _unknown_names(values))
+
+
+def _by_field(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {field: value for name, value in values.items() if (field := field_of_env(name))}
+
+
+def _validated(values: dict[str, Any], problems: list[str]) -> TrainSettings:
     try:
         settings = _MappingSettings(**values)
     except ValidationError as exc:

@@ -16,7 +16,7 @@ its settings, its files) is trainer.checkpoint_record's to read; this module dec
   settings that steer the resume itself (NOT_RECORDED) are neither recorded nor compared.
 - A used folder and TRAIN_RESUME=never: the earlier run's checkpoints would mix with the new ones (rotation, auto
   resume): a ConfigError unless TRAIN_START_OVER=1, and then the run moves them to `previous-runs/<time>/`
-  (`set_aside_earlier_run`). Each start's run_config.json is kept in run_configs/ (`archive_run_config`).
+  (`set_aside_earlier_run`).
 
 Torch-free: stage 1 of the configuration (trainer.config.checks) and the Hub resolution ask it before anything heavy
 is loaded. The run (train.py) and the checks ask it.
@@ -40,8 +40,6 @@ from trainer.errors import ConfigError
 from trainer.secrets import mask_secrets
 
 PREVIOUS_RUNS = "previous-runs"
-RUN_CONFIG = "run_config.json"
-RUN_CONFIGS = "run_configs"
 
 log = logging.getLogger("trainer")
 
@@ -225,18 +223,3 @@ def set_aside_earlier_run(output_dir: Path) -> None:
             os.rename(path, aside / path.name)
     log.warning("TRAIN_START_OVER: the earlier run (%s, metrics.jsonl) moved to %s; starting over",
                 ", ".join(p.name for p in earlier), aside)  # fmt: skip
-
-
-def archive_run_config(output_dir: Path) -> None:
-    """Keep the previous start's run_config.json as run_configs/run_config-<time>.json before a new one is written."""
-    current = output_dir / RUN_CONFIG
-    if not current.is_file():
-        return
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(current.stat().st_mtime))
-    target = output_dir / RUN_CONFIGS / f"run_config-{stamp}.json"
-    target.parent.mkdir(exist_ok=True)
-    n = 1
-    while target.exists():
-        n += 1
-        target = target.with_name(f"run_config-{stamp}-{n}.json")
-    os.rename(current, target)

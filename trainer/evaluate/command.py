@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.errors import EXIT_OK, ConfigError
 
 if TYPE_CHECKING:
-    from trainer.config.schema import TrainSettings
+    from trainer.data.spec import DataSpec
 
 RESULTS = "eval_results.json"
 RECORDS = "records.jsonl"
@@ -74,7 +74,7 @@ def _pattern(text: str | None) -> re.Pattern[str] | None:
 
 def main(args: argparse.Namespace) -> int:
     from trainer.errors import raise_on_stop_signals
-    from trainer.evaluate.loss import data_settings, eval_source
+    from trainer.evaluate.loss import eval_source, eval_spec
     from trainer.generate.command import check_arguments, load_for
     from trainer.generate.loading import memory_report, plan_of
     from trainer.run.output_lock import lock_beside
@@ -87,12 +87,12 @@ def main(args: argparse.Namespace) -> int:
     lock_beside(out, "eval")  # two evals into one DIR: the second exits 2 naming the first (one staging folder)
     _check_out(out)
     pattern = _pattern(args.regex)
-    plan = plan_of(args.model, args.adapter, "eval")  # the run's data settings, before any weights are read
+    plan = plan_of(args.model, args.adapter, "eval")  # the run's record, before any weights are read
     tasks = _tasks(args)  # an unknown task, or one not fetched, exits here too
     if args.data:
         overrides = {"TRAIN_SEQ_LEN": str(args.seq_len)} if args.seq_len else {}
-        settings = data_settings(plan.run_config, args.data, overrides)
-        source = eval_source(settings)
+        spec = eval_spec(plan.run, overrides)  # the DataSpec the run recorded
+        source = eval_source(args.data, spec)
     loaded, generator = load_for(args, "eval")
     results: dict[str, Any] = {"model": plan.described}
     records: list[dict[str, Any]] = []
@@ -101,12 +101,12 @@ def main(args: argparse.Namespace) -> int:
 
         results["tasks"] = run_tasks(loaded, tasks, args.limit, args.num_fewshot, args.batch_size)
     if args.data:
-        records, without = ([], 0) if args.no_generate else _generate(generator, source, settings, pattern,
+        records, without = ([], 0) if args.no_generate else _generate(generator, source, spec, pattern,
                                                                       args.batch_size)  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="trainkit-eval-cache-") as cache:
             from trainer.evaluate.loss import loss_on, packed
 
-            dataset = packed(settings, source, loaded.tokenizer, Path(cache))
+            dataset = packed(spec, source, loaded.tokenizer, Path(cache))
             loss = loss_on(loaded.model, dataset, args.batch_size, loaded.device)
         results.update(_summary(args, generator, loss, records, without, pattern is not None))
     results["time"] = time.time()
@@ -118,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _generate(generator: Any, source: Any, settings: TrainSettings, pattern: Any, batch_size: int
+def _generate(generator: Any, source: Any, spec: DataSpec, pattern: Any, batch_size: int
               ) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -126,7 +126,7 @@ def _generate(generator: Any, source: Any, settings: TrainSettings, pattern: Any
     from trainer.answers.references import references
     from trainer.evaluate.metrics import scores
 
-    found, without = references(source, settings.text_field, settings.loss_on)
+    found, without = references(source, spec.text_field, spec.loss_on)
     for reference in found:
         try:
             generator.encode(reference.prompt)

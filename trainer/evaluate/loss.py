@@ -1,6 +1,6 @@
 """Loss and perplexity on the trained tokens of an eval set, computed as training computes them: the data layer
-tokenizes, packs and masks it (trainer.data: the same cache, labels -100 where no loss is taken) with the data
-settings of the run the model came from (sequence length, packing, TRAIN_LOSS_ON...), and the model sees each
+tokenizes, packs and masks it (trainer.data: the same cache, labels -100 where no loss is taken) with the DataSpec
+the run the model came from recorded (sequence length, packing, TRAIN_LOSS_ON...), and the model sees each
 packed sequence as the training run's evaluation did (records kept apart: trainer.model.packed_attention)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.config.schema import TrainSettings
+    from trainer.config.run_record import RunRecord
     from trainer.data.discovery import DataSource
     from trainer.data.spec import DataSpec
 
@@ -29,35 +29,36 @@ class Loss:
     sequences: int
 
 
-def data_settings(run_config: dict[str, Any] | None, data: str, overrides: dict[str, str]) -> TrainSettings:
-    """The settings the eval set is read with: the run's recorded data settings (when the model came from a run),
-    this environment's TRAIN_* of the same names, then the command line's; TRAIN_DATA is --data."""
-    from trainer.config.inputs import DATA_SPEC_SETTINGS
+def eval_spec(run: RunRecord | None, overrides: dict[str, str]) -> DataSpec:
+    """What shapes the eval set's packed data: the DataSpec the run recorded (when the model came from a run; else
+    the defaults), with this environment's TRAIN_* of its settings, then the command line's, on top."""
+    import dataclasses
+
+    from trainer.config.inputs import DATA_SPEC_SETTINGS, Inputs
     from trainer.config.parse import parse_settings
-    from trainer.config.schema import ENV_PREFIX
+    from trainer.config.schema import env_name
 
-    names = [f"{ENV_PREFIX}{name.upper()}" for name in DATA_SPEC_SETTINGS.values()]  # what shapes the data
-    recorded = (run_config or {}).get("settings", {})
-    env = {name: str(recorded[name]["value"]) for name in names if name in recorded}
-    env.update({name: os.environ[name] for name in names if name in os.environ})
-    env.update(overrides)
-    env["TRAIN_DATA"] = data
-    return parse_settings(env)
+    fields = {env_name(setting): field for field, setting in DATA_SPEC_SETTINGS.items()}  # TRAIN_SEQ_LEN: seq_len
+    given = {name: os.environ[name] for name in fields if os.environ.get(name)} | overrides
+    chosen = parse_settings(given)  # a bad value is one line of a ConfigError, as for training
+    spec = run.data_spec if run is not None else Inputs(chosen).data_spec
+    return dataclasses.replace(spec, **{fields[name]: getattr(chosen, DATA_SPEC_SETTINGS[fields[name]])
+                                        for name in given})  # fmt: skip
 
 
-def eval_source(settings: TrainSettings) -> DataSource:
+def eval_source(data: str, spec: DataSpec) -> DataSource:
     """The scan of --data; a missing or empty one is an error here (training would fall back to its corpus)."""
     from trainer.data.discovery import discover
     from trainer.data.preference import PREFERENCE_LAYOUTS
 
-    source = discover(settings.data, settings.text_field, settings.data_max_bad_lines, "eval")
+    source = discover(data, spec.text_field, spec.max_bad_lines, "eval")
     problems = [p.replace("TRAIN_DATA", "eval --data", 1) for p in source.problems]
     if problems or source.embedded:
-        raise ConfigError(*(problems or [f"eval --data {settings.data}: no data there"]))
+        raise ConfigError(*(problems or [f"eval --data {data}: no data there"]))
     pairs = [layout for layout in source.layouts if layout in PREFERENCE_LAYOUTS]
     if pairs:
         raise ConfigError(
-            f"eval --data {settings.data}: {source.layout_names()} records: eval scores the loss on the trained "
+            f"eval --data {data}: {source.layout_names()} records: eval scores the loss on the trained "
             f"tokens and the answers of {EVAL_LAYOUTS} records, not preference pairs; give the eval set in one of "
             "those layouts (e.g. each prompt with its chosen answer as `completion`), or watch the pairs' reward "
             "accuracy and margins in the preference run's own evaluation (TRAIN_EVAL_DATA)"
@@ -65,17 +66,10 @@ def eval_source(settings: TrainSettings) -> DataSource:
     return source
 
 
-def data_spec(settings: TrainSettings) -> DataSpec:
-    """What shapes the eval set's packed data, as the run's Inputs.data_spec says for training."""
-    from trainer.config.inputs import Inputs
-
-    return Inputs(settings).data_spec
-
-
-def packed(settings: TrainSettings, source: DataSource, tokenizer: Any, cache_dir: Path) -> Any:
+def packed(spec: DataSpec, source: DataSource, tokenizer: Any, cache_dir: Path) -> Any:
     from trainer.data.dataset import load_or_prepare
 
-    return load_or_prepare(source, tokenizer, data_spec(settings), cache_dir)
+    return load_or_prepare(source, tokenizer, spec, cache_dir)
 
 
 def loss_on(model: Any, dataset: Any, batch_size: int, device: Any) -> Loss:

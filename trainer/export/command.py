@@ -114,7 +114,7 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
         folder, base_how = merge.base_folder(source, base)
         tokenizer = _tokenizer(source.folder, source.adapter, folder)
         dtype_name = DTYPE_NAMES.get(dtype) or merge.run_dtype_name(source)
-        reference_model = merge.load_base(folder, merge.run_dtype_name(source), source.run_config, source.adapter,
+        reference_model = merge.load_base(folder, merge.run_dtype_name(source), source.run, source.adapter,
                                           tokenizer)  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, base_how)
         model = merged(reference_model)

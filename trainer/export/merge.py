@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.presets import MODEL_PRESETS
+from trainer.config.run_record import RunRecord
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 from trainer.export.source import Source
@@ -23,11 +24,11 @@ log = logging.getLogger("trainer")
 
 def run_dtype_name(source: Source) -> str:
     """The run's compute dtype (its precision decision); fp32 when nothing was recorded."""
-    return compute_dtype_name(source.run_config.get("decisions", {}).get("precision", {}).get("value", "fp32"))
+    return compute_dtype_name(source.run.decisions.precision.value if source.run else "fp32")
 
 
 def _recorded_hub_model(source: Source) -> dict[str, Any] | None:
-    return source.record.hub.get("model") or (source.run_config.get("hub") or {}).get("model")
+    return source.record.hub.get("model") or (source.run.hub.get("model") if source.run else None)
 
 
 def _snapshot(repo_id: str, revision: str, what: str) -> str:
@@ -51,7 +52,7 @@ def base_folder(source: Source, override: str | None, command: str = "export",
     if hub:
         folder = _snapshot(hub["repo_id"], hub["sha"], "export base (recorded TRAIN_MODEL)")
         return folder, f"Hub {hub['repo_id']}@{hub['sha']} (recorded by the run)"
-    model = source.run_config.get("settings", {}).get("TRAIN_MODEL", {}).get("value")
+    model = source.run.settings.model if source.run else None
     if model in MODEL_PRESETS:
         raise ConfigError(f"{command} {source.folder}: the run trained LoRA on the preset {model!r}, whose base "
                           "weights were initialized at random and saved nowhere but in the run's final/ (merged); "
@@ -73,23 +74,17 @@ def _adapter_base(source: Source) -> str | None:
         return None
 
 
-def recorded_scaling(run_config: dict[str, Any] | None) -> TrainSettings | None:
-    """The RoPE settings a run recorded in its run_config.json, when it scaled; None otherwise."""
-    from trainer.config.parse import parse_settings
-
-    recorded = (run_config or {}).get("settings", {})
-    if recorded.get("TRAIN_ROPE_SCALING", {}).get("value", "none") == "none":
-        return None
-    names = ("TRAIN_ROPE_SCALING", "TRAIN_ROPE_FACTOR", "TRAIN_SEQ_LEN")
-    return parse_settings({name: str(recorded[name]["value"]) for name in names if name in recorded})
+def recorded_scaling(run: RunRecord | None) -> TrainSettings | None:
+    """The settings of a run that scaled RoPE (TRAIN_ROPE_SCALING, its factor, TRAIN_SEQ_LEN); None otherwise."""
+    return run.settings if run is not None and run.settings.rope_scaling != "none" else None
 
 
-def load_base(folder: str, dtype_name: str, run_config: dict[str, Any] | None = None,
+def load_base(folder: str, dtype_name: str, run: RunRecord | None = None,
               adapter: Path | None = None, tokenizer: Any = None) -> Any:  # fmt: skip
     """The base in `dtype_name`, never quantized (a QLoRA run's bitsandbytes settings are not applied), with the
     RoPE scaling the run trained it with (TRAIN_ROPE_SCALING), unless the base already carries one; with `adapter`,
     that adapter attached through PEFT, unmerged (the reference the export is checked against)."""
     from trainer.model.loading import LoadHow, Weights, load
 
-    how = LoadHow(dtype=dtype_name, recorded_rope=recorded_scaling(run_config))
+    how = LoadHow(dtype=dtype_name, recorded_rope=recorded_scaling(run))
     return load(Weights(folder=folder, adapter=adapter, tokenizer=tokenizer), how)

@@ -71,9 +71,9 @@ def _front_matter(base: str | None, datasets: list[str], tags: list[str]) -> str
 
 
 def model_card(source: Source, name: str, base_how: str | None, merged_adapter: bool) -> str:
-    cfg = mask_secrets(source.run_config)
-    hub = cfg.get("hub") or {}
-    settings = cfg.get("settings", {})
+    run = source.run  # the run's record (trainer.config.run_record); None for a folder outside a run
+    hub = mask_secrets(run.hub) if run else {}
+    settings = run.setting_values() if run else {}  # secrets masked
     model = hub.get("model")
     base_id = model["repo_id"] if model else None
     datasets = sorted({r["repo_id"] for key, r in hub.items() if r.get("repo_type") == "dataset"})
@@ -84,14 +84,13 @@ def model_card(source: Source, name: str, base_how: str | None, merged_adapter: 
     lines += ["## Base model", ""]
     if model:
         lines.append(f"- `{model['repo_id']}` at commit `{model['sha']}` (revision `{model.get('revision')}`)")
-    elif settings:
-        lines.append(f"- `{settings.get('TRAIN_MODEL', {}).get('value')}`")
+    elif run:
+        lines.append(f"- `{settings['TRAIN_MODEL']}`")
     if base_how:
         lines.append(f"- LoRA adapter merged into the base: {base_how}")
     lines += ["", "## Data", ""]
-    data = cfg.get("decisions", {}).get("data", {})
-    if data:
-        lines.append(f"- {data.get('value')}: {data.get('reason')}")
+    if run:
+        lines.append(f"- {mask_secrets(run.decisions.data.value)}: {mask_secrets(run.decisions.data.reason)}")
     lines += [
         f"- `{r['repo_id']}` at commit `{r['sha']}` ({key})"
         for key, r in hub.items()
@@ -105,8 +104,8 @@ def model_card(source: Source, name: str, base_how: str | None, merged_adapter: 
     lines += evaluation_section(source.run_dir, source.folder)
     lines += ["", "## Configuration", "", "The run's resolved TRAIN_* settings (secrets masked):", "",
               "| variable | value |", "| --- | --- |"]  # fmt: skip
-    lines += [f"| `{k}` | `{v.get('value')}` |" for k, v in settings.items() if v.get("source") == "env"]
-    decisions = {k: v.get("value") for k, v in cfg.get("decisions", {}).items()}
+    lines += [f"| `{k}` | `{v}` |" for k, v in (run.setting_values(user_set_only=True) if run else {}).items()]
+    decisions = run.decision_values() if run else {}
     lines += ["", "<details><summary>Every decision</summary>", "", "```json",
               json.dumps(decisions, indent=1, default=str), "```", "", "</details>", ""]  # fmt: skip
     return "\n".join(lines + provenance_section(source.run_dir))

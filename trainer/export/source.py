@@ -1,12 +1,11 @@
 """What `export` was given: a run folder (its final/, else its newest complete checkpoint), a checkpoint, or final/;
-and what that folder holds. Reads only JSON and file names (no torch)."""
+and what that folder holds. Reads only JSON and file names (no torch); the run's record through
+trainer.config.run_record."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainer.checkpoint_record import (
     CheckpointRecord,
@@ -17,6 +16,8 @@ from trainer.checkpoint_record import (
     holds_full_model,
     read_record,
 )  # fmt: skip
+from trainer.config import run_record
+from trainer.config.run_record import RunRecord
 from trainer.errors import ConfigError
 
 ADAPTER = "adapter"  # a LoRA adapter (a checkpoint, or final/adapter/), merged into its recorded base
@@ -29,21 +30,14 @@ FULL = "full"  # a whole model already (config.json + weights)
 class Source:
     folder: Path  # the checkpoint or final/ folder read
     kind: str
-    run_dir: Path | None  # the run folder holding run_config.json and metrics.jsonl, when known
-    run_config: dict[str, Any] = field(default_factory=dict)
+    run_dir: Path | None  # the run folder holding the run's record and metrics.jsonl, when known
+    run: RunRecord | None = None  # the run's record (run_config.json), when known
     record: CheckpointRecord = field(default_factory=CheckpointRecord)  # what the checkpoint recorded
     adapter: Path | None = None  # where the adapter lives for ADAPTER
 
     @property
     def step(self) -> int | None:
         return self.record.step if self.record.step is not None else checkpoint_step(self.folder)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _pick_from_run(run: Path, command: str) -> Path:
@@ -78,16 +72,10 @@ def resolve_source(src: Path, adapter_only: bool = False, command: str = "export
     command in the message)."""
     if not src.is_dir():
         raise ConfigError(f"{command} {src}: no such folder; give a run folder, a checkpoint-N folder or final/")
-    is_run = (
-        (src / "run_config.json").is_file()
-        and not has_trainer_state(src)
-        and not (src / "config.json").is_file()
-    )
+    is_run = run_record.present(src) and not has_trainer_state(src) and not (src / "config.json").is_file()
     folder = _pick_from_run(src, command) if is_run else src
-    run_dir = folder.parent if (folder.parent / "run_config.json").is_file() else None
+    run_dir = folder.parent if run_record.present(folder.parent) else None
+    run = run_record.read(run_dir) if run_dir else None  # first: a damaged record stops every command the same way
     kind, adapter = _kind(folder, adapter_only, command)
-    return Source(
-        folder=folder, kind=kind, run_dir=run_dir, adapter=adapter,
-        run_config=_read_json(run_dir / "run_config.json") if run_dir else {},
-        record=read_record(folder) or CheckpointRecord(),
-    )  # fmt: skip
+    return Source(folder=folder, kind=kind, run_dir=run_dir, adapter=adapter, run=run,
+                  record=read_record(folder) or CheckpointRecord())  # fmt: skip

@@ -19,6 +19,7 @@ from trainer.errors import ConfigError
 from trainer.precision import DTYPE_NAMES
 
 if TYPE_CHECKING:
+    from trainer.config.run_record import RunRecord
     from trainer.model.loading import LoadHow
 
 log = logging.getLogger("trainer")
@@ -46,7 +47,7 @@ class Plan:
     described: str
     preset: bool = False
     run_dir: Path | None = None  # the training run it came from, when known
-    run_config: dict[str, Any] | None = None
+    run: RunRecord | None = None  # its record (trainer.config.run_record), when it came from a run
     folder: Path | None = None  # the run's folder read (final/ or checkpoint-N), when it came from a run
     step: int | None = None  # its step
     base_dtype: str | None = None  # a LoRA checkpoint's base: the dtype the run read it in (its compute dtype)
@@ -110,14 +111,14 @@ def _from_folder(folder: Path, command: str) -> Plan:
         base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
         folders = (source.folder, source.adapter, Path(base))
         return Plan(base, source.adapter, folders, f"{source.folder} (LoRA adapter on {how})", run_dir=source.run_dir,
-                    run_config=source.run_config, folder=source.folder, step=source.step,
+                    run=source.run, folder=source.folder, step=source.step,
                     base_dtype=merge.run_dtype_name(source),
-                    recorded_rope=merge.recorded_scaling(source.run_config))  # fmt: skip
+                    recorded_rope=merge.recorded_scaling(source.run))  # fmt: skip
     if source.kind != FULL:
         raise ConfigError(f"{command} {folder}: {source.folder} holds {source.kind.upper()} shards; turn them into a "
                           f"model folder first: python -m trainer export {folder} OUT, then {command} OUT")  # fmt: skip
     return Plan(str(source.folder), None, (source.folder,), str(source.folder), run_dir=source.run_dir,
-                run_config=source.run_config, folder=source.folder, step=source.step)  # fmt: skip
+                run=source.run, folder=source.folder, step=source.step)  # fmt: skip
 
 
 def _with_adapter(model: str, adapter: Path, command: str) -> Plan:

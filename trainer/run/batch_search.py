@@ -47,7 +47,7 @@ from trainer.run.batch_fit import (
 )
 
 if TYPE_CHECKING:
-    from trainer.config.decisions import Decision
+    from trainer.config.decisions import Decision, Decisions
     from trainer.config.run_config import RunConfig
     from trainer.config.schema import TrainSettings
 
@@ -365,10 +365,11 @@ def split_effective(effective: int, largest: int) -> tuple[int, int]:
     return micro, effective // micro
 
 
-def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume: Path | None) -> None:
+def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume: Path | None) -> Decisions:
     """The TRAIN_AUTO_BATCH search: the batch the ranks agreed on replaces TRAIN_BATCH_SIZE in `args`; when the user
     set TRAIN_BATCH_SIZE or TRAIN_GRAD_ACCUM, gradient accumulation keeps their product (the effective batch). The
-    decisions (with the sizes probed) go to cfg.decisions and run_config.json, and the log says the effective batch.
+    decisions with the searched batch (and the sizes probed) are returned, for the run's record; the log says the
+    effective batch.
     A resumed run keeps its checkpoint's batch, so the samples it skips are the ones it trained on."""
     import dataclasses
 
@@ -404,6 +405,4 @@ def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume:
              "" if effective else "; TRAIN_BATCH_SIZE was not set, so the search chose it")  # fmt: skip
     args.per_device_train_batch_size = micro
     args.gradient_accumulation_steps = accum
-    cfg.decisions = dataclasses.replace(cfg.decisions, batch_size=decision, grad_accum=accum_decision)
-    if args.should_save:
-        cfg.write_run_config(cfg.settings.output_dir)
+    return dataclasses.replace(cfg.decisions, batch_size=decision, grad_accum=accum_decision)

@@ -1,4 +1,5 @@
-"""Seconds to the first step: each start-up phase timed, logged in one line and recorded in run_config.json.
+"""Seconds to the first step: each start-up phase timed, logged in one line and recorded in run_config.json (the
+run's record, trainer.config.run_record: its second write, once the first step is timed).
 
 The phases, from the process's own start (as the OS recorded it) to the end of the first optimizer step:
 interpreter, imports and configuration; libraries (transformers) and TrainingArguments; data; model build;
@@ -12,10 +13,12 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
+
+from trainer.config.run_record import Startup
 
 log = logging.getLogger("trainer")
 STEPS_AFTER_FIRST = 3  # normal steps timed to estimate the compile time
@@ -45,9 +48,8 @@ class StartupClock:
         self.phases[phase] = round(now - self.last, 3)
         self.last = now
 
-    def record(self) -> dict[str, Any]:
-        total = round(self.last - self.started, 3)
-        return {"to_first_step_s": total, "phases_s": dict(self.phases), "compile_s": self.compile_s}
+    def record(self) -> Startup:
+        return Startup(round(self.last - self.started, 3), dict(self.phases), self.compile_s)
 
     def summary(self) -> str:
         parts = ", ".join(f"{name.replace('_', ' ')} {seconds:.2f} s" for name, seconds in self.phases.items())
@@ -58,11 +60,12 @@ class StartupClock:
 
 
 class StartupCallback(TrainerCallback):
-    """Marks the trainer set-up and the first step; logs the phases once and adds `startup` to run_config.json."""
+    """Marks the trainer set-up and the first step; logs the phases once and hands them to `report` once (None when
+    training ended before a first step)."""
 
-    def __init__(self, clock: StartupClock, cfg: Any, compiled: bool) -> None:
+    def __init__(self, clock: StartupClock, report: Callable[[Startup | None], None], compiled: bool) -> None:
         self.clock = clock
-        self.cfg = cfg
+        self.report = report
         self.compiled = compiled
         self.first_step_s: float | None = None
         self.step_started = 0.0
@@ -89,14 +92,17 @@ class StartupCallback(TrainerCallback):
             self.finish(args)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not self.done and self.first_step_s is not None:
+        if self.done:
+            return
+        if self.first_step_s is not None:
             self.finish(args)
+        else:  # no step was trained (a resume at its last step): nothing timed
+            self.done = True
+            self.report(None)
 
     def finish(self, args: Any) -> None:
         self.done = True
         if self.compiled and self.later_steps and self.first_step_s is not None:
             self.clock.compile_s = round(max(0.0, self.first_step_s - statistics.median(self.later_steps)), 3)
         log.info(self.clock.summary())
-        self.cfg.startup = self.clock.record()
-        if args.should_save:
-            self.cfg.write_run_config(Path(self.cfg.settings.output_dir))
+        self.report(self.clock.record())

@@ -22,6 +22,7 @@ from trainer.logs import setup_logging
 if TYPE_CHECKING:
     from trainer.config.resume import Resume
     from trainer.config.run_config import RunConfig
+    from trainer.config.run_record import RunRecord
     from trainer.run.signals import GracefulStop
 
 log = logging.getLogger("trainer")
@@ -109,7 +110,7 @@ def _training_arguments(cfg: RunConfig) -> Any:
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any) -> list[Any]:
+def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any, learned: Any) -> list[Any]:
     from trainer.machine.peaks import this_gpu_peak_flops
     from trainer.run.metrics import MetricsCallback, flops_per_token
     from trainer.run.signals import StopOnSignal
@@ -119,7 +120,7 @@ def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any) -> li
     out = Path(s.output_dir)
     callbacks: list[Any] = [
         StopOnSignal(stop),
-        StartupCallback(clock, cfg, compiled=cfg.decisions.compile.value),
+        StartupCallback(clock, learned, compiled=cfg.decisions.compile.value),
         MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
     ]
     if s.profile:
@@ -171,7 +172,8 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 
 
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
-    from trainer.config.resume import archive_run_config, run_record, set_aside_earlier_run
+    from trainer.config.resume import run_record, set_aside_earlier_run
+    from trainer.config.run_record import started, write_start
     from trainer.run.divergence import RECORD as DIVERGED_RECORD
     from trainer.run.divergence import DivergenceGuard
     from trainer.run.evaluation import EvalMetricsCallback
@@ -181,36 +183,37 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     s = cfg.settings
     out = Path(s.output_dir)
     if cfg.decisions.compile.value:
-        _prepare_compile(cfg)
+        cfg = _prepare_compile(cfg)
     args = _training_arguments(cfg)
     if args.should_save:
         acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
     resume = _agreed(resume, args)
+    start = started(cfg)  # the run's record, before anything is learned
     if args.should_save:
         if s.resume == "never" and s.start_over:
             set_aside_earlier_run(out)
-        archive_run_config(out)  # every start's record is kept (run_configs/)
-        cfg.write_run_config(out)
+        write_start(out, start)  # the record's first write (of two)
     tracker_runs = _prepare_trackers(cfg, args, resume)  # an unreachable tracker exits 2 here, before the heavy work
     clock.mark("libraries")
     inputs = cfg.inputs
     choice = inputs.template()
     tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
     if s.method == "sft":
-        trainer = _sft_trainer(cfg, args, tokenizer, stop, resume, clock)
+        prepared = _sft_trainer(cfg, args, tokenizer, stop, resume, clock, start)
     elif s.method in ONLINE:  # online RL on TRL's trainers (trainer.run.online)
-        trainer = _online_trainer(cfg, args, tokenizer, stop, resume, clock)
+        prepared = _online_trainer(cfg, args, tokenizer, stop, resume, clock, start)
     else:  # preference tuning on TRL's trainers (trainer.run.preference)
-        trainer = _preference_trainer(cfg, args, tokenizer, stop, resume, clock)
-    if trainer is None:
+        prepared = _preference_trainer(cfg, args, tokenizer, stop, resume, clock, start)
+    if prepared is None:
         return _interrupted(stop, None)
+    trainer, record = prepared
     if args.should_save:  # what made this run (trainer.provenance): the libraries it imported are all loaded now
         _record_provenance(cfg, tokenizer)
     trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by config.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
 
-        install(trainer, cfg, tracker_runs, args.process_index == 0)
+        install(trainer, record, s.output_dir, tracker_runs, args.process_index == 0)
     if trainer.eval_dataset is not None:
         EvalMetricsCallback(out / "metrics.jsonl", perplexity=s.method == "sft").install(trainer)
         if s.eval_generate and args.process_index == 0:
@@ -240,8 +243,10 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     return EXIT_OK
 
 
-def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any) -> Any:
-    """The packed dataset, the model and the atomic Trainer of an SFT run; None when a stop came while preparing."""
+def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any,
+                 start: RunRecord) -> tuple[Any, RunRecord] | None:  # fmt: skip
+    """The packed dataset, the model and the atomic Trainer of an SFT run, and the run's record with what it learned
+    before its first step; None when a stop came while preparing."""
     from transformers import set_seed
 
     from trainer.data.cache import Stopped
@@ -262,11 +267,12 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
     model = build_model(cfg, tokenizer)
     clock.mark("model")
     _before_training(cfg, args, model, resume)
-    if cfg.decisions.auto_batch.value:
+    decisions = cfg.decisions
+    if decisions.auto_batch.value:
         from trainer.run.batch_search import apply_auto_batch
 
-        apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
-    _record_training_data(cfg, args, len(dataset), getattr(dataset, "report", None))
+        decisions = apply_auto_batch(cfg, args, model, len(dataset), resume.checkpoint)
+    record = _learned(start, args, decisions, len(dataset), getattr(dataset, "report", None))
     return AtomicCheckpointTrainer(
         model=model,
         args=args,
@@ -274,13 +280,13 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
         eval_dataset=eval_dataset,
         data_collator=collator_for(cfg.decisions.attn.value),
         processing_class=tokenizer,
-        callbacks=_callbacks(cfg, model, stop, clock),
+        callbacks=_callbacks(cfg, model, stop, clock, _record_writer(record, args)),
         **_optimizer_override(cfg, args),
-    )
+    ), record
 
 
-def _preference_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any
-                        ) -> Any:  # fmt: skip
+def _preference_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any,
+                        start: RunRecord) -> tuple[Any, RunRecord]:  # fmt: skip
     """TRL's trainer for TRAIN_METHOD (trainer.run.preference), with the same callbacks and checkpoints as SFT."""
     from transformers import set_seed
 
@@ -292,12 +298,13 @@ def _preference_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: Gracefu
     model = preference.build_policy(cfg, tokenizer)
     clock.mark("model")
     _before_training(cfg, args, model, resume)
-    _record_training_data(cfg, args, len(rows[0]))
-    return preference.build_trainer(cfg, args, tokenizer, model, rows, _callbacks(cfg, model, stop, clock))
+    record = _learned(start, args, cfg.decisions, len(rows[0]))
+    callbacks = _callbacks(cfg, model, stop, clock, _record_writer(record, args))
+    return preference.build_trainer(cfg, args, tokenizer, model, rows, callbacks), record
 
 
-def _online_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any
-                    ) -> Any:  # fmt: skip
+def _online_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, resume: Resume, clock: Any,
+                    start: RunRecord) -> tuple[Any, RunRecord]:  # fmt: skip
     """TRL's GRPO/RLOO trainer (trainer.run.online), the rewards checked before the model loads."""
     from transformers import set_seed
 
@@ -310,8 +317,9 @@ def _online_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulSto
     model = online.build_policy(cfg, tokenizer)
     clock.mark("model")
     _before_training(cfg, args, model, resume)
-    _record_training_data(cfg, args, len(rows))
-    return online.build_trainer(cfg, args, tokenizer, model, rows, rewards, _callbacks(cfg, model, stop, clock))
+    record = _learned(start, args, cfg.decisions, len(rows))
+    callbacks = _callbacks(cfg, model, stop, clock, _record_writer(record, args))
+    return online.build_trainer(cfg, args, tokenizer, model, rows, rewards, callbacks), record
 
 
 def _before_training(cfg: RunConfig, args: Any, model: Any, resume: Resume) -> None:
@@ -346,25 +354,43 @@ def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
     record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, online)
 
 
-def _record_training_data(cfg: RunConfig, args: Any, sequences: int, mix: dict[str, Any] | None = None) -> None:
-    """run_config.json's `training_data`: how the DataLoader splits an epoch (batches_per_epoch), and a mix's
-    requested and achieved share per source (trainer.data.mix)."""
-    cfg.training_data = batches_per_epoch(sequences, args, cfg.settings.seq_len)
-    if mix is not None:
-        cfg.training_data["mix"] = mix
-    if args.should_save:
-        cfg.write_run_config(Path(cfg.settings.output_dir))
+def _learned(start: RunRecord, args: Any, decisions: Any, sequences: int, mix: dict[str, Any] | None = None
+             ) -> RunRecord:  # fmt: skip
+    """The run's record with what it learned before its first step: the batch (`decisions`, searched or not), and
+    how the DataLoader splits an epoch (batches_per_epoch) with a mix's requested and achieved share per source."""
+    import dataclasses
+
+    from trainer.config.run_record import TrainingData
+
+    counts = TrainingData(**batches_per_epoch(sequences, args, start.settings.seq_len), mix=mix)
+    return dataclasses.replace(start, decisions=decisions, training_data=counts)
 
 
-def _prepare_compile(cfg: RunConfig) -> None:
+def _record_writer(record: RunRecord, args: Any) -> Any:
+    """What the start-up clock calls once, when the first step is timed (or training ends before one): the record's
+    second and last write, with the start-up phases (None: not timed)."""
+    import dataclasses
+
+    from trainer.config.run_record import write
+
+    def write_learned(startup: Any) -> None:
+        if args.should_save:
+            write(record.settings.output_dir, dataclasses.replace(record, startup=startup))
+
+    return write_learned
+
+
+def _prepare_compile(cfg: RunConfig) -> RunConfig:
     """Regional compilation and the compile caches on the cache volume (trainer.config.speed.compile_environment),
-    set before Transformers builds its Accelerator; recorded in run_config.json's environment."""
+    set before Transformers builds its Accelerator; the run with them in its environment (run_config.json's)."""
+    import dataclasses
+
     from trainer.config.speed import compile_environment
 
     env = compile_environment(os.environ, cfg.settings.compile_scope)
     os.environ.update(env)
-    cfg.env.update(env)
     log.info("torch.compile: %s", cfg.decisions.compile.reason)
+    return dataclasses.replace(cfg, env={**cfg.env, **env})
 
 
 def batches_per_epoch(sequences: int, args: Any, seq_len: int) -> dict[str, Any]:

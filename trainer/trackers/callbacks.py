@@ -1,15 +1,16 @@
 """Transformers' own W&B and MLflow callbacks, given what trainkit tracks.
 
 Transformers' callbacks log `TrainingArguments.to_dict()` as the run's params. trainkit hands them the resolved
-TRAIN_* settings and decisions instead, masked by the one secret rule (trainer.secrets): no token, password or
-credentialed URL reaches a tracker. They run on the main process only; the run ids they start are recorded (in
+TRAIN_* settings and decisions instead, as the run's record holds them (trainer.config.run_record's RunRecord, handed
+in by the run), masked by the one secret rule (trainer.secrets): no token, password or credentialed URL reaches a
+tracker. They run on the main process only; the run ids they start are recorded (in
 OUTPUT_DIR/trackers.json and every later checkpoint's record) so that a resumed run continues them.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from transformers.integrations import MLflowCallback, WandbCallback
 
@@ -18,9 +19,17 @@ from trainer.trackers.environment import save_runs
 from trainer.trackers.outage import DropOnFailure, forget_mlflow_run
 
 
-def tracked_params(cfg: Any) -> dict[str, Any]:
-    """`TRAIN_X` -> value and `decision/x` -> value, from the masked resolved configuration."""
-    data = cfg.to_dict(masked=True)
+class RecordedRun(Protocol):
+    """A run's record (trainer.config.run_record.RunRecord; config/ imports trackers/, so it is not imported here)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """run_config.json's content, secrets masked."""
+        ...
+
+
+def tracked_params(run: RecordedRun) -> dict[str, Any]:
+    """`TRAIN_X` -> value, `decision/x` -> value and `hub/x` -> repo@commit, from the run's record (masked)."""
+    data = run.to_dict()
     params: dict[str, Any] = {name: entry["value"] for name, entry in data["settings"].items()}
     params.update({f"decision/{name}": entry["value"] for name, entry in data["decisions"].items()})
     params.update({f"hub/{name}": f"{r.get('repo_id')}@{r.get('sha')}" for name, r in (data.get("hub") or {}).items()})
@@ -84,12 +93,13 @@ class TrackedMLflowCallback(DropOnFailure, MLflowCallback):
             self._record.started("mlflow", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
 
 
-def install(trainer: Any, cfg: Any, runs: dict[str, dict[str, str]], main_process: bool) -> None:
+def install(trainer: Any, run: RecordedRun, output_dir: str, runs: dict[str, dict[str, str]], main_process: bool
+            ) -> None:  # fmt: skip
     """Swap the Trainer's W&B/MLflow callbacks (from report_to) for the tracked ones; other ranks report nothing."""
-    record = _RunRecord(cfg.settings.output_dir, runs, trainer.checkpoint_record)
+    record = _RunRecord(output_dir, runs, trainer.checkpoint_record)
     if runs:
         trainer.checkpoint_record.trackers = runs
-    params = tracked_params(cfg)
+    params = tracked_params(run)
     if trainer.pop_callback(WandbCallback) is not None and main_process:
         trainer.add_callback(TrackedWandbCallback(params, record))
     if trainer.pop_callback(MLflowCallback) is not None and main_process:
