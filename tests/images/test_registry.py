@@ -157,42 +157,54 @@ def run_py(*args: object, cwd: Path) -> subprocess.CompletedProcess:
 
 def test_reproduce_pulls_the_recorded_digest_and_matches_every_step(pushed: dict[str, str], registry: str,
                                                                     docker_client, tmp_path: Path) -> None:  # fmt: skip
-    """A tiny run in the pushed CPU image through run.py records it by digest; with the image gone from the engine,
-    `run.py reproduce` pulls that digest and gets the same loss at every step. One byte changed in the data: refused
-    naming the file; with --allow-changed-data the report names the first differing step. No token in the outputs."""
+    """A tiny run in the pushed CPU image through `run.py --data DIR` records the image by digest and its mounts beside
+    it (run_py.json); with the image gone from the engine, `run.py reproduce OUTPUT_DIR` and no other option pulls
+    that digest, mounts DIR again (not ./data) and gets the same loss at every step. DIR moved: exit 2 naming it and
+    --data. Given again before the command with one byte changed: refused naming the file; with --allow-changed-data
+    the report names the first differing step. No token in the outputs."""
     ref = next(iter(pushed.values()))
-    data = tmp_path / "data" / "corpus.txt"
+    data = tmp_path / "corpora" / "corpus.txt"  # not ./data, which run.py would mount by default
     data.parent.mkdir()
     data.write_text(REPRODUCE_CORPUS)
     options = ["--data", data.parent, "--cache-volume", "trainkit-test-reproduce-cache", "--gpus", "none"]
     settings = {"TRAIN_MODEL": "tiny", "TRAIN_DATA": "/data/corpus.txt", "TRAIN_SEQ_LEN": "32", "TRAIN_SEED": "7",
                 "TRAIN_BATCH_SIZE": "2", "TRAIN_LOG_STEPS": "1", "TRAIN_MAX_STEPS": "4"}  # fmt: skip
+    output, changed = tmp_path / "output", tmp_path / "changed"
     try:
-        first = run_py("--image", ref, *options, "--output", tmp_path / "output",
+        first = run_py("--image", ref, *options, "--output", output,
                        *(f"-e{name}={value}" for name, value in settings.items()), "train", cwd=tmp_path)  # fmt: skip
         assert first.returncode == 0, first.stderr[-3000:]
-        assert json.loads((tmp_path / "output" / "provenance.json").read_text())["image"]["reference"] == ref
+        assert json.loads((output / "provenance.json").read_text())["image"]["reference"] == ref
+        assert json.loads((output / "run_py.json").read_text())["mounts"]["/data"] == str(data.parent)
         forget(docker_client, registry)
 
-        again = run_py("reproduce", tmp_path / "output", *options, cwd=tmp_path)
+        again = run_py("reproduce", output, cwd=tmp_path)
         assert again.returncode == 0, again.stderr[-3000:]
         assert f"pulling {ref}, the image the run recorded" in again.stderr
+        assert f"{data.parent} -> /data (ro)" in again.stderr  # as recorded, and the recorded cache volume:
+        assert "trainkit-test-reproduce-cache -> /cache" in again.stderr
         assert "reproduced: the loss of all 4 logged steps is identical" in again.stdout
         assert "recorded inputs that differ: none" in again.stdout
         published = tmp_path / "output-reproduce"
         assert json.loads((published / "reproduce.json").read_text())["identical"] is True
+        assert json.loads((published / "run_py.json").read_text())["mounts"]["/data"] == str(data.parent)
         for text in (again.stdout, again.stderr, *(p.read_text() for p in published.glob("*.json"))):
             assert REPRODUCE_SECRET not in text
 
-        data.write_bytes(REPRODUCE_CORPUS.replace("quick", "quack", 1).encode())  # one byte
-        refused = run_py("reproduce", tmp_path / "output", "--output", tmp_path / "changed", *options, cwd=tmp_path)
+        moved = data.parent.rename(tmp_path / "moved")
+        gone = run_py("reproduce", output, "--output", changed, cwd=tmp_path)
+        assert gone.returncode == 2 and "Traceback" not in gone.stderr, gone.stderr[-3000:]
+        assert f"the run mounted {data.parent} at /data" in gone.stderr and "give --data PATH instead" in gone.stderr
+        (moved / "corpus.txt").write_bytes(REPRODUCE_CORPUS.replace("quick", "quack", 1).encode())  # one byte
+        refused = run_py("--data", moved, "reproduce", output, "--output", changed, cwd=tmp_path)
         assert refused.returncode == 2, refused.stderr[-3000:]
+        assert f"--data {moved} given: used instead of the recorded {data.parent}" in refused.stderr
         assert "/data/corpus.txt changed" in refused.stderr and "--allow-changed-data" in refused.stderr
-        changed = run_py("reproduce", tmp_path / "output", "--output", tmp_path / "changed", "--allow-changed-data",
-                         *options, cwd=tmp_path)  # fmt: skip
-        assert changed.returncode == 5, changed.stderr[-3000:]
-        assert re.search(r"differs: step \d+ has loss", changed.stdout), changed.stdout
-        assert "recorded inputs that differ: provenance.data./data/corpus.txt.sha256\n" in changed.stdout
+        changed_run = run_py("reproduce", output, "--output", changed, "--allow-changed-data", "--data", moved,
+                             cwd=tmp_path)  # fmt: skip
+        assert changed_run.returncode == 5, changed_run.stderr[-3000:]
+        assert re.search(r"differs: step \d+ has loss", changed_run.stdout), changed_run.stdout
+        assert "recorded inputs that differ: provenance.data./data/corpus.txt.sha256\n" in changed_run.stdout
     finally:
         forget(docker_client, registry)  # the digest reference reproduce's pull added
         for volume in docker_client.volumes.list(filters={"name": "trainkit-test-reproduce-cache"}):
