@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -55,13 +56,16 @@ def base_env(home: Path | None = None) -> dict[str, str]:
 def run_python(
     argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 300, cwd: str | Path = REPO
 ) -> subprocess.CompletedProcess:
-    """`python argv...` (the project's interpreter) with base_env() + env; the result carries `.elapsed` seconds."""
+    """`python argv...` (the project's interpreter) with base_env() + env; the result carries `.elapsed` seconds
+    (wall clock) and `.cpu_s` (the child's user + system CPU seconds: what it cost, whatever the machine's load)."""
     full_env = {**base_env(), **(env or {})}
-    start = time.monotonic()
+    start, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run(
         [PYTHON, *argv], env=full_env, cwd=str(cwd), capture_output=True, text=True, timeout=timeout, check=False
     )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
+    result.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # type: ignore[attr-defined]
     return result
 
 

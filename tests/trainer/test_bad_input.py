@@ -1,5 +1,6 @@
 """Every user mistake ends in `error: <what and how to fix>`, exit code 2, no traceback; the ones that need no
-hardware knowledge end before torch is imported, well under 2 s (real `python -m trainer config` subprocesses)."""
+hardware knowledge end before torch is imported, in well under 2 s of CPU time (real `python -m trainer config`
+subprocesses; CPU time, not wall time, so that a loaded machine does not decide the outcome)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-FAST_EXIT_S = 2.0
+FAST_EXIT_CPU_S = 2.0
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -98,8 +99,11 @@ PRE_TORCH_CASES = [
     ("zero-and-fsdp", _fixed({"TRAIN_ZERO_STAGE": "2", "TRAIN_FSDP": "full_shard"}), ["pick one", "TRAIN_FSDP"]),
     ("quant-without-lora", _fixed({"TRAIN_QUANT": "4bit"}), ["TRAIN_QUANT=4bit needs TRAIN_LORA=1"]),
     ("compile-zero3", _fixed({"TRAIN_COMPILE": "1", "TRAIN_ZERO_STAGE": "3"}), ["ZeRO-3", "torch.compile"]),
-    ("compile-inference-backend", _fixed({"TRAIN_COMPILE": "1", "TRAIN_COMPILE_BACKEND": "tvm"}),
-     ["TRAIN_COMPILE_BACKEND=tvm compiles the forward pass only", "cannot train the model"]),
+    (
+        "compile-inference-backend",
+        _fixed({"TRAIN_COMPILE": "1", "TRAIN_COMPILE_BACKEND": "tvm"}),
+        ["TRAIN_COMPILE_BACKEND=tvm compiles the forward pass only", "cannot train the model"],
+    ),
     ("compile-backend-missing", _fixed({"TRAIN_COMPILE_BACKEND": "onnxrt"}), ["onnxruntime", "not installed"]),
     ("auto-batch-zero", _fixed({"TRAIN_AUTO_BATCH": "1", "TRAIN_ZERO_STAGE": "2"}), ["TRAIN_AUTO_BATCH=1"]),
     ("auto-batch-fsdp", _fixed({"TRAIN_AUTO_BATCH": "1", "TRAIN_FSDP": "full_shard"}), ["TRAIN_AUTO_BATCH=1", "FSDP"]),
@@ -181,7 +185,7 @@ def test_refused_before_torch(
     result = run_trainer(["config"], env=env, python_args=["-X", "importtime"], timeout=60)
     _assert_user_error(result, expected)
     assert "torch" not in imported_modules(result.stderr), "torch was imported before the error"
-    assert result.elapsed < FAST_EXIT_S, f"took {result.elapsed:.2f}s"
+    assert result.cpu_s < FAST_EXIT_CPU_S, f"took {result.cpu_s:.2f}s of CPU ({result.elapsed:.2f}s wall)"
 
 
 def test_every_problem_is_reported_at_once(trainer_env: dict[str, str], run_trainer) -> None:
