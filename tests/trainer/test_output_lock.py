@@ -1,4 +1,4 @@
-"""One run per output folder, with real `python -m trainer` processes on the tiny preset (trainer.run.output_lock).
+"""One run per output folder, with real `python -m trainer` processes on the tiny preset (trainer.output_lock).
 
 - a second run on a busy folder exits 2 naming the holder, and writes nothing there;
 - a kill -9 of the holder's main process alone (its DataLoader workers may linger a moment) does not block the
@@ -15,7 +15,7 @@ from pathlib import Path
 from train_runs import finish, logged_steps, start, train_env
 from waiting import wait_for
 
-from trainer.run.output_lock import LOCK_NAME
+from trainer.output_lock import LOCK_NAME
 
 
 def test_a_second_run_on_a_busy_folder_exits_2_and_a_killed_holder_is_taken_over(tmp_path: Path) -> None:

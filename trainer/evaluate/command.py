@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     from trainer.evaluate.loss import eval_source, eval_spec
     from trainer.generate.command import check_arguments, load_for
     from trainer.generate.loading import memory_report, plan_of
-    from trainer.run.output_lock import lock_beside
+    from trainer.output_lock import lock_beside
 
     raise_on_stop_signals()  # SIGTERM as Ctrl-C: nothing is published but a whole evaluation (write_atomically)
     check_arguments(args)

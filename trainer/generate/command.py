@@ -116,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--input and --output go together: generate MODEL --input prompts.jsonl --output out.jsonl")
     if args.input:  # the files are checked before loading: a mistake costs no load time
         from trainer.generate.batch import done_lines, encode_requests, make_folder_of, read_requests, run_batch
-        from trainer.run.output_lock import lock_beside
+        from trainer.output_lock import lock_beside
 
         make_folder_of(Path(args.output))
         lock_beside(Path(args.output), "generate")  # a second generate into the same file would interleave lines

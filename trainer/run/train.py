@@ -174,10 +174,10 @@ def _optimizer_override(cfg: RunConfig, args: Any) -> dict[str, Any]:
 def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from trainer.config.resume import run_record, set_aside_earlier_run
     from trainer.config.run_record import started, write_start
+    from trainer.output_lock import acquire_output_lock
     from trainer.run.divergence import RECORD as DIVERGED_RECORD
     from trainer.run.divergence import DivergenceGuard
     from trainer.run.evaluation import EvalMetricsCallback
-    from trainer.run.output_lock import acquire_output_lock
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
