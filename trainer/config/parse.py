@@ -77,8 +77,13 @@ def parse_settings(env: Mapping[str, str] | None = None) -> TrainSettings:
     """TRAIN_* -> TrainSettings; every unknown name and bad value becomes one line of a ConfigError."""
     variables = train_variables(os.environ if env is None else env)
     values = _by_field(variables)
+    given = set(values)
     values.setdefault("output_dir", default_output_dir())
-    return _validated(values, _unknown_names(variables))
+    settings = _validated(values, _unknown_names(variables))
+    # This place's default output folder is not the user's choice: the run record, the model card and reproduce
+    # tell the settings the user set by model_fields_set.
+    settings.model_fields_set.intersection_update(given)
+    return settings
 
 
 def settings_from_values(values: Mapping[str, Any]) -> TrainSettings:
