@@ -1,15 +1,17 @@
 """`python -m trainer reproduce OUTPUT_DIR [--steps N] [--output NEW]`: run a finished run again and show where it
 differs.
 
-Reads OUTPUT_DIR's provenance.json (trainer.provenance) and run_config.json, checks that every data file still has
-its recorded sha256 (a changed or missing file is named; exit 2 unless --allow-changed-data) and that the GPUs are
+Reads OUTPUT_DIR's provenance.json (trainer.provenance) and run_config.json, checks that every data file and every
+user reward file (online RL) still has its recorded sha256 (a changed or missing file is named; exit 2 unless
+--allow-changed-data) and that the GPUs are
 the recorded ones, then trains again in a subprocess with the TRAIN_* variables the run was started with, into a
 staging folder next to NEW (`.tmp-reproduce-NAME`), published by one rename once the comparison is written: an
 interrupted reproduce (SIGTERM: the trainer checkpoints and stops) leaves only the staging folder, never a NEW
-that looks complete. The per-step loss is compared with the original's metrics.jsonl: identical where the run was
-deterministic (the CPU, or TRAIN_DETERMINISTIC=1), else within REL_TOLERANCE; the first diverging step and the
-recorded inputs that differ (trainer.diff_command's comparison of the two folders) are printed and written to
-NEW/reproduce.json. Exit 0 when the losses agree, EXIT_DIFFERS when they do not, 2 for a mistake.
+that looks complete. The per-step loss (and, for online RL, the per-step mean reward: COMPARED) is compared with the
+original's metrics.jsonl: identical where the run was deterministic (the CPU, or TRAIN_DETERMINISTIC=1), else within
+REL_TOLERANCE; the first diverging step with its metric and the recorded inputs that differ (trainer.diff_command's
+comparison of the two folders) are printed and written to NEW/reproduce.json. Exit 0 when they agree, EXIT_DIFFERS
+when they do not, 2 for a mistake.
 
 The host's `python scripts/run.py reproduce` takes the recorded image by digest and runs this command in it.
 """
@@ -38,23 +40,25 @@ from trainer.secrets import MASK
 REL_TOLERANCE = 1e-2  # a run that is not deterministic (GPU kernels' order of sums): |a - b| <= 1% of |a|
 REPORT_FILE = "reproduce.json"
 FIX_DATA = "restore the file(s), or give --allow-changed-data to run on them anyway and see where the loss differs"
+COMPARED = ("loss", "reward")  # what each logged step is compared on, where the original logged it (reward: online RL)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     """`reproduce`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
     parser.description = (
         "Re-run OUTPUT_DIR's first N steps with its recorded TRAIN_* settings into a new folder (staged, "
-        "published when complete) after checking its data files' sha256 and its GPUs, then compare the loss "
-        f"of every step: identical for a deterministic run (CPU or TRAIN_DETERMINISTIC=1), else within "
-        f"{REL_TOLERANCE:.0%}. Prints the first diverging step and which recorded inputs differ. Exit 0: the "
-        f"losses agree; {EXIT_DIFFERS}: they differ; 2: a mistake (no provenance, changed data, other GPUs)."
+        "published when complete) after checking its data and reward files' sha256 and its GPUs, then compare the "
+        "loss (and the reward of online RL) of every step: identical for a deterministic run (CPU or "
+        f"TRAIN_DETERMINISTIC=1), else within {REL_TOLERANCE:.0%}. Prints the first diverging step, its metric and "
+        f"which recorded inputs differ. Exit 0: the steps agree; {EXIT_DIFFERS}: they differ; 2: a mistake (no "
+        "provenance, changed data or reward files, other GPUs)."
     )
     parser.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="a finished run's output folder")
     parser.add_argument("--steps", type=int, help="re-run only the first N steps (default: all of them)")
     parser.add_argument("--output", type=Path, help="the new folder (default: OUTPUT_DIR-reproduce)")
     parser.add_argument("--replace", action="store_true", help="replace a non-empty --output")
     parser.add_argument("--allow-changed-data", action="store_true",
-                        help="run although a data file differs from its recorded sha256 (or is missing)")
+                        help="run although a data or reward file differs from its recorded sha256 (or is missing)")
     parser.add_argument("--allow-other-gpus", action="store_true",
                         help="run on other GPUs (or none) than the run recorded; the loss is compared within the "
                         "tolerance")  # fmt: skip
@@ -70,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
     check_destination(out, args.replace)
     changed = changed_data(recorded["provenance"])
     if changed and not args.allow_changed_data:
-        raise ConfigError("the data differs from what the run recorded: " + "; ".join(changed) + f". {FIX_DATA}")
+        raise ConfigError("the inputs differ from what the run recorded: " + "; ".join(changed) + f". {FIX_DATA}")
     gpus_now = current_gpus()
     gpus_then = (recorded["provenance"].get("accelerator") or {}).get("gpus") or []
     same_gpus = sorted(gpus_now) == sorted(gpus_then)
@@ -93,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return code if code > 0 else EXIT_CRASH
     exact = deterministic(recorded) and same_gpus  # other GPUs: other kernels, compared within the tolerance
-    report = compare(original, staging, losses, recorded_losses(staging), steps, exact)
+    report = compare(original, staging, recorded_metrics(original), recorded_metrics(staging), steps, exact)
     show(report, out)
     (staging / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     publish(staging, out)
@@ -108,7 +112,12 @@ def recorded_run(folder: Path) -> dict[str, Any]:
 
 def recorded_losses(folder: Path) -> dict[int, float | None]:
     """step -> the training loss logged at it (metrics.jsonl; None for a non-finite loss)."""
-    found: dict[int, float | None] = {}
+    return {step: metrics["loss"] for step, metrics in recorded_metrics(folder).items()}
+
+
+def recorded_metrics(folder: Path) -> dict[int, dict[str, float | None]]:
+    """step -> the COMPARED metrics logged with its training loss (metrics.jsonl; None for a non-finite value)."""
+    found: dict[int, dict[str, float | None]] = {}
     try:
         lines = (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -119,8 +128,12 @@ def recorded_losses(folder: Path) -> dict[int, float | None]:
         except ValueError:
             continue  # a line cut by a crash
         if isinstance(record, dict) and "loss" in record and isinstance(record.get("step"), int):
-            found[record["step"]] = record["loss"] if isinstance(record["loss"], (int, float)) else None
+            found[record["step"]] = {name: number(record[name]) for name in COMPARED if name in record}
     return found
+
+
+def number(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def wanted_steps(steps: int | None, losses: dict[int, Any]) -> int:
@@ -143,13 +156,21 @@ def check_destination(out: Path, replace: bool) -> None:
 
 
 def changed_data(provenance: dict[str, Any]) -> list[str]:
-    """One line per recorded data file that is missing or whose content's sha256 is not the recorded one."""
+    """One line per recorded data file or user reward file (online RL) that is missing or whose content's sha256 is
+    not the recorded one."""
+    data = {path: entry.get("sha256") if isinstance(entry, dict) else None
+            for path, entry in (provenance.get("data") or {}).items()}  # fmt: skip
+    rewards = (provenance.get("online_rl") or {}).get("reward_files") or {}
+    return [*changed_files(data, ""), *changed_files(rewards, "the reward file ")]
+
+
+def changed_files(recorded: dict[str, str | None], kind: str) -> list[str]:
     found = []
-    for path, entry in (provenance.get("data") or {}).items():
+    for path, sha256 in recorded.items():
         if not Path(path).is_file():
-            found.append(f"{path} is missing")
-        elif isinstance(entry, dict) and file_sha256(Path(path)) != entry.get("sha256"):
-            found.append(f"{path} changed (its sha256 is not the recorded {entry.get('sha256')})")
+            found.append(f"{kind}{path} is missing")
+        elif sha256 is not None and file_sha256(Path(path)) != sha256:
+            found.append(f"{kind}{path} changed (its sha256 is not the recorded {sha256})")
     return found
 
 
@@ -214,37 +235,48 @@ def train_again(env: dict[str, str], staging: Path, steps: int, last: int, poll_
     return child.wait(), bool(interrupted), asked
 
 
-def same_loss(a: float | None, b: float | None, exact: bool) -> bool:
+def same_value(a: float | None, b: float | None, exact: bool) -> bool:
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
         return a is b or (a is not None and b is not None and str(a) == str(b))
     return a == b if exact else abs(a - b) <= REL_TOLERANCE * max(abs(a), 1e-12)
 
 
-def compare(original: Path, again: Path, before: dict[int, Any], after: dict[int, Any], steps: int,
-            exact: bool) -> dict[str, Any]:  # fmt: skip
-    """The report: the steps compared, the first that differs (with both losses), and the recorded inputs that
-    differ between the two folders (provenance and settings, as `trainer diff` compares them)."""
+def compare(original: Path, again: Path, before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]],
+            steps: int, exact: bool) -> dict[str, Any]:  # fmt: skip
+    """The report: the steps and metrics compared, the first step that differs (its metric, both values), and the
+    recorded inputs that differ between the two folders (provenance and settings, as `trainer diff` compares them)."""
     compared = [s for s in sorted(before) if s <= steps]
-    first = next((s for s in compared if s not in after or not same_loss(before[s], after[s], exact)), None)
     inputs = [{"what": k, "original": a, "again": b} for k, a, b in differences(facts(original), facts(again))]
+    first = first_difference(before, after, compared, exact)
     return {
         "original": str(original), "steps": len(compared), "last_step": steps,
+        "metrics": [name for name in COMPARED if any(name in before[s] for s in compared)],
         "rule": "identical" if exact else f"within {REL_TOLERANCE:.0%} (relative)",
-        "identical": first is None,
-        "first_difference": None if first is None else {
-            "step": first, "original_loss": before[first], "again_loss": after.get(first)},
-        "inputs_that_differ": inputs,
+        "identical": first is None, "first_difference": first, "inputs_that_differ": inputs,
     }  # fmt: skip
+
+
+def first_difference(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]], compared: list[int],
+                     exact: bool) -> dict[str, Any] | None:  # fmt: skip
+    """The first step (in COMPARED's order within it) whose metric the re-run did not log or logged otherwise."""
+    for step in compared:
+        again = after.get(step, {})
+        for name, value in before[step].items():
+            if name not in again or not same_value(value, again[name], exact):
+                return {"step": step, "metric": name, "original": value, "again": again.get(name)}
+    return None
 
 
 def show(report: dict[str, Any], out: Path) -> None:
     rule, steps = report["rule"], report["steps"]
+    metrics = " and ".join(report["metrics"]) or "loss"
     if report["identical"]:
-        print(f"reproduced: the loss of all {steps} logged steps is {rule} to the original's ({out})")
+        verb = "are" if len(report["metrics"]) > 1 else "is"
+        print(f"reproduced: the {metrics} of all {steps} logged steps {verb} {rule} to the original's ({out})")
     else:
         first = report["first_difference"]
-        print(f"differs: step {first['step']} has loss {first['again_loss']}, the original {first['original_loss']} "
-              f"(rule: {rule}; {steps} logged steps compared; {out})")  # fmt: skip
+        print(f"differs: step {first['step']} has {first['metric']} {first['again']}, the original "
+              f"{first['original']} (rule: {rule}; the {metrics} of {steps} logged steps compared; {out})")  # fmt: skip
     inputs = report["inputs_that_differ"]
     names = ", ".join(row["what"] for row in inputs)
     print(f"recorded inputs that differ: {names}" if inputs else "recorded inputs that differ: none")

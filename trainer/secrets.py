@@ -22,6 +22,8 @@ NOT_SECRET = frozenset(
         "TOKENS_PER_S",
         "INCLUDE_TOKENS_PER_SECOND",
         "LEFT_OUT_TOKENS_PER_EPOCH",
+        "TRAIN_RL_MAX_NEW_TOKENS",  # masked, a GRPO run could not be reproduced from its run_config.json
+        "MAX_NEW_TOKENS",
     }
 )
 MASK = "***"

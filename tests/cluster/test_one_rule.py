@@ -55,7 +55,8 @@ def run_cluster(*args: str, env: dict[str, str] | None = None, cwd: Path | None 
 def test_the_secret_rule_and_its_exceptions() -> None:
     for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "--hub-token", "--hub_token=x"):
         assert is_secret_name(name), name
-    for name in ("TOKENIZERS_PARALLELISM", "--average_tokens_across_devices", "TRAIN_DATA", "TRAIN_MODEL"):
+    for name in ("TOKENIZERS_PARALLELISM", "--average_tokens_across_devices", "TRAIN_DATA", "TRAIN_MODEL",
+                 "TRAIN_RL_MAX_NEW_TOKENS", "--max_new_tokens"):  # fmt: skip
         assert not is_secret_name(name), name
     assert mask_args(["--hub_token", "abc", "--lr", "1", "--hub-token=xyz", "hf_abcdefgh1234"]) == [
         "--hub_token", "***", "--lr", "1", "--hub-token=***", "***"

@@ -1,6 +1,7 @@
 """Online RL (TRAIN_METHOD=grpo) on TRL's GRPOTrainer: real `python -m trainer` runs of the tiny preset with a user
 reward file it can learn (the share of lower-case letters in its completions), a resume from that run's middle
-checkpoint (the same per-step rewards as the run it continues), reward functions that fail in training (exit 2,
+checkpoint (the same per-step rewards as the run it continues), `reproduce` of that run (the same per-step rewards
+and losses; an edited reward file refused before training), reward functions that fail in training (exit 2,
 named, no traceback, the last checkpoint kept), and the bad inputs, which end before torch (checked in-process,
 one as a real subprocess)."""
 
@@ -13,6 +14,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from train_runs import assert_same_weights, finish, logged_steps, start, train_env
 from waiting import wait_for
 
@@ -119,6 +121,39 @@ def test_a_stopped_run_resumes_to_the_same_rewards_and_weights(
     assert code == 0 and f"continuing from {out / f'checkpoint-{stopped}'}" in err, err[-3000:]
     assert rewards_of(out) == rewards_of(grpo_run)
     assert_same_weights(out / "final", grpo_run / "final")
+
+
+def test_reproduce_gives_the_same_rewards_and_losses_and_refuses_a_changed_reward_file(
+    grpo_run: Path, files: tuple[Path, Path], tmp_path: Path, run_trainer
+) -> None:
+    """`reproduce` trains the recorded run again and compares each step's loss and reward: identical on the CPU.
+    The reward file edited after the run: exit 2 naming it, before any training (no folder written)."""
+    again = tmp_path / "again"
+    result = run_trainer(["reproduce", str(grpo_run), "--output", str(again)], env={"PYTHONPATH": str(REPO)},
+                         timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"reproduced: the loss and reward of all {STEPS} logged steps are identical" in result.stdout, result.stdout
+    report = json.loads((again / "reproduce.json").read_text())
+    assert report["identical"] is True and report["metrics"] == ["loss", "reward"], report
+    assert rewards_of(again) == rewards_of(grpo_run) and len(rewards_of(again)) == STEPS
+    from trainer.reproduce_command import first_difference
+
+    other = {1: {"loss": 0.5, "reward": 0.25}, 2: {"loss": 0.5, "reward": 0.5}}  # the same loss, another reward
+    assert first_difference({**other, 2: {"loss": 0.5, "reward": 0.75}}, other, [1, 2], exact=True) == {
+        "step": 2, "metric": "reward", "original": 0.75, "again": 0.5
+    }  # fmt: skip
+
+    reward = files[1]
+    kept = reward.read_text()
+    reward.write_text(kept + "# edited after the run\n")
+    try:
+        refused = run_trainer(["reproduce", str(grpo_run), "--output", str(tmp_path / "refused")],
+                              env={"PYTHONPATH": str(REPO)})  # fmt: skip
+    finally:
+        reward.write_text(kept)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert f"the reward file {reward} changed" in refused.stderr and "--allow-changed-data" in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # nothing staged: refused before training
 
 
 def test_a_changed_reward_file_is_refused_on_resume(files: tuple[Path, Path], tmp_path: Path) -> None:
