@@ -21,7 +21,7 @@ SMALLEST = [
                  marks=pytest.mark.slow, id="trainer_overhead"),
     pytest.param("build_times", ["--warm-only"], marks=[pytest.mark.docker, pytest.mark.slow], id="build_times"),
 ]
-OWN_TESTS = {"__init__", "gpu_run"}
+OWN_TESTS = {"__init__", "gpu_run", "gpu_support"}  # gpu_run and the helpers it imports: tests/bench/test_gpu_run.py
 
 
 def test_every_benchmark_has_its_smallest_form_here() -> None:
