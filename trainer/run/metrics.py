@@ -132,7 +132,7 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
-def _number(x: Any) -> float | None:
+def finite_float(x: Any) -> float | None:
     """A finite float, else None (written as null)."""
     if x is None:
         return None
@@ -189,10 +189,10 @@ class MetricsCallback(TrainerCallback):
             mfu = tokens_per_s / max(args.world_size, 1) * self.flops_per_token / self.peak_flops
         return {
             "step": state.global_step,
-            "epoch": _number(logs.get("epoch", state.epoch)),
-            "loss": _number(logs.get("loss")),
-            "lr": _number(logs.get("learning_rate")),
-            "grad_norm": _number(logs.get("grad_norm")),
+            "epoch": finite_float(logs.get("epoch", state.epoch)),
+            "loss": finite_float(logs.get("loss")),
+            "lr": finite_float(logs.get("learning_rate")),
+            "grad_norm": finite_float(logs.get("grad_norm")),
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples_per_s,
             "step_time_s": step_time,
@@ -225,7 +225,7 @@ METHOD_METRIC_NAMES = ("nll_loss", "log_odds_ratio", "log_odds_chosen", "kl", "a
 def method_metrics(logs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A preference method's own metrics under TRL's names (`prefix` "eval_" for an evaluation's); none for SFT."""
     return {
-        key: _number(value) for key, value in logs.items()
+        key: finite_float(value) for key, value in logs.items()
         if key.startswith(prefix) and (prefix or not key.startswith("eval_"))
         and ("/" in key or key[len(prefix):] in METHOD_METRIC_NAMES)
     }  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import math
 import re
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 from trainer.config.online import RewardSpec, parse_rewards
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError
+from trainer.run.metrics import finite_float
 
 TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
@@ -125,13 +125,10 @@ class Reward:
 
 
 def _number(value: Any) -> float | None:
+    """A reward as a finite float: a number (not a bool, a string or another object float() would parse), else None."""
     if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
         return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    return finite_float(value)
 
 
 def _parameters(function: Any) -> list[inspect.Parameter]:
