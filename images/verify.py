@@ -231,7 +231,7 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
 def versions() -> dict[str, str]:
     found = {}
     for package in ("torch", "transformers", "accelerate", "datasets", "peft", "bitsandbytes", "deepspeed",
-                    "flash-attn", "apex", "dumb-init", "trainkit"):  # fmt: skip
+                    "flash-attn", "apex", "dumb-init", "trl", "vllm", "trainkit"):  # fmt: skip
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[package] = importlib.metadata.version(package)
     import torch
@@ -239,6 +239,18 @@ def versions() -> dict[str, str]:
     found["torch"] = torch.__version__  # NGC's own string: pip metadata normalises ".nv25.03" to ".nv25.3"
     found["python"] = ".".join(map(str, sys.version_info[:3]))
     return found
+
+
+def vllm_server_mode() -> str:
+    """What the built image's trainer says of TRAIN_RL_ENGINE=vllm (trainer/vllm_compat.py: TRL, vLLM, torch as
+    installed here), recorded with the build."""
+    try:
+        from trainer.compat import stack
+        from trainer.vllm_compat import installed_problem
+    except ImportError as exc:
+        return f"unknown: the trainer does not import ({exc})"
+    problem = installed_problem(stack().describe())
+    return f"refused: {problem}" if problem else "possible: a vLLM in TRL's range, built for this torch, is installed"
 
 
 def installed() -> dict[str, str]:
@@ -273,7 +285,8 @@ def main() -> int:
     for r in results:
         print(f"  {r['status']:8} {r['name']:22} {r['detail']}", file=out)
     if as_json:
-        document = {"manifest": manifest, "versions": versions(), "packages": installed(), "checks": results}
+        document = {"manifest": manifest, "versions": versions(), "packages": installed(), "checks": results,
+                    "vllm_server_mode": vllm_server_mode()}  # fmt: skip
         print(json.dumps(document, indent=2), file=real_stdout)
     if failures:
         print("verification failed: the image claims pieces that are not there:\n  " + "\n  ".join(failures),

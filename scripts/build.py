@@ -40,6 +40,8 @@ from matrix import (
 )  # fmt: skip
 from standin_base import has_standin, load_standin, standin_tag
 
+from trainer.vllm_compat import release, row_problem
+
 CA_ENV = "TRAINKIT_CA_CERT"
 SOURCE_URL = "https://github.com/trainkit/trainkit"
 NGC_TAG = re.compile(r"^\d{2}\.\d{2}$")
@@ -193,6 +195,18 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     plan.build_args = build_args
 
 
+def vllm_server_mode(plan: Plan, matrix: Matrix) -> str:
+    """Whether the row's trainer can drive TRL's vLLM server mode (trainer/vllm_compat.py's rule), for the label."""
+    if matrix.vllm is None:
+        return "refused: images/versions.toml has no [vllm] table"
+    row = f"the CUDA {plan.cuda} row" if plan.cuda else "the CPU flavor"
+    trl_range = matrix.vllm.trl_range if "trl" in plan.pins and release(plan.python) >= (3, 11) else None
+    problem = row_problem(trl_range, matrix.vllm.torch_pins, plan.torch, row, cuda=plan.flavor == "cuda")
+    if problem:
+        return f"refused: {problem}"
+    return f"possible once a vLLM in TRL's range ({' to '.join(matrix.vllm.trl_range)}) for its torch is installed"
+
+
 def print_plan(plan: Plan, matrix: Matrix) -> None:
     title = f"CUDA {plan.cuda}" if plan.cuda else "CPU flavor"
     title += " (stand-in base)" if plan.standin else ""
@@ -205,6 +219,7 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
     print("  pins:    " + ", ".join(f"{k}=={v}" for k, v in plan.pins.items()))
     print(f"  apex:    {matrix.apex['repo']}@{matrix.apex['ref']} (only if the base lacks working fused kernels)")
     print("  tags:    " + ", ".join(plan.tags))
+    print(f"  vllm:    TRAIN_RL_ENGINE=vllm {vllm_server_mode(plan, matrix)}")
     for note in plan.notes:
         print(f"  note:    {note}")
 
@@ -259,6 +274,7 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
         "org.trainkit.standin": str(plan.standin).lower(),
         "org.trainkit.arch-list": plan.arch_list or "none",
         "org.trainkit.apex-ref": matrix.apex["ref"],
+        "org.trainkit.vllm-server-mode": vllm_server_mode(plan, matrix),
     }
     out.update({f"org.trainkit.pin.{pkg}": version for pkg, version in plan.pins.items()})
     return out

@@ -156,6 +156,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         "versions_inside": inside["versions"],
         "manifest": inside["manifest"],
         "checks": inside["checks"],
+        "vllm_server_mode": inside.get("vllm_server_mode", "unknown"),
         "skipped": skipped_pieces(inside["manifest"]),
         "durations": {
             "base_s": round(t_base, 1),

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import cluster_k8s
 import cluster_slurm
+import cluster_vllm
 from cluster_env import EnvFile, read_env
 from cluster_quote import comment, identifier, image_reference, sh
 from errors import UserError, exit_missing_package, exit_on_user_error
@@ -129,6 +130,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     slurm.add_argument("--log", default="trainkit-%j.out", help="Slurm output file pattern (appended on requeue)")
     cluster_k8s.add_arguments(parser)
+    cluster_vllm.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -194,6 +196,19 @@ def image_identity(args: argparse.Namespace) -> dict[str, str]:
     return {"TRAINKIT_IMAGE": image, **({"TRAINKIT_IMAGE_DIGEST": digest} if digest else {})}
 
 
+def vllm_settings(args: argparse.Namespace, env: EnvFile) -> None:
+    """--vllm-server is for TRAIN_RL_ENGINE=vllm; on Kubernetes the trainer reaches the server by its Service (Slurm's
+    job exports TRAIN_RL_VLLM_URL once it knows the server's node)."""
+    cluster_vllm.check_args(args)
+    engine = env.settings.get("TRAIN_RL_ENGINE", "transformers")
+    if args.vllm_server and engine != "vllm":
+        source = env.path or "the settings"
+        raise UserError(f"--vllm-server starts a generation server for TRAIN_RL_ENGINE=vllm, but {source} set "
+                        f"TRAIN_RL_ENGINE={engine}; set TRAIN_RL_ENGINE=vllm there, or drop the option")  # fmt: skip
+    if args.vllm_server and args.target == "k8s":
+        env.settings["TRAIN_RL_VLLM_URL"] = cluster_vllm.k8s_url(args)
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -203,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.target == "slurm-apptainer" and args.sif):
         pin_image(args)
     env.settings.update(image_identity(args))
+    vllm_settings(args, env)
     text = generate(args, env)
     if args.out:
         write_private(args.out, text, 0o700 if args.target.startswith("slurm") else 0o600)

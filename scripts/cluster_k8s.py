@@ -14,6 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 from cluster_quote import comment, identifier, sh
+from cluster_vllm import k8s_documents
 from errors import UserError, key_values
 
 if TYPE_CHECKING:
@@ -228,7 +229,11 @@ def k8s_manifest(args: argparse.Namespace, env: EnvFile) -> str:
         claim = comment(args.output_pvc)
         header.append(f"# {claim} must be ReadWriteMany: every pod resumes from the checkpoints in it.")
     # values only through the yaml library: quoted where YAML needs it, read back exactly as given
-    body = yaml.safe_dump(pytorchjob(args, env), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    documents = [pytorchjob(args, env)]
+    if args.vllm_server:  # TRL's vLLM server: a Deployment and a Service beside the job
+        header.append(f"# The vLLM generation server ({comment(args.vllm_image)}) starts beside it; unproven here.")
+        documents += k8s_documents(args, pod_template(args, env)["spec"])
+    body = yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return "\n".join(header) + "\n" + body
 
 

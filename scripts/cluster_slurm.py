@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster_quote import comment, identifier, mount_path, sbatch_value, sh
+from cluster_vllm import slurm_server_block, training_step_words
 
 if TYPE_CHECKING:
     from cluster_env import EnvFile
@@ -44,7 +45,7 @@ def header(args: argparse.Namespace, how: str) -> list[str]:
         )
     lines += [
         f"#SBATCH --job-name={sbatch_value(args.job_name, '--job-name')}",
-        f"#SBATCH --nodes={args.nodes}",
+        f"#SBATCH --nodes={args.nodes + args.vllm_server}",  # --vllm-server: one more, the generation server's
         "#SBATCH --ntasks-per-node=1",
     ]
     if args.gpus_per_node:
@@ -151,7 +152,7 @@ def srun_prefix(args: argparse.Namespace) -> list[str]:
     cpus = (
         f"--cpus-per-task={args.cpus_per_task}" if args.cpus_per_task else Raw('--cpus-per-task="$SLURM_CPUS_ON_NODE"')
     )
-    return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", cpus]
+    return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", cpus, *map(Raw, training_step_words(args))]
 
 
 def run_block(command: list[str]) -> list[str]:
@@ -196,6 +197,7 @@ def pyxis_image(image: str) -> str:
 
 def slurm_pyxis(args: argparse.Namespace, env: EnvFile, secrets_file: Path) -> str:
     container_mounts = ",".join(f"{src}:{dst}" + (":ro" if ro else "") for src, dst, ro in mounts(args))
+    names = env_names(env, args) + ["TRAIN_RL_VLLM_URL"] * args.vllm_server
     command = [
         *srun_prefix(args),
         f"--container-image={pyxis_image(args.image)}",
@@ -203,11 +205,16 @@ def slurm_pyxis(args: argparse.Namespace, env: EnvFile, secrets_file: Path) -> s
         "--container-writable",  # enroot's root filesystem is read-only by default (ENROOT_ROOTFS_WRITABLE=no)
         "--no-container-mount-home",  # the host HOME (~/.local, ~/.cache) stays out
         # these variables take the job's values over the image's ENV (HF_HOME, cache paths, NGC's own)
-        f"--container-env={','.join(env_names(env, args))}",
+        f"--container-env={','.join(names)}",
         ENTRYPOINT,
         "train",
     ]
     lines = header(args, "pyxis/enroot containers") + env_block(env, args, secrets_file) + folders_block(args)
+    if args.vllm_server:
+        server = [f"--container-image={pyxis_image(args.vllm_image)}", f"--container-mounts={container_mounts}",
+                  "--container-writable", "--no-container-mount-home",
+                  f"--container-env={','.join(env_names(env, args))}"]  # fmt: skip
+        lines += slurm_server_block(args, server)
     return "\n".join([*lines, *run_block(command)])
 
 
@@ -226,6 +233,9 @@ def slurm_apptainer(args: argparse.Namespace, env: EnvFile, secrets_file: Path) 
         f'for name in {names}; do export "APPTAINERENV_$name=${{!name}}"; done',
     ]
     lines = header(args, "Apptainer") + env_block(env, args, secrets_file) + passing + folders_block(args)
+    if args.vllm_server:
+        lines += slurm_server_block(args, ["apptainer", "exec", "--nv", "--no-home", "--writable-tmpfs", "--bind",
+                                           binds, f"docker://{args.vllm_image}"])  # fmt: skip
     return "\n".join([*lines, *run_block(command)])
 
 

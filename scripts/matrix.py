@@ -125,6 +125,22 @@ class CpuFlavor:
 
 
 @dataclass(frozen=True)
+class VllmServer:
+    """TRL's vLLM server mode: the server image (tag, and digest once pulled) and the vLLM/torch facts it is
+    checked against (trainer/vllm_compat.py)."""
+
+    server_image: str
+    server_digest: str
+    trl_range: list[str]
+    torch_pins: dict[str, str]
+
+    @property
+    def image(self) -> str:
+        """The reference compose and the jobs pull: by digest where one is recorded, else by tag."""
+        return f"{self.server_image}@{self.server_digest}" if self.server_digest else self.server_image
+
+
+@dataclass(frozen=True)
 class Matrix:
     version: str
     default_cuda: str
@@ -134,6 +150,7 @@ class Matrix:
     cpu: CpuFlavor
     entries: dict[str, Entry] = field(default_factory=dict)
     sha256: dict[str, str] = field(default_factory=dict)  # downloaded file name -> its recorded sha256
+    vllm: VllmServer | None = None
 
     def entry(self, cuda: str) -> Entry:
         """The entry for CUDA `cuda` (X.Y), or a UserError listing the supported ones."""
@@ -176,6 +193,7 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
         cpu=cpu,
         entries=entries,
         sha256=dict(data.get("sha256", {})),
+        vllm=VllmServer(**data["vllm"]) if "vllm" in data else None,
     )
 
 

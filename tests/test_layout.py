@@ -39,7 +39,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
      "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
      "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/jsonl",
-     "trainer/output_lock"),  # facts of the machine, the installed versions, a checkpoint's record and a run's
+     "trainer/output_lock",
+     "trainer/vllm_compat"),  # facts of the machine, the installed versions, a checkpoint's record and a run's
     # provenance, how long a process lives, where it logs, the list of commands, how JSON lines are appended and
     # who holds an output folder:
     # no trainkit code above them

@@ -240,7 +240,7 @@ def test_bad_prompts_and_settings_are_named_before_torch(tmp_path: Path, files: 
         tmp_path, [GOOD], TRAIN_METHOD="rloo", TRAIN_RL_LOSS="dr_grpo"
     )
     assert "is no multiple of TRAIN_RL_GENERATIONS=4" in problems(tmp_path, [GOOD], TRAIN_BATCH_SIZE="6")
-    assert "TRAIN_RL_ENGINE=vllm: no image row" in problems(tmp_path, [GOOD], TRAIN_RL_ENGINE="vllm")
+    assert "has no vLLM installed" in problems(tmp_path, [GOOD], TRAIN_RL_ENGINE="vllm")
     assert "TRAIN_REWARD is empty" in problems(tmp_path, [GOOD], TRAIN_REWARD="")
     assert "no such file" in problems(tmp_path, [GOOD], TRAIN_REWARD=f"{tmp_path}/none.py:score")
     assert "defines no 'score'" in problems(tmp_path, [GOOD], TRAIN_REWARD=f"{files[1]}:score")

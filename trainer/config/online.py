@@ -19,14 +19,11 @@ from trainer.config.schema import TrainSettings
 from trainer.data.mix import split_weight
 
 BUILTINS = ("exact", "contains", "regex", "length")
-RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine")
+RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
+              "rl_vllm_url")  # fmt: skip
 # TRAIN_RL_* option -> the methods it applies to (the others apply to both)
 OPTION_METHODS = {"rl_loss": ("grpo",)}
 ONLINE_METHODS = ("grpo", "rloo")
-VLLM_REFUSED = ("TRAIN_RL_ENGINE=vllm: no image row of this release can run vLLM: a vLLM wheel is built for one torch, "
-                "none matches the torch NVIDIA's NGC images ship, and installing it would replace that torch; TRL's "
-                "vLLM server mode (the server in its own container) is not built or proven yet. Use "
-                "TRAIN_RL_ENGINE=transformers (generation inside the training process)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -170,8 +167,7 @@ def option_problems(s: TrainSettings) -> list[str]:
     problems = [f"TRAIN_{n.upper()} applies to TRAIN_METHOD={'/'.join(m)}, not TRAIN_METHOD={s.method}; remove it"
                 for n, m in OPTION_METHODS.items() if n in s.model_fields_set and s.method not in m]  # fmt: skip
     problems += reward_problems(s.reward)
-    if s.rl_engine == "vllm":
-        problems.append(VLLM_REFUSED)
+    problems += engine_problems(s)
     completions = s.batch_size * s.grad_accum
     if completions % s.rl_generations:
         problems.append(f"TRAIN_BATCH_SIZE={s.batch_size} x TRAIN_GRAD_ACCUM={s.grad_accum} = {completions} "
@@ -187,6 +183,25 @@ def option_problems(s: TrainSettings) -> list[str]:
             f"TRAIN_EVAL_DATA/TRAIN_EVAL_SPLIT with TRAIN_METHOD={s.method}: evaluation during online RL "
             "is not supported yet; remove them (the rewards in metrics.jsonl are the measure)"
         )
+    return problems
+
+
+def engine_problems(s: TrainSettings) -> list[str]:
+    """TRAIN_RL_ENGINE=vllm: TRL's server mode, which needs the server's URL and vLLM in this process too
+    (trainer/vllm_compat.py); refused naming the row where its stack cannot."""
+    if s.rl_engine != "vllm":
+        return [f"TRAIN_RL_VLLM_URL is for TRAIN_RL_ENGINE=vllm, not {s.rl_engine}; remove it"] * bool(s.rl_vllm_url)
+    from trainer.compat import stack
+    from trainer.vllm_compat import installed_problem
+
+    problems = []
+    cannot = installed_problem(stack().describe())
+    if cannot:
+        problems.append(f"TRAIN_RL_ENGINE=vllm: {cannot}. Use TRAIN_RL_ENGINE=transformers (generation inside the "
+                        "training process); docs/running.md, 'Online RL', says what each row runs")  # fmt: skip
+    if not s.rl_vllm_url:
+        problems.append("TRAIN_RL_ENGINE=vllm needs TRAIN_RL_VLLM_URL, the generation server's address (compose's "
+                        "`vllm` service: http://vllm:8000)")  # fmt: skip
     return problems
 
 
@@ -226,7 +241,7 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         "max_completion_length": s.rl_max_new_tokens,
         "temperature": s.rl_temperature,
         "beta": s.rl_beta,
-        "use_vllm": False,
+        "use_vllm": s.rl_engine == "vllm",
         "reward_weights": [spec.weight for spec in parse_rewards(s.reward)[0]],
         "log_completions": False,  # trainkit logs the rewards; TRL's table needs rich/pandas output of its own
         # A DataLoader iterator draws its workers' base seed from torch's global generator, which also samples the
@@ -235,6 +250,8 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         # both runs draw at the same step.
         "dataloader_persistent_workers": False,
     }
+    if s.rl_engine == "vllm":
+        args.update(vllm_mode="server", vllm_server_base_url=s.rl_vllm_url)
     if s.method == "grpo":
         args["loss_type"] = "dapo" if s.rl_loss == "auto" else s.rl_loss
     return args

@@ -187,10 +187,11 @@ class TrainSettings(BaseSettings):
     rl_loss: Literal["auto", "grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = _f(
         "auto", "method", "grpo: TRL's GRPO loss_type. auto: dapo (TRL's default).", on_resume=FIXED)  # fmt: skip
     rl_engine: Literal["transformers", "vllm"] = _f(
-        "transformers", "method",
-        "grpo/rloo: what generates the completions. transformers: its generate inside the training process (every "
-        "stack, the CPU included). vllm: refused for now: no image row holds a vLLM built for its own torch "
-        "(docs/running.md).", on_resume=DATA)  # fmt: skip
+        "transformers", "method", "grpo/rloo: what generates the completions. transformers: generate inside the "
+        "training process (every stack). vllm: TRL's server mode on TRAIN_RL_VLLM_URL (docs/running.md).",
+        on_resume=DATA)  # fmt: skip
+    rl_vllm_url: str = _f("", "method", "TRAIN_RL_ENGINE=vllm: the generation server, e.g. http://vllm:8000 "
+                          "(compose's `vllm` service).", on_resume=FREE)  # fmt: skip
 
     # precision
     precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(

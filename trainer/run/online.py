@@ -64,9 +64,15 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
 
     from trainer.run.checkpoint import atomic_trainer
 
-    log.info("generation: Transformers' generate in this process, %d completions per prompt, at most %d new tokens, "
-             "temperature %g", cfg.settings.rl_generations, cfg.settings.rl_max_new_tokens,
-             cfg.settings.rl_temperature)  # fmt: skip
+    where = ("Transformers' generate in this process" if cfg.settings.rl_engine == "transformers" else
+             f"the vLLM server at {cfg.settings.rl_vllm_url} (TRL's server mode)")  # fmt: skip
+    log.info(
+        "generation: %s, %d completions per prompt, at most %d new tokens, temperature %g",
+        where,
+        cfg.settings.rl_generations,
+        cfg.settings.rl_max_new_tokens,
+        cfg.settings.rl_temperature,
+    )
     log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -80,8 +86,8 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
     )
 
 
-def generation_provenance() -> dict[str, Any]:
-    """What generated the completions, for provenance.json."""
-    import transformers
+def generation_provenance(engine: str = "transformers") -> dict[str, Any]:
+    """What generated the completions, for provenance.json (vllm: the client's vLLM in this process)."""
+    from trainer.vllm_compat import installed
 
-    return {"engine": "transformers", "version": transformers.__version__}
+    return {"engine": engine, "version": installed(engine)}

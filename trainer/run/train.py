@@ -350,7 +350,7 @@ def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
         from trainer.config.online import reward_files
         from trainer.run.online import generation_provenance
 
-        online = {"reward_files": reward_files(s.reward), "generation": generation_provenance()}
+        online = {"reward_files": reward_files(s.reward), "generation": generation_provenance(s.rl_engine)}
     record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, online)
 
 
