@@ -126,3 +126,18 @@ def test_export_and_push_services_run_their_command_without_gpus(tmp_path):
         assert evaluate["entrypoint"][-1] == "eval" and evaluate["command"][0] == "/output"
         gpus = len(files) == 1
         assert all(bool(s.get("deploy", {}).get("resources")) == gpus for s in (generate, evaluate))
+
+
+def test_vllm_service_serves_with_the_pinned_image_and_the_one_start_script(tmp_path):
+    """TRAIN_RL_ENGINE=vllm's server (profile `vllm`): images/versions.toml's image (by digest once recorded), its
+    own GPU, and scripts/cluster_vllm.py's start script (the one the Slurm/Kubernetes jobs run) word for word."""
+    import cluster_vllm
+
+    vllm = resolved(tmp_path, "docker-compose.yml")["services"]["vllm"]
+    pinned = matrix.load().vllm
+    assert vllm["profiles"] == ["vllm"] and vllm["image"] == pinned.image
+    assert default_of((ROOT / "docker-compose.yml").read_text(), "TRAINKIT_VLLM_IMAGE") == pinned.image
+    assert vllm["entrypoint"] == ["/bin/sh", "-c"]
+    assert vllm["command"][0].replace("$$", "$") == cluster_vllm.serve_script(*pinned.trl_range)
+    assert vllm["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
+    assert vllm["environment"]["HF_TOKEN"] is None and vllm["ipc"] == "host"
