@@ -44,6 +44,7 @@ class Stack:
     transformers: tuple[int, ...] | None
     flash_attn: tuple[int, ...] | None
     trl: tuple[int, ...] | None = TRL_MIN  # None: not installed (the Python 3.10 rows)
+    math_verify: tuple[int, ...] | None = (0, 9)  # TRAIN_REWARD=math's verifier; None: not installed (as TRL)
 
     @property
     def transformers_5(self) -> bool:
@@ -126,7 +127,7 @@ def bitsandbytes_quantizes_on_cpu() -> bool:
 @functools.lru_cache(maxsize=1)
 def stack() -> Stack:
     return Stack(_release("torch"), _release("transformers"), _release("flash-attn") or _release("flash_attn"),
-                 _release("trl"))
+                 _release("trl"), _release("math-verify"))  # fmt: skip
 
 
 # ---- switches this stack cannot run: (TRAIN_* variable, value) -> reason ----------------------------------------
@@ -154,6 +155,11 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
                 f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
                 "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
             )
+    if st.math_verify is None:
+        out["TRAIN_REWARD=math"] = (
+            "math-verify (the verifier of the math reward) is installed only where TRL is (Python >= 3.11, as online "
+            "RL); use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU image)"
+        )
     return out | _methods_unsupported(st) | _optimizers_unsupported(st)
 
 
@@ -204,7 +210,18 @@ def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[st
     found = unsupported(st)
     chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}",
               f"TRAIN_METHOD={settings.method}"}
-    return [f"{switch} is not supported on {st.describe()}: {found[switch]}" for switch in sorted(chosen & set(found))]
+    return [_refusal(switch, st, found[switch]) for switch in sorted(chosen & set(found))]
+
+
+def switch_problem(switch: str, st: Stack | None = None) -> str | None:
+    """`TRAIN_X=value`'s refusal on this stack as unsupported_problems words it, or None where it runs."""
+    st = st or stack()
+    reason = unsupported(st).get(switch)
+    return None if reason is None else _refusal(switch, st, reason)
+
+
+def _refusal(switch: str, st: Stack, reason: str) -> str:
+    return f"{switch} is not supported on {st.describe()}: {reason}"
 
 
 def cpu_optimizer_problem(optim: str, st: Stack | None = None) -> str | None:

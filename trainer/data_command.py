@@ -83,11 +83,12 @@ def main(args: argparse.Namespace) -> int:
 def show_prompts(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool) -> int:
     """Online RL's data: a summary line, or its first `count` prompts as the model is given them (conversations
     through the chat template with its generation prompt) with the columns the rewards receive."""
+    from trainer.data.mixed import training_prompts
     from trainer.data.prompts import rendered
 
-    records = inputs.prompts
+    records, mix = training_prompts(inputs.prompts, list(inputs.mix.entries), inputs.settings.seed)
     summary = {"method": inputs.settings.method, "records": len(records.rows), "skipped_lines": len(records.skipped),
-               "prompts": "messages" if records.chat else "text"}  # fmt: skip
+               "prompts": "messages" if records.chat else "text", **({"mix": mix} if mix else {})}  # fmt: skip
     if count is None:
         print(json.dumps(summary))
         return EXIT_OK

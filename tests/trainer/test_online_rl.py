@@ -1,6 +1,7 @@
 """Online RL (TRAIN_METHOD=grpo) on TRL's GRPOTrainer: real `python -m trainer` runs of the tiny preset with a user
-reward file it can learn (the share of lower-case letters in its completions), a resume from that run's middle
-checkpoint (the same per-step rewards as the run it continues), `reproduce` of that run (the same per-step rewards
+reward file it can learn (the share of lower-case letters in its completions) and its sampled completions
+(samples.jsonl, TensorBoard), a resume from that run's middle checkpoint (the same per-step rewards and samples as
+the run it continues), `reproduce` of that run (the same per-step rewards
 and losses; an edited reward file refused before training), reward functions that fail in training (exit 2,
 named, no traceback, the last checkpoint kept), and the bad inputs, which end before torch (checked in-process,
 one as a real subprocess)."""
@@ -102,6 +103,28 @@ def test_grpo_learns_the_reward_of_a_user_file(grpo_run: Path, files: tuple[Path
     assert (grpo_run / "final" / "model.safetensors").is_file()
 
 
+def test_sampled_completions_and_their_rewards_are_kept_per_step(grpo_run: Path) -> None:
+    """samples.jsonl: the first 8 completions of each step (two prompts' groups of 4), each with its reward by name
+    and the weighted total; TensorBoard's text tab holds the same table per step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lines = (grpo_run / "samples.jsonl").read_text().splitlines()
+    rows = [json.loads(line, parse_constant=pytest.fail) for line in lines]
+    assert [r["step"] for r in rows] == [step for step in range(1, STEPS + 1) for _ in range(8)]
+    assert {tuple(r) for r in rows} == {("step", "prompt", "completion", "rewards", "reward")}
+    letters = set("abcdefghijklmnopqrstuvwxyz")
+    for row in rows:
+        share = sum(ch in letters for ch in row["completion"]) / max(1, len(row["completion"]))
+        assert row["rewards"] == {"lowercase_share": pytest.approx(share)} and row["reward"] == pytest.approx(share)
+    assert rows[0]["prompt"] == rows[3]["prompt"] != rows[4]["prompt"] and rows[0]["prompt"].startswith("say ")
+    (events,) = (grpo_run / "runs").rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    texts = accumulator.Tensors("train/completions/text_summary")
+    assert [t.step for t in texts] == list(range(1, STEPS + 1))
+    assert "| step | prompt | completion | lowercase_share | reward |" in texts[0].tensor_proto.string_val[0].decode()
+
+
 def test_a_stopped_run_resumes_to_the_same_rewards_and_weights(
     grpo_run: Path, files: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -120,6 +143,7 @@ def test_a_stopped_run_resumes_to_the_same_rewards_and_weights(
     code, err = finish(start(env))
     assert code == 0 and f"continuing from {out / f'checkpoint-{stopped}'}" in err, err[-3000:]
     assert rewards_of(out) == rewards_of(grpo_run)
+    assert (out / "samples.jsonl").read_text() == (grpo_run / "samples.jsonl").read_text()  # no step twice
     assert_same_weights(out / "final", grpo_run / "final")
 
 
@@ -268,3 +292,29 @@ def test_data_show_prints_the_prompts_as_rendered(tmp_path: Path, run_trainer) -
     assert result.returncode == 0, result.stderr[-2000:]
     assert "<|im_start|>user\nsay hi<|im_end|>\n<|im_start|>assistant\n" in result.stdout, result.stdout
     assert f"prompt 0 ({data}:1)" in result.stdout and '{"answer": "hi"}' in result.stdout
+
+
+def test_a_mix_of_prompt_files_is_drawn_by_weight(tmp_path: Path, run_trainer) -> None:
+    """TRAIN_DATA=a.jsonl:3,b.jsonl:1 with 4 prompts each: an epoch of 8 prompts, 6 of a (its 4 and 2 drawn again)
+    and 2 of b (drawn from its 4 with TRAIN_SEED), each named by file:line; the shares are logged per source."""
+    for name in ("a", "b"):
+        rows = [{"prompt": f"{name} {i}", "answer": str(i)} for i in range(4)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env = {"TRAIN_DATA": f"{tmp_path / 'a.jsonl'}:3,{tmp_path / 'b.jsonl'}:1", "TRAIN_METHOD": "grpo",
+           "TRAIN_REWARD": "exact", "TRAIN_OUTPUT_DIR": str(tmp_path / "out")}  # fmt: skip
+    result = run_trainer(["data", "--show", "8", "--json"], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    files = [row["where"].rsplit(":", 1)[0] for row in shown]
+    assert sorted(files) == [str(tmp_path / "a.jsonl")] * 6 + [str(tmp_path / "b.jsonl")] * 2, files
+    assert sorted(row["text"] for row in shown if row["text"].startswith("a ")).count("a 0") >= 1
+    logged = result.stderr
+    assert "data mix: a (" in logged and "data mix: b (" in logged, logged[-3000:]
+    assert "requested 75.00%, achieved 75.00% of 8 prompts; 6 records drawn from its 4, repeated 1.50 times" in logged
+    assert "requested 25.00%, achieved 25.00% of 8 prompts; 2 records drawn from its 4, sampled 50.0% of its" in logged
+    again = run_trainer(["data", "--show", "8", "--json"], env=env)
+    assert again.stdout == result.stdout  # the same draw with the same TRAIN_SEED
+    refused = problems(tmp_path, [GOOD], TRAIN_DATA=f"{tmp_path / 'a.jsonl'}:1,{tmp_path / 'a.jsonl'}:1")
+    assert "is in the mix twice" in refused, refused
+    assert "TRAIN_DATA mix also for grpo/rloo" in problems(tmp_path, [GOOD], TRAIN_METHOD="dpo",
+                                                            TRAIN_DATA=env["TRAIN_DATA"])  # fmt: skip

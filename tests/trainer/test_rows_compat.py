@@ -25,12 +25,15 @@ def release(version: str | None) -> tuple[int, ...] | None:
 def row_stack(row: str) -> Stack:
     """A row's stack as versions.toml gives it: NGC's torch, the transformers pin (the row's own over the default), and
     the flash-attn pin, none where the row builds none (its base keeps its own; where NGC ships flash-attn 2 its own
-    version stands in, and only the major matters to compat); the TRL pin on Python 3.11+ (pyproject's marker)."""
+    version stands in, and only the major matters to compat); the TRL and math-verify pins on Python 3.11+
+    (pyproject's markers)."""
     facts = ROWS[row]
     pins = {**VERSIONS["packages"], **facts.get("packages", {})}
     flash_attn = None if "flash-attn" in facts.get("skip", {}) else pins["flash-attn"]
-    trl = pins["trl"] if tuple(map(int, facts["python"].split("."))) >= (3, 11) else None
-    return Stack(release(facts["torch"]), release(pins["transformers"]), release(flash_attn), release(trl))
+    on_311 = tuple(map(int, facts["python"].split("."))) >= (3, 11)
+    trl, math_verify = (pins["trl"], pins["math-verify"]) if on_311 else (None, None)
+    return Stack(release(facts["torch"]), release(pins["transformers"]), release(flash_attn), release(trl),
+                 release(math_verify))  # fmt: skip
 
 
 STACKS = {row: row_stack(row) for row in ROWS}

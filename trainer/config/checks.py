@@ -266,13 +266,16 @@ def _data_problems(inputs: Inputs) -> list[str]:
 
 
 def _mix_problems(s: TrainSettings) -> list[str]:
-    """A mix of sources and several eval sets are for SFT (trainer.data.mix); preference data is read whole."""
-    lists = [name for name, value in (("TRAIN_DATA", parse_mix(s.data).is_mix),
+    """A mix of sources is for SFT and online RL's prompts, several eval sets for SFT (trainer.data.mix);
+    preference data is read whole."""
+    mixes = parse_mix(s.data).is_mix and s.method not in methods.ONLINE
+    lists = [name for name, value in (("TRAIN_DATA", mixes),
                                       ("TRAIN_EVAL_DATA", bool(parse_eval_sets(s.eval_data)))) if value]  # fmt: skip
     if s.method == "sft" or not lists:
         return []
-    return [f"{' and '.join(lists)}: several sources (a mix, named eval sets) are for TRAIN_METHOD=sft; "
-            f"TRAIN_METHOD={s.method} reads one source: give one path, folder or glob"]
+    return [f"{' and '.join(lists)}: several sources (a mix, named eval sets) are for TRAIN_METHOD=sft (a "
+            f"TRAIN_DATA mix also for grpo/rloo); TRAIN_METHOD={s.method} reads one source: give one path, folder or "
+            "glob"]  # fmt: skip
 
 
 def _eval_data_problems(inputs: Inputs) -> list[str]:

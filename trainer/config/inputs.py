@@ -17,7 +17,7 @@ from trainer.data.discovery import DataSource, scan
 from trainer.data.hub_datasets import DATA_FILES
 from trainer.data.mix import Mix, combined, eval_set_problems, parse_eval_sets, parse_mix
 from trainer.data.preference import PreferenceRecords, read_records
-from trainer.data.prompts import PromptRecords, read_prompts
+from trainer.data.prompts import PromptRecords, read_prompt_mix, read_prompts
 from trainer.data.spec import DataSpec
 from trainer.hub.ids import parse_dataset_id
 from trainer.hub.sources import KEYS, HubSources, entry_key, resolve_hub, setting_of
@@ -107,7 +107,10 @@ class Inputs:
 
     @cached_property
     def prompts(self) -> PromptRecords:
-        """TRAIN_DATA's prompts (TRAIN_METHOD=grpo/rloo), every record read and checked once."""
+        """TRAIN_DATA's prompts (TRAIN_METHOD=grpo/rloo), every record read and checked once; a mix source by
+        source."""
+        if self.mix.is_mix:
+            return read_prompt_mix(self.mix, self.mix_sources, self.settings.data_max_bad_lines)
         return read_prompts(self.data, self.settings.data_max_bad_lines)
 
     @cached_property

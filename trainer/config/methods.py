@@ -76,7 +76,7 @@ def option_problems(s: TrainSettings) -> list[str]:
     """A TRAIN_PREF_* option given for a method it does not apply to is an error, never silently ignored."""
     from trainer.config import online
 
-    problems = online.option_problems(s)
+    problems = online.option_problems(s) + online.reward_stack_problems(s)
     for name, methods in OPTION_METHODS.items():
         if name in s.model_fields_set and s.method not in methods:
             problems.append(f"TRAIN_{name.upper()} applies to TRAIN_METHOD={'/'.join(methods)}, not "

@@ -18,7 +18,7 @@ from trainer.config.decision import Decision
 from trainer.config.schema import TrainSettings
 from trainer.data.mix import split_weight
 
-BUILTINS = ("exact", "contains", "regex", "length")
+BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
               "rl_vllm_url")  # fmt: skip
 # TRAIN_RL_* option -> the methods it applies to (the others apply to both)
@@ -114,6 +114,15 @@ def reward_problems(value: str) -> list[str]:
             problems.append(f"TRAIN_REWARD: {spec.path} holds no config.json; a reward model folder is what "
                             "TRAIN_METHOD=reward writes (its final/)")  # fmt: skip
     return problems
+
+
+def reward_stack_problems(s: TrainSettings) -> list[str]:
+    """A built-in reward whose library this stack lacks (math: math-verify, where TRL is), named with the row; for
+    any method, so a row's refusal reads the same whatever else is wrong."""
+    from trainer.compat import switch_problem
+
+    found = (switch_problem(f"TRAIN_REWARD={spec.kind}") for spec in parse_rewards(s.reward)[0])
+    return [problem for problem in dict.fromkeys(found) if problem]
 
 
 def _function_problems(spec: RewardSpec) -> list[str]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from trainer.data.mix import Mix, MixEntry
 from trainer.data.packing import FLAG_START, FLAG_TRAINED
+from trainer.data.prompts import PromptRecords
 from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -77,10 +78,23 @@ def _torch() -> Any:
     return torch
 
 
+TOKENS = ("trained tokens", "sequences")  # what an SFT mix shares and draws
+PROMPTS = ("prompts", "records")  # what an online RL mix shares and draws (trainer.data.prompts)
+
+
 def plan(entries: list[MixEntry], parts: list[ShardedDataset | BlockRange], counts: list[np.ndarray], seed: int
          ) -> MixedDataset:  # fmt: skip
     """The mix of the prepared `parts` (their trained tokens per block in `counts`) at the entries' weights;
     ConfigError when a source cannot reach its share."""
+    sources, blocks, report = draw(entries, counts, seed)
+    return MixedDataset(list(parts), sources, blocks, report)
+
+
+def draw(entries: list[MixEntry], counts: list[np.ndarray], seed: int, units: tuple[str, str] = TOKENS
+         ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:  # fmt: skip
+    """(each drawn item's source, its index in that source, the report) in a seeded order: every source's share of
+    the units counted per item (`counts`) at its weight; ConfigError when a source cannot reach its share."""
+    unit, items = units
     total_weight = sum(e.weight for e in entries)
     natural = sum(int(c.sum()) for c in counts)
     rng = np.random.default_rng(seed)
@@ -92,7 +106,7 @@ def plan(entries: list[MixEntry], parts: list[ShardedDataset | BlockRange], coun
         repeats = take / max(1, len(count))
         if take < 1:
             problems.append(f"TRAIN_DATA: {entry.name} ({entry.source}) cannot reach its share {100 * share:.3g}%: "
-                            f"it has {int(count.sum())} trained tokens in {len(count)} sequences and the mix would "
+                            f"it has {int(count.sum())} {unit} in {len(count)} {items} and the mix would "
                             "take none; give it a larger weight or more data")  # fmt: skip
         elif entry.max_repeats is not None and repeats > entry.max_repeats:
             problems.append(f"TRAIN_DATA: {entry.name} ({entry.source}) needs {repeats:.2f} repeats to reach its share "
@@ -105,8 +119,24 @@ def plan(entries: list[MixEntry], parts: list[ShardedDataset | BlockRange], coun
     blocks = np.concatenate(chosen)
     order = rng.permutation(len(blocks))
     achieved = [int(count[c].sum()) for count, c in zip(counts, chosen, strict=True)]
-    report = _report(entries, counts, chosen, achieved, seed)
-    return MixedDataset(list(parts), sources[order], blocks[order], report)
+    return sources[order], blocks[order], _report(entries, counts, chosen, achieved, seed)
+
+
+def training_prompts(records: PromptRecords, entries: list[MixEntry], seed: int
+                     ) -> tuple[PromptRecords, dict[str, Any] | None]:  # fmt: skip
+    """Online RL's prompts as a run trains on them: a mix (records.parts) drawn by share of the prompts with
+    TRAIN_SEED, logged per source (the report, None for one source); one source as read."""
+    if not records.parts:
+        return records, None
+    starts = np.cumsum([0, *records.parts])
+    sources, indices, report = draw(entries, [np.ones(n, np.int64) for n in records.parts], seed, PROMPTS)
+    rows = [int(starts[s] + i) for s, i in zip(sources, indices, strict=True)]
+    drawn = PromptRecords(rows=[records.rows[r] for r in rows], wheres=[records.wheres[r] for r in rows],
+                          skipped=records.skipped, problems=records.problems)  # fmt: skip
+    log_report(report, PROMPTS)
+    names = {"sequences": "records", "sequences_used": "records_used", "trained_tokens": "prompts"}
+    sources = [{names.get(k, k): v for k, v in row.items()} for row in report["sources"]]
+    return drawn, {**{names.get(k, k): v for k, v in report.items()}, "sources": sources}
 
 
 def _draw(blocks: int, take: int, rng: np.random.Generator) -> np.ndarray:
@@ -128,19 +158,20 @@ def _report(entries: list[MixEntry], counts: list[np.ndarray], chosen: list[np.n
     return {"seed": seed, "sequences": sum(len(c) for c in chosen), "trained_tokens": sum(achieved), "sources": rows}
 
 
-def log_report(report: dict[str, Any]) -> None:
+def log_report(report: dict[str, Any], units: tuple[str, str] = TOKENS) -> None:
     """One log line per source: requested and achieved share, and how it got there (repeated, sampled)."""
+    unit, items = units
     for row in report["sources"]:
         how = (f"repeated {row['repeats']:.2f} times" if row["repeats"] > 1
-               else f"sampled {100 * row['repeats']:.1f}% of its sequences" if row["repeats"] < 1 else "used once")
-        log.info("data mix: %s (%s): requested %.2f%%, achieved %.2f%% of %d trained tokens; %d sequences drawn from "
-                 "its %d, %s%s",
+               else f"sampled {100 * row['repeats']:.1f}% of its {items}" if row["repeats"] < 1 else "used once")
+        log.info("data mix: %s (%s): requested %.2f%%, achieved %.2f%% of %d %s; %d %s drawn from its %d, %s%s",
                  row["name"], row["source"], 100 * row["requested_share"], 100 * row["achieved_share"],
-                 report["trained_tokens"], row["sequences_used"], row["sequences"], how,
+                 report["trained_tokens"], unit, row["sequences_used"], items, row["sequences"], how,
                  f"; capped at its first {row['max_records']} records" if row.get("max_records") else "")  # fmt: skip
         if abs(row["achieved_share"] - row["requested_share"]) > SHARE_TOLERANCE:
-            log.warning("data mix: %s reaches %.2f%% instead of %.2f%% (its sequences are few or uneven); more data "
-                        "brings it closer", row["name"], 100 * row["achieved_share"], 100 * row["requested_share"])
+            log.warning("data mix: %s reaches %.2f%% instead of %.2f%% (its %s are few or uneven); more data "
+                        "brings it closer", row["name"], 100 * row["achieved_share"], 100 * row["requested_share"],
+                        items)  # fmt: skip
 
 
 def prepare_mix(mix: Mix, parts: list[DataSource], tokenizer: Any, spec: Any, cache_dir: Path, seed: int,

@@ -6,6 +6,8 @@ is the user's (`messages`: [..., {"role": "user", ...}]); the prompt becomes TRL
 TRL renders with the chat template and its generation prompt), and every other field of the record (`answer`,
 `solution`, `tests`, ...) reaches the reward functions unchanged. A record with no prompt, an empty one, or one
 ending on an assistant turn is named by file and line; TRAIN_DATA_MAX_BAD_LINES skips and counts them. Torch-free.
+A mix of sources (TRAIN_DATA=SOURCE:WEIGHT,... or a mix file, trainer.data.mix's rule) is read source by source;
+trainer.data.mixed draws it, a weight being a share of the prompts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.data.formats import too_many_bad_lines
+from trainer.data.mix import Mix
 from trainer.data.preference import ROLES, NotJson, fields_of, rows_of
 
 PROMPT_LAYOUTS = ("prompt", "messages")  # the layouts (trainer.data.chat's names) a prompts file may have
@@ -33,6 +36,7 @@ class PromptRecords:
     wheres: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # bad records skipped under TRAIN_DATA_MAX_BAD_LINES
     problems: list[str] = field(default_factory=list)
+    parts: list[int] = field(default_factory=list)  # a mix: how many rows each source gave, in TRAIN_DATA's order
 
     @property
     def chat(self) -> bool:
@@ -56,9 +60,28 @@ def read_prompts(source: Any, max_bad_lines: int) -> PromptRecords:
         out.problems.append(too_many_bad_lines(bad[0], len(bad), max_bad_lines, source.variable))
     else:
         out.skipped = bad
+    return _one_kind(out, source.variable)
+
+
+def read_prompt_mix(mix: Mix, parts: list[Any], max_bad_lines: int) -> PromptRecords:
+    """A mix's prompts (trainer.data.mix): each source read as read_prompts reads it, at most its `max_records`,
+    one after another; `parts` counts each source's rows (trainer.data.mixed.training_prompts draws the mix)."""
+    out = PromptRecords()
+    for entry, source in zip(mix.entries, parts, strict=True):
+        got = read_prompts(source, max_bad_lines)
+        kept = len(got.rows) if entry.max_records is None else min(len(got.rows), entry.max_records)
+        out.rows += got.rows[:kept]
+        out.wheres += got.wheres[:kept]
+        out.skipped += got.skipped
+        out.problems += got.problems
+        out.parts.append(kept)
+    return _one_kind(out, "TRAIN_DATA")
+
+
+def _one_kind(out: PromptRecords, variable: str) -> PromptRecords:
     kinds = {isinstance(row["prompt"], list) for row in out.rows}
     if not out.problems and len(kinds) > 1:
-        out.problems.append(f"{source.variable}: some prompts are text and some are messages; use one kind for a run "
+        out.problems.append(f"{variable}: some prompts are text and some are messages; use one kind for a run "
                             "(TRL renders a batch one way)")  # fmt: skip
     return out
 

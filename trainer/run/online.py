@@ -24,8 +24,10 @@ log = logging.getLogger("trainer")
 
 def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     """TRL's rows: the prompt, every other column, and where the record came from."""
+    from trainer.data.mixed import training_prompts
+
     s = cfg.settings
-    records = cfg.inputs.prompts
+    records, _ = training_prompts(cfg.inputs.prompts, list(cfg.inputs.mix.entries), s.seed)
     for line in records.skipped:
         log.warning("data: skipped %s (TRAIN_DATA_MAX_BAD_LINES=%d)", line, s.data_max_bad_lines)
     if not records.rows:

@@ -10,6 +10,7 @@ never a traceback from inside TRL; the last checkpoint stays as it was.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import re
@@ -49,6 +50,26 @@ def exact(prompts: list[Any], completions: list[Any], answer: list[Any], **_: An
 def contains(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
     """1 where the record's `answer`, normalised, appears in the normalised completion, else 0."""
     return [float(normalised(str(a)) in normalised(text_of(c))) for c, a in zip(completions, answer, strict=True)]
+
+
+def math(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
+    """1 where the completion's final answer equals the record's `answer` as mathematics (math-verify: LaTeX,
+    \\boxed{}, fractions, decimals, expressions: 1/2 = 0.5 = \\frac{1}{2}), else 0. An answer that holds no
+    mathematics raises (the record is named)."""
+    from math_verify import parse, verify
+
+    return [float(verify(_gold(str(a)), parse(text_of(c)))) for c, a in zip(completions, answer, strict=True)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _gold(answer: str) -> Any:
+    """The record's answer parsed: as written (a number, `$...$`, `\\boxed{}`), else as bare LaTeX."""
+    from math_verify import parse
+
+    gold = parse(answer) or parse(f"${answer}$")
+    if not any(not isinstance(value, str) for value in gold):  # only text: nothing to compare as mathematics
+        raise ValueError(f"the answer {answer!r} holds no mathematics math-verify can read")
+    return gold
 
 
 def regex_reward(pattern: str) -> Any:
@@ -154,6 +175,8 @@ def _function(spec: RewardSpec, max_new_tokens: int) -> Any:
         return exact
     if spec.kind == "contains":
         return contains
+    if spec.kind == "math":
+        return math
     if spec.kind == "regex":
         return regex_reward(spec.argument)
     if spec.kind == "length":

@@ -5,7 +5,12 @@ template, end of turn), greedy with at most MAX_NEW_TOKENS new tokens; one promp
 the training model's attention (which keeps packed records apart and is given no padding mask), on the main
 process only. Each answer is one strict JSON line of OUTPUT_DIR/samples.jsonl (secrets masked; a resumed run drops
 the lines after its checkpoint, as metrics.jsonl does), and the trackers get them (trainer.trackers.samples).
-Off (0), nothing of this is imported or installed."""
+Off (0), nothing of this is imported or installed.
+
+Online RL (TRAIN_METHOD=grpo/rloo) writes the same file with what it trains on: at each logging step the first
+COMPLETIONS_PER_LOG completions TRL sampled in that step (whole groups of one prompt, in order), each with every
+reward by name and their weighted total (CompletionSamplesCallback; the same resume rule, the trackers' table
+`train/completions`)."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from transformers import TrainerCallback
 
 from trainer.errors import ConfigError
 from trainer.jsonl import append_line, json_line
-from trainer.run.metrics import truncate_after
+from trainer.run.metrics import finite_float, truncate_after
 from trainer.secrets import mask_value
 
 if TYPE_CHECKING:
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainer")
 
+COMPLETIONS_PER_LOG = 8  # a few rows per logging step: the file stays small over a long run
 MAX_NEW_TOKENS = 64  # enough for an answer to show; bounded so an evaluation's cost stays small and known
 SAMPLES = "samples.jsonl"
 
@@ -155,3 +161,50 @@ def install_samples(trainer: Any, cfg: RunConfig, tokenizer: Any) -> None:
              generator.describe(), output_dir / SAMPLES)  # fmt: skip
     callbacks = trainer.callback_handler.callbacks  # the trackers' callbacks, read at each evaluation
     trainer.add_callback(EvalSamplesCallback(asked, generator, output_dir / SAMPLES, callbacks))
+
+
+class CompletionSamplesCallback(TrainerCallback):
+    """Online RL: at each logging step (main process), the step's first sampled completions with their rewards to
+    samples.jsonl and the trackers. TRL's trainer keeps its latest generation batch in `_logs` (prompt, completion,
+    each reward function's values), filled whether or not its own completion logging is on."""
+
+    def __init__(self, trainer: Any, path: Path) -> None:
+        from trainer.trackers.samples import completions_table
+
+        self.trainer, self.path = trainer, path
+        self.table = completions_table(list(trainer.reward_func_names))
+        self.failed: set[str] = set()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            truncate_after(self.path, state.global_step)  # a resumed run: samples past its checkpoint go
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs or "loss" not in logs:
+            return
+        from trainer.trackers.samples import log_samples
+
+        rows = [masked(row) for row in completion_rows(self.trainer, state.global_step)]
+        for row in rows:
+            append_line(self.path, json_line(row))
+        log_samples(self.trainer.callback_handler.callbacks, state.global_step, rows, self.failed, self.table)
+
+
+def completion_rows(trainer: Any, step: int) -> list[dict[str, Any]]:
+    """The first COMPLETIONS_PER_LOG of TRL's latest sampled completions: prompt and completion as text, each
+    reward by name (null where a function gave none), `reward` their total at TRAIN_REWARD's weights."""
+    from trainer.run.rewards import text_of
+    from trainer.trackers.samples import question_of
+
+    logs, names = trainer._logs, list(trainer.reward_func_names)
+    weights = [float(w) for w in trainer.reward_weights]
+    rows = []
+    for i, (prompt, completion) in enumerate(zip(logs["prompt"], logs["completion"], strict=False)):
+        if i == COMPLETIONS_PER_LOG:
+            break
+        rewards = {name: finite_float(logs["rewards"][name][i]) for name in names}
+        scored = [w * r for w, r in zip(weights, rewards.values(), strict=True) if r is not None]
+        prompt_text = question_of({"messages": prompt} if isinstance(prompt, list) else {"prompt": prompt})
+        rows.append({"step": step, "prompt": prompt_text, "completion": text_of(completion), "rewards": rewards,
+                     "reward": finite_float(sum(scored)) if scored else None})  # fmt: skip
+    return rows

@@ -220,6 +220,10 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
             from trainer.run.samples import install_samples
 
             install_samples(trainer, cfg, tokenizer)
+    if s.method in ONLINE and args.process_index == 0:  # the sampled completions with their rewards
+        from trainer.run.samples import SAMPLES, CompletionSamplesCallback
+
+        trainer.add_callback(CompletionSamplesCallback(trainer, out / SAMPLES))
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
     checkpoint = str(resume.checkpoint) if resume.checkpoint else None
