@@ -23,6 +23,9 @@ log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
 # TRAIN_METHOD's preference methods run on TRL's trainers (trainer/preference/); the oldest TRL whose API they use.
 TRL_MIN = (1, 16)
+# TRAIN_PRECISION=fp8 runs on torchao's float8 training; its oldest release for torch.compile'd training (0.9.0)
+# is torch 2.6's. images/versions.toml pins the release for each row's torch.
+FP8_TORCH_MIN = (2, 6)
 PREFERENCE_METHODS = ("dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")  # every method on TRL's trainers
 
 
@@ -160,6 +163,11 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
             "math-verify (the verifier of the math reward) is installed only where TRL is (Python >= 3.11, as online "
             "RL); use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU image)"
         )
+    if st.torch is not None and st.torch < FP8_TORCH_MIN:
+        out["TRAIN_PRECISION=fp8"] = (
+            f"torchao's float8 training needs torch >= {'.'.join(map(str, FP8_TORCH_MIN))} (no torchao release "
+            "supports this row's torch); use TRAIN_PRECISION=bf16, or an image row from CUDA 12.6 on"
+        )
     return out | _methods_unsupported(st) | _optimizers_unsupported(st)
 
 
@@ -202,6 +210,8 @@ class Switches(Protocol):
     def optim(self) -> str: ...
     @property
     def method(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
 
 
 def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[str]:
@@ -209,7 +219,7 @@ def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[st
     st = st or stack()
     found = unsupported(st)
     chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}",
-              f"TRAIN_METHOD={settings.method}"}
+              f"TRAIN_METHOD={settings.method}", f"TRAIN_PRECISION={settings.precision}"}
     return [_refusal(switch, st, found[switch]) for switch in sorted(chosen & set(found))]
 
 

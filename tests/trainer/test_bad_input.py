@@ -76,7 +76,7 @@ def _fixed(env: dict[str, str]) -> Callable[[Path], dict[str, str]]:
 
 # (id, env factory, substrings the message must contain)
 PRE_TORCH_CASES = [
-    ("bad-literal", _fixed({"TRAIN_PRECISION": "fp8"}), ["TRAIN_PRECISION='fp8'", "auto, fp32, fp16, bf16"]),
+    ("bad-literal", _fixed({"TRAIN_PRECISION": "fp4"}), ["TRAIN_PRECISION='fp4'", "auto, fp32, fp16, bf16, fp8"]),
     ("bad-int", _fixed({"TRAIN_BATCH_SIZE": "0"}), ["TRAIN_BATCH_SIZE='0'", "integer >= 1"]),
     ("not-an-int", _fixed({"TRAIN_GRAD_ACCUM": "four"}), ["TRAIN_GRAD_ACCUM='four'", "valid integer"]),
     ("bad-bool", _fixed({"TRAIN_LORA": "maybe"}), ["TRAIN_LORA='maybe'", "0 or 1"]),
@@ -189,9 +189,9 @@ def test_refused_before_torch(
 
 
 def test_every_problem_is_reported_at_once(trainer_env: dict[str, str], run_trainer) -> None:
-    env = {**trainer_env, "TRAIN_PRECISION": "fp8", "TRAIN_PRECISON": "bf16", "TRAIN_SEQ_LEN": "2"}
+    env = {**trainer_env, "TRAIN_PRECISION": "fp4", "TRAIN_PRECISON": "bf16", "TRAIN_SEQ_LEN": "2"}
     result = run_trainer(["config"], env=env)
-    _assert_user_error(result, ["3 problems", "TRAIN_PRECISION='fp8'", "TRAIN_PRECISON", "TRAIN_SEQ_LEN='2'"])
+    _assert_user_error(result, ["3 problems", "TRAIN_PRECISION='fp4'", "TRAIN_PRECISON", "TRAIN_SEQ_LEN='2'"])
 
 
 def test_combination_problems_are_reported_together(trainer_env: dict[str, str], run_trainer) -> None:

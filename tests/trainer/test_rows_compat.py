@@ -73,7 +73,9 @@ def test_fsdp_arguments_follow_the_transformers_version() -> None:
 
 def test_the_refusal_names_the_row_and_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VERSION", "12.1.1")  # as NGC 23.07 sets it
-    settings = SimpleNamespace(attn="flash_attention_2", fsdp="shard_grad_op", optim="auto", method="sft")
+    settings = SimpleNamespace(
+        attn="flash_attention_2", fsdp="shard_grad_op", optim="auto", method="sft", precision="auto"
+    )
     problems = compat.unsupported_problems(settings, STACKS["12.1"])
     assert problems[0].startswith("TRAIN_ATTN=flash_attention_2 is not supported on the CUDA 12.1 row (torch 2.1.0")
     assert "flash-attn 2 needs torch >= 2.2" in problems[0]

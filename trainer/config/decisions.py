@@ -37,7 +37,7 @@ class Decisions:
     data: Decision[str]
     packing: Decision[str]  # stream, records, or records+stream (plain text streamed, records whole)
     model: Decision[str]
-    precision: Decision[str]  # fp32, bf16 or fp16
+    precision: Decision[str]  # fp32, bf16, fp16 or fp8 (bf16 autocast, float8 linears: trainer.precision)
     tf32: Decision[bool]
     deepspeed: Decision[str | None]  # zeroN, a user config path, or None
     optim: Decision[str]  # a Transformers optimizer name, adamw_apex_fused, or "deepspeed"
@@ -76,7 +76,48 @@ def _decide(value: Any, reason: str) -> Decision:
     return Decision(value, reason)
 
 
+# FP8 tensor cores: Ada (8.9), Hopper (9.0) and Blackwell; torch._scaled_mm, which torchao's float8 matmuls call,
+# runs there only.
+FP8_CAPABILITY = (8, 9)
+
+
+def _fp8_problem(s: TrainSettings, hw: Hardware) -> str | None:
+    """Why TRAIN_PRECISION=fp8 cannot run here, or None. Float8 training was built for one process training the
+    whole model; the combinations below were neither built nor measured, so they are refused, not guessed at."""
+    instead = "set TRAIN_PRECISION=bf16 (or auto)"
+    if not hw.is_gpu or hw.capability is None:
+        return (f"TRAIN_PRECISION=fp8 needs a GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper, "
+                f"Blackwell); this is {hw.describe()}; {instead}")  # fmt: skip
+    if hw.capability < FP8_CAPABILITY:
+        fallback = instead if hw.bf16 else "set TRAIN_PRECISION=fp16 (or auto)"
+        return (f"TRAIN_PRECISION=fp8 needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper, Blackwell); "
+                f"{hw.describe()} has none; {fallback}")  # fmt: skip
+    if not hw.libraries.get("torchao", False):
+        return ("TRAIN_PRECISION=fp8 needs torchao (its float8 training), which is not installed; the images from "
+                f"the CUDA 12.6 row on ship it (outside them: pip install -e '.[train]'), or {instead}")  # fmt: skip
+    other = [name for name, on in (("DeepSpeed", s.zero_stage > 0 or bool(s.deepspeed_config)),
+                                   (f"TRAIN_FSDP={s.fsdp}", s.fsdp != "none"), ("TRAIN_LORA=1", s.lora),
+                                   (f"TRAIN_QUANT={s.quant}", s.quant != "none"),
+                                   (f"TRAIN_METHOD={s.method}", s.method != "sft")) if on]  # fmt: skip
+    if other:
+        return f"TRAIN_PRECISION=fp8 is built for SFT of the whole model, not with {other[0]}; {instead}"
+    return None
+
+
+def _fp8_reason(hw: Hardware) -> str:
+    return (f"set by TRAIN_PRECISION: torchao float8 training on {hw.gpu_name}'s FP8 tensor cores: the decoder's "
+            "linear layers (not the LM head; only those whose dimensions are multiples of 16) multiply in float8 "
+            "with tensorwise dynamic scaling, inside bf16 autocast, on fp32 master weights and optimizer state; "
+            "fastest with torch.compile, which fuses the scaling; mfu in metrics.jsonl is bf16-equivalent (the "
+            "model's FLOPs over the GPU's dense bf16 peak)")  # fmt: skip
+
+
 def decide_precision(s: TrainSettings, hw: Hardware) -> Decision:
+    if s.precision == "fp8":
+        problem = _fp8_problem(s, hw)
+        if problem:
+            raise ConfigError(problem)
+        return _decide("fp8", _fp8_reason(hw))
     if s.precision == "auto":
         if not hw.is_gpu:
             return _decide("fp32", "auto: no CUDA GPU; mixed precision would not speed up CPU training")

@@ -194,9 +194,10 @@ class TrainSettings(BaseSettings):
                           "(compose's `vllm` service).", on_resume=FREE)  # fmt: skip
 
     # precision
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = _f(
-        "auto", "precision", "Mixed precision. auto: bf16 where the GPU supports it, else fp16 on GPUs, fp32 on CPU.",
-        on_resume=FREE,
+    precision: Literal["auto", "fp32", "fp16", "bf16", "fp8"] = _f(
+        "auto", "precision", "Mixed precision. auto: bf16 where the GPU supports it, else fp16 on GPUs, fp32 on CPU. "
+        "fp8 (opt-in): torchao's float8 matmuls in the decoder's linear layers inside bf16 autocast (GPUs with FP8 "
+        "tensor cores: compute capability 8.9+); its MFU is bf16-equivalent.", on_resume=FREE,
     )
     tf32: Toggle = _f(
         "auto", "precision", "TensorFloat-32 matmuls. auto: on for Ampere and newer GPUs.", on_resume=FREE

@@ -14,6 +14,7 @@ from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.data.mix import eval_set_names
 from trainer.errors import ConfigError
+from trainer.precision import autocast_precision
 from trainer.trackers.environment import run_name
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def derived_training_arguments(
 ) -> dict[str, Any]:
     """TrainingArguments kwargs from TRAIN_* and the decisions (before TRAIN_ARGS)."""
     fields = transformers_names.training_argument_fields()
-    precision = decisions.precision.value
+    precision = autocast_precision(decisions.precision.value)  # fp8: bf16 autocast around the float8 matmuls
     optim = decisions.optim.value
     args: dict[str, Any] = {
         "output_dir": s.output_dir,

@@ -75,6 +75,7 @@ LIBRARIES = {
     "triton": "triton",
     "tensorboard": "tensorboard",
     "liger_kernel": "liger_kernel",
+    "torchao": "torchao",  # TRAIN_PRECISION=fp8
 }
 
 
