@@ -27,6 +27,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also build and test the CUDA stand-in images of the oldest and the default row")  # fmt: skip
     parser.addoption("--all-rows", action="store_true",
                      help="build and test the stand-in image of every CUDA row (implies --standin)")  # fmt: skip
+    parser.addoption("--all-reshards", action="store_true",
+                     help="also resume ZeRO-3 and FSDP runs on another process count (tests/trainer/"
+                          "test_resume_nproc.py; about 3 minutes each on 2 cores)")  # fmt: skip
     parser.addoption("--row-image", metavar="X.Y=IMAGE",
                      help="run the row tests on this built image of CUDA row X.Y instead of a stand-in (the release "
                           "pipeline's real NGC images)")  # fmt: skip

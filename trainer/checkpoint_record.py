@@ -2,10 +2,11 @@
 
 Every published checkpoint (and final/) gets its record last, just before the folder is renamed into place
 (trainer.run.checkpoint): a `trainkit_complete` file with the step, the run's TRAIN_* settings (secrets masked), the
-Hub commits it loaded, the tracker runs it reported to, the sha256 of the run's provenance.json, whether it is
-final/, the time, and every file of the folder with its size and, for files up to CHECKSUM_MAX_BYTES, a sha256 (the
-states and configs; hashing the weights would cost a read of the whole model on every save). Transformers' own
-record, `trainer_state.json`, says the step and the batch the Trainer saved with.
+Hub commits it loaded, the tracker runs it reported to, the sha256 of the run's provenance.json, the batch (processes,
+per-device batch, accumulation and the sequences trained so far), whether it is final/, the time, and every file of
+the folder with its size and, for files up to CHECKSUM_MAX_BYTES, a sha256 (the states and configs; hashing the
+weights would cost a read of the whole model on every save). Transformers' own record, `trainer_state.json`, says the
+step and the batch the Trainer saved with.
 
 Here, once each: the writer (`write_record`), the reader (`read_record`: a missing or damaged record reads as None, a
 field of the wrong type as empty), the check of the files against the record (`damage`), and the choice of the newest
@@ -21,7 +22,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,39 @@ CHECKSUM_MAX_BYTES = 1 << 20
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 Entries = dict[str, dict[str, Any]]  # {"model": {"repo_id", "sha", ...}} or {"wandb": {"run_id", ...}}
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """How the run went through its data: `processes` x `per_device` x `accumulation` sequences per optimizer step,
+    and the sequences trained up to `step` (each optimizer step takes the next `effective` of the shuffled order)."""
+
+    processes: int
+    per_device: int
+    accumulation: int
+    samples_seen: int
+    step: int
+
+    @property
+    def effective(self) -> int:
+        return self.processes * self.per_device * self.accumulation
+
+    def at(self, step: int) -> BatchRecord:
+        """This batch's record at a later `step`: the sequences of the steps since counted in."""
+        return replace(self, samples_seen=self.samples_seen + (step - self.step) * self.effective, step=step)
+
+    def as_json(self) -> dict[str, int]:
+        return {"processes": self.processes, "per_device": self.per_device, "accumulation": self.accumulation,
+                "samples_seen": self.samples_seen}  # fmt: skip
+
+
+def _batch_record(value: Any, step: int | None) -> BatchRecord | None:
+    keys = ("processes", "per_device", "accumulation", "samples_seen")
+    if not isinstance(value, dict) or step is None:
+        return None
+    if not all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool) for k in keys):
+        return None
+    return BatchRecord(*(int(value[k]) for k in keys), step=step)
 
 
 @dataclass
@@ -46,6 +80,7 @@ class CheckpointRecord:
     files: dict[str, dict[str, Any]] | None = None  # relative path -> {"size", "sha256"} (None: listed none)
     time: float | None = None
     provenance: dict[str, Any] | None = None  # the run's provenance.json: {"file", "sha256"} (trainer.provenance)
+    batch: BatchRecord | None = None  # processes, batch, accumulation and sequences trained (None: an older trainkit)
 
 
 # ---- write and read ------------------------------------------------------------------------------------------------
@@ -64,6 +99,8 @@ def write_record(folder: Path, run: CheckpointRecord, step: int, final: bool = F
         data["final"] = True
     if run.provenance:
         data["provenance"] = run.provenance
+    if run.batch is not None:
+        data["batch"] = run.batch.at(step).as_json()
     data.update(files=manifest(folder), time=time.time())
     (folder / COMPLETE_MARKER).write_text(json.dumps(data) + "\n")
 
@@ -77,15 +114,17 @@ def read_record(folder: Path) -> CheckpointRecord | None:
     if not isinstance(data, dict):
         return None
     step, stamp = data.get("step"), data.get("time")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
     return CheckpointRecord(
         settings=_dict_or_none(data.get("settings")),
         hub=_entries(data.get("hub")),
         trackers=_entries(data.get("trackers")),
-        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        step=step,
         final=data.get("final") is True,
         files=_dict_or_none(data.get("files")),
         time=float(stamp) if isinstance(stamp, (int, float)) else None,
         provenance=_dict_or_none(data.get("provenance")),
+        batch=_batch_record(data.get("batch"), step),
     )
 
 

@@ -88,3 +88,45 @@ def test_what_a_run_records_is_what_a_resume_reads_back(tmp_path: Path) -> None:
     publish(staged, tmp_path / "checkpoint-4", resume.run_record(cfg.settings, {"model": commit}), 4)
     assert resume.decide(settings(tmp_path, "auto")).checkpoint == tmp_path / "checkpoint-4"
     assert records.read_record(tmp_path / "checkpoint-4").hub == {"model": commit}
+
+
+def _published(root: Path, s: TrainSettings, batch: records.BatchRecord | None, step: int = 2) -> Path:
+    staged = root / f".tmp-checkpoint-{step}"
+    staged.mkdir(parents=True)
+    (staged / records.STATE_FILE).write_text(json.dumps({"global_step": step}))
+    publish(staged, root / f"checkpoint-{step}", resume.run_record(s, {}, batch), step)
+    return root / f"checkpoint-{step}"
+
+
+def _settings(out: Path, **train: str) -> TrainSettings:
+    env = {"TRAIN_OUTPUT_DIR": str(out), "TRAIN_BATCH_SIZE": "2", **{f"TRAIN_{k.upper()}": v for k, v in train.items()}}
+    return config.parse_settings(env)
+
+
+def test_another_process_count_keeps_the_effective_batch_where_it_divides(tmp_path: Path) -> None:
+    s = _settings(tmp_path)
+    two = _published(tmp_path, s, records.BatchRecord(2, 2, 1, samples_seen=0, step=0))  # 2 x 2 x 1 per step
+    assert records.read_record(two).batch == records.BatchRecord(2, 2, 1, samples_seen=8, step=2)
+    on_one = resume.continuation(two, s, processes=1, accumulation=1)
+    assert (on_one.accumulation, on_one.reshard_from) == (2, 2) and on_one.batch.effective == 4
+    assert "2 -> 1 process(es): accumulation 1 -> 2 keeps the effective batch" in on_one.note
+    assert "8 sequences already trained (step 2)" in on_one.note
+    same = resume.continuation(two, s, processes=2, accumulation=1)
+    assert (same.accumulation, same.reshard_from, same.batch.samples_seen) == (1, None, 8)
+    with pytest.raises(ConfigError, match=r"no whole accumulation keeps that \(4 is not a multiple of 8\)") as err:
+        resume.continuation(two, s, processes=4, accumulation=1)
+    assert "TRAIN_RESUME_CHANGED_DATA=1" in str(err.value)
+    changed = _settings(tmp_path, resume_changed_data="1")
+    assert resume.continuation(two, changed, processes=4, accumulation=1).accumulation == 1  # by steps, logged
+
+
+def test_zero_nvme_state_and_an_unknown_process_count_are_refused(tmp_path: Path) -> None:
+    nvme = _settings(tmp_path / "nvme", zero_stage="3", zero_offload="nvme")
+    saved = _published(tmp_path / "nvme", nvme, records.BatchRecord(2, 2, 1, samples_seen=0, step=0))
+    with pytest.raises(ConfigError, match="TRAIN_ZERO_OFFLOAD=nvme: DeepSpeed keeps each rank's offloaded"):
+        resume.continuation(saved, nvme, processes=1, accumulation=1)
+    older = _published(tmp_path / "older", _settings(tmp_path / "older", nproc_per_node="2"), None)
+    with pytest.raises(ConfigError, match="recorded no batch .an older trainkit."):
+        resume.continuation(older, _settings(tmp_path / "older", nproc_per_node="1"), processes=1, accumulation=1)
+    unchanged = resume.continuation(older, _settings(tmp_path / "older", nproc_per_node="2"), 2, 1)
+    assert unchanged.reshard_from is None and unchanged.batch.samples_seen == 8

@@ -14,6 +14,12 @@ its settings, its files) is trainer.checkpoint_record's to read; this module dec
   LoRA, quantization, sharding) is a ConfigError naming each variable; a change of the training data or its order
   (DATA) too, unless TRAIN_RESUME_CHANGED_DATA=1; any other change (FREE) goes on, with one log line naming it. The
   settings that steer the resume itself (NOT_RECORDED) are neither recorded nor compared.
+- How it goes on (`continuation`): by the sequences already trained. Each checkpoint records its batch (processes x
+  per-device batch x accumulation) and the sequences trained; on another process count the run keeps the effective
+  batch by changing the accumulation (where it divides; else a ConfigError saying why), so each step takes the same
+  sequences of the shuffled order as before, none twice and none left out. Sharded state is read across the change
+  where it can be: full state dicts (DDP, FSDP as trainkit configures it) as they are, DeepSpeed ZeRO through its
+  universal checkpoint (trainer.run.reshard); ZeRO's NVMe-offloaded state is per rank and refused.
 - A used folder and TRAIN_RESUME=never: the earlier run's checkpoints would mix with the new ones (rotation, auto
   resume): a ConfigError unless TRAIN_START_OVER=1, and then the run moves them to `previous-runs/<time>/`
   (`set_aside_earlier_run`).
@@ -33,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import checkpoint_record as records
+from trainer.checkpoint_record import BatchRecord
 from trainer.config.online import reward_identity
 from trainer.config.schema import OnResume, TrainSettings, resume_rule
 from trainer.data.mix import identity
@@ -154,10 +161,11 @@ def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     return {k: v for k, v in mask_secrets(values).items() if resume_rule(k) is not OnResume.NOT_RECORDED}
 
 
-def run_record(settings: TrainSettings, hub: dict[str, Any]) -> records.CheckpointRecord:
-    """What every checkpoint of this run records for a later resume: its settings and the Hub commits it loaded
-    (RunConfig's `hub`); the trackers add their runs, the writer the step and the files."""
-    return records.CheckpointRecord(settings=recorded_settings(settings), hub=dict(hub))
+def run_record(settings: TrainSettings, hub: dict[str, Any], batch: BatchRecord | None = None
+               ) -> records.CheckpointRecord:  # fmt: skip
+    """What every checkpoint of this run records for a later resume: its settings, the Hub commits it loaded
+    (RunConfig's `hub`) and its batch; the trackers add their runs, the writer the step and the files."""
+    return records.CheckpointRecord(settings=recorded_settings(settings), hub=dict(hub), batch=batch)
 
 
 def check_drift(checkpoint: Path, settings: TrainSettings, quiet: bool = False) -> None:
@@ -185,6 +193,101 @@ def check_drift(checkpoint: Path, settings: TrainSettings, quiet: bool = False) 
         )
     if changed and not quiet:
         log.info("resume: continuing with changed settings: %s", "; ".join(named.values()))
+
+
+# ---- how it goes on -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """How this run goes on: its accumulation, its batch record from the resumed step, the process count whose
+    sharded state it reads when that differs from its own (None: the same), and what the log says."""
+
+    accumulation: int
+    batch: BatchRecord
+    reshard_from: int | None
+    note: str
+
+
+def continuation(checkpoint: Path | None, settings: TrainSettings, processes: int, accumulation: int) -> Continuation:
+    """How a run of `processes` processes (`accumulation` as decided) continues from `checkpoint`; a ConfigError
+    when it cannot continue by the sequences already trained."""
+    per_device = settings.batch_size
+    record = records.read_record(checkpoint) if checkpoint is not None else None
+    step = records.recorded_step(checkpoint) if checkpoint is not None else 0
+    before = record.batch if record else None
+    if before is None:
+        if checkpoint is not None:
+            _refuse_unknown_world(checkpoint, record, settings)
+        batch = BatchRecord(processes, per_device, accumulation, step * processes * per_device * accumulation, step)
+        return Continuation(accumulation, batch, None, "")
+    same_batch = record is not None and record.settings is not None and all(
+        record.settings.get(k) == getattr(settings, k) for k in ("batch_size", "grad_accum"))  # fmt: skip
+    kept = _accumulation_keeping(before, per_device, processes) if same_batch else accumulation
+    if kept is None:
+        kept = _refuse_uneven(checkpoint, before, per_device, processes, settings)
+    batch = BatchRecord(processes, per_device, kept, before.samples_seen, step)
+    if before.processes != processes:
+        _refuse_unreadable_shards(checkpoint, before.processes, processes, settings)
+    return Continuation(kept, batch, before.processes if before.processes != processes else None,
+                        _note(before, batch))  # fmt: skip
+
+
+def _accumulation_keeping(before: BatchRecord, per_device: int, processes: int) -> int | None:
+    """The accumulation that keeps `before`'s effective batch on `processes` x `per_device` (None: none does)."""
+    share = per_device * processes
+    return before.effective // share if before.effective % share == 0 else None
+
+
+def _note(before: BatchRecord, now: BatchRecord) -> str:
+    seen = f"{before.samples_seen} sequences already trained (step {before.step}); continuing with the next"
+    if before.processes == now.processes and before.accumulation == now.accumulation:
+        return seen
+    kept = "keeps" if now.effective == before.effective else "changes"
+    return (f"{before.processes} -> {now.processes} process(es): accumulation {before.accumulation} -> "
+            f"{now.accumulation} {kept} the effective batch ({before.effective} -> {now.effective} sequences per step: "
+            f"{now.per_device} per device x {now.accumulation} x {now.processes}); {seen}")  # fmt: skip
+
+
+def _refuse_uneven(checkpoint: Path | None, before: BatchRecord, per_device: int, processes: int,
+                   settings: TrainSettings) -> int:  # fmt: skip
+    """No whole accumulation keeps the effective batch: a ConfigError, or TRAIN_GRAD_ACCUM under
+    TRAIN_RESUME_CHANGED_DATA=1 (the order then goes on by steps, not sequences: logged)."""
+    reason = (f"{checkpoint} trained {before.effective} sequences per step ({before.per_device} per device x "
+              f"{before.accumulation} accumulation x {before.processes} process(es)); on {processes} process(es) of "
+              f"TRAIN_BATCH_SIZE={per_device} no whole accumulation keeps that ({before.effective} is not a multiple "
+              f"of {per_device * processes})")  # fmt: skip
+    if settings.resume_changed_data:
+        log.warning("resume: %s; TRAIN_RESUME_CHANGED_DATA=1: continuing with TRAIN_GRAD_ACCUM=%d, the data order "
+                    "by steps, not by the sequences already trained", reason, settings.grad_accum)  # fmt: skip
+        return settings.grad_accum
+    raise ConfigError(
+        reason,
+        "resume on a process count that divides it, or set TRAIN_BATCH_SIZE/TRAIN_GRAD_ACCUM with "
+        "TRAIN_RESUME_CHANGED_DATA=1 to continue with another batch",
+    )
+
+
+def _refuse_unknown_world(checkpoint: Path, record: records.CheckpointRecord | None, settings: TrainSettings) -> None:
+    """A checkpoint of an older trainkit recorded no batch: a changed TRAIN_NPROC_PER_NODE is a changed data order."""
+    was = record.settings.get("nproc_per_node") if record and record.settings else None
+    if was is None or was == settings.nproc_per_node or settings.resume_changed_data:
+        return
+    raise ConfigError(
+        f"TRAIN_NPROC_PER_NODE was {was!r}, now {settings.nproc_per_node!r}, and {checkpoint} recorded no batch (an "
+        "older trainkit), so the sequences it trained are not known: restore TRAIN_NPROC_PER_NODE, or set "
+        "TRAIN_RESUME_CHANGED_DATA=1 to continue by steps"
+    )
+
+
+def _refuse_unreadable_shards(checkpoint: Path | None, was: int, now: int, settings: TrainSettings) -> None:
+    """Sharded state that cannot be read on another process count: a ConfigError saying why."""
+    if settings.zero_offload == "nvme":
+        raise ConfigError(
+            f"{checkpoint} was saved by {was} process(es) with TRAIN_ZERO_OFFLOAD=nvme: DeepSpeed keeps each rank's "
+            f"offloaded optimizer state in its own files and cannot convert them for {now} process(es); resume on "
+            f"{was} process(es), or start a new run from its weights (TRAIN_MODEL={checkpoint})"
+        )
 
 
 # ---- a used folder -------------------------------------------------------------------------------------------------

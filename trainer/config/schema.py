@@ -392,7 +392,8 @@ class TrainSettings(BaseSettings):
 
     # launch
     nproc_per_node: str = _f(
-        "auto", "launch", "Processes per node. auto: one per visible GPU (one on CPU).", on_resume=DATA
+        "auto", "launch", "Processes per node. auto: one per visible GPU (one on CPU). A resume on another count keeps "
+        "the effective batch by the accumulation (docs/running.md).", on_resume=FREE
     )
     max_restarts: int = _f(
         3, "launch", "Elastic restarts of the worker group (torchrun --max-restarts) before the job fails; "

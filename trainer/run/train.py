@@ -178,12 +178,14 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     from trainer.run.divergence import RECORD as DIVERGED_RECORD
     from trainer.run.divergence import DivergenceGuard
     from trainer.run.evaluation import EvalMetricsCallback
+    from trainer.run.reshard import batch_record, checkpoint_to_load, continue_on_this_count
     from trainer.tokenizer import tokenizer_for
 
     s = cfg.settings
     out = Path(s.output_dir)
     if cfg.decisions.compile.value:
         cfg = _prepare_compile(cfg)
+    cfg, plan = continue_on_this_count(cfg, resume)  # the effective batch kept on another process count
     args = _training_arguments(cfg)
     if args.should_save:
         acquire_output_lock(out)  # before anything is written: a second run on this folder exits 2
@@ -209,7 +211,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
     trainer, record = prepared
     if args.should_save:  # what made this run (trainer.provenance): the libraries it imported are all loaded now
         _record_provenance(cfg, tokenizer)
-    trainer.checkpoint_record = run_record(s, cfg.hub)  # what each checkpoint records, read back by config.resume
+    trainer.checkpoint_record = run_record(s, cfg.hub, batch_record(plan, args))  # read back by config.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
 
@@ -226,8 +228,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         trainer.add_callback(CompletionSamplesCallback(trainer, out / SAMPLES))
     if stop.requested and args.world_size == 1:  # several ranks agree on the stop step inside the loop
         return _interrupted(stop, None)
-    checkpoint = str(resume.checkpoint) if resume.checkpoint else None
-    with resuming_from(checkpoint):
+    with checkpoint_to_load(cfg, plan, resume, args) as checkpoint, resuming_from(checkpoint):
         trainer.train(resume_from_checkpoint=checkpoint)
     guard = next(c for c in trainer.callback_handler.callbacks if isinstance(c, DivergenceGuard))
     if guard.diverged_at is not None:
