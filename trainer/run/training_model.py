@@ -82,6 +82,7 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
     Transformers' own attention, which reads the padding mask, with its KV cache."""
     s = cfg.settings
     attn = cfg.decisions.attn.value
+    deepspeed_counts_every_process(cfg)
     model = load(_weights(cfg, tokenizer), load_how(cfg, packed=packed))
     _log_loaded(cfg, model, attn)
     if packed:
@@ -93,6 +94,19 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
     compile_model(cfg, model)
     log_parameter_counts(model)
     return model
+
+
+def deepspeed_counts_every_process(cfg: RunConfig) -> None:
+    """ZeRO-3 partitions the weights as they are built (deepspeed.zero.Init) and checks the batch against DeepSpeed's
+    own count of processes. On CPUs accelerate starts torch.distributed without DeepSpeed's comm layer, which then
+    counts one process and refuses the batch of two; given the started process group, it counts them all (where
+    accelerate already gave it one, as on GPUs, this does nothing)."""
+    import torch.distributed as dist
+
+    if cfg.deepspeed and dist.is_available() and dist.is_initialized():
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
 
 
 def build_reward_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
