@@ -64,7 +64,8 @@ def _batch_record(value: Any, step: int | None) -> BatchRecord | None:
         return None
     if not all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool) for k in keys):
         return None
-    return BatchRecord(*(int(value[k]) for k in keys), step=step)
+    counts = {k: int(value[k]) for k in keys}
+    return BatchRecord(counts["processes"], counts["per_device"], counts["accumulation"], counts["samples_seen"], step)
 
 
 @dataclass
