@@ -391,10 +391,8 @@ class TrainSettings(BaseSettings):
     )
 
     # launch
-    nproc_per_node: str = _f(
-        "auto", "launch", "Processes per node. auto: one per visible GPU (one on CPU). A resume on another count keeps "
-        "the effective batch by the accumulation (docs/running.md).", on_resume=FREE
-    )
+    nproc_per_node: str = _f("auto", "launch", "Processes per node. auto: one per visible GPU (one on CPU). A resume "
+                             "on another count keeps the effective batch (docs/running.md).", on_resume=FREE)
     max_restarts: int = _f(
         3, "launch", "Elastic restarts of the worker group (torchrun --max-restarts) before the job fails; "
         "each restart resumes from the newest checkpoint.", ge=0,
