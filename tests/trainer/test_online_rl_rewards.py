@@ -1,13 +1,16 @@
 """Online RL's built-in rewards on real strings (trainer.run.rewards: `math` through math-verify, `exact`), the
 stacks that refuse `math` (named with the row, before torch), and `exact` learned in training: the tiny preset is
-fine-tuned toward a prompts file's answers (SFT), then GRPO from that folder with TRAIN_REWARD=exact raises the
-share of exact answers."""
+fine-tuned toward a prompts file's answers (SFT, one run shared), then GRPO from that folder with TRAIN_REWARD=exact,
+in full and with LoRA, raises the share of exact answers."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
+from train_runs import finish, start, train_env
 
 from trainer import compat
 from trainer.config.online import reward_stack_problems
@@ -37,3 +40,42 @@ def test_math_is_refused_where_math_verify_is_not_installed() -> None:
         "TRAIN_REWARD=math is not supported on this stack (torch 2.1.2, transformers 4.46.3): math-verify"
     ), problem
     assert compat.switch_problem("TRAIN_REWARD=math") is None
+
+
+WORDS = ("cat", "sun", "red", "sky", "owl", "map", "ink", "oak")
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the tiny preset fine-tuned (SFT, 80 steps) on each prompt answered two ways, the right word and " no", so it
+    says either about as often; a prompts file of those prompts with the right word as `answer`)."""
+    folder = tmp_path_factory.mktemp("tuned")
+    sft = folder / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"prompt": f"say {w}:", "completion": c}) + "\n" for w in WORDS
+                           for c in (f" {w}", " no")))  # fmt: skip
+    code, err = finish(start(train_env(folder / "sft", data=sft, max_steps=80, batch_size=8, lr=3e-3)), 900)
+    assert code == 0, err[-3000:]
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say {w}:", "answer": w}) + "\n" for w in WORDS * 4))
+    return folder / "sft" / "final", prompts
+
+
+@pytest.mark.parametrize(("lora", "lr"), [(0, 1e-4), (1, 1e-3)], ids=["full", "lora"])
+def test_exact_rises_after_sft_toward_the_answers(tuned: tuple[Path, Path], lora: int, lr: float, tmp_path: Path
+                                                   ) -> None:  # fmt: skip
+    """GRPO from the fine-tuned folder with TRAIN_REWARD=exact, 16 steps, in full (a small learning rate: the
+    policy is a trained model) and with LoRA: the share of exact answers rises from step 1's (the fine-tuned
+    model's own, about one half) to nearly all over the last 4 steps."""
+    out = tmp_path / "grpo"
+    env = train_env(out, method="grpo", model=tuned[0], data=tuned[1], reward="exact", batch_size=16,
+                    rl_generations=4, rl_max_new_tokens=8, lr=lr, max_steps=16, lora=lora)  # fmt: skip
+    code, err = finish(start(env), 900)
+    assert code == 0, err[-3000:]
+    rewards = [json.loads(line)["rewards/exact/mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    first, last = rewards[0], sum(rewards[-4:]) / 4
+    print(f"exact per step ({'LoRA' if lora else 'full'}): {[round(r, 3) for r in rewards]}; step 1 {first:.3f}, "
+          f"last 4 steps {last:.3f}")  # fmt: skip
+    assert len(rewards) == 16 and last > first + 0.25, rewards
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    right = [s for s in samples if s["rewards"]["exact"] == 1.0]
+    assert right and all(s["completion"].strip() == s["prompt"][4:-1] for s in right)
