@@ -16,6 +16,7 @@ MAX_BATCH = "max_batch"
 GRAD_ACCUM = "grad_accum"
 ADAPTER_ROWS = ("lora", "qlora")
 PRECOMPUTED_REFERENCE = "pref_precompute"
+RL_SPLIT = "rl_split"
 
 # Every technique variable the bench controls, at its baseline value. Each row changes a few of
 # these, so a row differs from the baseline only by what its name says.
@@ -141,6 +142,12 @@ def _preference_rows() -> list[RowSpec]:
                     same_training=False)]  # fmt: skip
 
 
+def _online_rows() -> list[RowSpec]:
+    doc = ("TRAIN_METHOD=grpo/rloo: the reference configuration, its step split into producing the completions "
+           "(generating and scoring them) and training on them, in median seconds per step.")
+    return [RowSpec(RL_SPLIT, "online_rl", doc, same_training=False)]
+
+
 def _combined_row() -> list[RowSpec]:
     doc = ("The defaults (`auto`) plus the fastest optimizer, attention, compile, kernels and batch rows that beat "
            "them, measured together.")
@@ -150,7 +157,7 @@ def _combined_row() -> list[RowSpec]:
 def catalogue() -> list[RowSpec]:
     """All rows, in the order they run (precision first: the other rows build on its winner)."""
     return (_precision_rows() + _defaults_row() + _optimizer_rows() + _memory_rows() + _speed_rows() + _zero_rows()
-            + _adapter_rows() + _preference_rows() + _combined_row())
+            + _adapter_rows() + _preference_rows() + _online_rows() + _combined_row())
 
 
 def row_names() -> list[str]:

@@ -12,7 +12,7 @@ from trainer.bench.runner import OK, StepCallback
 
 CSV_COLUMNS = (
     "name", "group", "status", "on_top_of", "tokens_per_s", "samples_per_s", "mfu", "peak_mem_bytes",
-    "step_time_s", "speed_rel", "mem_rel", "measured_steps", "wall_s", "changes", "reason", "note",
+    "step_time_s", "generation_s", "speed_rel", "mem_rel", "measured_steps", "wall_s", "changes", "reason", "note",
 )
 
 
@@ -34,6 +34,7 @@ class RowResult:
     mfu: float | None = None
     peak_mem_bytes: int | None = None
     measured_steps: int = 0
+    generation_s: float | None = None  # online RL: of step_time_s, producing the completions
     wall_s: float = 0.0
     speed_rel: float | None = None
     mem_rel: float | None = None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.bench.catalogue import UNSET
+from trainer.run.rollout_timing import GENERATION_KEY
 
 OK, SKIPPED, OOM, ERROR = "ok", "skipped", "oom", "error"
 
@@ -40,6 +41,7 @@ class Measured:
     mfu: float | None
     peak_mem_bytes: int | None
     measured_steps: int
+    generation_s: float | None = None  # online RL: of step_time_s, producing the completions (GENERATION_KEY)
 
 
 @dataclass(frozen=True)
@@ -268,6 +270,7 @@ def summarize_metrics(path: Path, warmup: int, log_steps: int = 1) -> Measured:
         mfu=_median_of(steps, "mfu"),
         peak_mem_bytes=max(peaks) if peaks else None,
         measured_steps=len(steps) * log_steps,
+        generation_s=_median_of(steps, GENERATION_KEY),
     )
 
 

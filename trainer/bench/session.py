@@ -18,6 +18,7 @@ from trainer.bench.catalogue import (
     GRAD_ACCUM,
     MAX_BATCH,
     PRECOMPUTED_REFERENCE,
+    RL_SPLIT,
     UNSET,
     RowSpec,
     catalogue,
@@ -28,6 +29,7 @@ from trainer.bench.report import (
 )
 from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, row_dir, run_row
 from trainer.config.methods import OPTION_METHODS
+from trainer.config.online import ONLINE_METHODS
 from trainer.errors import ConfigError
 
 
@@ -124,6 +126,8 @@ class Bench:
         if spec.name == COMBINED:
             return self.run_combined(spec, on_top_of)
         env = {**self.reference_env(), **spec.env}
+        if spec.name == RL_SPLIT:
+            return with_split_note(self.measure(spec, env, on_top_of))
         if spec.name == GRAD_ACCUM:  # the batch search would merge the micro-batches again
             env.update(grad_accum_env(self.ctx.batch_size), TRAIN_AUTO_BATCH="0")
         return self.measure(spec, env, on_top_of)
@@ -139,6 +143,9 @@ class Bench:
         if spec.name == PRECOMPUTED_REFERENCE and self.ctx.method not in with_reference:
             return (f"applies to preference tuning with a reference model, not TRAIN_METHOD={self.ctx.method}; set "
                     f"TRAIN_METHOD={' or '.join(with_reference)} (and pairs in TRAIN_DATA) to measure it")
+        if spec.name == RL_SPLIT and self.ctx.method not in ONLINE_METHODS:
+            return (f"applies to online RL, not TRAIN_METHOD={self.ctx.method}; set TRAIN_METHOD=grpo or rloo (and "
+                    "prompts in TRAIN_DATA, rewards in TRAIN_REWARD) to measure it")  # fmt: skip
         if spec.name == MAX_BATCH and not self.ctx.on_gpu:
             return "not supported here: the probe doubles the batch until GPU memory runs out (no GPU found)"
         return ""
@@ -171,6 +178,7 @@ class Bench:
             m = outcome.measured
             row.tokens_per_s, row.samples_per_s, row.step_time_s = m.tokens_per_s, m.samples_per_s, m.step_time_s
             row.mfu, row.peak_mem_bytes, row.measured_steps = m.mfu, m.peak_mem_bytes, m.measured_steps
+            row.generation_s = m.generation_s
         return row
 
     def probe_max_batch(self, spec: RowSpec, on_top_of: str) -> RowResult:
@@ -246,6 +254,18 @@ class Bench:
         return max(faster, key=lambda r: r.tokens_per_s or 0.0, default=None)
 
 
+def with_split_note(row: RowResult) -> RowResult:
+    """rl_split's note: a step's seconds producing the completions and training on them (the step time less it)."""
+    if row.ok and row.generation_s is not None and row.step_time_s:
+        training = max(0.0, row.step_time_s - row.generation_s)
+        split = (f"per step: {row.generation_s:.3g} s generating and scoring the completions "
+                 f"({row.generation_s / row.step_time_s:.0%}), {training:.3g} s training")  # fmt: skip
+        row.note = f"{split}; {row.note}" if row.note else split
+    elif row.ok:
+        row.note = "the trainer logged no generation time (not an online RL run?)"
+    return row
+
+
 def grad_accum_env(batch_size: int) -> dict[str, str]:
     """The same effective batch in smaller micro-batches: the smallest accumulation factor >= 2 dividing it."""
     accum = next(k for k in range(2, batch_size + 1) if batch_size % k == 0)
@@ -269,7 +289,8 @@ def changes(env: dict[str, str]) -> dict[str, str]:
 
 
 def copy_measurement(source: RowResult, target: RowResult) -> None:
-    for key in ("tokens_per_s", "samples_per_s", "step_time_s", "mfu", "peak_mem_bytes", "measured_steps"):
+    for key in ("tokens_per_s", "samples_per_s", "step_time_s", "mfu", "peak_mem_bytes", "measured_steps",
+                "generation_s"):  # fmt: skip
         setattr(target, key, getattr(source, key))
 
 

@@ -65,6 +65,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
     from datasets import Dataset
 
     from trainer.run.checkpoint import atomic_trainer
+    from trainer.run.rollout_timing import timed_generation
 
     where = ("Transformers' generate in this process" if cfg.settings.rl_engine == "transformers" else
              f"the vLLM server at {cfg.settings.rl_vllm_url} (TRL's server mode)")  # fmt: skip
@@ -78,7 +79,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
     log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return atomic_trainer(trainer_class(cfg.settings.method))(
+    return atomic_trainer(timed_generation(trainer_class(cfg.settings.method)))(
         model=model,
         reward_funcs=rewards,
         args=args,
