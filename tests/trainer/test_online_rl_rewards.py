@@ -67,8 +67,10 @@ def test_exact_rises_after_sft_toward_the_answers(tuned: tuple[Path, Path], lora
     policy is a trained model) and with LoRA: the share of exact answers rises from step 1's (the fine-tuned
     model's own, about one half) to nearly all over the last 4 steps."""
     out = tmp_path / "grpo"
+    trackers = "tensorboard,wandb,mlflow" if lora else "tensorboard"  # W&B offline, MLflow's file store: no server
     env = train_env(out, method="grpo", model=tuned[0], data=tuned[1], reward="exact", batch_size=16,
-                    rl_generations=4, rl_max_new_tokens=8, lr=lr, max_steps=16, lora=lora)  # fmt: skip
+                    rl_generations=4, rl_max_new_tokens=8, lr=lr, max_steps=16, lora=lora,
+                    report_to=trackers)  # fmt: skip
     code, err = finish(start(env), 900)
     assert code == 0, err[-3000:]
     rewards = [json.loads(line)["rewards/exact/mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -79,3 +81,10 @@ def test_exact_rises_after_sft_toward_the_answers(tuned: tuple[Path, Path], lora
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     right = [s for s in samples if s["rewards"]["exact"] == 1.0]
     assert right and all(s["completion"].strip() == s["prompt"][4:-1] for s in right)
+    if lora:  # the same rows as a W&B table and an MLflow artifact per step
+        tables = sorted((out / "wandb").rglob("completions_*.table.json"))
+        assert len(tables) == 16, tables
+        table = json.loads(tables[0].read_text())
+        assert table["columns"] == ["step", "prompt", "completion", "exact", "reward"], table
+        artifacts = sorted(p.name for p in (out / "mlruns").rglob("samples/step-*.jsonl"))
+        assert artifacts == [f"step-{step:07d}.jsonl" for step in range(1, 17)], artifacts
