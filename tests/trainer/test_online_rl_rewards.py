@@ -48,36 +48,42 @@ WORDS = ("cat", "sun", "red", "sky", "owl", "map", "ink", "oak")
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the tiny preset fine-tuned (SFT, 80 steps) on each prompt answered two ways, the right word and " no", so it
-    says either about as often; a prompts file of those prompts with the right word as `answer`)."""
+    says either about as often; a folder of prompts files with the right word as `answer`: prompts.jsonl, all 8
+    words, and first.jsonl, second.jsonl, 4 words each)."""
     folder = tmp_path_factory.mktemp("tuned")
     sft = folder / "sft.jsonl"
     sft.write_text("".join(json.dumps({"prompt": f"say {w}:", "completion": c}) + "\n" for w in WORDS
                            for c in (f" {w}", " no")))  # fmt: skip
     code, err = finish(start(train_env(folder / "sft", data=sft, max_steps=80, batch_size=8, lr=3e-3)), 900)
     assert code == 0, err[-3000:]
-    prompts = folder / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"say {w}:", "answer": w}) + "\n" for w in WORDS * 4))
-    return folder / "sft" / "final", prompts
+    for name, words in (("prompts", WORDS), ("first", WORDS[:4]), ("second", WORDS[4:])):
+        rows = [{"prompt": f"say {w}:", "answer": w} for w in words * (32 // len(words))]
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder / "sft" / "final", folder
 
 
 @pytest.mark.parametrize(("lora", "lr"), [(0, 1e-4), (1, 1e-3)], ids=["full", "lora"])
 def test_exact_rises_after_sft_toward_the_answers(tuned: tuple[Path, Path], lora: int, lr: float, tmp_path: Path
                                                    ) -> None:  # fmt: skip
     """GRPO from the fine-tuned folder with TRAIN_REWARD=exact, 16 steps, in full (a small learning rate: the
-    policy is a trained model) and with LoRA: the share of exact answers rises from step 1's (the fine-tuned
-    model's own, about one half) to nearly all over the last 4 steps."""
+    policy is a trained model) and with LoRA (its prompts a mix of two files): the share of exact answers rises
+    from step 1's (the fine-tuned model's own, about one half to two thirds) to above 0.9 over the last 4 steps."""
     out = tmp_path / "grpo"
     trackers = "tensorboard,wandb,mlflow" if lora else "tensorboard"  # W&B offline, MLflow's file store: no server
-    env = train_env(out, method="grpo", model=tuned[0], data=tuned[1], reward="exact", batch_size=16,
+    # the LoRA run's prompts: a mix of two files by weight (each file used once per epoch, in a seeded order)
+    data = f"{tuned[1] / 'first.jsonl'}:1,{tuned[1] / 'second.jsonl'}:1" if lora else tuned[1] / "prompts.jsonl"
+    env = train_env(out, method="grpo", model=tuned[0], data=data, reward="exact", batch_size=16,
                     rl_generations=4, rl_max_new_tokens=8, lr=lr, max_steps=16, lora=lora,
                     report_to=trackers)  # fmt: skip
     code, err = finish(start(env), 900)
     assert code == 0, err[-3000:]
+    if lora:
+        assert "data mix: first (" in err and "achieved 50.00% of 64 prompts; 32 records drawn from its 32" in err
     rewards = [json.loads(line)["rewards/exact/mean"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = rewards[0], sum(rewards[-4:]) / 4
     print(f"exact per step ({'LoRA' if lora else 'full'}): {[round(r, 3) for r in rewards]}; step 1 {first:.3f}, "
           f"last 4 steps {last:.3f}")  # fmt: skip
-    assert len(rewards) == 16 and last > first + 0.25, rewards
+    assert len(rewards) == 16 and last > first + 0.2 and last > 0.9, rewards
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     right = [s for s in samples if s["rewards"]["exact"] == 1.0]
     assert right and all(s["completion"].strip() == s["prompt"][4:-1] for s in right)
