@@ -17,9 +17,9 @@ The first command, in this order (`--only a,b` picks parts of either):
   whole       D: C's batch with the whole model compiled (TRAIN_COMPILE_SCOPE=model)
   bf16_act    E: bf16 activations at C's batch (not built yet: reported as such)
   profile     F: TRAIN_PROFILE=1 on the fastest of A-D: GEMM, attention, elementwise, optimizer, idle ms per step
-The second command: gputests (tests/gpu), vocab (A at the 128k vocabulary: the 1b-128k preset), fp8, chat (records
-vs stream packing),
-techniques (the 125m technique table relative to fp32).
+The second command: gputests (tests/gpu), vocab (A at the 128k vocabulary: the 1b-128k preset), fp8 (bf16 and
+TRAIN_PRECISION=fp8 at A's batch, compiled: speed, bf16-equivalent MFU, the loss of the same steps; torchao's wheel
+is carried), chat (records vs stream packing), techniques (the 125m technique table relative to fp32).
 Each trainer run is a `python -m trainer.launch train` subprocess with its own output folder (trainer.bench.runner);
 medians over the steps after the warm-up, no checkpoint written while measuring. Each part appends one JSON line
 per result to --out as it ends and prints one line; the table of every line in --out is printed last. The dry run
@@ -62,6 +62,7 @@ SECOND = ("gputests", "vocab", "fp8", "chat", "techniques")
 PARTS = FIRST + SECOND
 LLAMA_32_VOCAB = 128_256
 VOCAB_PRESET = "1b-128k"  # trainer/config/presets.py: 1b with Llama-3.2-1B's vocabulary
+FP8_MFU = "mfu is bf16-equivalent: the model's FLOPs over the GPU's dense bf16 peak, as for bf16"
 TECHNIQUES = ("fp32", "bf16", "tf32", "adamw_torch_fused", "adamw_bnb_8bit", "grad_accum", "grad_ckpt", "compile",
               "eager", "flash_attention_2", "zero2_offload", "lora", "qlora")  # fmt: skip
 
@@ -194,12 +195,30 @@ class Driver:
         self.row("vocab", f"A at {LLAMA_32_VOCAB} rows ({VOCAB_PRESET})", env, "the defaults, the real vocabulary")
 
     def fp8(self) -> None:
-        self.emit(
-            "fp8",
-            "TRAIN_PRECISION=fp8",
-            status="skipped",
-            reason="not built: FP8 training through torchao (issue 49 item 6); no torchao wheel is carried",
-        )
+        """FP8 against bf16 at one batch (A's), both compiled: tokens/s, MFU (bf16-equivalent for fp8) and the mean
+        loss of the same measured steps. The dry run checks both rows' settings (fp8 is refused on a CPU, with the
+        trainer's message) and converts the tiny preset with the installed torchao (the layers fp8 would convert)."""
+        batch = self.batch_of_a()
+        base = {**self.long_run_env()[0], "TRAIN_COMPILE": "1", "TRAIN_AUTO_BATCH": "0", "TRAIN_BATCH_SIZE": str(batch)}
+        self.row("fp8", f"bf16 at batch {batch} (fp8's reference)", {**base, "TRAIN_PRECISION": "bf16"},
+                 "the same batch, steps and data as the fp8 row: its loss is fp8's reference")  # fmt: skip
+        self.row("fp8", "TRAIN_PRECISION=fp8", {**base, "TRAIN_PRECISION": "fp8"}, f"{FP8_MFU}; loss against bf16's")
+        if self.dry:
+            self.fp8_conversion()
+
+    def fp8_conversion(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from trainer.model.build import preset_config
+        from trainer.model.float8 import convert_to_fp8
+        from trainer.tokenizer import byte_level_tokenizer
+
+        tok = byte_level_tokenizer()
+        model = AutoModelForCausalLM.from_config(preset_config(self.sizes.model, len(tok), self.sizes.seq_len, tok))
+        converted = convert_to_fp8(model)
+        kinds = {type(module).__name__ for name, module in model.named_modules() if name in converted}
+        self.emit("fp8", f"conversion of {self.sizes.model}", status="ok" if kinds == {"Float8Linear"} else "error",
+                  converted=len(converted), lm_head=type(model.get_output_embeddings()).__name__)  # fmt: skip
 
     def chat(self) -> None:
         corpus = self.work / "chat" / "conversations.jsonl"
@@ -272,7 +291,9 @@ class Driver:
         m = outcome.measured
         if m is not None:
             values.update(tokens_per_s=m.tokens_per_s, mfu=m.mfu, peak_mem_gib=gib(m.peak_mem_bytes),
-                          step_time_s=m.step_time_s, measured_steps=m.measured_steps)  # fmt: skip
+                          step_time_s=m.step_time_s, measured_steps=m.measured_steps, loss=m.loss)  # fmt: skip
+            if env.get("TRAIN_PRECISION") == "fp8":
+                values["mfu_basis"] = "bf16-equivalent"
             if part in ("defaults", "static", "capped", "whole"):
                 self.measured[name.split()[0]] = (m.tokens_per_s, env, m.step_time_s)
         if run is not None:
@@ -302,8 +323,14 @@ class Driver:
         return env, note + "; medians of the steps after the warm-up; no checkpoint is written in the measured steps"
 
     def batch_of_a(self) -> int:
-        """The batch A's search chose (its decision in run_config.json), 8 where A did not run."""
-        return self.batch or 8
+        """The batch A's search chose (its decision in run_config.json): this call's A, else the last A in --out (the
+        first command's, for the second), else 8."""
+        if self.batch:
+            return self.batch
+        lines = self.out.read_text().splitlines() if self.out.exists() else []
+        found = [r for r in map(json.loads, lines) if r.get("part") == "defaults" and r.get("batch_size")
+                 and r.get("dry_run") == self.dry]  # fmt: skip
+        return int(found[-1]["batch_size"]) if found else 8
 
     def capped_env(self) -> dict[str, str]:
         batch = max(1, self.batch_of_a() * 3 // 4)

@@ -177,8 +177,8 @@ def use_wheels(wheels: Path, argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "benchmarks.gpu_run", *argv])
 
 
-COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "peak_mem_gib", "to_first_step_s", "compile_s", "tflops",
-           "gb_per_s", "ms", "vs_fp32_speed", "vs_fp32_mem", "summary")  # fmt: skip
+COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "mfu_basis", "loss", "peak_mem_gib", "to_first_step_s",
+           "compile_s", "tflops", "gb_per_s", "ms", "vs_fp32_speed", "vs_fp32_mem", "summary")  # fmt: skip
 
 
 def table(out: Path) -> str:

@@ -2,7 +2,8 @@
 # The wheels benchmarks/gpu_run.py carries to a GPU machine without network (docs/benchmarks.md, "The GPU run"):
 # the trainer's pure-Python dependencies that machine lacks, at the pins of images/versions.toml, for CPython 3.12 on
 # x86-64 Linux, into .whl/ (git-ignored). gpu_run.py unpacks them there ahead of the machine's own packages.
-# pydantic-core is the one compiled wheel: its version is the one pydantic's metadata requires.
+# pydantic-core is compiled: its version is the one pydantic's metadata requires. torchao (TRAIN_PRECISION=fp8) is the
+# default pin, the release for torch >= 2.11 (the GPU machine has 2.11); its abi3 wheel unpacks like the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pin() { python3 -c "import tomllib,sys; print(tomllib.load(open('images/versions.toml','rb'))['packages'][sys.argv[1]])" "$1"; }
@@ -14,7 +15,8 @@ python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --im
   "transformers==$(pin transformers)" "pydantic==$(pin pydantic)" "pydantic-core==$PYDANTIC_CORE" \
   "pydantic-settings==$(pin pydantic-settings)" "python-dotenv==$(pin python-dotenv)" \
   "annotated-types==$ANNOTATED_TYPES" \
-  "typing-inspection==$TYPING_INSPECTION" "typing-extensions==$TYPING_EXTENSIONS"
+  "typing-inspection==$TYPING_INSPECTION" "typing-extensions==$TYPING_EXTENSIONS" \
+  "torchao==$(pin torchao)"
 # python-hostlist is published as a source archive only: build its (pure-Python) wheel.
 python3 -m pip wheel --no-deps --no-build-isolation -w .whl "python-hostlist==$(pin python-hostlist)" ||
   cp "$(find ~/.cache/pip/wheels -name "python_hostlist-$(pin python-hostlist)-py3-none-any.whl" | head -1)" .whl/

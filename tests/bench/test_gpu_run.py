@@ -61,7 +61,8 @@ def test_the_whole_dry_run(tmp_path: Path) -> None:
     (b,), (c,), (d,) = by_part["static"], by_part["capped"], by_part["whole"]
     assert (b["status"], b["batch_size"], c["status"], c["batch_size"]) == ("checked", 8, "checked", 6), (b, c)
     assert d["status"] == "checked" and d["compile"] is True and d["env"]["TRAIN_COMPILE_SCOPE"] == "model", d
-    assert status["E bf16 activations"] == status["TRAIN_PRECISION=fp8"] == "skipped"
+    assert status["E bf16 activations"] == "skipped"
+    assert_fp8_part(by_part["fp8"], batch=8)
     assert status["A at 128256 rows (1b-128k)"] == "checked", by_part["vocab"]
     (f,) = by_part["profile"]
     assert f["status"] == "ok" and f["env"]["TRAIN_PROFILE"] == "1", f
@@ -75,3 +76,30 @@ def test_the_whole_dry_run(tmp_path: Path) -> None:
     assert status["tests/gpu"] == "ok", by_part["gputests"]
     table = proc.stdout[proc.stdout.index("| part | name |") :]
     assert table.count("\n| ") == len(records)  # one row per line of --out, printed last
+
+
+def assert_fp8_part(records: list[dict], batch: int) -> None:
+    """bf16 and fp8 at A's batch, compiled: on a CPU bf16's settings check and fp8 is refused with the trainer's
+    message; the installed torchao converts the tiny preset's decoder linears and leaves its LM head."""
+    by_name = {r["name"]: r for r in records}
+    bf16, fp8 = by_name[f"bf16 at batch {batch} (fp8's reference)"], by_name["TRAIN_PRECISION=fp8"]
+    assert (bf16["status"], bf16["precision"], bf16["compile"], bf16["batch_size"]) == ("checked", "bf16", True, batch)
+    assert fp8["status"] == "skipped" and "needs a GPU with FP8 tensor cores" in fp8["reason"], fp8
+    assert fp8["env"] == {**bf16["env"], "TRAIN_PRECISION": "fp8"}  # the same run but the precision
+    conversion = by_name["conversion of tiny"]
+    assert conversion["status"] == "ok" and conversion["converted"] == 28 and conversion["lm_head"] == "Linear"
+
+
+def test_the_fp8_part_alone_takes_a_batch_from_the_first_commands_results(tmp_path: Path) -> None:
+    """The second command's fp8 part finds A's batch in --out (the first command's line), not a fixed 8."""
+    out = tmp_path / "gpu_run.jsonl"
+    out.write_text(json.dumps({"part": "defaults", "name": "A defaults", "dry_run": True, "batch_size": 12}) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")} | {"HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run", "--only", "fp8", "--out", str(out), "--work",
+         str(tmp_path / "work")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()][1:]
+    assert_fp8_part(records, batch=12)

@@ -115,6 +115,13 @@ def _speed_rows() -> list[RowSpec]:
     return rows
 
 
+def _fp8_rows() -> list[RowSpec]:
+    doc = ("TRAIN_PRECISION=fp8 on top of the reference, compiled: torchao's float8 matmuls in the decoder's linear "
+           "layers (GPUs with FP8 tensor cores); its MFU is bf16-equivalent. Opt-in, never recommended (its numerics "
+           "differ: compare rows/fp8/metrics.jsonl's losses with the reference row's).")
+    return [RowSpec("fp8", "fp8", doc, {"TRAIN_PRECISION": "fp8", "TRAIN_COMPILE": "1"}, same_training=False)]
+
+
 def _zero_rows() -> list[RowSpec]:
     rows = []
     sharded = {1: "optimizer state", 2: "optimizer state and gradients", 3: "optimizer state, gradients, parameters"}
@@ -156,8 +163,8 @@ def _combined_row() -> list[RowSpec]:
 
 def catalogue() -> list[RowSpec]:
     """All rows, in the order they run (precision first: the other rows build on its winner)."""
-    return (_precision_rows() + _defaults_row() + _optimizer_rows() + _memory_rows() + _speed_rows() + _zero_rows()
-            + _adapter_rows() + _preference_rows() + _online_rows() + _combined_row())
+    return (_precision_rows() + _defaults_row() + _optimizer_rows() + _memory_rows() + _speed_rows() + _fp8_rows()
+            + _zero_rows() + _adapter_rows() + _preference_rows() + _online_rows() + _combined_row())
 
 
 def row_names() -> list[str]:

@@ -42,6 +42,7 @@ class Measured:
     peak_mem_bytes: int | None
     measured_steps: int
     generation_s: float | None = None  # online RL: of step_time_s, producing the completions (GENERATION_KEY)
+    loss: float | None = None  # the mean training loss of the measured steps (fp8 against bf16)
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,7 @@ def summarize_metrics(path: Path, warmup: int, log_steps: int = 1) -> Measured:
     if not steps:
         raise ValueError(f"the trainer exited 0 but {path.name} has no logged step after the {warmup} warm-up steps")
     peaks = [int(r["peak_mem_bytes"]) for r in steps if r.get("peak_mem_bytes") is not None]
+    losses = [float(r["loss"]) for r in steps if r.get("loss") is not None]
     return Measured(
         tokens_per_s=statistics.median(float(r["tokens_per_s"]) for r in steps),
         samples_per_s=_median_of(steps, "samples_per_s"),
@@ -271,6 +273,7 @@ def summarize_metrics(path: Path, warmup: int, log_steps: int = 1) -> Measured:
         peak_mem_bytes=max(peaks) if peaks else None,
         measured_steps=len(steps) * log_steps,
         generation_s=_median_of(steps, GENERATION_KEY),
+        loss=statistics.fmean(losses) if losses else None,
     )
 
 
