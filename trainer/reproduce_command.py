@@ -7,7 +7,8 @@ user reward file (online RL) still has its recorded sha256 (a changed or missing
 the recorded ones, then trains again in a subprocess with the TRAIN_* variables the run was started with, into a
 staging folder next to NEW (`.tmp-reproduce-NAME`), published by one rename once the comparison is written: an
 interrupted reproduce (SIGTERM: the trainer checkpoints and stops) leaves only the staging folder, never a NEW
-that looks complete. The per-step loss (and, for online RL, the per-step mean reward: COMPARED) is compared with the
+that looks complete; a second reproduce into the same NEW meanwhile exits 2 naming the first (`.NEW.lock`). The
+per-step loss (and, for online RL, the per-step mean reward: COMPARED) is compared with the
 original's metrics.jsonl: identical where the run was deterministic (the CPU, or TRAIN_DETERMINISTIC=1), else within
 REL_TOLERANCE; the first diverging step with its metric and the recorded inputs that differ (trainer.diff_command's
 comparison of the two folders) are printed and written to NEW/reproduce.json. Exit 0 when they agree, EXIT_DIFFERS
@@ -34,6 +35,7 @@ from trainer.config import run_record
 from trainer.config.run_record import RunRecord
 from trainer.diff_command import differences, facts
 from trainer.errors import EXIT_CRASH, EXIT_DIFFERS, EXIT_OK, EXIT_SIGTERM, ConfigError
+from trainer.output_lock import lock_beside
 from trainer.provenance import file_sha256, require
 from trainer.secrets import MASK
 
@@ -71,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
     losses = recorded_losses(original)
     steps = wanted_steps(args.steps, losses)
     out = args.output or original.with_name(f"{original.name}-reproduce")
+    lock_beside(out, "reproduce")  # a second reproduce into NEW would remove the first's staging folder
     check_destination(out, args.replace)
     changed = changed_data(recorded["provenance"])
     if changed and not args.allow_changed_data:

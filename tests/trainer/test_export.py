@@ -7,10 +7,15 @@ DDP copies: trainer/config/decisions.py); it is exercised in tests/gpu/test_expo
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import PYTHON, REPO, base_env
 from hub_support import run_env, save_tiny_model
+from waiting import wait_for
 
 PLAIN_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "README.md"}  # fmt: skip
@@ -114,6 +119,29 @@ def test_export_refuses_an_occupied_out_and_keeps_the_adapter_on_request(run_tra
     }
     missing = run_trainer(["export", str(tmp_path / "nothing"), str(tmp_path / "x")], timeout=300)
     assert missing.returncode == 2 and "no such folder" in missing.stderr
+
+
+def test_sigterm_mid_export_publishes_nothing_and_a_second_export_into_out_exits_2(run_trainer, lora_run,
+                                                                                   tmp_path) -> None:  # fmt: skip
+    """An export stopped (SIGSTOP) while its staging folder exists: a second export into the same OUT exits 2 naming
+    it and touches nothing; SIGTERM then ends the first with exit 143, no OUT and no staging folder left; OUT is
+    free again afterwards."""
+    out, staging, err = tmp_path / "merged", tmp_path / ".tmp-export-merged", tmp_path / "first.err"
+    argv = ["export", str(lora_run / "output" / "checkpoint-2"), str(out)]
+    with err.open("w") as sink:
+        first = subprocess.Popen([PYTHON, "-m", "trainer", *argv], cwd=REPO, env=base_env(), stdout=subprocess.DEVNULL,
+                                 stderr=sink, text=True, start_new_session=True)  # fmt: skip
+    wait_for(staging.is_dir, 300, "the staging folder", interval=0.005, proc=first)
+    os.killpg(first.pid, signal.SIGSTOP)  # held mid-export, whatever the machine's load
+    second = run_trainer(argv, timeout=300)
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert f"export OUT={out}: another export is writing it (pid {first.pid} on host" in second.stderr
+    assert staging.is_dir() and not out.exists()
+    os.killpg(first.pid, signal.SIGTERM)
+    os.killpg(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=120) == 143, err.read_text()[-3000:]
+    assert f"export interrupted: {out} was not written" in err.read_text() and "Traceback" not in err.read_text()
+    assert not out.exists() and not staging.exists() and not (tmp_path / ".merged.lock").exists()
 
 
 def test_zero3_checkpoint_exports_to_loadable_safetensors(run_trainer, run_python, tmp_path) -> None:

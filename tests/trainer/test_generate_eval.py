@@ -195,6 +195,36 @@ def test_mistakes_exit_2_before_loading(memorized: Path, tmp_path: Path, capsys:
                  str(tmp_path / "taken")], capsys, "not empty")  # fmt: skip
 
 
+def test_empty_or_malformed_inputs_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """generate --input and eval --data on files with nothing to answer or score, or records they cannot read: exit 2
+    naming the file and what it takes, before any weights are read (MODEL is the tiny preset: no run needed)."""
+    pair = '{"prompt": "a", "chosen": "b", "rejected": "%s"}\n'  # the second pair below: chosen equals rejected
+    texts = {"empty": "", "blank": "\n \n", "garbage": "not json\n", "fields": '{"foo": 1}\n',
+             "pairs": pair % "c" + pair % "b"}  # fmt: skip
+    files = {name: tmp_path / f"{name}.jsonl" for name in texts}
+    for name, text in texts.items():
+        files[name].write_text(text)
+    answers, scored = tmp_path / "answers.jsonl", tmp_path / "eval"
+    generate = ["generate", "tiny", "--output", str(answers), "--input"]
+    _user_error([*generate, str(files["empty"])], capsys, f"generate --input {files['empty']}: no prompt to answer "
+                "(it is empty)", '{"prompt": ...}')  # fmt: skip
+    _user_error([*generate, str(files["blank"])], capsys, "no prompt to answer (it holds only 2 blank line(s))")
+    _user_error([*generate, str(files["garbage"]), "--max-bad-lines", "1"], capsys,
+                f"no prompt to answer (all 1 line(s) are bad, the first {files['garbage']}:1: ")  # fmt: skip
+    assert not answers.exists()
+    evaluate = ["eval", "tiny", "--output", str(scored), "--data"]
+    _user_error([*evaluate, str(files["empty"])], capsys, f"eval --data={files['empty']}: no data found (its files "
+                "are empty)")  # fmt: skip
+    _user_error([*evaluate, str(files["blank"])], capsys, "holds only blank lines, no record to score",
+                "or preference pairs (prompt/chosen/rejected)")  # fmt: skip
+    _user_error([*evaluate, str(files["garbage"])], capsys, f"{files['garbage']}:1: not valid JSON",
+                "TRAIN_DATA_MAX_BAD_LINES")  # fmt: skip
+    _user_error([*evaluate, str(files["fields"])], capsys, "records have no field 'text' (they have: foo)")
+    _user_error([*evaluate, str(files["pairs"])], capsys, f"eval --data: {files['pairs']}:2: chosen equals rejected")
+    _user_error([*evaluate, str(files["pairs"]), "--regex", "x"], capsys, "--regex has nothing to match")
+    assert not scored.exists() and not list(tmp_path.glob(".tmp-eval-*"))
+
+
 def _refused(argv: list[str], *words: str) -> None:
     result = run_trainer(argv)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -205,7 +235,8 @@ def _refused(argv: list[str], *words: str) -> None:
 def test_a_new_output_folder_is_made_and_damaged_weights_or_pairs_exit_2(memorized: Path, tmp_path: Path) -> None:
     """generate --output into a folder that does not exist yet; a truncated model.safetensors in final/ (its record
     knows the size) and in an export (no record: its header does not cover the file) exit 2 naming the file, for
-    generate and eval; eval of preference pairs says which layouts it takes."""
+    generate and eval; eval of KTO's labelled records says which layouts it takes (pairs it scores:
+    test_preference)."""
     import shutil
 
     prompts, answers = tmp_path / "prompts.jsonl", tmp_path / "new" / "deeper" / "answers.jsonl"
@@ -225,10 +256,11 @@ def test_a_new_output_folder_is_made_and_damaged_weights_or_pairs_exit_2(memoriz
                  str(weights), expected)  # fmt: skip
         _refused(["eval", str(damaged), "--data", str(memorized / "chat.jsonl"), "--output", str(tmp_path / "e")],
                  str(weights), expected)  # fmt: skip
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text(json.dumps({"prompt": PAIRS[0][0], "chosen": PAIRS[0][1], "rejected": PAIRS[1][1]}) + "\n")
-    _refused(["eval", str(memorized / "out"), "--data", str(pairs), "--output", str(tmp_path / "p")],
-             "prompt/chosen/rejected records", "not preference pairs", "prompt/completion, messages")  # fmt: skip
+    labelled = tmp_path / "kto.jsonl"
+    labelled.write_text(json.dumps({"prompt": PAIRS[0][0], "completion": PAIRS[0][1], "label": True}) + "\n")
+    _refused(["eval", str(memorized / "out"), "--data", str(labelled), "--output", str(tmp_path / "p")],
+             "prompt/completion/label (KTO) records", "or preference pairs (prompt/chosen/rejected)",
+             "not KTO's prompt/completion/label records")  # fmt: skip
     assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()
 
 

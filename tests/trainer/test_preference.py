@@ -125,6 +125,31 @@ def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file:
         check_drift(out / f"checkpoint-{stopped}", changed)
 
 
+def test_eval_scores_the_runs_own_pairs_chosen_above_rejected(dpo_run: Path, pair_file: Path, tmp_path: Path,
+                                                               run_trainer) -> None:  # fmt: skip
+    """`eval` on the pairs file the run trained on: each side's mean log-prob per answer token (tokenized as TRL
+    does, through the run's chat template). The trained policy puts the chosen (lower-case) answer above the
+    rejected (upper-case) one far more often than chance, and more often than the untrained preset does."""
+    scored = {}
+    for name, model in {"trained": [str(dpo_run / "final")], "fresh": ["tiny", "--chat-template", "chatml"]}.items():
+        result = run_trainer(["eval", *model, "--data", str(pair_file), "--output", str(tmp_path / name)], timeout=600)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        scored[name] = json.loads((tmp_path / name / "eval_results.json").read_text())
+        assert f"eval: 48 pairs: reward accuracy {scored[name]['reward_accuracy']:.4f}" in result.stderr
+        assert "reward_accuracy" in result.stdout and "margin" in result.stdout  # the printed table
+    trained, fresh = scored["trained"], scored["fresh"]
+    assert trained["pairs"] == 48 and trained["pairs_without_room"] == 0
+    assert trained["reward_accuracy"] > 0.9 and trained["margin"] > 0, trained
+    assert trained["reward_accuracy"] > fresh["reward_accuracy"] and trained["margin"] > fresh["margin"], fresh
+    records = [json.loads(line) for line in (tmp_path / "trained" / "records.jsonl").read_text().splitlines()]
+    assert [r["where"] for r in records] == [f"{pair_file}:{n}" for n in range(1, 49)]
+    wins = [r["chosen_logp"] > r["rejected_logp"] for r in records]
+    assert sum(wins) / 48 == trained["reward_accuracy"] and [r["chosen_won"] for r in records] == wins
+    assert all(r["chosen_tokens"] == r["rejected_tokens"] > 0 for r in records)  # the same words, other case
+    evals = [json.loads(line) for line in (dpo_run / "evals.jsonl").read_text().splitlines()]
+    assert evals[-1]["metrics"]["reward_accuracy"] == trained["reward_accuracy"]  # recorded in the run
+
+
 def test_dpo_without_lora_learns_against_a_frozen_copy(pair_file: Path, tmp_path: Path) -> None:
     """Full fine-tuning: the reference is a frozen copy (held: twice the policy), and it stays frozen: its log-probs
     on the held-out pairs, evaluated before training and after, are equal (TRL logs the policy's log-probs and
@@ -345,7 +370,7 @@ def test_a_long_prompt_is_cut_from_the_left_once_for_both_sides(tmp_path: Path) 
     limited = limit_prompts([chat, text, {**text, "prompt": "short"}], tokenizer, 150, "truncate")
     assert (limited.cut, limited.dropped) == (2, 0) and limited.rows[2]["prompt"] == "short"
     cut_chat, cut_text = limited.rows[0]["prompt"], limited.rows[1]["prompt"]
-    assert cut_text == text["prompt"][-len(cut_text):] and prompt_tokens(tokenizer, cut_text) == 150
+    assert cut_text == text["prompt"][-len(cut_text) :] and prompt_tokens(tokenizer, cut_text) == 150
     assert cut_chat[1:] == turns[-2:] and cut_chat[0]["role"] == "user"  # the system message went first
     assert turns[1]["content"].endswith(cut_chat[0]["content"]) and cut_chat[0]["content"] != turns[1]["content"]
     assert 140 < prompt_tokens(tokenizer, cut_chat) <= 150

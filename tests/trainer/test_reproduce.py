@@ -16,12 +16,12 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, base_env, run_trainer
 from train_runs import finish, start, train_env
+from waiting import wait_for
 
 SECRET = "hf_reproduceToken123456789"
 CORPUS = "".join(f"{i}: the quick brown fox jumps over the lazy dog\n" for i in range(6))
@@ -104,15 +104,23 @@ def test_bad_input_exits_2_naming_what_is_missing_and_the_fix(original: Path, tm
 
 
 def test_sigterm_leaves_no_output_that_looks_complete(original: Path, tmp_path: Path) -> None:
+    """Held (SIGSTOP, with its training child) once its staging folder exists, a reproduce meets a second one into
+    the same --output, which exits 2 naming it and leaves the staging folder alone; then SIGTERM stops the first."""
     again, staging = tmp_path / "again", tmp_path / ".tmp-reproduce-again"
     env = {**base_env(), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([PYTHON, "-m", "trainer", "reproduce", str(original), "--output", str(again)], env=env,
                             cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGTERM)  # as `docker stop` and Slurm do: the whole group
+    wait_for(staging.is_dir, 120, "the staging folder", interval=0.005, proc=proc)
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        second = reproduce(original, "--output", again)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # as `docker stop` and Slurm do: the whole group
+        os.killpg(proc.pid, signal.SIGCONT)
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert f"reproduce --output {again}: another reproduce is writing it (pid {proc.pid} on host" in second.stderr
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-3000:]
     assert re.search(rf"{re.escape(str(staging))} is unfinished and {re.escape(str(again))} was not written", err)
     assert not again.exists()
+

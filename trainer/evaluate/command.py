@@ -2,8 +2,10 @@
 
 - loss and perplexity on the trained tokens, with the masking training used (trainer.evaluate.loss);
 - for prompt/completion records and conversations: the model's greedy answer to each question, scored against the
-  reference (exact_match, contains, and with --regex, regex: trainer.evaluate.metrics).
-DIR receives records.jsonl (one line per question: where, question, reference, response, scores, token counts)
+  reference (exact_match, contains, and with --regex, regex: trainer.evaluate.metrics);
+- for preference pairs: each side's mean log-probability per answer token, the reward accuracy and the mean margin
+  (trainer.evaluate.pairs).
+DIR receives records.jsonl (one line per question, or per pair: where, scores, token counts)
 and eval_results.json (the summary, also printed as a table). Both are written to a staging folder next to DIR
 and renamed into place once complete, so DIR holds a whole evaluation or nothing.
 """
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 RESULTS = "eval_results.json"
 RECORDS = "records.jsonl"
+NUMERIC = ("loss", "perplexity", "exact_match", "contains", "regex", "reward_accuracy", "margin", "chosen_logp",
+           "rejected_logp")  # fmt: skip
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +41,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Loss and perplexity on the trained tokens of --data (read and masked as training reads it, "
         "with the run's data settings), and for prompt/completion records and conversations the model's answers "
-        "scored against the references. Results go to --output DIR (eval_results.json, records.jsonl)."
+        "scored against the references; preference pairs by how much likelier each chosen answer is than the "
+        "rejected one (reward accuracy, margin). Results go to --output DIR (eval_results.json, records.jsonl)."
     )
     add_model_arguments(parser)
     add_decoding_arguments(parser)
@@ -89,10 +94,12 @@ def main(args: argparse.Namespace) -> int:
     pattern = _pattern(args.regex)
     plan = plan_of(args.model, args.adapter, "eval")  # the run's record, before any weights are read
     tasks = _tasks(args)  # an unknown task, or one not fetched, exits here too
+    pairs = None
     if args.data:
         overrides = {"TRAIN_SEQ_LEN": str(args.seq_len)} if args.seq_len else {}
         spec = eval_spec(plan.run, overrides)  # the DataSpec the run recorded
         source = eval_source(args.data, spec)
+        pairs = _pairs(args, source, spec)  # read and checked before any weights are
     loaded, generator = load_for(args, "eval")
     results: dict[str, Any] = {"model": plan.described}
     records: list[dict[str, Any]] = []
@@ -100,7 +107,12 @@ def main(args: argparse.Namespace) -> int:
         from trainer.evaluate.harness import run_tasks
 
         results["tasks"] = run_tasks(loaded, tasks, args.limit, args.num_fewshot, args.batch_size)
-    if args.data:
+    if pairs is not None:
+        from trainer.evaluate.pairs import score_pairs
+
+        scored, records = score_pairs(loaded, pairs, spec.seq_len, args.batch_size)
+        results.update({"data": args.data, **scored})
+    elif args.data:
         records, without = ([], 0) if args.no_generate else _generate(generator, source, spec, pattern,
                                                                       args.batch_size)  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="trainkit-eval-cache-") as cache:
@@ -116,6 +128,19 @@ def main(args: argparse.Namespace) -> int:
         record_in_run(plan, results)
     print(memory_report(loaded), file=sys.stderr)
     return EXIT_OK
+
+
+def _pairs(args: argparse.Namespace, source: Any, spec: DataSpec) -> Any:
+    """The pairs of --data when it holds preference pairs (trainer.evaluate.pairs), else None."""
+    from trainer.evaluate.loss import is_pairs
+    from trainer.evaluate.pairs import read_pairs
+
+    if not is_pairs(source):
+        return None
+    if args.regex:
+        raise ConfigError(f"eval --data {args.data}: preference pairs are scored by each side's likelihood and no "
+                          "answer is generated, so --regex has nothing to match; leave it out")  # fmt: skip
+    return read_pairs(source, spec.max_bad_lines)
 
 
 def _generate(generator: Any, source: Any, spec: DataSpec, pattern: Any, batch_size: int
@@ -197,8 +222,7 @@ def write_atomically(out: Path, results: dict[str, Any], records: list[dict[str,
 
 def numeric_metrics(results: dict[str, Any]) -> dict[str, float]:
     """The summary's numbers by name (`exact_match`, `loss`, `arc_easy/acc`...), for the trackers."""
-    found = {name: float(results[name]) for name in ("loss", "perplexity", "exact_match", "contains", "regex")
-             if isinstance(results.get(name), int | float)}  # fmt: skip
+    found = {name: float(results[name]) for name in NUMERIC if isinstance(results.get(name), int | float)}
     for task, metrics in results.get("tasks", {}).items():
         found.update({f"{task}/{name}": float(v) for name, v in metrics.items() if isinstance(v, int | float)})
     return found

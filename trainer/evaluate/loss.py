@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from trainer.data.spec import DataSpec
 
 log = logging.getLogger("trainer")
-EVAL_LAYOUTS = "text, prompt/completion, messages, ShareGPT conversations or conversational prompt/completion"
+EVAL_LAYOUTS = ("text, prompt/completion, messages, ShareGPT conversations or conversational prompt/completion "
+                "records, or preference pairs (prompt/chosen/rejected)")  # fmt: skip
 
 
 @dataclass
@@ -47,23 +48,47 @@ def eval_spec(run: RunRecord | None, overrides: dict[str, str]) -> DataSpec:
 
 
 def eval_source(data: str, spec: DataSpec) -> DataSource:
-    """The scan of --data; a missing or empty one is an error here (training would fall back to its corpus)."""
+    """The scan of --data; a missing or empty one is an error here (training would fall back to its corpus).
+    Preference pairs are taken (trainer.evaluate.pairs scores them); KTO's unpaired records, or pairs mixed with
+    other layouts, are not."""
+    import dataclasses
+
     from trainer.data.discovery import discover
-    from trainer.data.preference import PREFERENCE_LAYOUTS
+    from trainer.data.preference import PAIRED, PREFERENCE_LAYOUTS
 
     source = discover(data, spec.text_field, spec.max_bad_lines, "eval")
     problems = [p.replace("TRAIN_DATA", "eval --data", 1) for p in source.problems]
     if problems or source.embedded:
         raise ConfigError(*(problems or [f"eval --data {data}: no data there"]))
-    pairs = [layout for layout in source.layouts if layout in PREFERENCE_LAYOUTS]
-    if pairs:
+    blank = [str(path) for path in source.files if _only_blank(path)]
+    if blank:
+        raise ConfigError(f"eval --data {data}: {', '.join(blank)} holds only blank lines, no record to score; "
+                          f"give {EVAL_LAYOUTS}")  # fmt: skip
+    preference = [layout for layout in source.layouts if layout in PREFERENCE_LAYOUTS]
+    if preference and (len(preference) < len(source.layouts) or not set(preference) <= set(PAIRED)):
         raise ConfigError(
-            f"eval --data {data}: {source.layout_names()} records: eval scores the loss on the trained "
-            f"tokens and the answers of {EVAL_LAYOUTS} records, not preference pairs; give the eval set in one of "
-            "those layouts (e.g. each prompt with its chosen answer as `completion`), or watch the pairs' reward "
-            "accuracy and margins in the preference run's own evaluation (TRAIN_EVAL_DATA)"
+            f"eval --data {data}: {source.layout_names()} records: eval takes {EVAL_LAYOUTS}, one kind per "
+            "evaluation; not KTO's prompt/completion/label records (give them as pairs, or the answers to score as "
+            "prompt/completion records)"
         )
-    return source
+    return dataclasses.replace(source, variable="eval --data")
+
+
+def is_pairs(source: DataSource) -> bool:
+    from trainer.data.preference import PAIRED
+
+    return bool(source.layouts) and all(layout in PAIRED for layout in source.layouts)
+
+
+def _only_blank(path: Path) -> bool:
+    """A text or JSON file of blank lines (tokenization would find no record, after the model loaded)."""
+    from trainer.data.formats import file_kind, open_text
+
+    kind = file_kind(path) if path.is_file() else None
+    if kind is None or kind.format not in ("jsonl", "json", "text"):
+        return False
+    with open_text(path) as handle:
+        return not any(line.strip() for line in handle)
 
 
 def packed(spec: DataSpec, source: DataSource, tokenizer: Any, cache_dir: Path) -> Any:

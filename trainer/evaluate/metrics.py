@@ -34,11 +34,13 @@ def perplexity(loss: float) -> float | None:
 def summary_rows(results: dict[str, Any]) -> list[tuple[str, str]]:
     """(metric, value) lines of the printed table, in the order users read them."""
     rows = []
-    for name in ("loss", "perplexity", "exact_match", "contains", "regex"):
+    for name in ("loss", "perplexity", "exact_match", "contains", "regex", "reward_accuracy", "margin", "chosen_logp",
+                 "rejected_logp"):  # fmt: skip
         value = results.get(name)
         if value is not None:
             rows.append((name, f"{value:.4f}"))
-    for name in ("trained_tokens", "sequences", "records_generated", "records_without_reference"):
+    for name in ("trained_tokens", "sequences", "records_generated", "records_without_reference", "pairs",
+                 "pairs_without_room"):  # fmt: skip
         if results.get(name) is not None:
             rows.append((name, str(results[name])))
     for task, metrics in results.get("tasks", {}).items():

@@ -3,7 +3,8 @@
 OUT gets safetensors weights, config.json, generation_config.json, the run's tokenizer (with its chat template) and a
 README.md model card. It is written to a staging folder next to OUT, loaded back with AutoModelForCausalLM (no peft)
 and its logits on a probe input compared with the reference (base + adapter through PEFT, or the unsharded model);
-only then is it renamed to OUT. A mismatch exits 1 naming the difference; a wrong SRC or OUT exits 2.
+only then is it renamed to OUT. A mismatch exits 1 naming the difference; a wrong SRC or OUT exits 2. SIGTERM or
+Ctrl-C removes the staging folder (exit 128+N); a second export into the same OUT meanwhile exits 2 naming the first.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +48,21 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trainer.errors import Interrupted, raise_on_stop_signals
     from trainer.export.verify import ExportMismatch
     from trainer.logs import setup_logging
+    from trainer.output_lock import lock_beside
 
+    raise_on_stop_signals()  # SIGTERM as Ctrl-C: the staging folder is removed, OUT never half-written
     setup_logging()
+    out = Path(args.out)
+    lock_beside(out, "export", f"export OUT={out}")  # two exports into one OUT would share one staging folder
     try:
-        out = export(Path(args.src), Path(args.out), args.adapter_only, args.dtype, args.base)
+        out = export(Path(args.src), out, args.adapter_only, args.dtype, args.base)
+    except Interrupted:
+        print(f"export interrupted: {out} was not written (nothing published; the staging folder is removed)",
+              file=sys.stderr)  # fmt: skip
+        raise
     except ExportMismatch as exc:
         print(f"error: export not verified: {exc}", flush=True)
         log.error("export not verified: %s", exc)

@@ -63,6 +63,11 @@ def read_requests(path: Path, max_bad_lines: int) -> tuple[list[Request], list[s
             except ValueError as exc:
                 bad.append(f"{path}:{number}: {exc}")
     check_bad(path, bad, len(requests) + len(bad), max_bad_lines)
+    if not requests:
+        what = f"all {len(bad)} line(s) are bad, the first {bad[0]}" if bad else (
+            f"it holds only {blank} blank line(s)" if blank else "it is empty")  # fmt: skip
+        raise ConfigError(f"generate --input {path}: no prompt to answer ({what}); give a JSON Lines file of "
+                          "{\"prompt\": ...} or {\"messages\": [...]} lines")  # fmt: skip
     if blank:
         print(f"generate: {blank} blank line(s) in {path} (no request)", file=sys.stderr)
     return requests, bad
@@ -85,6 +90,9 @@ def encode_requests(path: Path, requests: list[Request], bad: list[str], generat
     check_bad(path, bad, total, max_bad_lines)
     for message in bad:
         print(f"skipped (--max-bad-lines {max_bad_lines}): {message}", file=sys.stderr)
+    if not kept:
+        raise ConfigError(f"generate --input {path}: no prompt left to answer: all {total} are bad lines (named "
+                          "above)")  # fmt: skip
     print(f"generate: {len(kept)} request(s) from {path}" + (f", {len(bad)} bad line(s) skipped" if bad else ""),
           file=sys.stderr)  # fmt: skip
     return kept
