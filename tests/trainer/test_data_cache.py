@@ -154,3 +154,30 @@ def test_sigterm_during_preparation_stops_cleanly_and_the_requeued_ranks_prepare
     assert preparer.returncode == 0, err0[-3000:]
     assert waiter.returncode == 0, err1[-3000:]
     assert "mapped" in err1
+
+
+def test_two_separate_data_commands_prepare_once_and_share_the_entry(tmp_path: Path) -> None:
+    """Two `python -m trainer data` at once on the same data: the first, held (SIGSTOP) mid-preparation, keeps the
+    entry's lock; the second says it waits for it, and once the first goes on, maps its entry: one tokenization, one
+    entry, nothing half-written left."""
+    from waiting import wait_for
+
+    tokens = write_corpus(tmp_path / "corpus.jsonl", 2)
+    env = env_for(tmp_path, tmp_path / "corpus.jsonl")
+    first = prepare_data(env, start_new_session=True)
+    wait_for(lambda: list(cache_dir(tmp_path).glob(".tmp-*")), 300, "the first's staging folder", interval=0.005,
+             proc=first)  # fmt: skip
+    os.killpg(first.pid, signal.SIGSTOP)
+    log = tmp_path / "second.err"
+    with log.open("w") as sink:
+        second = subprocess.Popen([sys.executable, "-m", "trainer", "data"], cwd=REPO, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=sink)  # fmt: skip
+    try:
+        wait_for(lambda: "another process is preparing" in log.read_text(), 300, "the second to wait", proc=second)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    (out0, err0), (out1, _) = first.communicate(timeout=600), second.communicate(timeout=600)
+    assert first.returncode == 0 and second.returncode == 0, err0[-2000:] + log.read_text()[-2000:]
+    assert "tokenized" in err0 and "tokenized" not in log.read_text() and "mapped" in log.read_text()
+    assert json.loads(out0)["folder"] == json.loads(out1)["folder"] and json.loads(out1)["tokens"] == tokens
+    assert len(list(cache_dir(tmp_path).glob("*/meta.json"))) == 1 and not list(cache_dir(tmp_path).glob(".tmp-*"))

@@ -9,7 +9,8 @@ again from the beginning. Every use checks the shards' sizes against meta.json: 
 truncated or missing shard, no valid meta.json) is taken for absent, and local rank 0 replaces it.
 
 Ranks: local rank 0 of each node prepares under an exclusive lock (`<key>.lock`; on shared storage the lock also
-keeps nodes from preparing twice); the other local ranks wait for the finished folder, for a failure marker from
+keeps nodes, and two separate commands, from preparing twice: the second waits, then maps the first's entry); the
+other local ranks wait for the finished folder, for a failure marker from
 the same torchrun run (then they stop with its message), or for WAIT_TIMEOUT_S. Every rank then maps the shards.
 """
 
@@ -136,9 +137,15 @@ def _run_id() -> str:
 
 @contextlib.contextmanager
 def _exclusive(lock_path: Path) -> Iterator[None]:
-    """An exclusive flock; the kernel releases it when the holder exits, even by SIGKILL."""
+    """An exclusive flock; the kernel releases it when the holder exits, even by SIGKILL. Waiting for another
+    process that holds it (a second `data` command, another node) is logged."""
     with open(lock_path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("data: another process is preparing %s (it holds %s); waiting for it, then using its entry",
+                     lock_path.with_suffix(""), lock_path)  # fmt: skip
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
