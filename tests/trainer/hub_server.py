@@ -17,7 +17,8 @@ tokens in `server.write_tokens`:
 Errors as the Hub answers them: an unknown repository is 404 with `X-Error-Code: RepoNotFound`, a gated one 401 with
 `X-Error-Code: GatedRepo` unless the request carries the accepted token, an unknown revision 404 with
 `X-Error-Code: RevisionNotFound`. Point the library at it with HF_ENDPOINT=server.url. Every request is logged
-(`server.requests`), so a test can prove that an offline run asked nothing.
+(`server.requests`), so a test can prove that an offline run asked nothing. `server.commits_open` cleared holds
+every commit request (before its body is read) until it is set: pushes in flight, for the tests.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class HubServer:
         self.repos: dict[tuple[str, str], Repo] = {}  # (models|datasets, org/name) -> Repo
         self.requests: list[str] = []
         self.write_tokens: set[str] = set()  # bearer tokens that may create repositories and commit
+        self.commits_open = threading.Event()  # cleared: a commit request waits (logged) until it is set again
+        self.commits_open.set()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
@@ -113,8 +116,10 @@ def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             hub.requests.append(f"POST {self.path}")
-            data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             parts = [unquote(p) for p in urlparse(self.path).path.strip("/").split("/")]
+            if parts[4:5] == ["commit"]:
+                hub.commits_open.wait()
+            data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if parts == ["api", "validate-yaml"]:
                 self._send(200, {"errors": [], "warnings": []}, True)
             elif not self._may_write():

@@ -3,10 +3,16 @@ create_repo / upload_folder calls, then snapshot_download of what arrived, compa
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
+import subprocess
 from pathlib import Path
 
+from conftest import PYTHON, REPO, base_env
 from hub_support import online, run_env
+from waiting import wait_for
 
 WRITE = "hf_writeTokenOfTheStandInHub12345"
 REFUSED = "hf_readOnlyTokenTheHubRefuses1234"
@@ -82,3 +88,46 @@ def test_push_errors_exit_2_naming_the_case(run_trainer, hub, tmp_path) -> None:
     code, err = push({**home, "HF_TOKEN": WRITE, "HF_ENDPOINT": f"http://127.0.0.1:{closed}"})
     assert code == 2 and "cannot be reached" in err
     assert (model / "config.json").read_text() == "{}"  # the local model is left as it was
+
+
+def _push_started(folder: Path, env: dict[str, str], err: Path) -> subprocess.Popen[str]:
+    """`python -m trainer push FOLDER org/m` in its own session, stderr to `err`."""
+    with err.open("w") as sink:
+        return subprocess.Popen([PYTHON, "-m", "trainer", "push", str(folder), "org/m"], cwd=REPO,
+                                env={**base_env(), **env}, stdout=subprocess.DEVNULL, stderr=sink, text=True,
+                                start_new_session=True)  # fmt: skip
+
+
+def test_an_interrupted_push_and_two_at_once_leave_only_whole_commits(hub, tmp_path) -> None:
+    """A push held at its commit (the stand-in holds commit requests) and stopped by SIGTERM exits 143 saying the
+    upload is all or nothing; two pushes of two folders (the same file names) held at once both finish, two commits.
+    Every commit on the branch holds one whole folder: never one folder's config beside the other's notes."""
+    hub.write_tokens.add(WRITE)
+    env = {"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url,
+           "HF_TOKEN": WRITE}  # fmt: skip
+    wanted = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"made_by": name}))
+        (tmp_path / name / "notes.txt").write_text(f"folder {name}\n" * 2000)
+        wanted.append(_files(tmp_path / name))
+    commit = "POST /api/models/org/m/commit/main"
+    hub.commits_open.clear()
+    try:
+        stopped = _push_started(tmp_path / "a", env, tmp_path / "stopped.err")
+        wait_for(lambda: commit in hub.requests, 120, "the commit request", proc=stopped)
+        os.killpg(stopped.pid, signal.SIGTERM)
+        assert stopped.wait(timeout=60) == 143, (tmp_path / "stopped.err").read_text()[-3000:]
+        pushes = [_push_started(tmp_path / name, env, tmp_path / f"{name}.err") for name in ("a", "b")]
+        wait_for(lambda: hub.requests.count(commit) == 3, 120, "two commit requests at once", proc=pushes[0])
+    finally:
+        hub.commits_open.set()
+    err = (tmp_path / "stopped.err").read_text()
+    assert "push interrupted: the upload is one commit, so org/m holds all of" in err and "Traceback" not in err
+    for push, name in zip(pushes, ("a", "b"), strict=True):
+        assert push.wait(timeout=120) == 0, (tmp_path / f"{name}.err").read_text()[-3000:]
+    repo = hub.repos[("models", "org/m")]
+    commits = [{k: v for k, v in files.items() if k != ".gitattributes"} for files in repo.commits.values()]
+    assert all(files in ({}, *wanted) for files in commits), [sorted(f) for f in commits]
+    assert wanted[0] in commits and wanted[1] in commits  # both pushes landed, each whole
+    assert commits[-1] == {k: v for k, v in repo.commits[repo.refs["main"]].items() if k != ".gitattributes"}

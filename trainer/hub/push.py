@@ -4,7 +4,9 @@ of a successful run (trainer/run/train.py calls push_after_run).
 Through huggingface_hub (create_repo, create_branch, upload_folder). The token is huggingface_hub's own: HF_TOKEN,
 else the file HF_TOKEN_PATH names; trainkit never writes it anywhere. The repository is created private unless
 `--public`. Every failure is one ConfigError naming the case (no token, refused, not found, network), and the local
-folder is left as it was.
+folder is left as it was. The upload is one commit (huggingface_hub's upload_folder): an interrupted push (exit
+128+N) leaves the branch with all of the folder or none of it, and two pushes to one branch at once are two whole
+commits, the later one its head.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -43,8 +46,16 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trainer.errors import Interrupted, raise_on_stop_signals
+
+    raise_on_stop_signals()  # SIGTERM as Ctrl-C: a message and 128+N, not a bare kill
     folder = model_folder(Path(args.src))
-    url = push_folder(folder, args.repo, private=not args.public, variable="push")
+    try:
+        url = push_folder(folder, args.repo, private=not args.public, variable="push")
+    except Interrupted:
+        print(f"push interrupted: the upload is one commit, so {args.repo} holds all of {folder} or none of it; run "
+              "the push again to be sure it is there", file=sys.stderr)  # fmt: skip
+        raise
     print(f"pushed {folder} to {url}")
     return EXIT_OK
 
