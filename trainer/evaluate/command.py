@@ -108,9 +108,11 @@ def main(args: argparse.Namespace) -> int:
 
         results["tasks"] = run_tasks(loaded, tasks, args.limit, args.num_fewshot, args.batch_size)
     if pairs is not None:
-        from trainer.evaluate.pairs import score_pairs
+        from trainer.evaluate.pairs import Limits, score_pairs
 
-        scored, records = score_pairs(loaded, pairs, spec.seq_len, args.batch_size)
+        settings = plan.run.settings if plan.run is not None else None
+        limits = Limits(spec.seq_len, settings.pref_max_prompt_len if settings else 0, spec.long_records)
+        scored, records = score_pairs(loaded, pairs, limits, args.batch_size)
         results.update({"data": args.data, **scored})
     elif args.data:
         records, without = ([], 0) if args.no_generate else _generate(generator, source, spec, pattern,

@@ -3,7 +3,8 @@
 The pairs are read as training reads them (trainer.data.preference: every layout, every check, bad records named by
 file and line) and each side is tokenized as TRL tokenizes it for training (the prompt through the model's chat
 template, the answer after it; text with EOS after the answer). A side's score is the mean log-probability per token
-of its answer given the prompt, cut at the sequence length as training cuts it (the start kept). The summary:
+of its answer given the prompt, cut as training cuts it (the run's TRAIN_PREF_MAX_PROMPT_LEN from the left, then
+the sequence length, the start kept). The summary:
 `reward_accuracy`, the share of pairs whose chosen answer scores above the rejected one, and `margin`, the mean of
 chosen minus rejected. Unlike TRL's rewards these need no reference model: they are the model's own preference.
 """
@@ -75,21 +76,38 @@ def mean_logprobs(model: Any, sides: list[Side], pad_id: int, device: Any) -> li
     return [float(logprobs[row, side.start - 1 : len(side.ids) - 1].mean()) for row, side in enumerate(sides)]
 
 
-def score_pairs(loaded: Any, records: PreferenceRecords, seq_len: int, batch_size: int
+@dataclass(frozen=True)
+class Limits:
+    """How training cut each pair: TRAIN_SEQ_LEN, and the run's TRAIN_PREF_MAX_PROMPT_LEN with its
+    TRAIN_LONG_RECORDS (0: no prompt limit)."""
+
+    seq_len: int
+    prompt_len: int = 0
+    long_records: str = "truncate"
+
+
+def score_pairs(loaded: Any, records: PreferenceRecords, limits: Limits, batch_size: int
                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
     """(summary, one record per pair): each side's mean log-prob per answer token, the margin, whether chosen won.
-    A pair whose prompt fills `seq_len` (no answer token left on a side) is counted, not scored."""
+    A pair training would drop (its prompt over the prompt limit with no cut that fits, or filling the sequence
+    length on a side) is counted, not scored."""
+    from trainer.data.preference import limit_prompts
+
     tokenizer, model = loaded.tokenizer, loaded.model
     model.eval()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    seq_len = limits.seq_len
     kept = []
     for where, row in zip(records.wheres, records.rows, strict=True):
-        sides = sides_of(tokenizer, row, seq_len)
-        if min(side.scored for side in sides.values()) > 0:
+        cut = limit_prompts([row], tokenizer, limits.prompt_len, limits.long_records).rows
+        sides = sides_of(tokenizer, cut[0], seq_len) if cut else None
+        if sides and min(side.scored for side in sides.values()) > 0:
             kept.append((where, sides))
     if not kept:
-        raise ConfigError(f"eval --data: every pair's prompt fills the sequence length ({seq_len} tokens), leaving "
-                          "no answer token to score; raise --seq-len")  # fmt: skip
+        cap = limits.prompt_len
+        limit = f" or has no cut under the run's TRAIN_PREF_MAX_PROMPT_LEN={cap}" if cap else ""
+        raise ConfigError(f"eval --data: no pair left to score: every prompt fills the sequence length ({seq_len} "
+                          f"tokens){limit}; raise --seq-len")  # fmt: skip
     out = []
     for start in range(0, len(kept), max(1, batch_size)):
         chunk = kept[start : start + max(1, batch_size)]
@@ -109,7 +127,8 @@ def summary(out: list[dict[str, Any]], without_room: int, seq_len: int) -> dict[
               "chosen_logp": sum(r["chosen_logp"] for r in out) / count,
               "rejected_logp": sum(r["rejected_logp"] for r in out) / count,
               "pairs_without_room": without_room}  # fmt: skip
-    unscored = f"; {without_room} pair(s) not scored: the prompt fills {seq_len} tokens" if without_room else ""
+    unscored = (f"; {without_room} pair(s) not scored: training would drop them (a prompt that fills {seq_len} "
+                "tokens or has no cut under TRAIN_PREF_MAX_PROMPT_LEN)") if without_room else ""  # fmt: skip
     log.info("eval: %d pairs: reward accuracy %.4f (chosen's mean log-prob per answer token above rejected's), mean "
              "margin %.4f (chosen %.4f, rejected %.4f)%s", count, result["reward_accuracy"], result["margin"],
              result["chosen_logp"], result["rejected_logp"], unscored)  # fmt: skip
