@@ -169,10 +169,10 @@ def test_two_separate_data_commands_prepare_once_and_share_the_entry(tmp_path: P
              proc=first)  # fmt: skip
     os.killpg(first.pid, signal.SIGSTOP)
     log = tmp_path / "second.err"
-    with log.open("w") as sink:
-        second = subprocess.Popen([sys.executable, "-m", "trainer", "data"], cwd=REPO, env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=sink)  # fmt: skip
     try:
+        with log.open("w") as sink:
+            second = subprocess.Popen([sys.executable, "-m", "trainer", "data"], cwd=REPO, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=sink)  # fmt: skip
         wait_for(lambda: "another process is preparing" in log.read_text(), 300, "the second to wait", proc=second)
     finally:
         os.killpg(first.pid, signal.SIGCONT)

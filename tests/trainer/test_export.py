@@ -133,12 +133,15 @@ def test_sigterm_mid_export_publishes_nothing_and_a_second_export_into_out_exits
                                  stderr=sink, text=True, start_new_session=True)  # fmt: skip
     wait_for(staging.is_dir, 300, "the staging folder", interval=0.005, proc=first)
     os.killpg(first.pid, signal.SIGSTOP)  # held mid-export, whatever the machine's load
-    second = run_trainer(argv, timeout=300)
+    try:
+        second = run_trainer(argv, timeout=300)
+        held = staging.is_dir() and not out.exists()
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        os.killpg(first.pid, signal.SIGCONT)
     assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
     assert f"export OUT={out}: another export is writing it (pid {first.pid} on host" in second.stderr
-    assert staging.is_dir() and not out.exists()
-    os.killpg(first.pid, signal.SIGTERM)
-    os.killpg(first.pid, signal.SIGCONT)
+    assert held  # the second touched neither
     assert first.wait(timeout=120) == 143, err.read_text()[-3000:]
     assert f"export interrupted: {out} was not written" in err.read_text() and "Traceback" not in err.read_text()
     assert not out.exists() and not staging.exists() and not (tmp_path / ".merged.lock").exists()

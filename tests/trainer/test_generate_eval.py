@@ -195,23 +195,30 @@ def test_mistakes_exit_2_before_loading(memorized: Path, tmp_path: Path, capsys:
                  str(tmp_path / "taken")], capsys, "not empty")  # fmt: skip
 
 
-def test_empty_or_malformed_inputs_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_or_malformed_inputs_exit_2_naming_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """generate --input and eval --data on files with nothing to answer or score, or records they cannot read: exit 2
     naming the file and what it takes, before any weights are read (MODEL is the tiny preset: no run needed)."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("trainer"), "handlers", [])  # none left by an earlier in-process command
     pair = '{"prompt": "a", "chosen": "b", "rejected": "%s"}\n'  # the second pair below: chosen equals rejected
     texts = {"empty": "", "blank": "\n \n", "garbage": "not json\n", "fields": '{"foo": 1}\n',
              "pairs": pair % "c" + pair % "b"}  # fmt: skip
     files = {name: tmp_path / f"{name}.jsonl" for name in texts}
     for name, text in texts.items():
         files[name].write_text(text)
-    answers, scored = tmp_path / "answers.jsonl", tmp_path / "eval"
-    generate = ["generate", "tiny", "--output", str(answers), "--input"]
-    _user_error([*generate, str(files["empty"])], capsys, f"generate --input {files['empty']}: no prompt to answer "
-                "(it is empty)", '{"prompt": ...}')  # fmt: skip
-    _user_error([*generate, str(files["blank"])], capsys, "no prompt to answer (it holds only 2 blank line(s))")
-    _user_error([*generate, str(files["garbage"]), "--max-bad-lines", "1"], capsys,
+    scored = tmp_path / "eval"
+
+    def generate(name: str) -> list[str]:  # each its own --output (and lock)
+        return ["generate", "tiny", "--output", str(tmp_path / f"{name}-answers.jsonl"), "--input", str(files[name])]
+
+    _user_error(generate("empty"), capsys, f"generate --input {files['empty']}: no prompt to answer (it is empty)",
+                '{"prompt": ...}')  # fmt: skip
+    _user_error(generate("blank"), capsys, "no prompt to answer (it holds only 2 blank line(s))")
+    _user_error([*generate("garbage"), "--max-bad-lines", "1"], capsys,
                 f"no prompt to answer (all 1 line(s) are bad, the first {files['garbage']}:1: ")  # fmt: skip
-    assert not answers.exists()
+    assert not list(tmp_path.glob("*-answers.jsonl"))
     evaluate = ["eval", "tiny", "--output", str(scored), "--data"]
     _user_error([*evaluate, str(files["empty"])], capsys, f"eval --data={files['empty']}: no data found (its files "
                 "are empty)")  # fmt: skip
