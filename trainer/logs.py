@@ -9,9 +9,21 @@ import sys
 log = logging.getLogger("trainer")
 
 
+def _not_torchao_kernel_notice(record: logging.LogRecord) -> bool:
+    """torchao (TRAIN_PRECISION=fp8) loads, on import, compiled kernels of features trainkit does not use (MX formats,
+    CUTLASS for one GPU generation) and warns where one does not load: on the CPU, and on a Python other than the one
+    a kernel was built for. Transformers imports torchao whenever it is installed, so every run would start with those
+    lines; float8 training is Python on torch.compile and needs none of these kernels."""
+    message = str(record.msg)
+    return not (message.startswith("Failed to load ") and "torchao" in message)
+
+
 def setup_logging() -> None:
     """The `trainer` logger on stderr; with several ranks, each line says which rank speaks and only rank 0 informs."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    torchao = logging.getLogger("torchao")
+    if _not_torchao_kernel_notice not in torchao.filters:
+        torchao.addFilter(_not_torchao_kernel_notice)
     prefix = f"[rank {rank}/{world}] " if world > 1 else ""
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
