@@ -75,8 +75,7 @@ fi
 # its own output: the trainer's is printed when it ends.
 # tests/trainer is the longer stream (about 500 s longer in a cold run): these of its files go last in the other
 # stream instead. Each trains only its own runs (module fixtures), so no trained run is made twice by the split.
-trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py tests/trainer/test_online_rl_rewards.py
-  tests/trainer/test_eval.py)
+trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py tests/trainer/test_online_rl_rewards.py)
 trainer_log=build/test-logs/trainer.log
 mkdir -p "$(dirname "$trainer_log")"
 log "pytest tests/trainer less its tail, in the background (its output: $trainer_log, printed here when it ends)"

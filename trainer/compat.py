@@ -23,8 +23,8 @@ log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
 # TRAIN_METHOD's preference methods run on TRL's trainers (trainer/preference/); the oldest TRL whose API they use.
 TRL_MIN = (1, 16)
-# TRAIN_PRECISION=fp8 runs on torchao's float8 training; its oldest release for torch.compile'd training (0.9.0)
-# is torch 2.6's. images/versions.toml pins the release for each row's torch.
+# TRAIN_PRECISION=fp8 runs on torchao's float8 training; the rows' oldest torch it is pinned for is 2.6 (torchao
+# 0.12.0, built against 2.5 to 2.7). images/versions.toml pins the release for each row's torch.
 FP8_TORCH_MIN = (2, 6)
 PREFERENCE_METHODS = ("dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")  # every method on TRL's trainers
 
