@@ -104,15 +104,18 @@ ARG DATASETS_VERSION
 ARG PEFT_VERSION
 ARG BITSANDBYTES_VERSION
 ARG DUMB_INIT_VERSION
-# Every pin of the row ("name==version ..."): the trainer's own requirements are held to them.
+# Every pin of the row ("name==version ..."): the trainer's own requirements are held to them, resolved for the
+# row's Python (build.py sets it; the build fails where the base's Python is not the row's, stand-ins aside: see
+# images/trainer_requirements.py).
 ARG TRAINER_PINS
+ARG ROW_PYTHON=""
 # Pinned Python packages; the image's constraint file (PIP_CONSTRAINT) keeps torch, the guard proves it.
 COPY images/trainer_requirements.py /opt/trainkit-build/trainer_requirements.py
 COPY pyproject.toml /opt/trainkit-build/pyproject.toml
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,id=trainkit-pip-${FLAVOR}${CACHE_ID},target=/root/.cache/pip \
     python /opt/trainkit-build/trainer_requirements.py /opt/trainkit-build/pyproject.toml "${TRAINER_PINS}" \
-        > /tmp/trainer-requirements.txt && \
+        "${ROW_PYTHON}" > /tmp/trainer-requirements.txt && \
     with-ca.sh pip install \
         "transformers==${TRANSFORMERS_VERSION}" "accelerate==${ACCELERATE_VERSION}" \
         "datasets==${DATASETS_VERSION}" "peft==${PEFT_VERSION}" \

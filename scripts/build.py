@@ -63,6 +63,7 @@ class Plan:
     build_args: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     standin: bool = False
+    row_python: str = ""  # the row's Python, which the trainer's requirements are resolved for ("" = the base's)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -118,11 +119,15 @@ def standin_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan
     standin = load_standin(entry)
     tags = [qualify(f"{REPOSITORY}:{matrix.version}-{entry.cuda_tag}-standin", args.registry),
             qualify(f"{REPOSITORY}:latest-{entry.cuda_tag}-standin", args.registry)]  # fmt: skip
+    rootfs = f"the {standin.rootfs} root filesystem's" if standin.rootfs else "Debian's"
     notes = [f"stand-in for NGC {entry.ngc}, not NGC: PyPI torch {standin.torch} (a CUDA build, runs on the CPU), "
-             f"CUDA toolkit {standin.toolkit} from packages, Debian's Python {matrix.cpu.python}"]  # fmt: skip
+             f"CUDA toolkit {standin.toolkit} from packages, {rootfs} Python {standin.python}"]  # fmt: skip
+    if standin.python != entry.python:
+        notes.append(f"the row's Python is {entry.python}, the stand-in's {standin.python}: the trainer's requirements "
+                     f"are resolved for {entry.python} (the build fails if {standin.python} would ask for others)")
     return Plan("cuda", entry.cuda, None, standin_tag(matrix, entry), f"{standin.torch} (PyPI, stand-in)",
-                matrix.cpu.python, args.arch or entry.arch_list, dict(entry.packages), args.tag or tags,
-                notes=notes, standin=True)  # fmt: skip
+                standin.python, args.arch or entry.arch_list, dict(entry.packages), args.tag or tags,
+                notes=notes, standin=True, row_python=entry.python)  # fmt: skip
 
 
 def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
@@ -146,8 +151,9 @@ def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
         base, ngc = args.base, None
         torch, python = "the base's (read during the build)", "the base's"
         tags = [tags[0].rsplit("-ngc", 1)[0] + f"-{sanitize(args.base)}", tags[1]]
+    row_python = python if re.fullmatch(r"\d+\.\d+", python) else ""
     return Plan("cuda", entry.cuda, ngc, base, torch, python, args.arch or entry.arch_list,
-                dict(entry.packages), args.tag or tags, notes=notes)  # fmt: skip
+                dict(entry.packages), args.tag or tags, notes=notes, row_python=row_python)  # fmt: skip
 
 
 def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
@@ -155,7 +161,8 @@ def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
     notes = ["CUDA-only pieces (flash-attn, apex, DeepSpeed fused_adam) are detected as unavailable and skipped"]
     base = args.base or cpu.base_image
     return Plan("cpu", None, None, base, f"{cpu.torch}+cpu", cpu.python, "", dict(cpu.packages),
-                args.tag or cpu_tags(matrix, args.registry), notes=notes)  # fmt: skip
+                args.tag or cpu_tags(matrix, args.registry), notes=notes,
+                row_python="" if args.base else cpu.python)  # fmt: skip
 
 
 def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
@@ -179,6 +186,7 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     build_args = dockerfile_defaults(matrix)
     build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items() if pkg in plan.pins})
     build_args["TRAINER_PINS"] = trainer_pins(plan.pins)
+    build_args["ROW_PYTHON"] = plan.row_python
     build_args.update(matrix.entry(plan.cuda).skip_args if plan.cuda else {})
     build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
     if plan.cuda:
@@ -214,7 +222,8 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
     ngc = f" (NGC {plan.ngc})" if plan.ngc else ""
     print(f"  base:    {plan.base_image}{ngc}")
     print(f"  torch:   {plan.torch} (kept from the base)")
-    print(f"  python:  {plan.python}")
+    print(f"  python:  {plan.python}" + (f" (requirements for the row's {plan.row_python})"
+                                          if plan.row_python not in ("", plan.python) else ""))  # fmt: skip
     print(f"  arch:    {plan.arch_list or '- (no CUDA)'}")
     print("  pins:    " + ", ".join(f"{k}=={v}" for k, v in plan.pins.items()))
     print(f"  apex:    {matrix.apex['repo']}@{matrix.apex['ref']} (only if the base lacks working fused kernels)")
@@ -269,6 +278,7 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
         "org.trainkit.flavor": plan.flavor,
         "org.trainkit.torch": plan.torch,
         "org.trainkit.python": plan.python,
+        "org.trainkit.requirements-python": plan.row_python or plan.python,
         "org.trainkit.cuda": plan.cuda or "none",
         "org.trainkit.ngc": plan.ngc or "none",
         "org.trainkit.standin": str(plan.standin).lower(),

@@ -34,6 +34,7 @@ ROOTFS_PACKAGES = [
     "g++", "make", "ninja-build", "git", "ca-certificates", "libaio-dev", "ccache",
 ]  # fmt: skip
 WORK_DIR = ROOT / "build" / "cpu-base"
+KEYRING_DIR = ROOT / "build" / "keyrings"  # archive keyrings this host lacks, from its distribution's packages
 DEBIAN_IMAGE_ENV = "TRAINKIT_DEBIAN_IMAGE"
 BASE_FROM_LABEL = "org.trainkit.base.from"  # the Debian the base was made from: a registry ref or the debootstrap one
 RECIPE_LABEL = "org.trainkit.base.recipe"  # digest of what makes the base; a different one means remake it
@@ -69,14 +70,28 @@ def check_debootstrap() -> str:
 
 
 def build_rootfs(client: docker.DockerClient, cpu: CpuFlavor, on_line: Callable[[str], None]) -> str:
-    """debootstrap a minimal Debian and import it as an image; return its tag."""
+    """debootstrap the CPU flavor's minimal Debian and import it as an image; return its tag."""
+    return debootstrap_image(client, cpu.debian_suite, cpu.debian_mirror, rootfs_tag(cpu), on_line)
+
+
+def debootstrap_image(
+    client: docker.DockerClient,
+    suite: str,
+    mirror: str,
+    tag: str,
+    on_line: Callable[[str], None],
+    components: tuple[str, ...] = (),
+    keyring: str = "",
+) -> str:
+    """debootstrap a minimal `suite` (Debian, or Ubuntu with its `keyring`) with ROOTFS_PACKAGES, import it as `tag`."""
     debootstrap = check_debootstrap()
-    tag = rootfs_tag(cpu)
     with tempfile.TemporaryDirectory(prefix="trainkit-rootfs-") as tmp:
         target = Path(tmp, "rootfs")
         argv = [
             debootstrap, "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}",
-            cpu.debian_suite, str(target), cpu.debian_mirror,
+            *([f"--components={','.join(components)}"] if components else []),
+            *([f"--keyring={keyring}"] if keyring else []),
+            suite, str(target), mirror,
         ]  # fmt: skip
         _run_logged(argv, on_line, "debootstrap")
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
@@ -90,6 +105,38 @@ def build_rootfs(client: docker.DockerClient, cpu: CpuFlavor, on_line: Callable[
             client.api.import_image_from_data(fh, repository=repository, tag=version)
     on_line(f"imported {tag}")
     return tag
+
+
+def archive_keyring(keyring: str, package: str, source: str, on_line: Callable[[str], None]) -> str:
+    """`keyring` where this host has it; else the same file from `package`, which apt-get downloads from `source` (a
+    sources.list line of the host's own distribution, so the host's archive keys check it) into build/keyrings."""
+    if Path(keyring).is_file():
+        return keyring
+    found = KEYRING_DIR / Path(keyring).name
+    if found.is_file():
+        return str(found)
+    if not (package and source and shutil.which("apt-get")):
+        raise UserError(
+            f"{keyring} is missing: debootstrap checks the root filesystem's archive with it.\n  Install the package "
+            f"that holds it ({package or 'the archive keyring'}), then run this command again."
+        )
+    with tempfile.TemporaryDirectory(prefix="trainkit-keyring-") as tmp:
+        apt = Path(tmp)
+        (apt / "lists" / "partial").mkdir(parents=True)
+        (apt / "sources.list").write_text(source + "\n")
+        options = [
+            f"-oDir::Etc::sourcelist={apt}/sources.list", "-oDir::Etc::sourceparts=-",
+            f"-oDir::State::Lists={apt}/lists", f"-oDir::Cache={apt}/cache", "-oAPT::Sandbox::User=root",
+        ]  # fmt: skip
+        _run_logged(["apt-get", *options, "update"], on_line, f"apt-get update ({source})")
+        _run_logged(["apt-get", *options, "download", package], on_line, f"apt-get download {package}", cwd=apt)
+        deb = next(apt.glob("*.deb"))
+        _run_logged(["dpkg-deb", "-x", str(deb), str(apt / "root")], on_line, f"dpkg-deb -x {deb.name}")
+        deb.unlink()
+        KEYRING_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(apt / "root" / keyring.lstrip("/"), found)
+    on_line(f"{keyring}: from {package} ({source})")
+    return str(found)
 
 
 def download_torch(cpu: CpuFlavor, on_line: Callable[[str], None]) -> Path:
@@ -205,8 +252,8 @@ def ensure_cpu_base(
     return tag
 
 
-def _run_logged(argv: list[str], on_line: Callable[[str], None], what: str) -> None:
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+def _run_logged(argv: list[str], on_line: Callable[[str], None], what: str, cwd: Path | None = None) -> None:
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd) as proc:
         assert proc.stdout is not None
         tail = []
         for raw in proc.stdout:

@@ -2,9 +2,11 @@
 
 `build.py --cuda X.Y --standin` builds `images/standin-base/Dockerfile` once per row (the tag carries a hash of
 its inputs, so a changed input makes a new base and an unchanged one is reused), then the real Dockerfile on it.
-The base: the CPU flavor's Debian root filesystem, the PyPI torch build nearest to the row's torch with the same
+The base: a root filesystem with the row's Python (the CPU flavor's Debian where its Python is the row's, else the
+row's `rootfs`, e.g. Ubuntu 22.04 for the 3.10 rows), the PyPI torch build nearest to the row's torch with the same
 CUDA major, a CUDA toolkit at /usr/local/cuda, and the NGC release's known clashing pins in a constraint file.
-Inputs live in images/versions.toml (`[standin."X.Y"]` next to each row, `[standin_toolkit."X.Y"]`).
+Inputs live in images/versions.toml (`[standin."X.Y"]` next to each row, `[standin_toolkit."X.Y"]`,
+`[standin_rootfs.NAME]`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from pathlib import Path
 import docker
 import tomllib
 from buildkit import BuildSpec, run_build
-from cpu_base import build_rootfs, image_exists, rootfs_tag
+from cpu_base import archive_keyring, build_rootfs, debootstrap_image, image_exists, rootfs_tag
 from errors import UserError
-from matrix import ROOT, VERSIONS_FILE, Entry, Matrix
+from matrix import ROOT, VERSIONS_FILE, CpuFlavor, Entry, Matrix
 
 SOURCE_DIR = ROOT / "images" / "standin-base"
 WORK_DIR = ROOT / "build" / "standin-base"
+ROOTFS_INPUTS = ("mirror", "components", "keyring")  # what makes a [standin_rootfs]'s filesystem (in the base's tag)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class Standin:
     toolkit_wheels: tuple[str, ...]
     toolkit_debs: tuple[str, ...]
     deb_source: str
+    python: str  # the base's Python: the row's where the root filesystem has it
+    rootfs: str = ""  # a [standin_rootfs.NAME], or "" for the CPU flavor's Debian
+    rootfs_inputs: tuple[tuple[str, str], ...] = ()  # its mirror, components, keyring
 
     @property
     def constrained(self) -> list[str]:
@@ -61,11 +67,40 @@ def load_standin(entry: Entry, path: Path = VERSIONS_FILE) -> Standin:
         )
     row = rows[entry.cuda]
     toolkit = data["standin_toolkit"][row["toolkit"]]
+    rootfs = data.get("standin_rootfs", {}).get(row.get("rootfs", ""), {})
+    if row.get("rootfs") and not rootfs:
+        raise UserError(f"[standin.\"{entry.cuda}\"] names rootfs = \"{row['rootfs']}\", which images/versions.toml "
+                        f"has no [standin_rootfs.{row['rootfs']}] table for")  # fmt: skip
+    inputs = tuple(sorted((k, json.dumps(v)) for k, v in rootfs.items() if k in ROOTFS_INPUTS))
     return Standin(
         cuda=entry.cuda, torch=row["torch"], toolkit=row["toolkit"], packages=tuple(row.get("packages", [])),
         constraint_file=row["constraint_file"], toolkit_wheels=tuple(toolkit.get("wheels", [])),
         toolkit_debs=tuple(toolkit.get("debs", [])), deb_source=toolkit.get("deb_source", ""),
+        python=rootfs.get("python", data["cpu"]["python"]), rootfs=row.get("rootfs", ""), rootfs_inputs=inputs,
     )  # fmt: skip
+
+
+def standin_rootfs_tag(standin: Standin, cpu: CpuFlavor) -> str:
+    """The image the stand-in base builds FROM: its own root filesystem, or the CPU flavor's Debian one."""
+    return f"trainkit-rootfs:{standin.rootfs}" if standin.rootfs else rootfs_tag(cpu)
+
+
+def ensure_rootfs(client: docker.DockerClient, standin: Standin, cpu: CpuFlavor, on_line: Callable[[str], None]) -> str:
+    """The stand-in's root filesystem image, made by debootstrap when missing (the CPU flavor's Debian is always
+    made too: the toolkit's Debian packages are fetched and checked there, with Debian's archive keys)."""
+    if not image_exists(client, rootfs_tag(cpu)):
+        build_rootfs(client, cpu, on_line)
+    tag = standin_rootfs_tag(standin, cpu)
+    if not image_exists(client, tag):
+        inputs = {key: json.loads(value) for key, value in standin.rootfs_inputs}
+        keyring = inputs.get("keyring", "")
+        if keyring:  # where this host lacks it: from the package the table names (how to get it, not what is built)
+            table = tomllib.loads(VERSIONS_FILE.read_text())["standin_rootfs"][standin.rootfs]
+            keyring = archive_keyring(keyring, table.get("keyring_package", ""), table.get("keyring_source", ""),
+                                      on_line)  # fmt: skip
+        debootstrap_image(client, standin.rootfs, inputs["mirror"], tag, on_line,
+                          tuple(inputs.get("components", ())), keyring)  # fmt: skip
+    return tag
 
 
 def has_standin(entry: Entry, path: Path = VERSIONS_FILE) -> bool:
@@ -74,7 +109,8 @@ def has_standin(entry: Entry, path: Path = VERSIONS_FILE) -> bool:
 
 def standin_tag(matrix: Matrix, entry: Entry) -> str:
     standin = load_standin(entry)
-    return f"trainkit-base:standin-{entry.cuda_tag}-torch{standin.torch}-{standin.digest(rootfs_tag(matrix.cpu))}"
+    rootfs = standin_rootfs_tag(standin, matrix.cpu)
+    return f"trainkit-base:standin-{entry.cuda_tag}-torch{standin.torch}-{standin.digest(rootfs)}"
 
 
 def ensure_standin_base(
@@ -90,8 +126,7 @@ def ensure_standin_base(
     tag = standin_tag(matrix, entry)
     if image_exists(client, tag) and not rebuild:
         return tag
-    if not image_exists(client, rootfs_tag(matrix.cpu)):
-        build_rootfs(client, matrix.cpu, on_line)
+    rootfs = ensure_rootfs(client, standin, matrix.cpu, on_line)
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     shutil.copy2(ROOT / "images" / "with-ca.sh", WORK_DIR / "with-ca.sh")
     shutil.copy2(SOURCE_DIR / "cuda_home.py", WORK_DIR / "cuda_home.py")
@@ -100,7 +135,9 @@ def ensure_standin_base(
         dockerfile=SOURCE_DIR / "Dockerfile",
         tags=[tag],
         args={
-            "ROOTFS_IMAGE": rootfs_tag(matrix.cpu),
+            "ROOTFS_IMAGE": rootfs,
+            "DEBIAN_ROOTFS_IMAGE": rootfs_tag(matrix.cpu),
+            "PYTHON_VERSION": standin.python,
             "TORCH_VERSION": standin.torch,
             "PYTHON_PACKAGES": " ".join(standin.packages),
             "TOOLKIT_WHEELS": " ".join(standin.toolkit_wheels),
@@ -112,6 +149,8 @@ def ensure_standin_base(
             "org.trainkit.standin": "true",
             "org.trainkit.standin.for-ngc": entry.ngc,
             "org.trainkit.standin.torch": standin.torch,
+            "org.trainkit.standin.python": standin.python,
+            "org.trainkit.standin.rootfs": rootfs,
             "org.trainkit.standin.cuda-toolkit": standin.toolkit,
             "org.trainkit.standin.constraint-file": str(standin.constraint_file).lower(),
         },

@@ -4,7 +4,10 @@ NVIDIA's PyPI wheels give ptxas, libnvvm, the headers, cudart and CCCL (`nvidia/
 for CUDA 12 they lack the compiler driver (nvcc, cicc, cudafe++, fatbinary, nvlink), which comes from Debian's
 repackaging of NVIDIA's binaries of the same release (`nvidia-cuda-toolkit`, non-free). CUDA 13 wheels hold all of it.
 
-    python cuda_home.py    reads CUDA_HOME, STANDIN_WHEELS, STANDIN_DEBS, STANDIN_DEB_SOURCE, STANDIN_CACHE
+    python cuda_home.py fetch-debs DIR    apt-get downloads STANDIN_DEBS from STANDIN_DEB_SOURCE into DIR (run where
+                                         apt has Debian's archive keys: the Debian root filesystem)
+    python cuda_home.py                   lays out the toolkit: reads CUDA_HOME, STANDIN_WHEELS, STANDIN_DEBS,
+                                         STANDIN_DEB_DIR (the fetched .debs), STANDIN_CACHE
 """
 
 from __future__ import annotations
@@ -185,12 +188,22 @@ def prove(arch: str) -> None:
         print(listing, flush=True)
 
 
+def copy_debs(packages: list[str], source: str, target: Path) -> None:
+    """The fetched .debs of `packages`, copied out of the download cache into `target` (which may stay empty)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for deb in fetch_debs(packages, source) if packages else []:
+        shutil.copy2(deb, target / deb.name)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["fetch-debs"]:
+        debs, source = os.environ.get("STANDIN_DEBS", "").split(), os.environ.get("STANDIN_DEB_SOURCE", "")
+        copy_debs(debs, source, Path(sys.argv[2]))
+        return
     wheels = os.environ.get("STANDIN_WHEELS", "").split()
-    debs = os.environ.get("STANDIN_DEBS", "").split()
     for wheel in fetch_wheels(wheels):
         install_wheel(wheel)
-    for deb in fetch_debs(debs, os.environ["STANDIN_DEB_SOURCE"]) if debs else []:
+    for deb in sorted(Path(os.environ.get("STANDIN_DEB_DIR", "/nonexistent")).glob("*.deb")):
         install_deb(deb)
     add_library_headers()
     finish_layout()

@@ -33,20 +33,12 @@ GLIBC_TAGS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64
               *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 40))]  # fmt: skip
 
 
-def on_python(requirement: str, python: str) -> bool:
-    """Whether the requirement's marker holds on the row's Python (pip's --python-version does not evaluate markers:
-    e.g. TRL, asked for on Python >= 3.11 only, is left out of the 3.10 rows as the image's own pip leaves it out)."""
-    from pip._vendor.packaging.requirements import Requirement
-
-    marker = Requirement(requirement).marker
-    return marker is None or marker.evaluate({"python_version": python, "python_full_version": f"{python}.0"})
-
-
 def row_requirements(entry: matrix.Entry) -> list[str]:
     """The row's install set as the image asks for it, with the stand-in's PyPI torch in place of NGC's."""
     pins, standin = entry.packages, load_standin(entry)
-    trainer = [req for req in trainer_requirements.requirements(str(ROOT / "pyproject.toml"), pins)
-               if on_python(req, entry.python)]  # fmt: skip
+    # Resolved for the row's Python, as the image build does (pip's --python-version does not evaluate markers: e.g.
+    # TRL, asked for on Python >= 3.11 only, is left out of the 3.10 rows).
+    trainer = trainer_requirements.requirements(str(ROOT / "pyproject.toml"), pins, entry.python)
     wanted = [*trainer, *(f"{name}=={pins[name]}" for name in DOCKERFILE_PINS if name in pins)]
     base = [f"torch=={standin.torch}", *(p for p in standin.packages if p.split("==")[0] not in pins)]
     return [req for req in wanted if re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0] not in NOT_FROM_WHEELS] + base

@@ -75,3 +75,92 @@ def test_a_row_without_standin_inputs_is_a_user_error_naming_the_rows_that_have_
         standin_base.load_standin(matrix.load().entry("13.0"), without)
     rows = ", ".join(c for c in VERSIONS["standin"] if c != "13.0")
     assert f"CUDA 13.0 has no stand-in base; rows with one: {rows}" in str(err.value)
+
+
+def _requirement_sets(cuda: str) -> tuple[list[str], list[str]]:
+    """The trainer's requirements of row `cuda` resolved for the row's Python and for its stand-in's Python."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "images"))
+    import matrix
+    import standin_base
+    import trainer_requirements
+
+    entry = matrix.load().entry(cuda)
+    pyproject, pins = str(ROOT / "pyproject.toml"), entry.packages
+    standin = standin_base.load_standin(entry)
+    return (trainer_requirements.requirements(pyproject, pins, entry.python),
+            trainer_requirements.requirements(pyproject, pins, standin.python))  # fmt: skip
+
+
+@pytest.mark.parametrize("cuda", list(VERSIONS["standin"]))
+def test_each_standin_asks_for_its_rows_requirement_set(cuda: str) -> None:
+    """A stand-in stands for its row: on its Python the trainer's requirements are the row's (12.1 on Debian's 3.11
+    took TRL, which the row's 3.10 leaves out, and TRL 1.16 needs a datasets the row does not pin)."""
+    on_row, on_standin = _requirement_sets(cuda)
+    assert on_standin == on_row
+    if VERSIONS["cuda"][cuda]["python"] == "3.10":
+        assert not [req for req in on_row if req.startswith("trl")]
+        assert VERSIONS["standin"][cuda].get("rootfs"), "a 3.10 row's stand-in needs a root filesystem with 3.10"
+
+
+def test_the_3_10_rows_standins_run_the_rows_python_and_the_plan_says_so() -> None:
+    proc = build_py("--cuda", "12.1", "--standin", "--arch-list", "9.0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "  python:  3.10\n" in proc.stdout
+    assert "the jammy root filesystem's Python 3.10" in proc.stdout
+    rootfs = VERSIONS["standin_rootfs"][VERSIONS["standin"]["12.1"]["rootfs"]]
+    assert rootfs["python"] == VERSIONS["cuda"]["12.1"]["python"]
+
+
+def test_a_standin_on_another_python_says_which_python_its_requirements_are_for() -> None:
+    proc = build_py("--cuda", "12.8", "--standin", "--arch-list", "9.0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    python = VERSIONS["cuda"]["12.8"]["python"]
+    assert f"  python:  {VERSIONS['cpu']['python']} (requirements for the row's {python})" in proc.stdout
+    assert f"the trainer's requirements are resolved for {python}" in proc.stdout
+
+
+def trainer_requirements_cli(row: str, pins: str, standin: bool) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRAINKIT_STANDIN": "1" if standin else ""}
+    argv = [sys.executable, str(ROOT / "images" / "trainer_requirements.py"), str(ROOT / "pyproject.toml"), pins, row]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+
+
+def _pins(cuda: str) -> str:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import matrix
+
+    return matrix.trainer_pins(matrix.load().entry(cuda).packages)
+
+
+def test_the_image_build_refuses_a_python_that_asks_for_another_requirement_set() -> None:
+    """The build-time check (images/trainer_requirements.py in the Dockerfile): run here on this Python (3.11+, TRL
+    asked for), a 3.10 row's stand-in fails naming TRL and the fix, before pip resolves anything."""
+    if sys.version_info < (3, 11):
+        pytest.skip("needs a Python on which pyproject asks for TRL")
+    proc = trainer_requirements_cli("3.10", _pins("12.1"), standin=True)
+    assert proc.returncode == 1
+    assert "the row's is 3.10, and the trainer's requirements differ" in proc.stderr
+    assert "trl==1.16.0" in proc.stderr and "[standin_rootfs]" in proc.stderr
+
+
+def test_the_image_build_refuses_an_ngc_base_whose_python_is_not_the_rows() -> None:
+    running = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    other = "3.99"
+    proc = trainer_requirements_cli(other, _pins("12.8"), standin=False)
+    assert proc.returncode == 1
+    assert f"the base runs Python {running}, but images/versions.toml says the row's is {other}" in proc.stderr
+
+
+def test_the_rows_own_python_gets_marker_free_requirements_resolved_for_it() -> None:
+    running = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    proc = trainer_requirements_cli(running, _pins("12.8"), standin=False)
+    assert proc.returncode == 0, proc.stderr
+    assert f"Python {running}, the row's" in proc.stderr
+    assert ";" not in proc.stdout  # markers evaluated for the row's Python, not left to the image's pip
+    if sys.version_info >= (3, 11):
+        assert [line for line in proc.stdout.splitlines() if line.startswith("trl")]
+    # A stand-in on this Python for a row whose Python asks for the same set: built, the difference said.
+    proc = trainer_requirements_cli("3.99", _pins("12.8"), standin=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"stand-in runs Python {running}, not the row's 3.99" in proc.stderr
