@@ -54,8 +54,8 @@ def holds_on(req: Requirement, python: str) -> bool:
 def requirements(pyproject_path: str, pins: dict[str, str], python: str | None = None) -> list[str]:
     """Each requirement with `==pin` added to its own specifier (pip then refuses a pin outside the range). With
     `python`: only those whose marker holds on it, without the marker (the set is the row's, whatever runs pip)."""
-    with open(pyproject_path, "rb") as fh:
-        project = tomllib.load(fh)["project"]
+    with open(pyproject_path, encoding="utf-8") as fh:  # text: the tomli of pip 22 (Ubuntu 22.04's) loads no bytes
+        project = tomllib.loads(fh.read())["project"]
     texts = [*project.get("dependencies", []), *project.get("optional-dependencies", {}).get("train", [])]
     wanted = [req for req in map(Requirement, texts) if canonical(req.name) not in BASE_OWNED]
     if python is not None:
