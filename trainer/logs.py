@@ -9,21 +9,24 @@ import sys
 log = logging.getLogger("trainer")
 
 
-def _not_torchao_kernel_notice(record: logging.LogRecord) -> bool:
-    """torchao (TRAIN_PRECISION=fp8) loads, on import, compiled kernels of features trainkit does not use (MX formats,
-    CUTLASS for one GPU generation) and warns where one does not load: on the CPU, and on a Python other than the one
-    a kernel was built for. Transformers imports torchao whenever it is installed, so every run would start with those
-    lines; float8 training is Python on torch.compile and needs none of these kernels."""
-    message = str(record.msg)
-    return not (message.startswith("Failed to load ") and "torchao" in message)
+# Import-time notices of libraries that are not the user's to act on: {logger: a text its record holds}. torchao
+# (TRAIN_PRECISION=fp8; Transformers imports it whenever it is installed, so every run) loads compiled kernels of
+# features trainkit does not use (MX formats, CUTLASS for one GPU generation) and warns where one does not load: on the
+# CPU, and on a Python other than the one a kernel was built for; float8 training is Python on torch.compile and needs
+# none of them. torch 2.13 tells torchao, on the same import, that registering its enums is deprecated.
+LIBRARY_NOTICES = {"torchao": "Failed to load ", "torch.utils._pytree": "is an Enum subclass"}
+
+
+def _not_a_library_notice(record: logging.LogRecord) -> bool:
+    return LIBRARY_NOTICES.get(record.name, "\0") not in record.getMessage()
 
 
 def setup_logging() -> None:
     """The `trainer` logger on stderr; with several ranks, each line says which rank speaks and only rank 0 informs."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    torchao = logging.getLogger("torchao")
-    if _not_torchao_kernel_notice not in torchao.filters:
-        torchao.addFilter(_not_torchao_kernel_notice)
+    for name in LIBRARY_NOTICES:
+        if _not_a_library_notice not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_not_a_library_notice)
     prefix = f"[rank {rank}/{world}] " if world > 1 else ""
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)

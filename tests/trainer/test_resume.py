@@ -36,11 +36,12 @@ def test_kill_9_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path
     proc.kill()
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
-    code, err = finish(start(env))
+    code, err = finish(start({**env, "TRAIN_SAVE_STEPS": "3"}))  # a changed interval is the resumed run's
     assert code == 0, err[-3000:]
     assert ".tmp-checkpoint-4, left by an interrupted save" in err
-    assert f"continuing from {out / 'checkpoint-2'}" in err
+    assert f"continuing from {out / 'checkpoint-2'}" in err and "TRAIN_SAVE_STEPS was 2, now 3" in err
     assert not list(out.glob(".tmp-*"))
+    assert (out / "checkpoint-3").is_dir() and not (out / "checkpoint-4").exists()
     assert global_step(out / "checkpoint-6") == 6 and (out / "final" / "model.safetensors").is_file()
 
 

@@ -226,3 +226,23 @@ def _atomic_trainer_class(base: type) -> type:
             return not (getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False))
 
     return AtomicCheckpointTrainer
+
+
+def steps_from_settings() -> Any:
+    """A callback that gives a resumed run the save, logging and eval intervals of its own settings. Transformers takes
+    them from the checkpoint's trainer_state.json on resume (and only warns), so a TRAIN_SAVE_STEPS changed for the
+    resumed run would be logged as in force and never used."""
+    import math
+
+    from transformers import TrainerCallback
+
+    class StepsFromSettings(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            for name in ("logging_steps", "eval_steps", "save_steps"):
+                value = getattr(args, name)
+                if name == "eval_steps" and value is None:
+                    value = args.logging_steps  # Transformers' rule: eval follows logging unless given
+                if value is not None:
+                    setattr(state, name, math.ceil(state.max_steps * value) if value < 1 else int(value))
+
+    return StepsFromSettings()

@@ -112,6 +112,7 @@ def _training_arguments(cfg: RunConfig) -> Any:
 
 def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any, learned: Any) -> list[Any]:
     from trainer.machine.peaks import this_gpu_peak_flops
+    from trainer.run.checkpoint import steps_from_settings
     from trainer.run.metrics import MetricsCallback, flops_per_token
     from trainer.run.signals import StopOnSignal
     from trainer.run.startup import StartupCallback
@@ -120,6 +121,7 @@ def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any, learn
     out = Path(s.output_dir)
     callbacks: list[Any] = [
         StopOnSignal(stop),
+        steps_from_settings(),
         StartupCallback(clock, learned, compiled=cfg.decisions.compile.value),
         MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
     ]
