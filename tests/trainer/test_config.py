@@ -255,6 +255,9 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_RL_LOSS", "grpo", lambda c: c["training_arguments"]["loss_type"] == "dr_grpo"
      and c["decisions"]["method"]["value"] == "grpo"),
     ("TRAIN_RL_ENGINE", "defaults", lambda c: c["settings"]["TRAIN_RL_ENGINE"]["value"] == "transformers"),  # vllm: 2
+    # with TRAIN_RL_ENGINE=vllm it becomes GRPOConfig's vllm_server_base_url (test_vllm_server, on the settings alone)
+    ("TRAIN_RL_VLLM_URL", "grpo", lambda c: c["settings"]["TRAIN_RL_VLLM_URL"]["value"] == ""
+     and "vllm_server_base_url" not in c["training_arguments"]),
     ("TRAIN_PREF_BETA", "dpo", lambda c: c["training_arguments"]["beta"] == 0.2),
     ("TRAIN_PREF_LOSS", "dpo", lambda c: c["training_arguments"]["loss_type"] == ["ipo"]),
     ("TRAIN_PREF_MAX_PROMPT_LEN", "dpo",

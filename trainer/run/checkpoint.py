@@ -230,7 +230,7 @@ def _atomic_trainer_class(base: type) -> type:
 
 def steps_from_settings() -> Any:
     """A callback that gives a resumed run the save, logging and eval intervals of its own settings. Transformers takes
-    them from the checkpoint's trainer_state.json on resume (and only warns), so a TRAIN_SAVE_STEPS changed for the
+    them from the checkpoint's saved trainer state on resume (and only warns), so a TRAIN_SAVE_STEPS changed for the
     resumed run would be logged as in force and never used."""
     import math
 
