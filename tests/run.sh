@@ -73,9 +73,10 @@ fi
 # process, OMP_NUM_THREADS=1), so tests/trainer runs beside the rest (the image build, the engine, Slurm, the
 # benchmarks), which is then followed by the trainer's portable test files on the oldest row's stack. Each stream keeps
 # its own output: the trainer's is printed when it ends.
-# tests/trainer is the longer stream (about 500 s longer in a cold run): these of its files go last in the other
+# tests/trainer is the longer stream (docs/development.md has the cold runs): these of its files go last in the other
 # stream instead. Each trains only its own runs (module fixtures), so no trained run is made twice by the split.
-trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py tests/trainer/test_online_rl_rewards.py)
+trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py tests/trainer/test_online_rl_rewards.py
+  tests/trainer/test_eval.py)
 trainer_log=build/test-logs/trainer.log
 mkdir -p "$(dirname "$trainer_log")"
 log "pytest tests/trainer less its tail, in the background (its output: $trainer_log, printed here when it ends)"
