@@ -14,6 +14,7 @@ whether a run may continue from a checkpoint is trainer.config.resume's to say.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -103,17 +104,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-_ATOMIC: dict[type, type] = {}
-
-
+@functools.cache  # one subclass per base
 def atomic_trainer(base: type) -> type:
     """`base` (Transformers' Trainer, or a subclass such as TRL's DPOTrainer) with atomic checkpoints and final/."""
-    if base not in _ATOMIC:
-        _ATOMIC[base] = _atomic_trainer_class(base)
-    return _ATOMIC[base]
-
-
-def _atomic_trainer_class(base: type) -> type:
     from trainer.compat import rotate_checkpoints
     from trainer.run.disk_space import full_disk_ends_run
 

@@ -10,22 +10,17 @@ line under GENERATION_KEY (trainer.run.metrics passes keys with a "/" through); 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 GENERATION_KEY = "time/generation_s"
 
-_TIMED: dict[type, type] = {}
 
-
+@functools.cache  # one subclass per base
 def timed_generation(base: type) -> type:
     """`base` (TRL's GRPOTrainer or RLOOTrainer) logging GENERATION_KEY with each training log line."""
-    if base not in _TIMED:
-        _TIMED[base] = _timed_class(base)
-    return _TIMED[base]
 
-
-def _timed_class(base: type) -> type:
     class TimedGeneration(base):  # type: ignore[valid-type,misc]
         _generation_s = 0.0
         _generation_logged_at: int | None = None  # global_step of the last log line (or where a resumed run began)
