@@ -66,6 +66,8 @@ class Decisions:
     chat_template: Decision[str] = field(default_factory=lambda: Decision("none", "no conversations"))
     method: Decision[str] = field(default_factory=lambda: Decision("sft", "TRAIN_METHOD=sft"))  # config.methods
     reference: Decision[str] = field(default_factory=lambda: Decision("none", "TRAIN_METHOD=sft"))
+    # the predicted peak GPU memory per process and its parts in bytes (config.memory_fit); None: not predicted
+    memory: Decision[Any] = field(default_factory=lambda: Decision(None, "not predicted"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
