@@ -23,12 +23,8 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from trainer.config.presets import PRESETS, is_preset
-
-if TYPE_CHECKING:
-    from trainer.config.run_config import RunConfig
+from trainer.config.presets import PRESETS
 
 MIB = 1 << 20
 CONTEXT_BYTES = 512 * MIB  # CUDA context and cuBLAS/cuDNN workspaces: an allowance, not measured here
@@ -240,7 +236,9 @@ def optimizer_bytes(plan: Plan) -> int:
     if name == "deepspeed" or plan.zero_offload != "none":
         return 0 if plan.zero_offload != "none" else params * 12 // shards(plan, "optimizer")
     if "8bit" in name:
-        state = sum(bnb_8bit_state(n) for n in tensor_sizes(plan))
+        sizes = tensor_sizes(plan)
+        state = sum(bnb_8bit_state(n) for n in sizes)
+        state += 2 * BNB_BLOCK * 4 if max(sizes) >= BNB_MIN_8BIT else 0  # its two quantization maps, shared
     elif name.startswith("sgd"):
         state = 0
     elif name.startswith("adafactor"):
@@ -270,10 +268,7 @@ def layer_bytes_per_token(plan: Plan) -> int:
     kv = s.kv_heads if plan.attn.startswith("flash") else s.heads  # sdpa/eager see k, v repeated to every head
     attention = (2 * s.heads + 2 * kv) * s.dim
     scores = s.heads * seq_tokens(plan) * (4 + c) if plan.attn == "eager" else 0  # softmax and its cast
-    if c == 4:
-        hidden = 6 * s.hidden * 4
-    else:
-        hidden = 4 * s.hidden * 4 + 5 * s.hidden * c
+    hidden = 6 * s.hidden * 4 if c == 4 else 4 * s.hidden * 4 + 5 * s.hidden * c
     return hidden + attention * c + 4 * s.intermediate * c + (2 + s.heads) * 4 + scores
 
 

@@ -155,7 +155,8 @@ def describe(prediction: Prediction, device: int | None, where: str) -> list[str
              f"{', LoRA' if p.lora else ''}{f', quant {p.quant}' if p.quant != 'none' else ''}"
              f"{', gradient checkpointing' if p.grad_ckpt else ''}"
              f"{f', ZeRO-{p.zero_stage}' if p.zero_stage else ''}{f', FSDP {p.fsdp}' if p.fsdp != 'none' else ''}"
-             f" over {p.processes} process(es); {p.shape.total():,} parameters, vocabulary {p.shape.vocab:,}"]  # fmt: skip
+             f" over {p.processes} process(es); {p.shape.total():,} parameters, "
+             f"vocabulary {p.shape.vocab:,}"]  # fmt: skip
     for name, value in prediction.parts.items():
         lines.append(f"  {name:<16} {gib(value):>11}  {SOURCES[name]}")
     return lines
