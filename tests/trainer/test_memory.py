@@ -211,3 +211,27 @@ def test_a_gpu_run_predicted_not_to_fit_is_refused_before_the_model_loads() -> N
     fits = config.resolve(small, GPU_24, environ={}, import_heavy=False)
     assert fits.decisions.memory.value["predicted_peak_bytes"] < 24 * GIB
     assert fits.decisions.memory.value["device_bytes"] == 24 * GIB
+
+
+@pytest.mark.parametrize("error", [0.0, 0.03, -0.03, 0.1, -0.1])
+@pytest.mark.parametrize(("model", "seq"), [("1b", 2048), ("125m", 512)])
+def test_the_batch_search_started_from_the_prediction_ends_in_at_most_two_probes(model: str, seq: int,
+                                                                                 error: float) -> None:  # fmt: skip
+    """The search (trainer/run/batch_fit.py) on a device whose peaks are the prediction off by `error`: started at
+    the predicted largest batch with the predicted bytes per sequence, it confirms it in one probe where the
+    prediction is right, and ends on a batch that fits within 2% of the largest in two where it is off."""
+    from trainer.config.memory_fit import largest_batch
+    from trainer.run.batch_fit import Probed, search_predicted
+
+    def peak(batch: int) -> int:
+        return int(predict(Plan(preset_shape(model), batch, seq)).allocated * (1 + error))
+
+    def probe(batch: int) -> Probed:
+        return Probed(peak(batch) <= 80 * GIB, peak(batch) if peak(batch) <= 80 * GIB else 0)
+
+    limit = 70 * GIB
+    start, slope = largest_batch(Plan(preset_shape(model), 8, seq), limit, 4096)
+    found = search_predicted(probe, start, 4096, limit, slope)
+    largest = max(b for b in range(1, 4097) if peak(b) <= limit)
+    assert len(found.probes) <= (1 if error == 0 else 2), found.probes
+    assert 0.98 * largest <= found.batch <= largest and peak(found.batch) <= limit

@@ -216,3 +216,12 @@ def memory_decision(cfg: RunConfig) -> Any:
     where = f" of the {gib(device)} of the {cfg.hardware.gpu_name}" if device else " (planned as on a GPU)"
     return Decision(value, f"predicted {gib(prediction.peak)} per process{where} (trainer.config.memory; error on "
                            "GPUs unmeasured); peak_mem_bytes in metrics.jsonl is the measured allocator peak")
+
+
+def largest_batch(plan: Plan, limit: int, ceiling: int) -> tuple[int, int]:
+    """(the largest micro-batch in 1..ceiling whose predicted allocator peak stays at most `limit`, the predicted
+    bytes per sequence): where the batch search (trainer/run/batch_search.py) starts, and the line it confirms. The
+    peak is linear in the batch: two predictions draw the line."""
+    one, two = predict(replace(plan, batch=1)).allocated, predict(replace(plan, batch=2)).allocated
+    slope = max(two - one, 1)
+    return max(1, min(ceiling, 1 + (limit - one) // slope)), slope
