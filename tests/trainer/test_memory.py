@@ -207,6 +207,11 @@ def test_a_gpu_run_predicted_not_to_fit_is_refused_before_the_model_loads() -> N
     message = str(err.value)
     assert "predicted not to fit in GPU memory" in message and "of the RTX-4090" in message
     assert "TRAIN_GRAD_CKPT=1" in message and "TRAIN_MEMORY_CHECK=off" in message
+    anyway = config.parse_settings({"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "64", "TRAIN_SEQ_LEN": "4096",
+                                    "TRAIN_MEMORY_CHECK": "off"})  # fmt: skip
+    allowed = config.resolve(anyway, GPU_24, environ={}, import_heavy=False)
+    assert allowed.decisions.memory.value["predicted_peak_bytes"] > 24 * GIB
+    assert "TRAIN_MEMORY_CHECK=off" in allowed.decisions.memory.reason
     small = config.parse_settings({"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "1", "TRAIN_SEQ_LEN": "512"})
     fits = config.resolve(small, GPU_24, environ={}, import_heavy=False)
     assert fits.decisions.memory.value["predicted_peak_bytes"] < 24 * GIB

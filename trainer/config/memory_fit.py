@@ -174,7 +174,7 @@ def refusal(cfg: RunConfig) -> str | None:
     fits, where TRAIN_MEMORY_CHECK=off, on a CPU, or where no prediction can be made (a model that is not a decoder
     of the Llama family's fields: the run goes on, and the log says so)."""
     hw, s = cfg.hardware, cfg.settings
-    if not hw.is_gpu or not hw.total_memory_bytes or getattr(s, "memory_check", "auto") == "off":
+    if not hw.is_gpu or not hw.total_memory_bytes or s.memory_check == "off":
         return None
     try:  # with the batch search on, the search can go down to 1 (keeping the effective batch by accumulation)
         plan = plan_of(cfg, batch=1 if cfg.decisions.auto_batch.value else None)
@@ -214,8 +214,9 @@ def memory_decision(cfg: RunConfig) -> Any:
     value = {"predicted_peak_bytes": prediction.peak, "predicted_allocated_bytes": prediction.allocated,
              "parts": dict(prediction.parts), "device_bytes": device}  # fmt: skip
     where = f" of the {gib(device)} of the {cfg.hardware.gpu_name}" if device else " (planned as on a GPU)"
+    off = "; TRAIN_MEMORY_CHECK=off: not refused if over" if cfg.settings.memory_check == "off" else ""
     return Decision(value, f"predicted {gib(prediction.peak)} per process{where} (trainer.config.memory; error on "
-                           "GPUs unmeasured); peak_mem_bytes in metrics.jsonl is the measured allocator peak")
+                           f"GPUs unmeasured); peak_mem_bytes in metrics.jsonl is the measured allocator peak{off}")
 
 
 def largest_batch(plan: Plan, limit: int, ceiling: int) -> tuple[int, int]:
