@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.memory import Plan
-from trainer.config.memory_fit import largest_batch, plan_of
+from trainer.config.memory_fit import largest_batch, memory_decision, plan_of
 from trainer.run.batch_fit import (
     GIB,
     HEADROOM,
@@ -428,4 +428,5 @@ def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume:
              "" if effective else "; TRAIN_BATCH_SIZE was not set, so the search chose it")  # fmt: skip
     args.per_device_train_batch_size = micro
     args.gradient_accumulation_steps = accum
-    return dataclasses.replace(cfg.decisions, batch_size=decision, grad_accum=accum_decision)
+    decisions = dataclasses.replace(cfg.decisions, batch_size=decision, grad_accum=accum_decision)
+    return dataclasses.replace(decisions, memory=memory_decision(dataclasses.replace(cfg, decisions=decisions)))

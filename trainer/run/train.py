@@ -110,7 +110,9 @@ def _training_arguments(cfg: RunConfig) -> Any:
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any, learned: Any) -> list[Any]:
+def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any, learned: Any, memory: Any) -> list[Any]:
+    """The run's callbacks; `memory`: the memory prediction the record holds (trainer.config.memory_fit), whose
+    allocator share metrics.jsonl logs beside the measured peak on a GPU."""
     from trainer.machine.peaks import this_gpu_peak_flops
     from trainer.run.checkpoint import steps_from_settings
     from trainer.run.metrics import MetricsCallback, flops_per_token
@@ -123,7 +125,8 @@ def _callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: Any, learn
         StopOnSignal(stop),
         steps_from_settings(),
         StartupCallback(clock, learned, compiled=cfg.decisions.compile.value),
-        MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
+        MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops(),
+                        memory.value["predicted_allocated_bytes"] if cfg.hardware.is_gpu and memory.value else None),
     ]
     if s.profile:
         from trainer.run.profiling import ProfilerCallback
@@ -212,7 +215,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
         return _interrupted(stop, None)
     trainer, record = prepared
     if args.should_save:  # what made this run (trainer.provenance): the libraries it imported are all loaded now
-        _record_provenance(cfg, tokenizer)
+        _record_provenance(cfg, tokenizer, record.decisions.memory.value)
     trainer.checkpoint_record = run_record(s, cfg.hub, batch_record(plan, args))  # read back by config.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
@@ -287,7 +290,7 @@ def _sft_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulStop, 
         eval_dataset=eval_dataset,
         data_collator=collator_for(cfg.decisions.attn.value),
         processing_class=tokenizer,
-        callbacks=_callbacks(cfg, model, stop, clock, _record_writer(record, args)),
+        callbacks=_callbacks(cfg, model, stop, clock, _record_writer(record, args), record.decisions.memory),
         **_optimizer_override(cfg, args),
     ), record
 
@@ -306,7 +309,7 @@ def _preference_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: Gracefu
     clock.mark("model")
     _before_training(cfg, args, model, resume)
     record = _learned(start, args, cfg.decisions, len(rows[0]))
-    callbacks = _callbacks(cfg, model, stop, clock, _record_writer(record, args))
+    callbacks = _callbacks(cfg, model, stop, clock, _record_writer(record, args), record.decisions.memory)
     return preference.build_trainer(cfg, args, tokenizer, model, rows, callbacks), record
 
 
@@ -325,7 +328,7 @@ def _online_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulSto
     clock.mark("model")
     _before_training(cfg, args, model, resume)
     record = _learned(start, args, cfg.decisions, len(rows))
-    callbacks = _callbacks(cfg, model, stop, clock, _record_writer(record, args))
+    callbacks = _callbacks(cfg, model, stop, clock, _record_writer(record, args), record.decisions.memory)
     return online.build_trainer(cfg, args, tokenizer, model, rows, rewards, callbacks), record
 
 
@@ -343,8 +346,9 @@ def _before_training(cfg: RunConfig, args: Any, model: Any, resume: Resume) -> N
         truncate_after(out / "metrics.jsonl", resume.step)
 
 
-def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
-    """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed."""
+def _record_provenance(cfg: RunConfig, tokenizer: Any, memory: dict[str, Any] | None) -> None:
+    """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed, the
+    memory prediction (`memory`)."""
     from trainer.data.chat import template_hash
     from trainer.data.mix import mix_file
     from trainer.provenance import record_run
@@ -358,7 +362,7 @@ def _record_provenance(cfg: RunConfig, tokenizer: Any) -> None:
         from trainer.run.online import generation_provenance
 
         online = {"reward_files": reward_files(s.reward), "generation": generation_provenance(s.rl_engine)}
-    record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, online)
+    record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, online, memory)
 
 
 def _learned(start: RunRecord, args: Any, decisions: Any, sequences: int, mix: dict[str, Any] | None = None
