@@ -107,13 +107,13 @@ def smaller_batch(plan: Plan, device: int) -> Plan | None:
 
 def cheaper(plan: Plan, device: int, most: int = 5) -> list[Suggestion]:
     """The cheapest changes (up to three together, with a smaller micro-batch where that is what fits) under which
-    the run is predicted to fit in `device` bytes; none that contains a cheaper one that fits already."""
+    the run is predicted to fit in `device` bytes; none that contains a cheaper one that fits already, and none
+    that needs a smaller micro-batch where a smaller micro-batch alone fits."""
     found: list[tuple[int, Suggestion]] = []
     kept: list[frozenset[str]] = []
     options = [change for change in CHANGES if change.applies(plan)]
     batch_only = smaller_batch(plan, device)
     if batch_only is not None:
-        kept.append(frozenset())
         found.append((1, Suggestion(batch_settings(batch_only), "the same effective batch by accumulation",
                                     predict(batch_only))))  # fmt: skip
     for size in (1, 2, 3):
@@ -126,7 +126,7 @@ def cheaper(plan: Plan, device: int, most: int = 5) -> list[Suggestion]:
                 changed = change.apply(changed)
             settings, cost = " ".join(c.settings for c in combo), sum(c.cost for c in combo)
             if predict(changed).peak > device:
-                split = smaller_batch(changed, device)
+                split = smaller_batch(changed, device) if batch_only is None else None  # else: the split alone fits
                 if split is None:
                     continue
                 changed, settings, cost = split, f"{settings} {batch_settings(split)}", cost + 1
