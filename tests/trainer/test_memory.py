@@ -240,3 +240,21 @@ def test_the_batch_search_started_from_the_prediction_ends_in_at_most_two_probes
     largest = max(b for b in range(1, 4097) if peak(b) <= limit)
     assert len(found.probes) <= (1 if error == 0 else 2), found.probes
     assert 0.98 * largest <= found.batch <= largest and peak(found.batch) <= limit
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_grouped_query_attention_saves_k_and_v_at_their_own_heads(precision: str) -> None:
+    """The 1b preset's layout (8 kv heads for 32 query heads) in small: SDPA without a mask takes grouped k and v as
+    they are, so they are saved at the kv heads' size; the prediction counts them so (within 64 bytes: the loss's
+    scalars)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.config.memory import Shape
+    from trainer.model.packed_attention import implementation
+
+    llama = LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    llama._attn_implementation = implementation("sdpa")
+    model = LlamaForCausalLM(llama)
+    plan = Plan(Shape(256, 2, 8, 2, 688, 320, tied=True), 2, 128, precision=precision)
+    assert abs(predicted_saved(plan) - measured_saved(model, 2, 128, False, precision)) <= 64

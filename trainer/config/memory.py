@@ -126,6 +126,7 @@ class Plan:
     processes: int = 1
     grad_ckpt: bool = False
     attn: str = "sdpa"
+    record_mask: bool = False  # packed records kept apart by a mask (trainer.model.packed_attention): SDPA repeats k, v
     method: str = "sft"
     reference: str = "none"
     rl_new_tokens: int = 0
@@ -265,8 +266,10 @@ def layer_bytes_per_token(plan: Plan) -> int:
     input), attention's q, k, v, output and log-sum-exp, and 4 intermediate-sized MLP tensors; under autocast 4 of
     the hidden-sized stay fp32 (RMSNorm computes in fp32) and 5 compute-dtype copies feed the linears."""
     s, c = plan.shape, plan.compute_bytes
-    kv = s.kv_heads if plan.attn.startswith("flash") else s.heads  # sdpa/eager see k, v repeated to every head
-    attention = (2 * s.heads + 2 * kv) * s.dim
+    # SDPA takes grouped k, v as they are without a mask (Transformers' use_gqa_in_sdpa); with one, and eager, see
+    # them repeated to every head; flash-attention never repeats them
+    repeated = plan.attn == "eager" or (plan.record_mask and not plan.attn.startswith("flash"))
+    attention = (2 * s.heads + 2 * (s.heads if repeated else s.kv_heads)) * s.dim
     scores = s.heads * seq_tokens(plan) * (4 + c) if plan.attn == "eager" else 0  # softmax and its cast
     hidden = 6 * s.hidden * 4 if c == 4 else 4 * s.hidden * 4 + 5 * s.hidden * c
     return hidden + attention * c + 4 * s.intermediate * c + (2 + s.heads) * 4 + scores
@@ -284,6 +287,7 @@ def activation_parts(plan: Plan) -> tuple[int, int]:
     s = plan.shape
     tokens = rows(plan) * seq_tokens(plan)
     rotary = seq_tokens(plan) * 2 * s.dim * 4  # cos and sin, per position
+    rotary += rows(plan) * seq_tokens(plan) ** 2 if plan.record_mask else 0  # a boolean mask per sequence
     head = tokens * head_bytes_per_token(plan)
     layer = tokens * layer_bytes_per_token(plan)
     if plan.grad_ckpt:

@@ -51,6 +51,7 @@ def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
         grad_accum=d.grad_accum.value, lora=s.lora, lora_r=s.lora_r, lora_targets=targets, quant=s.quant,
         optim=d.optim.value, zero_stage=s.zero_stage, zero_offload=s.zero_offload if s.zero_stage else "none",
         fsdp=s.fsdp, processes=d.nproc_per_node.value, grad_ckpt=d.grad_ckpt.value, attn=d.attn.value,
+        record_mask="records" in d.packing.value and not d.attn.value.startswith("flash"),
         method=s.method, reference=d.reference.value, rl_new_tokens=s.rl_max_new_tokens if online else 0,
     )  # fmt: skip
 
