@@ -17,13 +17,13 @@ from typing import Any
 from trainer.config.decision import Decision
 from trainer.config.schema import TrainSettings
 from trainer.data.mix import split_weight
+from trainer.methods import names, of, spoken
 
 BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
               "rl_vllm_url")  # fmt: skip
-# TRAIN_RL_* option -> the methods it applies to (the others apply to both)
-OPTION_METHODS = {"rl_loss": ("grpo",)}
-ONLINE_METHODS = ("grpo", "rloo")
+# TRAIN_RL_* option -> the methods it applies to (the others apply to every online method)
+OPTION_METHODS = {"rl_loss": names("online", option="rl_loss")}
 
 
 @dataclass(frozen=True)
@@ -169,9 +169,10 @@ def reward_files(value: str) -> dict[str, str]:
 
 def option_problems(s: TrainSettings) -> list[str]:
     """TRAIN_REWARD and TRAIN_RL_* against the method; the batch against the group."""
-    if s.method not in ONLINE_METHODS:
+    if of(s.method).family != "online":
         given = [f"TRAIN_{n.upper()}" for n in RL_OPTIONS if n in s.model_fields_set]
-        return [f"{', '.join(given)}: for online RL (TRAIN_METHOD=grpo or rloo), not TRAIN_METHOD={s.method}; remove "
+        return [f"{', '.join(given)}: for online RL (TRAIN_METHOD={spoken(names('online'))}), not "
+                f"TRAIN_METHOD={s.method}; remove "
                 f"{'them' if len(given) > 1 else 'it'}, or set TRAIN_METHOD=grpo"] if given else []  # fmt: skip
     problems = [f"TRAIN_{n.upper()} applies to TRAIN_METHOD={'/'.join(m)}, not TRAIN_METHOD={s.method}; remove it"
                 for n, m in OPTION_METHODS.items() if n in s.model_fields_set and s.method not in m]  # fmt: skip
@@ -261,6 +262,6 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
     }
     if s.rl_engine == "vllm":
         args.update(vllm_mode="server", vllm_server_base_url=s.rl_vllm_url)
-    if s.method == "grpo":
+    if "rl_loss" in of(s.method).options:
         args["loss_type"] = "dapo" if s.rl_loss == "auto" else s.rl_loss
     return args

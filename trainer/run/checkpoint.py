@@ -122,7 +122,7 @@ def atomic_trainer(base: type) -> type:
             return shield_workers(super().get_train_dataloader())
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-            # A compiled run drops the partial last batch in training only (trainer.run.train.batches_per_epoch):
+            # A compiled run drops the partial last batch in training only (trainer.run.kit.batches_per_epoch):
             # every evaluation sequence is evaluated.
             dropping, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
             try:
