@@ -130,7 +130,7 @@ def search_predicted(probe: Probe, start: int, ceiling: int, limit: int) -> Sear
         if line is not None and line <= good:
             break  # the line puts the next size over the limit
         predicted = line is not None and (line < bad or bad > ceiling)
-        if predicted:
+        if predicted and line is not None:
             size = min(line, ceiling)
         elif good == 0:
             size = max(1, bad // 2)

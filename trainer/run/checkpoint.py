@@ -110,7 +110,7 @@ def atomic_trainer(base: type) -> type:
     from trainer.compat import rotate_checkpoints
     from trainer.run.disk_space import full_disk_ends_run
 
-    class AtomicCheckpointTrainer(base):  # type: ignore[valid-type,misc]
+    class AtomicCheckpointTrainer(base):
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
 
         _staging_dir: str | None = None

@@ -35,7 +35,7 @@ class DiskFull(ConfigError):
 
     def __init__(self, folder: Path, cause: OSError, what: str) -> None:
         self.folder = folder
-        why = {errno.EROFS: "is read-only", errno.EDQUOT: "is over its disk quota"}.get(cause.errno, "is full")
+        why = {errno.EROFS: "is read-only", errno.EDQUOT: "is over its disk quota"}.get(cause.errno or 0, "is full")
         super().__init__(
             f"the filesystem holding {folder} {why} ({cause.strerror}) while {what}. {_free(folder)}"
             "The last complete checkpoint and metrics.jsonl are intact: free space (or give TRAIN_OUTPUT_DIR a "

@@ -50,10 +50,10 @@ def split_datasets(inputs: Inputs, tokenizer: Any, train: ShardedDataset, should
 
     settings = inputs.settings
     if settings.eval_split > 0:
-        train, held = hold_out(train, settings.eval_split)
+        kept, held = hold_out(train, settings.eval_split)
         log.info("eval: %d packed sequences held out (TRAIN_EVAL_SPLIT=%g), %d train", len(held),
-                 settings.eval_split, len(train))  # fmt: skip
-        return train, held
+                 settings.eval_split, len(kept))  # fmt: skip
+        return kept, held
     return train, eval_datasets(inputs, tokenizer, should_stop)
 
 
@@ -85,7 +85,7 @@ class EvalMetricsCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         prefix = eval_prefix(logs or {})
-        if prefix is None:
+        if prefix is None or logs is None:
             return
         loss = float(logs[f"{prefix}loss"])
         if self.perplexity:

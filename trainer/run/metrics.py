@@ -208,7 +208,9 @@ def useful_token_share(dataset: Any) -> float:
     held-out split's training part reads its whole dataset's); 1.0 where the data says nothing of padding."""
     base = getattr(dataset, "dataset", dataset)
     meta = getattr(base, "meta", None)
-    packing = meta.get("packing") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return 1.0
+    packing = meta.get("packing")
     if not packing or not packing.get("padding_tokens"):
         return 1.0
     blocks = int(packing.get("record_blocks", 0)) + int(packing.get("stream_blocks", 0))

@@ -110,7 +110,7 @@ class _ShieldedForkProcess(multiprocessing.context.ForkProcess):
 class ShieldedForkContext(multiprocessing.context.ForkContext):
     """The `fork` start method, with DataLoader workers shielded from scheduler stop signals."""
 
-    Process = _ShieldedForkProcess  # type: ignore[assignment]
+    Process = _ShieldedForkProcess
 
 
 def shield_workers(dataloader: Any) -> Any:

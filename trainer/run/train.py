@@ -33,9 +33,10 @@ def set_offline_env() -> None:
     """Everything is local: no hub lookups (unless the user set these variables themselves)."""
     for name in OFFLINE_ENV:
         os.environ.setdefault(name, "1")
-    hub_constants = sys.modules.get("huggingface_hub.constants")
-    if hub_constants is not None and os.environ["HF_HUB_OFFLINE"] not in ("0", "false", "False"):
-        hub_constants.HF_HUB_OFFLINE = True  # already imported (e.g. by config resolution): it read the env early
+    if "huggingface_hub.constants" in sys.modules and os.environ["HF_HUB_OFFLINE"] not in ("0", "false", "False"):
+        import huggingface_hub.constants as hub_constants  # already imported (e.g. by config resolution)
+
+        hub_constants.HF_HUB_OFFLINE = True  # it read the env early
 
 
 def set_single_process_dist_env(cfg: RunConfig) -> None:
@@ -236,6 +237,7 @@ def _prepare_trackers(cfg: RunConfig, args: Any, resume: Resume) -> dict[str, An
 def _interrupted(stop: GracefulStop, step: int | None) -> int:
     import signal
 
+    assert stop.signum is not None, "interrupted without a signal"
     name = signal.Signals(stop.signum).name
     if step is None:
         log.warning("interrupted by %s before training started; nothing to save; exit %d", name, stop.exit_code)
