@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase, Trainer
+
     from trainer.config.decisions import Decisions
     from trainer.config.resume import Resume
     from trainer.config.run_config import RunConfig
@@ -47,7 +50,7 @@ class Setup:
 
     cfg: RunConfig
     args: Any  # TrainingArguments or the method's TRL config (Any to mypy; Arguments: what trainkit reads of it)
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     stop: GracefulStop
     resume: Resume
     clock: StartupClock
@@ -65,7 +68,7 @@ class Setup:
         before_training(self.cfg, self.args, model, self.resume)
         return model
 
-    def callbacks(self, model: Any, record: RunRecord) -> list[Any]:
+    def callbacks(self, model: Module, record: RunRecord) -> list[Any]:
         """Every method's callbacks, the record's second write at the first timed step included."""
         return callbacks(self.cfg, model, self.stop, self.clock, record_writer(record, self.args))
 
@@ -74,14 +77,14 @@ class Setup:
 class Prepared:
     """A method's trainer, ready for `train`, and what the run does around it."""
 
-    trainer: Any
+    trainer: Trainer
     record: RunRecord  # the run's record with what it learned before its first step
     perplexity: bool = False  # the eval loss is a token loss (SFT): perplexity is logged beside it
     after_trackers: tuple[Any, ...] = ()  # callbacks added once the trackers' own are in place
     provenance: dict[str, Any] | None = None  # the method's part of provenance.json (online RL's rewards, generation)
 
 
-def callbacks(cfg: RunConfig, model: Any, stop: GracefulStop, clock: StartupClock,
+def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupClock,
               write_record: Callable[[Startup | None], None]) -> list[Any]:  # fmt: skip
     from trainer.machine.peaks import this_gpu_peak_flops
     from trainer.run.checkpoint import steps_from_settings
@@ -145,7 +148,7 @@ def optimizer_override(cfg: RunConfig, args: Arguments) -> dict[str, Any]:
     return {"optimizer_cls_and_kwargs": (FusedAdam, fused_adam_kwargs(args))}
 
 
-def before_training(cfg: RunConfig, args: Arguments, model: Any, resume: Resume) -> None:
+def before_training(cfg: RunConfig, args: Arguments, model: Module, resume: Resume) -> None:
     from trainer.run.checkpoint import remove_stale_temps
     from trainer.run.disk_space import warn_if_too_small
     from trainer.run.metrics import truncate_after

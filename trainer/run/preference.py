@@ -20,6 +20,9 @@ from trainer.errors import ConfigError
 from trainer.run import kit
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase, TrainingArguments
+
     from trainer.config.run_config import RunConfig
 
 log = logging.getLogger("trainer")
@@ -35,7 +38,9 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     return kit.Prepared(build_trainer(cfg, setup.args, setup.tokenizer, model, rows, callbacks), record)
 
 
-def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def training_rows(
+    cfg: RunConfig, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(train rows, eval rows or None) as the method's TRL trainer takes them, long pairs dropped or left to TRL's
     truncation (TRAIN_LONG_RECORDS), every count logged."""
     s = cfg.settings
@@ -66,7 +71,9 @@ def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]],
     return rows, evaluation
 
 
-def _prompts_limited(rows: list[dict[str, Any]], tokenizer: Any, cfg: RunConfig, what: str) -> list[dict[str, Any]]:
+def _prompts_limited(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, cfg: RunConfig, what: str
+) -> list[dict[str, Any]]:
     """TRAIN_PREF_MAX_PROMPT_LEN (TRL 1.16's configs have no prompt limit of their own): long prompts cut from the
     left, one cut for both sides, or their records dropped; both counted."""
     s = cfg.settings
@@ -83,7 +90,7 @@ def _prompts_limited(rows: list[dict[str, Any]], tokenizer: Any, cfg: RunConfig,
     return limited.rows
 
 
-def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records: str, what: str
+def _kept(rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, seq_len: int, long_records: str, what: str
           ) -> list[dict[str, Any]]:  # fmt: skip
     """Rows whose prompt and longest side fit TRAIN_SEQ_LEN, or all of them (truncate: TRL keeps the shared prompt
     and cuts each answer at the same length); the long ones are counted either way."""
@@ -103,7 +110,7 @@ def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records
     return rows
 
 
-def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
+def build_policy(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
     """The model to train: SFT's (preset or folder, LoRA/QLoRA applied), or for `reward` a one-score classifier."""
     from trainer.run.training_model import build_model, build_reward_model
 
@@ -112,7 +119,7 @@ def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
     return build_reward_model(cfg, tokenizer)
 
 
-def reference_model(cfg: RunConfig, model: Any) -> Any:
+def reference_model(cfg: RunConfig, model: Module) -> Any:
     """A frozen copy of the starting policy where the reference decision asks for one; else None (TRL then uses
     the adapter-disabled base with LoRA, or its precomputed log-probs)."""
     if cfg.decisions.reference.value != "frozen copy":
@@ -123,7 +130,7 @@ def reference_model(cfg: RunConfig, model: Any) -> Any:
     return reference
 
 
-def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
+def build_trainer(cfg: RunConfig, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase, model: Module,
                   rows: tuple[list[dict[str, Any]], list[dict[str, Any]] | None], callbacks: list[Any]) -> Any:
     """TRL's trainer for cfg.settings.method on `rows` (training_rows) with atomic checkpoints, ready for `train`."""
     from datasets import Dataset

@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,7 @@ def length_reward(budget: int) -> Any:
 class Reward:
     """One reward function as TRL calls it, guarded (see the module docstring). `__name__` is what TRL logs."""
 
-    def __init__(self, spec: RewardSpec, function: Any, columns: frozenset[str]) -> None:
+    def __init__(self, spec: RewardSpec, function: Callable[..., Any], columns: frozenset[str]) -> None:
         self.spec, self.function, self.__name__ = spec, function, spec.name
         self.takes_any = any(p.kind is p.VAR_KEYWORD for p in _parameters(function))
         self.accepted = {p.name for p in _parameters(function)}
@@ -153,7 +154,7 @@ def _number(value: Any) -> float | None:
     return finite_float(value)
 
 
-def _parameters(function: Any) -> list[inspect.Parameter]:
+def _parameters(function: Callable[..., Any]) -> list[inspect.Parameter]:
     return list(inspect.signature(function).parameters.values())
 
 
@@ -214,7 +215,7 @@ def _imported(spec: RewardSpec) -> Any:
     return function
 
 
-def _check_signature(spec: RewardSpec, function: Any, columns: frozenset[str]) -> None:
+def _check_signature(spec: RewardSpec, function: Callable[..., Any], columns: frozenset[str]) -> None:
     """Every parameter must be one TRL passes (prompts, completions, completion_ids, ...) or a column of the data;
     a function without **kwargs is given only the ones it names."""
     try:

@@ -19,10 +19,13 @@ from trainer.errors import EXIT_OK
 from trainer.logs import setup_logging
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from trainer.config.resume import Resume
     from trainer.config.run_config import RunConfig
-    from trainer.run.kit import Prepared, Setup
+    from trainer.run.kit import Arguments, Prepared, Setup
     from trainer.run.signals import GracefulStop
+    from trainer.run.startup import StartupClock
 
 log = logging.getLogger("trainer")
 
@@ -92,7 +95,7 @@ def run(cfg: RunConfig) -> int:
         stop.restore()
 
 
-def _agreed(resume: Resume, args: Any) -> Resume:
+def _agreed(resume: Resume, args: Arguments) -> Resume:
     """Rank 0's resume decision on every rank (each rank decided alone before torch.distributed was up: one with a
     stale view of a network filesystem could pick another step); every rank logs the agreed checkpoint."""
     from trainer.run.signals import from_rank_0
@@ -110,7 +113,7 @@ def _training_arguments(cfg: RunConfig) -> Any:
     return build_training_arguments(cfg)  # Transformers' refusals become a ConfigError (exit 2)
 
 
-def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: Any) -> int:
+def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: StartupClock) -> int:
     from trainer.config.resume import run_record, set_aside_earlier_run
     from trainer.config.run_record import started, write_start
     from trainer.output_lock import acquire_output_lock
@@ -196,7 +199,7 @@ def _family(cfg: RunConfig) -> Family:
     return cast(Family, importlib.import_module(f"trainer.run.{of(cfg.settings.method).family}"))
 
 
-def _record_provenance(cfg: RunConfig, tokenizer: Any, method: dict[str, Any] | None) -> None:
+def _record_provenance(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, method: dict[str, Any] | None) -> None:
     """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed."""
     from trainer.data.chat import template_hash
     from trainer.data.mix import mix_file
@@ -221,7 +224,7 @@ def _prepare_compile(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, env={**cfg.env, **env})
 
 
-def _prepare_trackers(cfg: RunConfig, args: Any, resume: Resume) -> dict[str, Any] | None:
+def _prepare_trackers(cfg: RunConfig, args: Arguments, resume: Resume) -> dict[str, Any] | None:
     """W&B / MLflow environment and reachability (trainer.trackers); None when neither is chosen."""
     chosen = cfg.decisions.report_to.value
     trackers = [t for t in chosen if t in ("wandb", "mlflow")] if isinstance(chosen, list) else []
