@@ -130,14 +130,8 @@ def _guard_class() -> type:
 
         # ---- per step: on the device only (stop) or one host read (skip) ----
 
-        def on_pre_optimizer_step(
-            self,
-            args: TrainingArguments,
-            state: TrainerState,
-            control: TrainerControl,
-            model: Module | None = None,
-            **kwargs: object,
-        ) -> Any:
+        def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                                  model: Module | None = None, **kwargs: object) -> Any:  # fmt: skip
             if not self.watch_gradients or model is None or self.diverged_at is not None:
                 return control
             params = [p for p in model.parameters() if p.grad is not None]
@@ -171,14 +165,8 @@ def _guard_class() -> type:
 
         # ---- decisions: where the run logs, saves, evaluates or ends ----
 
-        def on_step_end(
-            self,
-            args: TrainingArguments,
-            state: TrainerState,
-            control: TrainerControl,
-            model: Module | None = None,
-            **kwargs: object,
-        ) -> Any:
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                        model: Module | None = None, **kwargs: object) -> Any:  # fmt: skip
             if self.diverged_at is not None:
                 return self._end(control)
             if self.policy == "skip" and self.skipped_in_a_row >= MAX_SKIPS_IN_A_ROW:
@@ -222,14 +210,8 @@ def _guard_class() -> type:
                 self._diverged(first or state.global_step, f"non-finite gradient norm ({bad} step(s) so far)")
             return bool(bad)
 
-        def on_log(
-            self,
-            args: TrainingArguments,
-            state: TrainerState,
-            control: TrainerControl,
-            logs: dict[str, Any] | None = None,
-            **kwargs: object,
-        ) -> Any:
+        def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   logs: dict[str, Any] | None = None, **kwargs: object) -> Any:  # fmt: skip
             loss = (logs or {}).get("loss")
             if not isinstance(loss, (int, float)):
                 return control

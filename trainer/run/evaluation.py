@@ -87,14 +87,8 @@ class EvalMetricsCallback(TrainerCallback):
     def install(self, trainer: Trainer) -> None:
         trainer.callback_handler.callbacks.insert(0, self)
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: object,
-    ) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: object) -> None:  # fmt: skip
         prefix = eval_prefix(logs or {})
         if prefix is None or logs is None:
             return

@@ -183,14 +183,8 @@ class MetricsCallback(TrainerCallback):
     ) -> None:
         reset_peak_memory()  # evaluation's peak is not a training step's
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: object,
-    ) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: object) -> None:  # fmt: skip
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
         append_line(self.path, json_line(self.record(args, state, logs)))

@@ -89,20 +89,13 @@ class EvalSamplesCallback(TrainerCallback):
         self.asked, self.generator, self.path, self.callbacks = asked, generator, path, callbacks
         self.failed: set[str] = set()  # trackers that refused the samples once (logged once, then left out)
 
-    def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
-    ) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: object) -> None:  # fmt: skip
         if state.is_world_process_zero:
             truncate_after(self.path, state.global_step)  # a resumed run: answers past its checkpoint go
 
-    def on_evaluate(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        model: Module | None = None,
-        **kwargs: object,
-    ) -> None:
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: Module | None = None, **kwargs: object) -> None:  # fmt: skip
         if not state.is_world_process_zero:
             return
         from trainer.trackers.samples import log_samples
@@ -187,20 +180,13 @@ class CompletionSamplesCallback(TrainerCallback):
         self.table = completions_table(list(trainer.reward_func_names))
         self.failed: set[str] = set()
 
-    def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
-    ) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: object) -> None:  # fmt: skip
         if state.is_world_process_zero:
             truncate_after(self.path, state.global_step)  # a resumed run: samples past its checkpoint go
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: object,
-    ) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: object) -> None:  # fmt: skip
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
         from trainer.trackers.samples import log_samples
