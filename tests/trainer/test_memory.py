@@ -201,17 +201,19 @@ GPU_24 = Hardware(device="cuda", gpu_count=1, gpu_name="RTX-4090", capability=(8
 
 
 def test_a_gpu_run_predicted_not_to_fit_is_refused_before_the_model_loads() -> None:
-    settings = config.parse_settings({"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "64", "TRAIN_SEQ_LEN": "4096"})
+    big = {"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "64", "TRAIN_SEQ_LEN": "4096", "TRAIN_AUTO_BATCH": "0"}
+    settings = config.parse_settings(big)
     with pytest.raises(ConfigError) as err:  # resolve runs before the run builds or loads any model
         config.resolve(settings, GPU_24, environ={}, import_heavy=False)
     message = str(err.value)
     assert "predicted not to fit in GPU memory" in message and "of the RTX-4090" in message
     assert "TRAIN_GRAD_CKPT=1" in message and "TRAIN_MEMORY_CHECK=off" in message
-    anyway = config.parse_settings({"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "64", "TRAIN_SEQ_LEN": "4096",
-                                    "TRAIN_MEMORY_CHECK": "off"})  # fmt: skip
+    anyway = config.parse_settings({**big, "TRAIN_MEMORY_CHECK": "off"})
     allowed = config.resolve(anyway, GPU_24, environ={}, import_heavy=False)
     assert allowed.decisions.memory.value["predicted_peak_bytes"] > 24 * GIB
     assert "TRAIN_MEMORY_CHECK=off" in allowed.decisions.memory.reason
+    searched = config.parse_settings({**big, "TRAIN_AUTO_BATCH": "1", "TRAIN_SEQ_LEN": "512"})
+    assert config.resolve(searched, GPU_24, environ={}, import_heavy=False)  # the search can go down to a batch of 1
     small = config.parse_settings({"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "1", "TRAIN_SEQ_LEN": "512"})
     fits = config.resolve(small, GPU_24, environ={}, import_heavy=False)
     assert fits.decisions.memory.value["predicted_peak_bytes"] < 24 * GIB

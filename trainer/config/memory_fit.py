@@ -185,6 +185,8 @@ def refusal(cfg: RunConfig) -> str | None:
     if prediction.peak <= device * (1 + ERROR):
         return None
     lines = describe(prediction, device, f"{hw.gpu_name}")
+    if cfg.decisions.auto_batch.value:
+        lines.append("  (TRAIN_AUTO_BATCH is on: predicted at batch 1, the smallest its search can reach)")
     options = cheaper(plan, device)
     advice = ["Changes predicted to fit:", *(f"  {o.settings}: {gib(o.prediction.peak)} ({o.note})" for o in options)]
     return "\n".join([
