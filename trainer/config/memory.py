@@ -25,13 +25,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainer.config.presets import PRESETS
+from trainer.methods import of
 
 MIB = 1 << 20
 CONTEXT_BYTES = 512 * MIB  # CUDA context and cuBLAS/cuDNN workspaces: an allowance, not measured here
 FRAGMENTATION = 0.05  # of the allocated peak, for the caching allocator's rounding and fragmentation: an allowance
 BYTE_VOCAB = 259  # trainer/tokenizer.py's byte-level tokenizer: 256 bytes + bos, eos, pad
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PAIRED = ("dpo", "orpo", "simpo", "reward")  # chosen and rejected run as one batch of twice the rows
 BNB_BLOCK, BNB_MIN_8BIT = 256, 4096  # bitsandbytes' 8-bit optimizers: blockwise absmax, small tensors kept fp32
 NF4_BLOCK, NF4_NESTED = 64, 256  # bitsandbytes 4-bit: absmax per 64 weights, double-quantized in blocks of 256
 
@@ -253,7 +253,9 @@ def optimizer_bytes(plan: Plan) -> int:
 
 def rows(plan: Plan) -> int:
     """Sequences one forward pass carries: the batch, twice it for pair methods."""
-    return plan.batch * (2 if plan.method in PAIRED else 1)
+    method = of(plan.method)
+    paired = method.data == "pairs" and not method.unpaired  # chosen and rejected as one batch of twice the rows
+    return plan.batch * (2 if paired else 1)
 
 
 def seq_tokens(plan: Plan) -> int:

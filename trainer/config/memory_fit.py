@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.config.memory import LINEARS, SOURCES, Plan, Prediction, Shape, folder_shape, predict, preset_shape
 from trainer.config.presets import is_preset
 from trainer.errors import ConfigError
+from trainer.methods import of
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -45,7 +46,7 @@ def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
     """The memory-relevant decisions of `cfg` (at micro-batch `batch`, else the decided one)."""
     s, d = cfg.settings, cfg.decisions
     targets = LINEARS if s.lora_targets == "all-linear" else tuple(t.strip() for t in s.lora_targets.split(","))
-    online = s.method in ("grpo", "rloo")
+    online = of(s.method).family == "online"
     return Plan(
         shape=shape_of(cfg), batch=batch or d.batch_size.value, seq_len=s.seq_len, precision=d.precision.value,
         grad_accum=d.grad_accum.value, lora=s.lora, lora_r=s.lora_r, lora_targets=targets, quant=s.quant,
