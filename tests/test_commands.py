@@ -73,6 +73,19 @@ def test_run_py_forwards_every_container_command(run_py) -> None:
         run_py.parse_args(["fly"])
 
 
+def test_run_py_passes_exports_quant_options_through_whole(run_py) -> None:
+    """`run.py export` hands --quant and the quality gate's options to the trainer as given (none is run.py's: an
+    abbreviation of one of its own options would be taken by it instead)."""
+    from trainer.__main__ import build_parser
+
+    argv = ["export", "/output", "/output/gguf", "--quant", "q8_0", "--quant", "q4_k_m", "--max-ppl-increase", "2",
+            "--allow-quality-loss", "--eval-data", "/data/eval.txt", "--eval-context", "64"]  # fmt: skip
+    assert run_py.parse_args(["--gpus", "none", *argv]).command == argv
+    parsed = build_parser().parse_args(argv)
+    assert (parsed.quant, parsed.max_ppl_increase, parsed.allow_quality_loss, parsed.eval_data,
+            parsed.eval_context) == (["q8_0", "q4_k_m"], 2.0, True, "/data/eval.txt", 64)  # fmt: skip
+
+
 def dispatch(tmp_path: Path, *args: str) -> tuple[list[str], str]:
     """(what the entrypoint execs, its log) for `entrypoint.sh ARGS`, with a `python` that prints its argv."""
     bin_dir = tmp_path / "bin"
