@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     sdist = _sdist(args.python, cache, version, pins["sdist_sha256"])
     _unpack_converter(sdist, cache / "llama.cpp", version)
     wheel = _wheel(args.python, sdist, cache / "wheel", version, pins["cmake_args"])
-    probe = [args.python, "-c", f"import llama_cpp, sys; sys.exit(llama_cpp.__version__ != {version!r})"]
+    modules = ", ".join(name.split("==")[0] for name in pins["requires"])
+    probe = [args.python, "-c", f"import llama_cpp, sys, {modules}; sys.exit(llama_cpp.__version__ != {version!r})"]
     if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
         _pip(args.python, "install", "-q", "--no-deps", str(wheel), *pins["requires"])
     print(cache / "llama.cpp")

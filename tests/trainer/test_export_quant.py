@@ -123,12 +123,12 @@ def test_quant_mistakes_exit_2_naming_them_and_sigterm_leaves_nothing(run_traine
 
     from trainer.tokenizer import byte_level_tokenizer
 
-    out = tmp_path / "out"
+    out, short = tmp_path / "out", tmp_path / "short.txt"
+    short.write_text("Too short for one window.")
     cases = {
         ("--quant", "q9_z"): "export --quant q9_z: unknown type; GGUF types: f32, f16",
         ("--quant", "w4a16"): "compressed-tensors types need llmcompressor",
-        ("--quant", "q8_0", "--eval-data", str(REPO / "README.md"), "--eval-context", "100000"): "fewer than the "
-        "context of",
+        ("--quant", "q8_0", "--eval-data", str(short)): "has 25 tokens, fewer than the context of 64",
     }  # fmt: skip
     for args, message in cases.items():
         result = _export(run_trainer, tiny_run, out, llama_cpp, *args)
@@ -157,3 +157,94 @@ def test_quant_mistakes_exit_2_naming_them_and_sigterm_leaves_nothing(run_traine
     assert proc.wait(timeout=120) == 143, err.read_text()[-3000:]
     assert "export interrupted" in err.read_text() and "Traceback" not in err.read_text()
     assert not out.exists() and not staging.exists()
+
+
+def _go_render(template: str, messages: list[dict[str, str]]) -> str:
+    """Go's text/template, for the constructs the Modelfile's template uses (range over .Messages with $last, if / else
+    if / end on eq, ne and and, .Content, string literals, `{{-` trimming): Ollama's renderer is Go, not here."""
+    import re
+
+    parts = re.split(r"(\{\{-?\s*.*?\s*-?\}\})", template)
+    for n, part in enumerate(parts):  # trimming is the template text's, before anything runs
+        if part.startswith("{{-") and n:
+            parts[n - 1] = parts[n - 1].rstrip()
+        if part.endswith("-}}") and n + 1 < len(parts):
+            parts[n + 1] = parts[n + 1].lstrip()
+    out: list[str] = []
+
+    def run(start: int, message: dict[str, str] | None, last: bool, emit: bool) -> int:
+        i = start
+        while i < len(parts):
+            part = parts[i]
+            if not part.startswith("{{"):
+                if emit:
+                    out.append(part)
+                i += 1
+                continue
+            action = part.strip("{}-").strip()
+            if action == "end" or action.startswith("else"):
+                return i
+            if action.startswith("range"):
+                for n, each in enumerate(messages):
+                    end = run(i + 1, each, n == len(messages) - 1, emit)
+                i = end + 1 if messages else _skip(i + 1)
+            elif action.startswith("$last :="):
+                i += 1
+            elif action.startswith("if"):
+                i = _branch(i, message, last, emit)
+            elif action == ".Content":
+                out.append(message["content"] if emit and message else "")
+                i += 1
+            elif action.startswith('"'):
+                out.append(json.loads(action) if emit else "")
+                i += 1
+            else:
+                raise AssertionError(f"unexpected action {action!r}")
+        return i
+
+    def test(cond: str, message: dict[str, str], last: bool) -> bool:
+        if cond.startswith("and $last"):
+            return last and message["role"] != re.search(r'ne \.Role "(\w+)"', cond).group(1)
+        return message["role"] == re.fullmatch(r'eq \.Role "(\w+)"', cond).group(1)
+
+    def _branch(i: int, message: dict[str, str], last: bool, emit: bool) -> int:
+        taken = False
+        cond = parts[i].strip("{}-").strip().removeprefix("if ")
+        while True:
+            now = emit and not taken and test(cond, message, last)
+            i = run(i + 1, message, last, now)
+            taken = taken or now
+            action = parts[i].strip("{}-").strip()
+            if action == "end":
+                return i + 1
+            cond = action.removeprefix("else if ")
+
+    def _skip(i: int) -> int:
+        return run(i, None, False, False) + 1
+
+    run(0, None, False, True)
+    return "".join(out)
+
+
+def test_the_modelfile_renders_the_chat_templates_prompt() -> None:
+    """The Modelfile's Go template renders a conversation as apply_chat_template does (a conversation other than
+    the one it was checked against when written); stop tokens are eos and the end of an assistant turn."""
+    from trainer.data.chat import BUILTIN_TEMPLATES
+    from trainer.export.modelfile import chat_template, modelfile
+    from trainer.tokenizer import byte_level_tokenizer
+
+    tokenizer = byte_level_tokenizer()
+    tokenizer.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
+    conversation = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi {{ there }}"},
+                    {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye."}]  # fmt: skip
+    expected = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    template = chat_template(tokenizer)
+    assert template is not None
+    text, templated = modelfile("m.q8_0.gguf", tokenizer)
+    go = text.split('TEMPLATE """', 1)[1].split('"""', 1)[0]
+    assert templated and _go_render(go, conversation) == expected == template.render(conversation)
+    assert _go_render(go, conversation[:3]) == tokenizer.apply_chat_template(conversation[:3], tokenize=False)
+    assert text.startswith("FROM ./m.q8_0.gguf\n")
+    assert 'PARAMETER stop "<|eos|>"' in text and 'PARAMETER stop "<|im_end|>"' in text
+    plain = byte_level_tokenizer()  # no chat template: no TEMPLATE, the eos still stops
+    assert modelfile("m.gguf", plain) == ('FROM ./m.gguf\nPARAMETER stop "<|eos|>"\n', False)
