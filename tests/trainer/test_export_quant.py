@@ -1,8 +1,8 @@
 """`python -m trainer export --quant`: the tiny preset trained for real, converted by llama.cpp's own converter,
 quantized by its quantizer, loaded and scored in llama.cpp (llama-cpp-python), gated against the export.
 
-llama.cpp is built once per machine (scripts/llama_cpp.py caches the wheel and the converter; the `llama_cpp` module
-fixture runs it, which is seconds when built). One trained run serves every test of the file."""
+llama.cpp is built once per machine (scripts/setup_llama_cpp.py caches the wheel and the converter; the `llama_cpp`
+module fixture runs it, which is seconds when built). One trained run serves every test of the file."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from conftest import PYTHON, REPO, base_env
 from hub_support import run_env
 from waiting import wait_for
 
-SCRIPT = REPO / "scripts" / "llama_cpp.py"
+SCRIPT = REPO / "scripts" / "setup_llama_cpp.py"
 
 
 @pytest.fixture(scope="module")
 def llama_cpp() -> Path:
-    """llama.cpp's converter folder (the package built and installed once: scripts/llama_cpp.py)."""
+    """llama.cpp's converter folder (the package built and installed once: scripts/setup_llama_cpp.py)."""
     result = subprocess.run([PYTHON, str(SCRIPT)], capture_output=True, text=True, timeout=3600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(result.stdout.strip().splitlines()[-1])

@@ -1,8 +1,8 @@
 """GGUF files through llama.cpp's own tools, at the version images/versions.toml pins (`[llama_cpp]`).
 
 - The converter: convert_hf_to_gguf.py with its `conversion` and `gguf-py` packages, from the llama.cpp sources that
-  llama-cpp-python's source package carries (scripts/llama_cpp.py unpacks them into a cache folder and builds the
-  package there once); run in a child process by trainer/export/gguf_convert.py.
+  llama-cpp-python's source package carries (scripts/setup_llama_cpp.py unpacks them into a cache folder and builds
+  the package there once); run in a child process by trainer/export/gguf_convert.py.
 - The quantizer: llama.cpp's llama_model_quantize, through the llama_cpp binding of that same build (no separate
   binary). Types are llama.cpp's own names (LLAMA_FTYPE_MOSTLY_<NAME>), lower-cased.
 
@@ -24,8 +24,8 @@ from trainer.errors import ConfigError
 
 log = logging.getLogger("trainer")
 
-LLAMA_CPP_ENV = "TRAINKIT_LLAMA_CPP"  # the folder holding convert_hf_to_gguf.py (scripts/llama_cpp.py prints it)
-SETUP_HINT = "install it with `python scripts/llama_cpp.py` (builds the pinned llama-cpp-python once, cached)"
+LLAMA_CPP_ENV = "TRAINKIT_LLAMA_CPP"  # the folder with convert_hf_to_gguf.py (scripts/setup_llama_cpp.py prints it)
+SETUP_HINT = "install it with `python scripts/setup_llama_cpp.py` (builds the pinned llama-cpp-python once, cached)"
 # llama.cpp's file types: the name export takes -> the LLAMA_FTYPE_* constant's suffix
 GGUF_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
               "q6_k": "MOSTLY_Q6_K", "q5_k_m": "MOSTLY_Q5_K_M", "q5_k_s": "MOSTLY_Q5_K_S", "q5_0": "MOSTLY_Q5_0",

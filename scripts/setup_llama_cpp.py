@@ -1,4 +1,4 @@
-"""`python scripts/llama_cpp.py [--python PY] [--cache DIR]`: llama.cpp for `python -m trainer export --quant`.
+"""`python scripts/setup_llama_cpp.py [--python PY] [--cache DIR]`: llama.cpp for `python -m trainer export --quant`.
 
 From the pinned, hashed llama-cpp-python source package (images/versions.toml's [llama_cpp]): its llama.cpp's
 converter (convert_hf_to_gguf.py, conversion/, gguf-py/) unpacked into CACHE/VERSION/llama.cpp, and the package
