@@ -116,58 +116,50 @@ def windows(ids: list[int], context: int, origin: str) -> list[list[int]]:
     return [ids[i * context:(i + 1) * context] for i in range(count)]
 
 
-def scores_of(all_logits: list[Any], chunks: list[list[int]]) -> Scores:
-    """Scores from each window's logits (positions x vocabulary, numpy or torch) and its tokens."""
+def add_window(scores: Scores, logits: Any, ids: list[int]) -> None:
+    """One window's next-token nll and top token at every position but the last, from its logits (positions x
+    vocabulary, numpy), appended to `scores` (windows are scored one at a time: a large vocabulary's logits for
+    every window would not fit)."""
     import numpy as np
 
-    nll: list[float] = []
-    top: list[int] = []
-    for logits, ids in zip(all_logits, chunks, strict=True):
-        values = np.asarray(logits, dtype=np.float64)[: len(ids) - 1]
-        shifted = values - values.max(axis=1, keepdims=True)
-        logz = np.log(np.exp(shifted).sum(axis=1))
-        targets = np.asarray(ids[1:])
-        nll += (logz - shifted[np.arange(len(targets)), targets]).tolist()
-        top += values.argmax(axis=1).tolist()
-    return Scores(nll, top)
+    values = np.asarray(logits, dtype=np.float64)[: len(ids) - 1]
+    shifted = values - values.max(axis=1, keepdims=True)
+    logz = np.log(np.exp(shifted).sum(axis=1))
+    targets = np.asarray(ids[1:])
+    scores.nll.extend((logz - shifted[np.arange(len(targets)), targets]).tolist())
+    scores.top.extend(values.argmax(axis=1).tolist())
 
 
-def transformers_logits(folder: Path, chunks: list[list[int]]) -> list[Any]:
-    """The unquantized export's logits per window, in float32 (the reference)."""
+def transformers_scores(folder: Path, chunks: list[list[int]]) -> Scores:
+    """The unquantized export's scores, in Transformers, float32 (the reference)."""
     import torch
 
     from trainer.model.loading import LoadHow, Weights, load
 
     model = load(Weights(folder=str(folder)), LoadHow(dtype="float32"))
     model.eval()
+    scores = Scores([], [])
     with torch.no_grad():
-        return [model(input_ids=torch.tensor([ids])).logits[0].float().numpy() for ids in chunks]
+        for ids in chunks:
+            add_window(scores, model(input_ids=torch.tensor([ids])).logits[0].float().numpy(), ids)
+    return scores
 
 
-def llama_cpp_logits(path: Path, chunks: list[list[int]], threads: int) -> list[Any]:
-    """A GGUF file's logits per window, computed by llama.cpp (llama-cpp-python), fed the same token ids."""
+def llama_cpp_run(path: Path, chunks: list[list[int]], text: str, threads: int) -> tuple[list[int], Scores]:
+    """A GGUF file in llama.cpp (llama-cpp-python): its own ids for `text` (its vocabulary, no bos: to hold against
+    the tokenizer's), and its scores, fed the same token ids as the reference."""
     from llama_cpp import Llama
 
     context = len(chunks[0])
     model = Llama(model_path=str(path), n_ctx=context, n_batch=context, n_ubatch=context, logits_all=True,
                   n_threads=threads, verbose=False)  # fmt: skip
-    found = []
+    scores = Scores([], [])
     try:
+        tokens = list(model.tokenize(text.encode(), add_bos=False, special=False))
         for ids in chunks:
             model.reset()
             model.eval(ids)
-            found.append(model.scores[: len(ids)].copy())
+            add_window(scores, model.scores[: len(ids)], ids)
     finally:
         model.close()
-    return found
-
-
-def llama_cpp_tokens(path: Path, text: str) -> list[int]:
-    """llama.cpp's own ids for `text` (the file's vocabulary, no bos), to hold against the tokenizer's."""
-    from llama_cpp import Llama
-
-    model = Llama(model_path=str(path), vocab_only=True, verbose=False)
-    try:
-        return list(model.tokenize(text.encode(), add_bos=False, special=False))
-    finally:
-        model.close()
+    return tokens, scores

@@ -102,7 +102,7 @@ def produce(plan: Plan, staging: Path, name: str, run: Any) -> dict[str, Any]:
     chunks = quality.windows(ids, context, plan.text.origin)
     log.info("export: scoring on %s: %d windows of %d tokens (sha256 %s)", plan.text.origin, len(chunks), context,
              plan.text.sha256[:12])  # fmt: skip
-    reference = quality.scores_of(quality.transformers_logits(staging, chunks), chunks)
+    reference = quality.transformers_scores(staging, chunks)
     work, folder = staging / ".gguf-work", staging / GGUF_DIR
     work.mkdir()
     folder.mkdir()
@@ -144,7 +144,7 @@ def _score(plan: Plan, kind: str, path: Path, reference: quality.Scores, chunks:
     threshold = plan.max_increase if plan.max_increase is not None else MAX_PPL_INCREASE[kind]
     row: dict[str, Any] = {"type": kind, "file": f"{GGUF_DIR}/{path.name}", "bytes": path.stat().st_size,
                            "runtime": plan.tools.runtime, "max_ppl_increase_pct": threshold}  # fmt: skip
-    tokens = quality.llama_cpp_tokens(path, plan.text.text)
+    tokens, scores = quality.llama_cpp_run(path, chunks, plan.text.text, _threads())
     row["tokenizer_agrees"] = tokens == ids
     if not row["tokenizer_agrees"]:
         pairs = enumerate(zip(tokens, ids, strict=False))
@@ -153,7 +153,6 @@ def _score(plan: Plan, kind: str, path: Path, reference: quality.Scores, chunks:
         row["problem"] = (f"llama.cpp tokenizes the eval text differently from the export's tokenizer (first at "
                           f"token {first}: {tokens[first:first + 5]} against {ids[first:first + 5]})")  # fmt: skip
         return row
-    scores = quality.scores_of(quality.llama_cpp_logits(path, chunks, _threads()), chunks)
     ratio = scores.perplexity / reference.perplexity
     row.update(perplexity=scores.perplexity, reference_perplexity=reference.perplexity, ratio=ratio,
                increase_pct=(ratio - 1) * 100, agreement=scores.agreement(reference))  # fmt: skip
