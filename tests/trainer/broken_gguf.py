@@ -14,8 +14,8 @@ tensor, factor = sys.argv[1], float(sys.argv[2])
 real_convert = gguf_tools.convert
 
 
-def convert_then_scale(tool: gguf_tools.Tools, folder: Path, out: Path, dtype_name: str) -> Path:
-    path = real_convert(tool, folder, out, dtype_name)
+def convert_then_scale(tool: gguf_tools.Tools, folder: Path, out: Path, dtype_name: str, name: str = "") -> Path:
+    path = real_convert(tool, folder, out, dtype_name, name)
     sys.path.insert(0, str(tool.converter / "gguf-py"))
     from gguf import GGUFReader
 

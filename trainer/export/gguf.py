@@ -70,8 +70,9 @@ def tools(types: list[str]) -> Tools:
     return Tools(folder, version)
 
 
-def _convert_run(tool: Tools, model: Path, out: str, outtype: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "trainer.export.gguf_convert", str(tool.converter), str(model), out, outtype]
+def _convert_run(tool: Tools, model: Path, out: str, outtype: str, name: str = "") -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "trainer.export.gguf_convert", str(tool.converter), str(model), out, outtype,
+            *([name] if name else [])]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
@@ -94,10 +95,11 @@ def _raise_unsupported(result: subprocess.CompletedProcess[str], tool: Tools, fo
                            f"{result.stderr[-3000:]}")  # fmt: skip
 
 
-def convert(tool: Tools, folder: Path, out: Path, dtype_name: str) -> Path:
-    """`folder` (a written export) -> one GGUF file in its own dtype, written by llama.cpp's converter."""
+def convert(tool: Tools, folder: Path, out: Path, dtype_name: str, name: str = "") -> Path:
+    """`folder` (a written export) -> one GGUF file in its own dtype, written by llama.cpp's converter; `name`: the
+    file's general.name (OUT's, not the staging folder's)."""
     outtype = SOURCE_TYPE.get(dtype_name, "f32")
-    result = _convert_run(tool, folder, str(out), outtype)
+    result = _convert_run(tool, folder, str(out), outtype, name)
     _raise_unsupported(result, tool, folder)
     log.info("export: llama.cpp's converter wrote %s (%s)", out.name, outtype)
     return out

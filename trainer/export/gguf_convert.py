@@ -1,6 +1,7 @@
 """llama.cpp's own converter (convert_hf_to_gguf.py and its `conversion` and `gguf-py` packages, from the sources
 images/versions.toml pins), run in a child process: `python -m trainer.export.gguf_convert LLAMA_CPP MODEL OUT
-OUTTYPE`, or with OUT `--check` to convert the vocabulary only (architecture and tokenizer: nothing else is read).
+OUTTYPE [NAME]`, or with OUT `--check` to convert the vocabulary only (architecture and tokenizer: nothing else is
+read).
 
 Its one addition is for trainkit's own byte-level tokenizer (trainer/tokenizer.py: one token per byte, no merges),
 which the converter cannot place: it names a BPE pre-tokenizer by the hash of a probe text's ids, and its table knows
@@ -51,6 +52,7 @@ def _teach_byte_level(base: type) -> None:
 
 def main(argv: list[str]) -> int:
     llama_cpp, model, out, outtype = Path(argv[0]), Path(argv[1]), argv[2], argv[3]
+    name = argv[4] if len(argv) > 4 else None  # general.name (else the converter reads it off the folder's name)
     sys.path[:0] = [str(llama_cpp), str(llama_cpp / "gguf-py")]
     logging.basicConfig(level=logging.INFO)  # as convert_hf_to_gguf.py's main: its log on stderr
     import gguf  # type: ignore[import-not-found]
@@ -72,7 +74,7 @@ def main(argv: list[str]) -> int:
     target = Path(out) if not check else Path(tempfile.mkdtemp(prefix="trainkit-vocab-")) / "vocab.gguf"
     try:
         with torch.inference_mode():
-            instance = model_class(model, ftypes[outtype], target, dry_run=check)
+            instance = model_class(model, ftypes[outtype], target, dry_run=check, model_name=name)
             if check:
                 instance.set_vocab()
             else:

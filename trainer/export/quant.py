@@ -108,7 +108,7 @@ def produce(plan: Plan, staging: Path, name: str, run: Any) -> dict[str, Any]:
     folder.mkdir()
     config = json.loads((staging / "config.json").read_text())
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    source = gguf.convert(plan.tools, staging, work / f"{name}.{gguf.SOURCE_TYPE.get(dtype, 'f32')}.gguf", dtype)
+    source = gguf.convert(plan.tools, staging, work / f"{name}.{gguf.SOURCE_TYPE.get(dtype, 'f32')}.gguf", dtype, name)
     rows = []
     for kind in plan.types:
         path = gguf.quantize(plan.tools, source, folder / f"{name}.{kind}.gguf", kind)
