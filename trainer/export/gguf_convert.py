@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 UNSUPPORTED_EXIT = 3
 BYTE_LEVEL_PRE = "gpt-2"
@@ -33,21 +34,21 @@ def _is_byte_level(model_dir: Path) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("trainkit_tokenizer") == BYTE_TOKENIZER_MARKER
 
 
-def _teach_byte_level(base: type) -> None:
+def _teach_byte_level(base: Any) -> None:  # the converter's TextModel class
     from trainer.tokenizer import BOS, EOS
 
     plain_pre, plain_gpt2 = base.get_vocab_base_pre, base._set_vocab_gpt2
 
-    def get_vocab_base_pre(self: object, tokenizer: object) -> str:
-        return BYTE_LEVEL_PRE if _is_byte_level(self.dir_model) else plain_pre(self, tokenizer)  # type: ignore[attr-defined]
+    def get_vocab_base_pre(self: Any, tokenizer: Any) -> str:
+        return BYTE_LEVEL_PRE if _is_byte_level(self.dir_model) else str(plain_pre(self, tokenizer))
 
-    def set_vocab_gpt2(self: object) -> None:
+    def set_vocab_gpt2(self: Any) -> None:
         plain_gpt2(self)
-        if _is_byte_level(self.dir_model):  # type: ignore[attr-defined]
-            self.gguf_writer.add_token_merges([f"{BOS} {EOS}"])  # type: ignore[attr-defined]
+        if _is_byte_level(self.dir_model):
+            self.gguf_writer.add_token_merges([f"{BOS} {EOS}"])
 
-    base.get_vocab_base_pre = get_vocab_base_pre  # type: ignore[attr-defined]
-    base._set_vocab_gpt2 = set_vocab_gpt2  # type: ignore[attr-defined]
+    base.get_vocab_base_pre = get_vocab_base_pre
+    base._set_vocab_gpt2 = set_vocab_gpt2
 
 
 def main(argv: list[str]) -> int:
