@@ -100,7 +100,8 @@ def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_train
 def test_a_broken_conversion_fails_the_gate_with_exit_1_and_publishes_nothing(run_trainer, run_python, tiny_run,
                                                                             llama_cpp, tmp_path) -> None:  # fmt: skip
     out = tmp_path / "broken"
-    env = {**run_env(tiny_run), "TRAINKIT_LLAMA_CPP": str(llama_cpp)}
+    env = {**run_env(tiny_run), "TRAINKIT_LLAMA_CPP": str(llama_cpp), "PYTHONPATH": str(REPO)}  # a script's own dir
+    # comes first on its sys.path, not the repository's
     argv = ["tests/trainer/broken_gguf.py", "output_norm.weight", "-1", "export", str(tiny_run / "output"), str(out),
             "--quant", "q8_0"]  # fmt: skip
     result = run_python(argv, env=env, timeout=900)
