@@ -37,7 +37,7 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 # those imports would run back up).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
-     "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
+     "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
      "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/jsonl",
      "trainer/output_lock",
      "trainer/vllm_compat"),  # facts of the machine, the installed versions, a checkpoint's record and a run's

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint_record import damage, has_record, holds_full_model
+from trainer.config.precision import DTYPE_NAMES
 from trainer.errors import ConfigError
-from trainer.precision import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from trainer.config.run_record import RunRecord

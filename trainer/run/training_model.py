@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.config.precision import compute_dtype_name
 from trainer.config.presets import is_preset
 from trainer.config.sharding import uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
@@ -19,7 +20,6 @@ from trainer.model.build import base_weights_dtype
 from trainer.model.float8 import convert_to_fp8
 from trainer.model.loading import LoadHow, Weights, load
 from trainer.model.packed_attention import implementation, isolate_records
-from trainer.precision import compute_dtype_name
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
