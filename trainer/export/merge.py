@@ -68,6 +68,8 @@ def base_folder(source: Source, override: str | None, command: str = "export",
 def _adapter_base(source: Source) -> str | None:
     import json
 
+    if source.adapter is None:
+        return None
     try:
         return json.loads((source.adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
     except (OSError, ValueError, TypeError):
