@@ -45,6 +45,11 @@ def compute_dtype(precision: str) -> torch.dtype:
     return getattr(torch, compute_dtype_name(precision))
 
 
+def float8_matmuls(precision: str) -> bool:
+    """Whether the decoder's linear layers multiply in float8 (trainer.model.float8 converts them)."""
+    return precision == "fp8"
+
+
 def computes_in_half(precision: str) -> bool:
     """Whether the model computes in fp16 or bf16 (what flash attention needs)."""
     return compute_dtype_name(precision) != "float32"
