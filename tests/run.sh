@@ -61,7 +61,7 @@ bash tests/oldest/setup.sh
 
 log "lint"
 .venv/bin/ruff check .
-.venv/bin/mypy   # the types of the torch-free core and model/ (pyproject.toml's [tool.mypy] files)
+.venv/bin/mypy   # the types of the torch-free core, model/ and generate/evaluate/export (pyproject's [tool.mypy] files)
 .venv/bin/hadolint Dockerfile
 .venv/bin/actionlint   # .github/workflows (the release pipeline)
 

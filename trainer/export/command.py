@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.config.precision import DTYPE_NAMES
 from trainer.errors import EXIT_CRASH, EXIT_OK, ConfigError
 from trainer.hub.weights import DIVERGED_HINT, check_weights, first_nonfinite
-from trainer.precision import DTYPE_NAMES
 
 log = logging.getLogger("trainer")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
