@@ -18,12 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.config.online import RewardSpec, parse_rewards
+from trainer.config.online import TRL_ARGUMENTS, RewardSpec, parse_rewards
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError
 from trainer.run.metrics import finite_float
-
-TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
 class RewardFailed(ConfigError):

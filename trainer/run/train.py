@@ -318,6 +318,7 @@ def _online_trainer(cfg: RunConfig, args: Any, tokenizer: Any, stop: GracefulSto
     from trainer.run import online
 
     rows = online.training_rows(cfg)
+    online.check_prompt_lengths(cfg, tokenizer, rows)
     rewards = online.reward_functions(cfg, rows)
     clock.mark("data")
     set_seed(cfg.settings.seed)
