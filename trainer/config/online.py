@@ -21,7 +21,7 @@ from trainer.data.mix import split_weight
 
 BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
-              "rl_vllm_url")  # fmt: skip
+              "rl_vllm_url", "rl_reward_timeout")  # fmt: skip
 # TRAIN_RL_* option -> the methods it applies to (the others apply to both)
 OPTION_METHODS = {"rl_loss": ("grpo",)}
 ONLINE_METHODS = ("grpo", "rloo")

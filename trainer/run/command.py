@@ -20,7 +20,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(_args: argparse.Namespace) -> int:
     from trainer import config
-    from trainer.errors import EXIT_CRASH, EXIT_DIVERGED, EXIT_USER, ConfigError, record_outcome
+    from trainer.errors import EXIT_CRASH, EXIT_DIVERGED, EXIT_USER, ConfigError, Interrupted, record_outcome
 
     code = EXIT_CRASH  # what a traceback ends with
     undo_lock: Callable[[], None] = lambda: None  # noqa: E731
@@ -41,6 +41,9 @@ def main(_args: argparse.Namespace) -> int:
     except ConfigError:
         code = EXIT_USER
         undo_lock()
+        raise
+    except Interrupted as exc:  # a stop that could not finish its step (a reward that does not return)
+        code = exc.exit_code
         raise
     finally:
         code = record_outcome(code)  # for the launcher: a stop is told from a crash (trainer.launch.supervise)

@@ -81,7 +81,7 @@ def reward_functions(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[Any]:
 
     s = cfg.settings
     columns = frozenset({k for row in rows for k in row} - {"prompt", WHERE})
-    rewards = build_rewards(s.reward, columns, s.rl_max_new_tokens)
+    rewards = build_rewards(s.reward, columns, s.rl_max_new_tokens, s.rl_reward_timeout)
     names = [getattr(r, "__name__", r) for r in rewards]
     log.info("rewards: %s (weights %s), each logged as rewards/NAME/mean", ", ".join(map(str, names)),
              cfg.training_arguments.get("reward_weights"))  # fmt: skip
