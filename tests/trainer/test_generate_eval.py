@@ -16,23 +16,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, base_env, run_trainer
+from conftest import PYTHON, REPO, base_env, run_python, run_trainer
+from memorize import MARGIN, MARGINS, MEMORIZE, PAIRS, chat_line, other_path, write_pairs
 from waiting import wait_for
 from wandb_files import wandb_records
 
 from trainer.errors import EXIT_SIGTERM
 
-PAIRS = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Blue."),
-         ("What is 2+2?", "Four."), ("Who wrote Hamlet?", "Shakespeare.")]  # fmt: skip
-# The cheapest recipe found that makes greedy decoding give every answer back (tiny preset, CPU).
-MEMORIZE = {"TRAIN_MODEL": "tiny", "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_SEQ_LEN": "128", "TRAIN_BATCH_SIZE": "4",
-            "TRAIN_MAX_STEPS": "60", "TRAIN_LR": "0.005", "TRAIN_SAVE_STEPS": "60", "TRAIN_LOG_STEPS": "20",
-            "TRAIN_SEED": "1"}  # fmt: skip
 OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
-
-
-def chat_line(question: str, answer: str) -> str:
-    return json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +32,7 @@ def memorized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     them there (TRAIN_EVAL_GENERATE), tracked by TensorBoard, W&B (offline) and MLflow (its file store); final/
     exported to root/export."""
     root = tmp_path_factory.mktemp("memorized")
-    (root / "chat.jsonl").write_text("".join(chat_line(q, a) + "\n" for q, a in PAIRS))
+    write_pairs(root / "chat.jsonl")
     env = {**MEMORIZE, "HOME": str(root), "HF_HOME": str(root / "hf"), "TRAIN_OUTPUT_DIR": str(root / "out"),
            "TRAIN_DATA": str(root / "chat.jsonl"), "TRAIN_EVAL_DATA": str(root / "chat.jsonl"),
            "TRAIN_EVAL_GENERATE": "4", "TRAIN_REPORT_TO": "tensorboard,wandb,mlflow"}  # fmt: skip (W&B offline)
@@ -54,6 +45,31 @@ def memorized(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def margins(folder: Path, env: dict[str, str] | None = None) -> list[float]:
+    """Each pair's margin in `folder`'s model (memorize.MARGINS), computed on the instruction path `env` names."""
+    result = run_python(["-c", MARGINS, str(folder), json.dumps(PAIRS)], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_the_answers_are_memorized_with_a_margin_on_this_and_the_other_instruction_path(memorized: Path,
+                                                                                      tmp_path: Path) -> None:
+    """Every answer token beats the runner-up by MARGIN logits, teacher-forced: greedy decoding gives each answer
+    back with room to spare, here and trained on the other instruction path (AVX2 on an AVX-512 machine; issue 59:
+    the recipe tuned here memorized three pairs of four on an AVX2-only CPU). No tracker, eval or export: the
+    cheapest run of the recipe."""
+    here = margins(memorized / "out" / "final")
+    other = other_path()
+    data = write_pairs(tmp_path / "chat.jsonl")
+    env = {**MEMORIZE, **other, "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
+           "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_DATA": str(data)}  # fmt: skip
+    result = run_trainer([], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    there = margins(tmp_path / "out" / "final", other)
+    print(f"margins here {[round(m, 3) for m in here]}, on {other} {[round(m, 3) for m in there]}")
+    assert min(here) > MARGIN and min(there) > MARGIN, (here, there)
 
 
 def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized: Path, tmp_path: Path) -> None:
