@@ -14,11 +14,12 @@ from pathlib import Path
 
 PAIRS = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Blue."),
          ("What is 2+2?", "Four."), ("Who wrote Hamlet?", "Shakespeare.")]  # fmt: skip
-MEMORIZE = {"TRAIN_MODEL": "tiny", "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_SEQ_LEN": "128", "TRAIN_BATCH_SIZE": "4",
-            "TRAIN_MAX_STEPS": "60", "TRAIN_LR": "0.005", "TRAIN_SAVE_STEPS": "60", "TRAIN_LOG_STEPS": "20",
+MEMORIZE = {"TRAIN_MODEL": "tiny", "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_SEQ_LEN": "100", "TRAIN_BATCH_SIZE": "4",
+            "TRAIN_MAX_STEPS": "100", "TRAIN_LR": "0.005", "TRAIN_SAVE_STEPS": "100", "TRAIN_LOG_STEPS": "20",
             "TRAIN_SEED": "1"}  # fmt: skip
-# The smallest margin measured over both paths and three seeds, halved (docs/development.md has the numbers).
-MARGIN = 0.5
+# About half the smallest margin measured for this recipe on AVX-512 and AVX2, seeds 1-3 (2.09 logits; the numbers:
+# docs/development.md, "CPU instruction paths").
+MARGIN = 1.0
 AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 BASELINE = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default"}
 

@@ -23,6 +23,7 @@ from wandb_files import wandb_records
 
 from trainer.errors import EXIT_SIGTERM
 
+STEPS = int(MEMORIZE["TRAIN_MAX_STEPS"])
 OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
 
 
@@ -85,7 +86,8 @@ def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized
     assert [a["response"] for a in answers] == [a for _, a in PAIRS]
     assert [a["id"] for a in answers] == [0, 1, 2, 3] and all(a["messages"] for a in answers)  # input kept
     assert len({a["prompt_tokens"] for a in answers}) == 4  # four prompt lengths, left-padded together
-    result = run_trainer(["generate", str(out / "checkpoint-60"), "--input", str(prompts), "--output", str(single),
+    checkpoint = out / f"checkpoint-{STEPS}"
+    result = run_trainer(["generate", str(checkpoint), "--input", str(prompts), "--output", str(single),
                           "--batch-size", "1"])  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert _lines(single) == answers  # same text, same token counts
@@ -96,20 +98,20 @@ def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized
 
 
 def test_eval_generate_answers_the_eval_set_at_each_evaluation(memorized: Path) -> None:
-    """TRAIN_EVAL_GENERATE=4: at the run's evaluation (step 60) the answers are the memorized ones, in
+    """TRAIN_EVAL_GENERATE=4: at the run's evaluation (its last step) the answers are the memorized ones, in
     samples.jsonl (strict JSON) and TensorBoard's text tab."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = memorized / "out"
     rows = [json.loads(line, parse_constant=pytest.fail) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["where"]) for r in rows] == [(60, f"{memorized / 'chat.jsonl'}:{n}") for n in range(1, 5)]
+    assert [(r["step"], r["where"]) for r in rows] == [(STEPS, f"{memorized / 'chat.jsonl'}:{n}") for n in range(1, 5)]
     assert [r["response"] for r in rows] == [r["reference"] for r in rows] == [a for _, a in PAIRS]
     assert rows[0]["messages"] == [{"role": "user", "content": PAIRS[0][0]}] and rows[0]["completion_tokens"] > 0
     (events,) = (out / "runs").rglob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0})
     accumulator.Reload()
     (text,) = accumulator.Tensors("eval/samples/text_summary")
-    assert text.step == 60
+    assert text.step == STEPS
     assert "| user: Who wrote Hamlet? | Shakespeare. | Shakespeare. |" in text.tensor_proto.string_val[0].decode()
 
 
@@ -163,17 +165,17 @@ def _recorded_in_the_run(out: Path, own: dict) -> None:
     from trainer.export.source import resolve_source
 
     line = [json.loads(row) for row in (out / "evals.jsonl").read_text().splitlines()][-1]  # this test's eval
-    assert line["folder"] == "final" and line["step"] == 60 and line["metrics"]["exact_match"] == 1.0
+    assert line["folder"] == "final" and line["step"] == STEPS and line["metrics"]["exact_match"] == 1.0
     assert line["metrics"]["loss"] == own["loss"] and ["exact_match", "1.0000"] in line["rows"]
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     run_id = json.loads((out / "trackers.json").read_text())["trackers"]["mlflow"]["run_id"]
     history = MlflowClient((out / "mlruns").as_uri()).get_metric_history(run_id, "eval_results/exact_match")
-    assert (60, 1.0) in [(m.step, m.value) for m in history]
+    assert (STEPS, 1.0) in [(m.step, m.value) for m in history]
     wandb_id = json.loads((out / "trackers.json").read_text())["trackers"]["wandb"]["run_id"]
     halves = sorted((out / "wandb").glob(f"offline-run-*-{wandb_id}"))  # the training's, then each eval's
     summaries = {item.key: json.loads(item.value_json) for run in halves for record in wandb_records(run)
                  if record.WhichOneof("record_type") == "summary" for item in record.summary.update}  # fmt: skip
-    assert summaries["eval_results/step"] == 60 and summaries["eval_results/exact_match"] == 1.0
+    assert summaries["eval_results/step"] == STEPS and summaries["eval_results/exact_match"] == 1.0
     card = model_card(resolve_source(out / "final"), "memorized", None, False)
     assert "## Evaluation" in card and "| exact_match | 1.0000 |" in card and f"| loss | {own['loss']:.4f} |" in card
 
