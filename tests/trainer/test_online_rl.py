@@ -385,10 +385,10 @@ def test_a_reward_that_hangs_is_bounded_by_its_time_limit_and_by_a_stop(files: t
     """A reward call past TRAIN_RL_REWARD_TIMEOUT fails as a raising one does (exit 2, named); SIGTERM while a reward
     hangs (in step 3) ends the run within the grace (it waited for the step forever before), exit 143, naming the
     reward, checkpoint-2 whole."""
-    from trainer.config.online import parse_rewards
+    from trainer.config.online import rewards
     from trainer.run.rewards import STOP_GRACE_S, Reward, RewardFailed, _imported
 
-    spec = parse_rewards(f"{files[1]}:hangs")[0][0]
+    spec = rewards(f"{files[1]}:hangs").specs[0]
     reward = Reward(spec, _imported(spec), frozenset({"word", "answer"}), timeout=0.5)
     state = type("State", (), {"global_step": 2})()
     with pytest.raises(RewardFailed, match=r"'hangs' in .* did not return within TRAIN_RL_REWARD_TIMEOUT=0.5 s"):
