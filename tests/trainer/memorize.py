@@ -17,9 +17,9 @@ PAIRS = [("What is the capital of France?", "Paris."), ("Name a primary color.",
 MEMORIZE = {"TRAIN_MODEL": "tiny", "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_SEQ_LEN": "100", "TRAIN_BATCH_SIZE": "4",
             "TRAIN_MAX_STEPS": "100", "TRAIN_LR": "0.005", "TRAIN_SAVE_STEPS": "100", "TRAIN_LOG_STEPS": "20",
             "TRAIN_SEED": "1"}  # fmt: skip
-# About half the smallest margin measured for this recipe on AVX-512 and AVX2, seeds 1-3 (2.09 logits; the numbers:
-# docs/development.md, "CPU instruction paths").
-MARGIN = 1.0
+# About half the smallest margin measured for this recipe on AVX-512 and AVX2, seeds 1-3 (0.97 logits; seed 1, the
+# recipe's: 4.36 and 4.92; the numbers: docs/development.md, "CPU instruction paths").
+MARGIN = 0.5
 AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 BASELINE = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default"}
 
