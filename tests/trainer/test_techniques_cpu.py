@@ -70,7 +70,8 @@ def test_qlora_trains_on_the_cpu(run_trainer, trainer_env, text_file):
     issue 59 the loader asked for GPU 0: exit 1, `Cannot access accelerator device when none is available`)."""
     output = Path(trainer_env["TRAIN_OUTPUT_DIR"])
     env = {**trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_QUANT": "4bit", "TRAIN_LORA": "1",
-           "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2", "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "2"}  # fmt: skip
+           "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2", "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "2",
+           "TRAIN_LOG_STEPS": "1"}  # fmt: skip
     result = run_trainer([], env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "4bit quantized on cpu" in result.stderr
