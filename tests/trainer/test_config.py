@@ -138,6 +138,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
                 "TRAIN_PREF_MAX_PROMPT_LEN": "16"},
         "grpo": {"TRAIN_DATA": str(root / "prompts.jsonl"), "TRAIN_METHOD": "grpo", "TRAIN_REWARD": "exact,length:0.5",
                  "TRAIN_RL_GENERATIONS": "2", "TRAIN_RL_MAX_NEW_TOKENS": "12", "TRAIN_RL_TEMPERATURE": "0.7",
+                 "TRAIN_RL_REWARD_TIMEOUT": "30",
                  "TRAIN_RL_BETA": "0.04", "TRAIN_RL_LOSS": "dr_grpo", "TRAIN_LORA": "1", "TRAIN_BATCH_SIZE": "4",
                  "TRAIN_ARGS": "--top_p 0.9"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
@@ -251,6 +252,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_RL_GENERATIONS", "grpo", lambda c: c["training_arguments"]["num_generations"] == 2),
     ("TRAIN_RL_MAX_NEW_TOKENS", "grpo", lambda c: c["training_arguments"]["max_completion_length"] == 12),
     ("TRAIN_RL_TEMPERATURE", "grpo", lambda c: c["training_arguments"]["temperature"] == 0.7),
+    ("TRAIN_RL_REWARD_TIMEOUT", "grpo", lambda c: c["settings"]["TRAIN_RL_REWARD_TIMEOUT"]["value"] == 30),
     ("TRAIN_RL_BETA", "grpo", lambda c: c["training_arguments"]["beta"] == 0.04
      and c["decisions"]["reference"]["value"] == "frozen adapter"),
     ("TRAIN_RL_LOSS", "grpo", lambda c: c["training_arguments"]["loss_type"] == "dr_grpo"

@@ -53,8 +53,12 @@ def load_how(cfg: RunConfig, score_head: bool = False, packed: bool = True) -> L
 
 def _placement(cfg: RunConfig, quant: str, sharded: bool) -> str | int | None:
     """A quantized model goes to this rank's GPU, except under FSDP, which places (and shards) it itself (ZeRO-3
-    with quantization is refused at configuration time); other weights are read straight onto build_device's GPU."""
+    with quantization is refused at configuration time), and on a machine without one to the CPU (bitsandbytes'
+    CPU backend: a GPU index there ended the run in Transformers' loader); other weights are read straight onto
+    build_device's GPU."""
     if quant != "none":
+        if not cfg.hardware.is_gpu:
+            return "cpu"  # decisions.decide_quant checked that bitsandbytes quantizes on the CPU
         return None if sharded else int(os.environ.get("LOCAL_RANK", "0"))
     device = build_device(cfg)
     return str(device) if device.type == "cuda" else None
