@@ -18,6 +18,9 @@ from train_runs import train_env, write_corpus
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss, fixed_cross_entropy
 
+from trainer import config
+from trainer.errors import ConfigError
+from trainer.machine.hardware import Hardware
 from trainer.model.chunked_loss import TRAINED_KEY, chunked_causal_lm_loss, install_chunked_loss, trained_count
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +72,7 @@ def test_loss_and_gradients_equal_the_full_cross_entropy(reduction: str, dtype: 
     full = loss_and_grads(full_loss(labels, items, dtype), dtype)
     chunked = loss_and_grads(lambda h, w: chunked_causal_lm_loss(h, w, labels, items, trained=count, chunk=CHUNK),
                              dtype)  # fmt: skip
-    for name, got, want in zip(("loss", "hidden grad", "head grad"), chunked, full):
+    for name, got, want in zip(("loss", "hidden grad", "head grad"), chunked, full, strict=True):
         assert got.dtype == want.dtype == dtype
         assert relative(got, want) <= tolerance, (name, relative(got, want))
     assert chunked[1][0, :6].abs().sum() == 0  # masked positions get no gradient
@@ -131,6 +134,45 @@ def test_a_packed_batch_through_the_model_equals_its_own_loss() -> None:
     for name, grad in grads.items():  # fp32, as above: 1e-5 (the embedding's gradient lands near 1e-6)
         assert relative(grad, full_grads[name]) <= 1e-5, name
     assert model(input_ids=batch["input_ids"]).logits.shape == (BATCH, SEQ, VOCAB)  # no labels: the model's own
+
+
+# ---- the decision -------------------------------------------------------------------------------------------------
+
+H100 = Hardware(
+    device="cuda", gpu_count=1, gpu_name="NVIDIA H100 80GB HBM3", capability=(9, 0), total_memory_bytes=80 * 2**30,
+    bf16=True, tf32=True, libraries={"triton": True, "tensorboard": True, "liger_kernel": True},
+)  # fmt: skip
+
+
+def decided(hw: Hardware, **env: str) -> config.Decision:
+    settings = config.parse_settings({f"TRAIN_{k.upper()}": v for k, v in env.items()})
+    return config.resolve(settings, hw, environ={}, import_heavy=False).decisions.cross_entropy
+
+
+def test_auto_chunks_a_big_vocabulary_and_says_why(tmp_path: Path) -> None:
+    big = decided(H100, model="1b-128k")
+    assert big.value == "chunked" and big.reason.startswith("auto: chunked (a 128,256-row vocabulary, >= 32,768")
+    assert "never held" in big.reason and "not measured on a GPU yet" in big.reason
+    small = decided(H100, model="1b")  # the byte-level tokenizer's few hundred rows
+    assert small.value == "full" and "chunked from 32,768 rows" in small.reason
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 32_000}))
+    assert decided(H100, model=str(folder)).reason.startswith("auto: full (a 32,000-row vocabulary")
+    (folder / "config.json").write_text(json.dumps({"model_type": "gemma2", "vocab_size": 256_000}))
+    gemma = decided(H100, model=str(folder))
+    assert gemma.value == "full" and "type 'gemma2' is not one whose head it knows" in gemma.reason
+    liger = decided(H100, model="1b-128k", liger="1")
+    assert liger.value == "full" and "Liger's fused linear cross-entropy computes the loss" in liger.reason
+    assert decided(H100, model="1b-128k", cross_entropy="full").value == "full"
+
+
+def test_chunked_where_it_cannot_stand_in_exits_2_naming_why(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="TRAIN_CROSS_ENTROPY=chunked: TRAIN_FSDP=full_shard shards the LM head"):
+        decided(H100, model="1b-128k", cross_entropy="chunked", fsdp="full_shard", precision="bf16")
+    with pytest.raises(ConfigError, match="TRAIN_LORA_TARGETS puts an adapter on the LM head; set "
+                                          "TRAIN_CROSS_ENTROPY=full"):  # fmt: skip
+        decided(H100, model="1b-128k", cross_entropy="chunked", lora="1", lora_targets="q_proj,lm_head")
 
 
 # ---- real runs: a whole-model compile and LoRA -------------------------------------------------------------------

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from trainer.config.speed import CHUNKED_MODEL_TYPES
+
 log = logging.getLogger("trainer")
 
 IGNORE_INDEX = -100
@@ -28,9 +30,6 @@ CHUNK_POSITIONS = 4096  # positions per chunk: at 128k rows, one chunk's fp32 lo
 # The collator's count of the positions a batch trains (a host int, so selecting them needs no host-device sync);
 # the forward takes it out of its keyword arguments before the decoder sees them.
 TRAINED_KEY = "trained_positions"
-# Model types whose *ForCausalLM forward is exactly: decoder -> lm_head(last hidden state) -> Transformers' loss
-# (no logit scaling or soft-capping, no auxiliary loss), so the chunked loss computes what their forward computes.
-PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def _compute_dtype(device: torch.device, fallback: torch.dtype) -> torch.dtype:
@@ -133,7 +132,7 @@ def chunked_causal_lm_loss(
     total = ChunkedCrossEntropy.apply(flat.index_select(0, index), weight, targets.index_select(0, index), chunk)
     if num_items_in_batch is None:
         return total / keep.sum()  # the mean over trained positions (NaN for none, as Transformers' loss)
-    if torch.is_tensor(num_items_in_batch):
+    if isinstance(num_items_in_batch, torch.Tensor):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
 
@@ -141,8 +140,8 @@ def chunked_causal_lm_loss(
 def head_problem(model: Any) -> str | None:
     """Why the chunked loss cannot stand in for this model's loss (None when it can)."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in PLAIN_HEAD_TYPES:
-        known = ", ".join(sorted(PLAIN_HEAD_TYPES))
+    if model_type not in CHUNKED_MODEL_TYPES:
+        known = ", ".join(sorted(CHUNKED_MODEL_TYPES))
         return f"model type {model_type!r} is not one whose head the chunked loss knows ({known})"
     head = model.get_output_embeddings()
     if type(head) is not torch.nn.Linear or head.bias is not None:
