@@ -102,6 +102,7 @@ class Driver:
         self.out, self.work, self.sizes, self.dry = out, work, sizes, dry
         self.measured: dict[str, tuple[float, dict[str, str], float | None]] = {}  # name: tokens/s, env, step s
         self.batch = 0
+        self.compiles: bool | None = None
         work.mkdir(parents=True, exist_ok=True)
 
     def emit(self, part: str, name: str, **values: Any) -> None:
@@ -142,7 +143,7 @@ class Driver:
             m = s.gemm_n if name.startswith("reference") else s.gemm_tokens
             a = torch.randn(m, k, device=where, dtype=dtype)
             b = torch.randn(k, n, device=where, dtype=dtype)
-            seconds = timed(lambda a=a, b=b: a @ b, where)
+            seconds = timed(lambda a=a, b=b: a @ b, where, repeat=3 if self.dry else 20)  # a CPU's figure is plumbing
             self.emit(
                 "gemm",
                 f"{name}: {m}x{k} @ {k}x{n}",
@@ -154,7 +155,7 @@ class Driver:
             del a, b
         src = torch.empty(s.copy_bytes, dtype=torch.uint8, device=where)
         dst = torch.empty_like(src)
-        seconds = timed(lambda: dst.copy_(src), where)
+        seconds = timed(lambda: dst.copy_(src), where, repeat=3 if self.dry else 20)
         self.emit("gemm", f"copy {s.copy_bytes >> 20} MiB", gb_per_s=2 * src.numel() / seconds / 1e9, ms=seconds * 1e3)
 
     def defaults(self) -> None:
@@ -339,13 +340,19 @@ class Driver:
     def long_run_env(self) -> tuple[dict[str, str], str]:
         """The defaults as a long run gets them: TRAIN_COMPILE=auto compiles only runs of 200 steps or more, so where
         it would compile a long run here, TRAIN_COMPILE=1 stands for it (as the bench's `auto` row does)."""
-        from trainer.bench.machine import machine
-
-        compiles = bool(machine().get("auto_compile"))  # probed in a child: no CUDA context held here
+        compiles = self.auto_compiles()
         note = ("TRAIN_COMPILE=1: what auto decides for a long run here" if compiles
                 else "TRAIN_COMPILE=auto leaves compile off here, as for a long run")  # fmt: skip
         env = {**self.defaults_env(), **({"TRAIN_COMPILE": "1"} if compiles else {})}
         return env, note + "; medians of the steps after the warm-up; no checkpoint is written in the measured steps"
+
+    def auto_compiles(self) -> bool:
+        """Whether auto compiles a long run here: probed once per call, in a child (no CUDA context held here)."""
+        if self.compiles is None:
+            from trainer.bench.machine import machine
+
+            self.compiles = bool(machine().get("auto_compile"))
+        return self.compiles
 
     def batch_of_a(self) -> int:
         """The batch A's search chose (its decision in run_config.json): this call's A, else the last A in --out (the
