@@ -183,11 +183,11 @@ class Driver:
 
     def gputests(self) -> None:
         started = time.monotonic()
-        command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-x", "-p", "no:cacheprovider"]
+        command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-rfE", "-p", "no:cacheprovider"]
         command += ["--collect-only"] if self.dry else []
         try:
             proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=540)
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-40:]  # -rfE names every failure
             self.emit("gputests", "tests/gpu", status="ok" if proc.returncode in (0, 5) else "failed",
                       rc=proc.returncode, wall_s=round(time.monotonic() - started, 1),
                       summary=tail[-1] if tail else "", tail=tail)  # fmt: skip
