@@ -68,6 +68,8 @@ class Decisions:
     reference: Decision[str] = field(default_factory=lambda: Decision("none", "TRAIN_METHOD=sft"))
     # full or chunked (trainer.model.chunked_loss); a record written before it had the full loss
     cross_entropy: Decision[str] = field(default_factory=lambda: Decision("full", "Transformers' loss"))
+    # the predicted peak GPU memory per process and its parts in bytes (config.memory_fit); None: not predicted
+    memory: Decision[Any] = field(default_factory=lambda: Decision(None, "not predicted"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
