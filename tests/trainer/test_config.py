@@ -80,6 +80,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_COMPILE_BACKEND": "inductor",
             "TRAIN_COMPILE_MODE": "reduce-overhead",
             "TRAIN_ATTN": "eager",
+            "TRAIN_CROSS_ENTROPY": "chunked",
             "TRAIN_LORA": "1",
             "TRAIN_LORA_R": "4",
             "TRAIN_LORA_ALPHA": "8",
@@ -348,6 +349,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         lambda c: c["training_arguments"]["use_liger_kernel"] is False
         and c["decisions"]["liger"] == {"value": False, "reason": "auto: off (no GPU)"},
     ),
+    ("TRAIN_CROSS_ENTROPY", "full", lambda c: c["decisions"]["cross_entropy"]["value"] == "chunked"
+     and c["decisions"]["cross_entropy"]["reason"].startswith("set by TRAIN_CROSS_ENTROPY")),
     ("TRAIN_LORA", "full", lambda c: c["decisions"]["lora"]["value"] is True),
     ("TRAIN_LORA_R", "model", lambda c: c["rank"] == 4),
     ("TRAIN_LORA_ALPHA", "model", lambda c: c["scaling"] == 8 / 4),

@@ -17,6 +17,7 @@ from trainer.config.sharding import uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
 from trainer.model.adapters import apply_lora
 from trainer.model.build import base_weights_dtype
+from trainer.model.chunked_loss import install_chunked_loss
 from trainer.model.float8 import convert_to_fp8
 from trainer.model.loading import LoadHow, Weights, load
 from trainer.model.packed_attention import implementation, isolate_records
@@ -95,6 +96,8 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
         model = apply_lora(model, s)
     if float8_matmuls(cfg.decisions.precision.value):  # before compile and the batch search: both see the float8 layers
         convert_to_fp8(model)
+    if cfg.decisions.cross_entropy.value == "chunked":  # the loss from the head's weight, a chunk at a time
+        install_chunked_loss(model)
     compile_model(cfg, model)
     log_parameter_counts(model)
     return model
