@@ -23,7 +23,7 @@ memory, the batch each search chose), fp8 (bf16 and TRAIN_PRECISION=fp8 at A's b
 bf16-equivalent MFU, the loss of the same steps; torchao's wheel is carried), fp8_vocab (bf16 and fp8, both with the
 chunked loss, at 128k rows and the chunked row's batch), chat (records vs stream packing), techniques and
 techniques2 (the 125m technique table relative to fp32, in two calls). Every trainer row also records the memory
-prediction against its measured peak where the prediction module exists (gpu_support.memory_prediction).
+prediction (decisions.memory, trainer.config.memory_fit) against its measured peak (gpu_support.memory_prediction).
 Each trainer run is a `python -m trainer.launch train` subprocess with its own output folder (trainer.bench.runner);
 medians over the steps after the warm-up, no checkpoint written while measuring. Each part appends one JSON line
 per result to --out as it ends and prints one line; the table of every line in --out is printed last. The dry run
@@ -296,7 +296,8 @@ class Driver:
             return
         keys = ("batch_size", "compile", "precision", "attn", "cross_entropy")
         picked = {k: decisions[k]["value"] for k in keys if k in decisions}
-        self.emit(part, name, status="checked", **picked, **memory_prediction(env, picked.get("batch_size")), env=env,
+        predicted = memory_prediction(decisions.get("memory", {}).get("value"))
+        self.emit(part, name, status="checked", **picked, **predicted, env=env,
                   note=f"dry run: settings resolved and checked, not trained; {note}")  # fmt: skip
 
     def train(self, part: str, name: str, env: dict[str, str], warmup: int, steps: int, note: str = "",
@@ -329,7 +330,8 @@ class Driver:
         if part == "profile":
             summary = read_json(folder / "summary-rank0.json")
             values["ms_per_step"] = time_by_kind(summary, kinds_of or values.get("step_time_s"))
-        values.update(memory_prediction(env, values.get("batch_size"), values.get("peak_mem_gib")))
+        predicted = run.decisions.memory.value if run is not None else None
+        values.update(memory_prediction(predicted, values.get("peak_mem_gib")))
         values.update(to_first_step_s=startup.get("to_first_step_s"), compile_s=startup.get("compile_s"),
                       phases_s=startup.get("phases_s"), env=env, logs=str(folder))  # fmt: skip
         self.emit(part, name, **values, **({"note": note} if note else {}))

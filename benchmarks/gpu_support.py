@@ -177,27 +177,19 @@ def use_wheels(wheels: Path, argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "benchmarks.gpu_run", *argv])
 
 
-# The memory issue's prediction of a run's peak (built in parallel; the lead wires it): where PREDICTION_MODULE
-# exists, each row records PREDICTION_FUNCTION(env, batch) in GiB beside its measured peak; else it says so.
-PREDICTION_MODULE, PREDICTION_FUNCTION = "trainer.doctor.memory", "predict_peak_bytes"
-NO_PREDICTION = "no prediction module"
+# Each row's predicted peak beside its measured one: the prediction the run made of itself (its run record's
+# decisions.memory, trainer.config.memory_fit, at the batch it ran), or the checked row's resolved one. Its
+# predicted_allocated_bytes is what peak_mem_bytes measures (the peak less the framework's allowance).
+NOT_PREDICTED = "not predicted"
 
 
-def memory_prediction(env: dict[str, str], batch: Any, measured_gib: float | None = None) -> dict[str, Any]:
-    """HOOK (the lead wires it to the prediction's real signature): the predicted peak of the run `env` at `batch`
-    beside the measured one, or {"prediction": "no prediction module"}."""
-    import importlib
-
-    try:
-        predict = getattr(importlib.import_module(PREDICTION_MODULE), PREDICTION_FUNCTION)
-    except (ImportError, AttributeError):
-        return {"prediction": NO_PREDICTION}
-    try:
-        predicted = gib(predict(env, batch))
-    except Exception as exc:  # a prediction that fails is reported, never the row lost
-        return {"prediction": f"failed: {type(exc).__name__}: {exc}"[:300]}
-    ratio = predicted / measured_gib if predicted and measured_gib else None
-    return {"prediction": "ok", "predicted_peak_gib": predicted, "predicted_over_measured": ratio}
+def memory_prediction(predicted: dict[str, Any] | None, measured_gib: float | None = None) -> dict[str, Any]:
+    """The predicted peak (GiB) beside the measured one, and their ratio."""
+    if not predicted or predicted.get("predicted_allocated_bytes") is None:
+        return {"prediction": NOT_PREDICTED}
+    gib_predicted = gib(predicted["predicted_allocated_bytes"])
+    ratio = gib_predicted / measured_gib if gib_predicted and measured_gib else None
+    return {"prediction": "ok", "predicted_peak_gib": gib_predicted, "predicted_over_measured": ratio}
 
 
 COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "mfu_basis", "loss", "peak_mem_gib", "predicted_peak_gib",

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_run import FIRST, PARTS, SECOND, TECHNIQUES, parse
-from benchmarks.gpu_support import NO_PREDICTION
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,10 +74,9 @@ def test_the_whole_dry_run(tmp_path: Path) -> None:
     techniques = by_part["techniques"] + by_part["techniques2"]
     assert [r["name"] for r in techniques] == list(TECHNIQUES) and len(by_part["techniques2"]) == 6
     assert status["fp32"] == status["lora"] == "checked" and {r["status"] for r in techniques} <= {"checked", "skipped"}
-    # every row checked or trained records the memory prediction beside it (the hook: none exists yet here, or its
-    # prediction where the memory issue's module has landed)
+    # every row checked or trained records its memory prediction beside it (trainer.config.memory_fit's, as resolved)
     rows = [r for r in records if r.get("status") in ("ok", "checked") and "env" in r]
-    assert rows and all(r["prediction"] in (NO_PREDICTION, "ok") for r in rows), rows
+    assert rows and all(r["prediction"] == "ok" and r["predicted_peak_gib"] > 0 for r in rows), rows
     assert status["tests/gpu"] == "ok", by_part["gputests"]
     table = proc.stdout[proc.stdout.index("| part | name |") :]
     assert table.count("\n| ") == len(records)  # one row per line of --out, printed last

@@ -36,6 +36,7 @@ from trainer.config.memory import (
     weights_bytes,
 )
 from trainer.config.memory_fit import plan_of
+from trainer.config.speed import CHUNK_POSITIONS
 from trainer.errors import ConfigError
 from trainer.machine.hardware import Hardware
 
@@ -260,3 +261,13 @@ def test_grouped_query_attention_saves_k_and_v_at_their_own_heads(precision: str
     model = LlamaForCausalLM(llama)
     plan = Plan(Shape(256, 2, 8, 2, 688, 320, tied=True), 2, 128, precision=precision)
     assert abs(predicted_saved(plan) - measured_saved(model, 2, 128, False, precision)) <= 64
+
+
+def test_the_chunked_loss_holds_one_chunk_of_logits_in_the_prediction() -> None:
+    """TRAIN_CROSS_ENTROPY=chunked (auto at 128k rows) reaches the prediction: one chunk of positions' logits is held,
+    not the micro-batch's."""
+    full = plan_of(resolved("1b-128k", TRAIN_CROSS_ENTROPY="full", TRAIN_SEQ_LEN="2048", TRAIN_BATCH_SIZE="4"))
+    chunked = plan_of(resolved("1b-128k", TRAIN_CROSS_ENTROPY="chunked", TRAIN_SEQ_LEN="2048", TRAIN_BATCH_SIZE="4"))
+    assert full.loss_chunk_tokens == 0 and chunked.loss_chunk_tokens == CHUNK_POSITIONS
+    held = predict(chunked).parts["logits_and_loss"]
+    assert held * (4 * 2048 // CHUNK_POSITIONS) == predict(full).parts["logits_and_loss"]

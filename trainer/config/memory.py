@@ -130,7 +130,7 @@ class Plan:
     method: str = "sft"
     reference: str = "none"
     rl_new_tokens: int = 0
-    loss_chunk_tokens: int = 0  # issue 58's chunked cross-entropy: tokens per chunk of logits (0: all at once)
+    loss_chunk_tokens: int = 0  # TRAIN_CROSS_ENTROPY=chunked: positions per chunk of logits (0: all at once)
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -311,7 +311,7 @@ def autocast_copy_bytes(plan: Plan) -> int:
 
 def logits_bytes(plan: Plan) -> int:
     """The loss over the vocabulary: logits in the compute dtype, their fp32 copy (mixed precision), the fp32
-    log-softmax and its gradient. Issue 58's chunked cross-entropy (`loss_chunk_tokens`) holds one chunk's worth."""
+    log-softmax and its gradient. The chunked cross-entropy (`loss_chunk_tokens`) holds one chunk's worth."""
     tokens = rows(plan) * seq_tokens(plan)
     held = min(tokens, plan.loss_chunk_tokens) if plan.loss_chunk_tokens else tokens
     per_element = plan.compute_bytes + (4 if plan.compute_bytes != 4 else 0) + 4 + 4

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.config.memory import LINEARS, SOURCES, Plan, Prediction, Shape, folder_shape, predict, preset_shape
 from trainer.config.presets import is_preset
+from trainer.config.speed import CHUNK_POSITIONS
 from trainer.errors import ConfigError
 from trainer.methods import of
 
@@ -54,6 +55,7 @@ def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
         fsdp=s.fsdp, processes=d.nproc_per_node.value, grad_ckpt=d.grad_ckpt.value, attn=d.attn.value,
         record_mask="records" in d.packing.value and not d.attn.value.startswith("flash"),
         method=s.method, reference=d.reference.value, rl_new_tokens=s.rl_max_new_tokens if online else 0,
+        loss_chunk_tokens=CHUNK_POSITIONS if d.cross_entropy.value == "chunked" else 0,
     )  # fmt: skip
 
 

@@ -324,6 +324,7 @@ def decide_liger(s: TrainSettings, hw: Hardware, model_folder: str | None = None
 # From this many vocabulary rows `auto` computes the loss in chunks (trainer.model.chunked_loss): the whole logits of a
 # micro-batch ([positions, rows], upcast to fp32) then outweigh the model's other activations and decide the batch.
 CHUNKED_MIN_VOCAB = 32_768
+CHUNK_POSITIONS = 4096  # positions per chunk of the chunked loss: at 128k rows, one chunk's fp32 logits are 2 GiB
 # Model types whose causal LM forward is exactly decoder -> lm_head -> Transformers' loss (no logit scaling or
 # soft-capping, no auxiliary loss): the chunked loss computes what their forward computes.
 CHUNKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})

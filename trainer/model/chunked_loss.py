@@ -21,12 +21,11 @@ from typing import Any
 
 import torch
 
-from trainer.config.speed import CHUNKED_MODEL_TYPES
+from trainer.config.speed import CHUNK_POSITIONS, CHUNKED_MODEL_TYPES
 
 log = logging.getLogger("trainer")
 
 IGNORE_INDEX = -100
-CHUNK_POSITIONS = 4096  # positions per chunk: at 128k rows, one chunk's fp32 logits are 2 GiB
 # The collator's count of the positions a batch trains (a host int, so selecting them needs no host-device sync);
 # the forward takes it out of its keyword arguments before the decoder sees them.
 TRAINED_KEY = "trained_positions"
