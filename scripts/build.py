@@ -238,6 +238,8 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     if entry:
         build_args["TRAINKIT_DRIVER_MIN"] = entry.driver_min
         build_args["TRAINKIT_DRIVER_FLOORS"] = ",".join(f"{e.cuda}={e.driver_min}" for e in matrix.entries.values())
+    if plan.rl:  # verify.py then proves TRL's vLLM path imports (images/vllm_canary.py), and fails without vLLM
+        build_args["VERIFY_VLLM"] = "1"
     if plan.standin:  # no wheel can be fetched here, and a source build takes hours: --build-arg ...=1 forces it
         build_args["FLASH_ATTN_SOURCE_BUILD"] = "0"
     if args.max_jobs:

@@ -287,10 +287,11 @@ def readme_table(matrix: Matrix | None = None) -> str:
         e = matrix.rl
         overrides = [f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v]
         mark = "" if e.verified else " (unverified)"
+        shipped = ", ".join([f"vllm {e.vllm}", *(k for k, v in e.includes.items() if v)])
         rows.append(
             f"| {e.cuda} RL (`--rl`) | `{e.base_ref}` | {e.torch} | {e.python}{mark} | {e.ubuntu} | {e.driver_min} "
             f"| {describe_generations(e.arch_list)} (`{e.arch_list}`) "
-            f"| vllm {e.vllm}, {', '.join(k for k, v in e.includes.items() if v) or '-'} | {', '.join(overrides) or '-'} "
+            f"| {shipped} | {', '.join(overrides) or '-'} "
             f"| - | {' '.join(f'`{t}`' for t in rl_tags(matrix, e))} |"
         )
     cpu = matrix.cpu
