@@ -100,11 +100,9 @@ def checked_entry(matrix: Matrix, plan: PlanLike, args: argparse.Namespace) -> E
     of that release (none where the matrix has no such row)."""
     if plan.standin or args.base or plan.flavor != "cuda" or plan.cuda is None:
         return None
-    if plan.rl:
-        return matrix.rl
-    if args.ngc:
+    if args.ngc and not plan.rl:
         return matrix.entry_for_ngc(args.ngc)
-    return matrix.entry(plan.cuda)
+    return matrix.row(plan.cuda, plan.rl)
 
 
 def check(entry: Entry, image: str, facts: BaseFacts) -> str:

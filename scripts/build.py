@@ -172,9 +172,7 @@ def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
 
 def rl_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
     """The online-RL row: the trainer layer on NVIDIA's vLLM image, its vLLM, torch and transformers kept."""
-    entry = matrix.rl
-    if entry is None:
-        raise UserError("images/versions.toml has no [rl] table: the online-RL row is not in this matrix")
+    entry = matrix.row("", rl=True)
     if args.standin:
         return standin_plan(matrix, entry, args)
     notes = [f"vLLM {entry.vllm} from the base, kept (its torch {entry.torch} and transformers "
@@ -191,9 +189,7 @@ def rl_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
 
 def row_entry(matrix: Matrix, plan: Plan) -> Entry | None:
     """The matrix row a plan builds: a CUDA row, the online-RL row, or None (the CPU flavor)."""
-    if plan.rl:
-        return matrix.rl
-    return matrix.entry(plan.cuda) if plan.cuda else None
+    return matrix.row(plan.cuda, plan.rl) if plan.cuda else None
 
 
 def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:

@@ -117,7 +117,8 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
             ensure_cpu_base(client, matrix.cpu, ca, progress.line, rebuild=args.rebuild_base)
     if plan.standin:
         with Progress(f"making the stand-in base for CUDA {plan.cuda}", args.verbose) as progress:
-            ensure_standin_base(client, matrix, matrix.entry(plan.cuda), ca, progress.line, rebuild=args.rebuild_base)
+            ensure_standin_base(client, matrix, matrix.row(plan.cuda, plan.rl), ca, progress.line,
+                                rebuild=args.rebuild_base)
     base = base_reference(client, plan.base_image)
     facts = base_check.read_base(client, plan.base_image)
     plan.torch = facts.torch  # what the image will report: guard-torch keeps the base's

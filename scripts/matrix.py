@@ -182,6 +182,14 @@ class Matrix:
             )
         return self.entries[cuda]
 
+    def row(self, cuda: str, rl: bool = False) -> Entry:
+        """A plan's row: the online-RL row where `rl`, else the CUDA row `cuda`."""
+        if rl:
+            if self.rl is None:
+                raise UserError("images/versions.toml has no [rl] table: the online-RL row is not in this matrix")
+            return self.rl
+        return self.entry(cuda)
+
     def entry_for_ngc(self, ngc: str) -> Entry | None:
         """The entry whose base is NGC release `ngc` (YY.MM), if any."""
         return next((e for e in self.entries.values() if e.ngc == ngc), None)
