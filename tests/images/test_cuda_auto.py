@@ -84,3 +84,20 @@ def test_a_failing_nvidia_smi_counts_as_no_driver(tmp_path):
     (folder / "nvidia-smi").chmod(0o755)
     proc = build_dry_run(folder, "--cuda", "auto", "--dry-run")
     assert proc.returncode == 2 and "found no NVIDIA driver" in proc.stderr
+
+
+@pytest.mark.parametrize(("driver", "status", "says"), [
+    ("580.65.06", "ok", "meets this image's floor (>= 580.65.06)"),
+    ("575.57.08", "fail", "use the CUDA 12.9 image (trainkit:latest-cu129)"),
+])  # fmt: skip
+def test_doctor_in_a_13_x_image_follows_the_r580_floor(driver: str, status: str, says: str) -> None:
+    """doctor inside the 13.3 image, with the floors build.py writes into it (TRAINKIT_DRIVER_MIN/_FLOORS)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import matrix
+
+    from trainer.doctor.driver import verdict
+
+    rows = matrix.load().entries
+    floors = {cuda: entry.driver_min for cuda, entry in rows.items()}
+    got, shown, fix = verdict(driver, "NVIDIA GeForce RTX 4090", rows["13.3"].driver_min, floors, False)
+    assert got == status and says in shown + fix, (shown, fix)

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-ROWS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())["cuda"]
+_VERSIONS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())
+ROWS = {**_VERSIONS["cuda"], "rl": _VERSIONS["rl"]}  # the online-RL row's stand-in is a row too (`--all-rows`)
 TINY = {"TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2", "TRAIN_LOG_STEPS": "1", "TRAIN_MAX_STEPS": "8",
         "TRAIN_SAVE_STEPS": "100", "TRAIN_SEED": "7", "TRAIN_DETERMINISTIC": "1"}  # fmt: skip
 FIELDS_PROBE = (
