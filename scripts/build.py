@@ -258,7 +258,8 @@ def vllm_server_mode(plan: Plan, matrix: Matrix) -> str:
     problem = row_problem(trl_range, matrix.vllm.torch_pins, plan.torch, row, cuda=plan.flavor == "cuda")
     if problem:
         return f"refused: {problem}"
-    return f"possible once a vLLM in TRL's range ({' to '.join(matrix.vllm.trl_range)}) for its torch is installed"
+    return (f"possible once a vLLM in TRL's range ({' to '.join(matrix.vllm.trl_range)}) built for its torch is "
+            "installed (NGC's PyTorch image has none; the online-RL row, build.py --rl, has NVIDIA's)")
 
 
 def rl_vllm_modes(plan: Plan, matrix: Matrix) -> str:

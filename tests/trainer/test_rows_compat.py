@@ -18,8 +18,9 @@ ROWS = VERSIONS["cuda"]
 
 
 def release(version: str | None) -> tuple[int, ...] | None:
-    """(2, 1, 0) from "2.1.0a0+b5021ba" (NGC's torch) or "2.8.3.post2"; None for nothing."""
-    return tuple(int(p) for p in re.match(r"(\d+)\.(\d+)\.(\d+)", version).groups()) if version else None
+    """(2, 1, 0) from "2.1.0a0+b5021ba" (NGC's torch) or "2.8.3.post2", (2, 11, 0) from "2.11" (a row whose source
+    gives only the minor); None for nothing."""
+    return tuple(int(p or 0) for p in re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version).groups()) if version else None
 
 
 def row_stack(row: str) -> Stack:
