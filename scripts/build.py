@@ -106,6 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--allow-unhashed", action="store_true",
                    help="use downloads without a sha256 in images/versions.toml (refused by default)")  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="stream the whole build output, not just the steps")
+    p.add_argument("--require-digest", action="store_true",
+                   help="with --rl: refuse a vLLM base that images/versions.toml does not pin by digest")
     p.add_argument("--dry-run", action="store_true", help="print the plan; needs no Docker engine")
     args = p.parse_args(argv)
     if args.push and not args.registry and not args.tag:
@@ -177,6 +179,10 @@ def rl_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
         return standin_plan(matrix, entry, args)
     notes = [f"vLLM {entry.vllm} from the base, kept (its torch {entry.torch} and transformers "
              f"{entry.packages['transformers']} too); TRAIN_RL_ENGINE=vllm runs in colocate and server mode"]
+    if not entry.digest and args.require_digest:
+        raise UserError(f"--require-digest: {entry.base_image} has no digest in images/versions.toml's [vllm] "
+                        "server_digest; pull it, put the sha256 of `docker inspect --format '{{index .RepoDigests 0}}'"
+                        "` there, and build again")  # fmt: skip
     if not entry.digest:
         notes.append(f"{entry.base_image} is pulled by tag: no digest in images/versions.toml's [vllm] server_digest "
                      "yet (put the pulled image's sha256 there)")  # fmt: skip

@@ -104,6 +104,13 @@ def test_the_online_rl_row_is_pinned_by_its_digest_once_one_is_recorded(tmp_path
     assert "@sha256" not in build_py("--rl", "--dry-run", env=plan_env).stdout.split("tags:")[0]
 
 
+def test_require_digest_refuses_the_online_rl_row_until_its_digest_is_recorded() -> None:
+    proc = build_py("--rl", "--require-digest", "--dry-run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--require-digest: nvcr.io/nvidia/vllm:26.10-py3 has no digest in images/versions.toml's [vllm] " \
+           "server_digest" in proc.stderr  # fmt: skip
+
+
 @pytest.mark.parametrize("other", [["--ngc", "26.07"], ["--base", "x:y"]])
 def test_the_online_rl_row_refuses_another_base(other: list[str]) -> None:
     proc = build_py("--rl", *other, "--dry-run")
