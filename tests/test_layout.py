@@ -38,11 +38,11 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
      "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
-     "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/jsonl",
+     "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/methods", "trainer/jsonl",
      "trainer/output_lock",
      "trainer/vllm_compat"),  # facts of the machine, the installed versions, a checkpoint's record and a run's
-    # provenance, how long a process lives, where it logs, the list of commands, how JSON lines are appended and
-    # who holds an output folder:
+    # provenance, how long a process lives, where it logs, the lists of commands and of training methods, how JSON
+    # lines are appended and who holds an output folder:
     # no trainkit code above them
     ("trainer/hub",),  # the Hub, torch-free
     ("trainer/tokenizer",),  # the tokenizers the data is encoded with
@@ -235,3 +235,23 @@ def test_every_name_imported_from_trainer_exists() -> None:
             missing += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
                         if alias.name not in defined and f"{node.module}.{alias.name}" not in known]  # fmt: skip
     assert not missing, "imported but not defined there:\n" + "\n".join(missing)
+
+
+SCHEMA = ROOT / "trainer" / "config" / "schema"
+SCHEMA_MAX_LINES = 200
+
+
+@pytest.mark.parametrize("path", sorted(SCHEMA.glob("*.py")), ids=lambda p: p.name)
+def test_each_settings_group_is_one_short_field_only_module(path: Path) -> None:
+    """config/schema/ holds a module per settings group, each at most 200 lines, and each field declares the group
+    of the module it is declared in (a setting is found where the docs list it)."""
+    assert len(path.read_text().splitlines()) <= SCHEMA_MAX_LINES
+    from trainer.config.schema import GROUPS, TrainSettings
+
+    module = f"trainer.config.schema.{path.stem}"
+    groups = {
+        info.json_schema_extra["group"]
+        for cls in TrainSettings.__mro__[1:] if cls.__module__ == module
+        for info in cls.model_fields.values()
+    }  # fmt: skip
+    assert len(groups) <= 1 and groups <= set(GROUPS), f"{path.name} declares settings of the groups {groups}"
