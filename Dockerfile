@@ -163,7 +163,8 @@ RUN pip install --no-deps --no-build-isolation --no-cache-dir -e /opt/trainkit &
 # The proof: every claim in the manifest holds, or the build fails naming what is missing.
 # VERIFY_EXTRA_CLAIMS adds claims (tests use it to prove a false claim fails the build).
 ARG VERIFY_EXTRA_CLAIMS=""
-RUN VERIFY_EXTRA_CLAIMS=${VERIFY_EXTRA_CLAIMS} python /opt/trainkit/images/verify.py
+ARG VERIFY_VLLM=""
+RUN VERIFY_EXTRA_CLAIMS=${VERIFY_EXTRA_CLAIMS} VERIFY_VLLM=${VERIFY_VLLM} python /opt/trainkit/images/verify.py
 
 # What the build knew (the image's labels: row, CUDA, NGC base and digest, trainkit version and commit, pins), for
 # each run's provenance.json (trainer/provenance.py). Last, so it never touches a cached layer above.

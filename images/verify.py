@@ -225,7 +225,23 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
             checks.append((piece, lambda modules=modules: check_modules(modules), ""))
     if base_has_cuda(manifest):
         checks.append(("bitsandbytes:cuda", check_bitsandbytes_cuda, ""))
+    if os.environ.get("VERIFY_VLLM") or importlib.util.find_spec("vllm") is not None:
+        checks.append(("trl:vllm", check_trl_vllm, ""))
     return checks
+
+
+def check_trl_vllm() -> str:
+    """Where the image has vLLM (the online-RL row: VERIFY_VLLM=1, so a base without it fails too), TRL's vLLM path
+    imports against it (images/vllm_canary.py)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise Failed("the online-RL row has no vLLM: its base should ship it (images/versions.toml's [rl])")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import vllm_canary
+
+    try:
+        return vllm_canary.check()
+    except RuntimeError as exc:
+        raise Failed(str(exc)) from None
 
 
 def versions() -> dict[str, str]:

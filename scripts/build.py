@@ -4,7 +4,8 @@
     python scripts/build.py --cpu                  the CPU flavor on a locally made Debian base (no registry)
     python scripts/build.py --cuda 12.8 --standin --arch-list 9.0
                                                    the real Dockerfile on a local NGC stand-in (CI): *-standin tags
-    python scripts/build.py --all --dry-run        the plan for every CUDA in the matrix, without an engine
+    python scripts/build.py --rl                   the online-RL row: the trainer on NVIDIA's vLLM image (vLLM kept)
+    python scripts/build.py --all --dry-run        the plan for every row of the matrix, without an engine
 
 Builds run on the engine's BuildKit through `docker compose build` (the docker SDK's build API is the classic
 builder: no cache mounts, no secrets); everything else (inspect, verify, tag, push) goes through the SDK.
@@ -28,6 +29,7 @@ from matrix import (
     NGC_REPOSITORY,
     PIN_ARGS,
     REPOSITORY,
+    RL_ROW,
     ROOT,
     Entry,
     Matrix,
@@ -36,11 +38,12 @@ from matrix import (
     dockerfile_defaults,
     load,
     qualify,
+    rl_tags,
     trainer_pins,
 )  # fmt: skip
 from standin_base import has_standin, load_standin, standin_tag
 
-from trainer.vllm_compat import release, row_problem
+from trainer.vllm_compat import release, row_problem, server_mode_problem
 
 CA_ENV = "TRAINKIT_CA_CERT"
 SOURCE_URL = "https://github.com/trainkit/trainkit"
@@ -64,6 +67,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     standin: bool = False
     row_python: str = ""  # the row's Python, which the trainer's requirements are resolved for ("" = the base's)
+    rl: bool = False  # the online-RL row ([rl]: the trainer on NVIDIA's vLLM image)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,7 +77,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="CUDA minor from images/versions.toml (default: its default_cuda), or auto: the newest "
                            "row this host's NVIDIA driver can run")
     what.add_argument("--cpu", action="store_true", help="the CPU flavor on a base made locally from Debian")
-    what.add_argument("--all", action="store_true", help="every CUDA entry of the matrix")
+    what.add_argument("--all", action="store_true", help="every CUDA entry of the matrix, and the online-RL row")
+    what.add_argument("--rl", action="store_true",
+                      help="the online-RL row: the trainer on NVIDIA's vLLM image (images/versions.toml's [rl]), where "
+                           "TRAIN_RL_ENGINE=vllm runs in colocate and server mode")
     p.add_argument("--ngc", metavar="YY.MM", help="another NGC PyTorch release as the base")
     p.add_argument("--base", metavar="IMAGE", help="any base image (overrides --ngc)")
     p.add_argument("--standin", action="store_true",
@@ -99,12 +106,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--allow-unhashed", action="store_true",
                    help="use downloads without a sha256 in images/versions.toml (refused by default)")  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="stream the whole build output, not just the steps")
+    p.add_argument("--require-digest", action="store_true",
+                   help="with --rl: refuse a vLLM base that images/versions.toml does not pin by digest")
     p.add_argument("--dry-run", action="store_true", help="print the plan; needs no Docker engine")
     args = p.parse_args(argv)
     if args.push and not args.registry and not args.tag:
         p.error("--push needs --registry (where to push)")
     if args.standin and (args.cpu or args.ngc or args.base):
         p.error("--standin replaces the NGC base: it does not combine with --cpu, --ngc or --base")
+    if args.rl and (args.ngc or args.base):
+        p.error("--rl builds on [vllm]'s server_image in images/versions.toml: change the image there, not with "
+                "--ngc or --base")
     if args.max_jobs is not None and args.max_jobs < 1:
         p.error("--max-jobs must be at least 1")
     return args
@@ -117,17 +129,21 @@ def sanitize(ref: str) -> str:
 def standin_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
     """The row's pins and Dockerfile on a local stand-in base; never tagged or labelled as an NGC image."""
     standin = load_standin(entry)
-    tags = [qualify(f"{REPOSITORY}:{matrix.version}-{entry.cuda_tag}-standin", args.registry),
-            qualify(f"{REPOSITORY}:latest-{entry.cuda_tag}-standin", args.registry)]  # fmt: skip
+    row = entry.key or entry.cuda_tag
+    tags = [qualify(f"{REPOSITORY}:{matrix.version}-{row}-standin", args.registry),
+            qualify(f"{REPOSITORY}:latest-{row}-standin", args.registry)]  # fmt: skip
     rootfs = f"the {standin.rootfs} root filesystem's" if standin.rootfs else "Debian's"
     notes = [f"stand-in for NGC {entry.ngc}, not NGC: PyPI torch {standin.torch} (a CUDA build, runs on the CPU), "
              f"CUDA toolkit {standin.toolkit} from packages, {rootfs} Python {standin.python}"]  # fmt: skip
+    if entry.key == RL_ROW:
+        extra = ", ".join(p for p in standin.packages if not p.startswith("numpy"))
+        notes[0] = notes[0].replace(f"NGC {entry.ngc}", f"{entry.base_image}") + f", {extra} from PyPI"
     if standin.python != entry.python:
         notes.append(f"the row's Python is {entry.python}, the stand-in's {standin.python}: the trainer's requirements "
                      f"are resolved for {entry.python} (the build fails if {standin.python} would ask for others)")
     return Plan("cuda", entry.cuda, None, standin_tag(matrix, entry), f"{standin.torch} (PyPI, stand-in)",
                 standin.python, args.arch or entry.arch_list, dict(entry.packages), args.tag or tags,
-                notes=notes, standin=True, row_python=entry.python)  # fmt: skip
+                notes=notes, standin=True, row_python=entry.python, rl=entry.key == RL_ROW)  # fmt: skip
 
 
 def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
@@ -156,6 +172,32 @@ def cuda_plan(matrix: Matrix, entry: Entry, args: argparse.Namespace) -> Plan:
                 dict(entry.packages), args.tag or tags, notes=notes, row_python=row_python)  # fmt: skip
 
 
+def rl_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
+    """The online-RL row: the trainer layer on NVIDIA's vLLM image, its vLLM, torch and transformers kept."""
+    entry = matrix.row("", rl=True)
+    if args.standin:
+        return standin_plan(matrix, entry, args)
+    notes = [f"vLLM {entry.vllm} from the base, kept (its torch {entry.torch} and transformers "
+             f"{entry.packages['transformers']} too); TRAIN_RL_ENGINE=vllm runs in colocate and server mode"]
+    if not entry.digest and args.require_digest:
+        raise UserError(f"--require-digest: {entry.base_image} has no digest in images/versions.toml's [vllm] "
+                        "server_digest; pull it, put the sha256 of `docker inspect --format '{{index .RepoDigests 0}}'"
+                        "` there, and build again")  # fmt: skip
+    if not entry.digest:
+        notes.append(f"{entry.base_image} is pulled by tag: no digest in images/versions.toml's [vllm] server_digest "
+                     "yet (put the pulled image's sha256 there)")  # fmt: skip
+    if not entry.verified:
+        notes.append(f"the online-RL row's facts are unverified: {entry.note}")
+    return Plan("cuda", entry.cuda, entry.ngc, entry.base_ref, entry.torch, entry.python, args.arch or entry.arch_list,
+                dict(entry.packages), args.tag or rl_tags(matrix, entry, args.registry), notes=notes,
+                row_python=entry.python, rl=True)  # fmt: skip
+
+
+def row_entry(matrix: Matrix, plan: Plan) -> Entry | None:
+    """The matrix row a plan builds: a CUDA row, the online-RL row, or None (the CPU flavor)."""
+    return matrix.row(plan.cuda, plan.rl) if plan.cuda else None
+
+
 def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
     cpu = matrix.cpu
     notes = ["CUDA-only pieces (flash-attn, apex, DeepSpeed fused_adam) are detected as unavailable and skipped"]
@@ -168,6 +210,8 @@ def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
 def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
     if args.cpu:
         return [cpu_plan(matrix, args)]
+    if args.rl:
+        return [rl_plan(matrix, args)]
     if args.cuda == "auto":
         from driver import auto_entry
 
@@ -178,7 +222,10 @@ def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
     entries = list(matrix.entries.values()) if args.all else [matrix.entry(args.cuda or matrix.default_cuda)]
     if args.all and args.standin:
         entries = [e for e in entries if has_standin(e)]
-    return [cuda_plan(matrix, e, args) for e in entries]
+    selected = [cuda_plan(matrix, e, args) for e in entries]
+    if args.all and matrix.rl and (not args.standin or has_standin(matrix.rl)):
+        selected.append(rl_plan(matrix, args))
+    return selected
 
 
 def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
@@ -187,11 +234,14 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     build_args.update({arg: plan.pins[pkg] for pkg, arg in PIN_ARGS.items() if pkg in plan.pins})
     build_args["TRAINER_PINS"] = trainer_pins(plan.pins)
     build_args["ROW_PYTHON"] = plan.row_python
-    build_args.update(matrix.entry(plan.cuda).skip_args if plan.cuda else {})
+    entry = row_entry(matrix, plan)
+    build_args.update(entry.skip_args if entry else {})
     build_args.update(BASE_IMAGE=plan.base_image, FLAVOR=plan.flavor, TORCH_CUDA_ARCH_LIST=plan.arch_list)
-    if plan.cuda:
-        build_args["TRAINKIT_DRIVER_MIN"] = matrix.entry(plan.cuda).driver_min
+    if entry:
+        build_args["TRAINKIT_DRIVER_MIN"] = entry.driver_min
         build_args["TRAINKIT_DRIVER_FLOORS"] = ",".join(f"{e.cuda}={e.driver_min}" for e in matrix.entries.values())
+    if plan.rl:  # verify.py then proves TRL's vLLM path imports (images/vllm_canary.py), and fails without vLLM
+        build_args["VERIFY_VLLM"] = "1"
     if plan.standin:  # no wheel can be fetched here, and a source build takes hours: --build-arg ...=1 forces it
         build_args["FLASH_ATTN_SOURCE_BUILD"] = "0"
     if args.max_jobs:
@@ -207,19 +257,37 @@ def vllm_server_mode(plan: Plan, matrix: Matrix) -> str:
     """Whether the row's trainer can drive TRL's vLLM server mode (trainer/vllm_compat.py's rule), for the label."""
     if matrix.vllm is None:
         return "refused: images/versions.toml has no [vllm] table"
+    if plan.rl:
+        return rl_vllm_modes(plan, matrix)
     row = f"the CUDA {plan.cuda} row" if plan.cuda else "the CPU flavor"
     trl_range = matrix.vllm.trl_range if "trl" in plan.pins and release(plan.python) >= (3, 11) else None
     problem = row_problem(trl_range, matrix.vllm.torch_pins, plan.torch, row, cuda=plan.flavor == "cuda")
     if problem:
         return f"refused: {problem}"
-    return f"possible once a vLLM in TRL's range ({' to '.join(matrix.vllm.trl_range)}) for its torch is installed"
+    return (f"possible once a vLLM in TRL's range ({' to '.join(matrix.vllm.trl_range)}) built for its torch is "
+            "installed (NGC's PyTorch image has none; the online-RL row, build.py --rl, has NVIDIA's)")
+
+
+def rl_vllm_modes(plan: Plan, matrix: Matrix) -> str:
+    """The online-RL row: the base's vLLM in TRL's range, built for the base's own torch (NVIDIA's build; a
+    stand-in's PyPI vLLM pins the stand-in's torch), checked by trainer/vllm_compat.py's rule."""
+    entry = matrix.rl
+    vllm_torch = load_standin(entry).torch if plan.standin else entry.torch
+    vllm = next((p.split("==")[1] for p in load_standin(entry).packages if p.startswith("vllm==")), entry.vllm) \
+        if plan.standin else entry.vllm  # fmt: skip
+    trl_range = (matrix.vllm.trl_range[0], matrix.vllm.trl_range[1]) if "trl" in plan.pins else None
+    problem = server_mode_problem(trl_range, vllm, vllm_torch, plan.torch, "the online-RL row")
+    if problem:
+        return f"refused: {problem}"
+    return f"accepted: colocate and server mode (vLLM {vllm} in the image, built for its torch, in TRL's range)"
 
 
 def print_plan(plan: Plan, matrix: Matrix) -> None:
     title = f"CUDA {plan.cuda}" if plan.cuda else "CPU flavor"
+    title = f"online RL, CUDA {plan.cuda} (NVIDIA's vLLM image)" if plan.rl else title
     title += " (stand-in base)" if plan.standin else ""
     print(f"plan: trainkit {matrix.version}, {title}")
-    ngc = f" (NGC {plan.ngc})" if plan.ngc else ""
+    ngc = f" (NGC {'vLLM ' if plan.rl else ''}{plan.ngc})" if plan.ngc else ""
     print(f"  base:    {plan.base_image}{ngc}")
     print(f"  torch:   {plan.torch} (kept from the base)")
     print(f"  python:  {plan.python}" + (f" (requirements for the row's {plan.row_python})"
@@ -285,6 +353,7 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
         "org.trainkit.arch-list": plan.arch_list or "none",
         "org.trainkit.apex-ref": matrix.apex["ref"],
         "org.trainkit.vllm-server-mode": vllm_server_mode(plan, matrix),
+        "org.trainkit.row": RL_ROW if plan.rl else (plan.cuda or "cpu"),
     }
     out.update({f"org.trainkit.pin.{pkg}": version for pkg, version in plan.pins.items()})
     return out

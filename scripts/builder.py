@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+import base_check
 import docker
 import image_labels
 import registry
 from buildkit import BuildFailed, BuildSpec, run_build
 from cpu_base import BASE_FROM_LABEL, ensure_cpu_base, image_exists
-from engine import connect, torch_version_in
+from engine import connect
 from errors import UserError
 from matrix import ROOT, Matrix
 from rich.console import Console
@@ -116,9 +117,17 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
             ensure_cpu_base(client, matrix.cpu, ca, progress.line, rebuild=args.rebuild_base)
     if plan.standin:
         with Progress(f"making the stand-in base for CUDA {plan.cuda}", args.verbose) as progress:
-            ensure_standin_base(client, matrix, matrix.entry(plan.cuda), ca, progress.line, rebuild=args.rebuild_base)
+            ensure_standin_base(client, matrix, matrix.row(plan.cuda, plan.rl), ca, progress.line,
+                                rebuild=args.rebuild_base)
     base = base_reference(client, plan.base_image)
-    plan.torch = torch_version_in(plan.base_image)  # what the image will report: guard-torch keeps the base's
+    facts = base_check.read_base(client, plan.base_image)
+    plan.torch = facts.torch  # what the image will report: guard-torch keeps the base's
+    entry = base_check.checked_entry(matrix, plan, args)
+    if entry is not None:
+        try:
+            console.print(base_check.check(entry, plan.base_image, facts))
+        except UserError as exc:
+            raise BuildError(str(exc)) from None
     t_base = time.monotonic() - t0
     labels = make_labels(plan, matrix, base["digest"] or base["id"])
     if base["from"]:  # a local base's name says nothing once the image is published: keep where it came from

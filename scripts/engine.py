@@ -21,13 +21,3 @@ def connect() -> docker.DockerClient:
         ) from None
     return client
 
-
-def torch_version_in(image: str) -> str:
-    """torch.__version__ as `image` reports it (NGC's carries a suffix such as ".nv25.03")."""
-    try:
-        out = connect().containers.run(image, ["-c", "import torch; print(torch.__version__)"], entrypoint="python",
-                                       remove=True, stdout=True, stderr=False)  # fmt: skip
-    except docker.errors.ContainerError as exc:
-        why = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[-1:] or [str(exc)]
-        raise UserError(f"{image} has no importable torch (a trainkit base needs one): {why[0]}") from None
-    return out.decode().strip().splitlines()[-1]

@@ -26,6 +26,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 IMAGES_DOC = ROOT / "docs" / "images.md"
 REPOSITORY = "trainkit"
 NGC_REPOSITORY = "nvcr.io/nvidia/pytorch"
+RL_ROW = "rl"  # the online-RL row's key ([rl] in versions.toml, `build.py --rl`)
 PIN_ARGS = {  # package -> Dockerfile ARG carrying its pinned version
     "transformers": "TRANSFORMERS_VERSION",
     "accelerate": "ACCELERATE_VERSION",
@@ -99,6 +100,20 @@ class Entry:
     verified: bool = True
     note: str = ""
     skip: dict[str, str] = field(default_factory=dict)
+    # The online-RL row only: its base is NVIDIA's vLLM image (by digest once pulled), which ships this vLLM.
+    repository: str = NGC_REPOSITORY
+    digest: str = ""
+    vllm: str = ""
+    key: str = ""  # "rl" for the online-RL row; CUDA rows are keyed by their CUDA minor
+
+    @property
+    def name(self) -> str:
+        """The row's key: its CUDA minor, or "rl"."""
+        return self.key or self.cuda
+
+    @property
+    def title(self) -> str:
+        return "the online-RL row" if self.key == RL_ROW else f"the CUDA {self.cuda} row"
 
     @property
     def stack(self) -> compat.Stack:
@@ -134,7 +149,12 @@ class Entry:
 
     @property
     def base_image(self) -> str:
-        return f"{NGC_REPOSITORY}:{self.ngc}-py3"
+        """The base by tag; `base_ref` pins it by digest where one is recorded."""
+        return f"{self.repository}:{self.ngc}-py3"
+
+    @property
+    def base_ref(self) -> str:
+        return f"{self.base_image}@{self.digest}" if self.digest else self.base_image
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,7 @@ class Matrix:
     entries: dict[str, Entry] = field(default_factory=dict)
     sha256: dict[str, str] = field(default_factory=dict)  # downloaded file name -> its recorded sha256
     vllm: VllmServer | None = None
+    rl: Entry | None = None  # the online-RL row: the trainer on NVIDIA's vLLM image
 
     def entry(self, cuda: str) -> Entry:
         """The entry for CUDA `cuda` (X.Y), or a UserError listing the supported ones."""
@@ -188,6 +209,14 @@ class Matrix:
                 "  Pick one of these with --cuda, or add an entry to images/versions.toml."
             )
         return self.entries[cuda]
+
+    def row(self, cuda: str, rl: bool = False) -> Entry:
+        """A plan's row: the online-RL row where `rl`, else the CUDA row `cuda`."""
+        if rl:
+            if self.rl is None:
+                raise UserError("images/versions.toml has no [rl] table: the online-RL row is not in this matrix")
+            return self.rl
+        return self.entry(cuda)
 
     def entry_for_ngc(self, ngc: str) -> Entry | None:
         """The entry whose base is NGC release `ngc` (YY.MM), if any."""
@@ -244,7 +273,20 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
         entries=entries,
         sha256=dict(data.get("sha256", {})),
         vllm=VllmServer(**data["vllm"]) if "vllm" in data else None,
+        rl=_rl_entry(data["rl"], data.get("vllm", {}), defaults, path) if "rl" in data else None,
     )
+
+
+def _rl_entry(raw: dict, vllm: dict, defaults: dict[str, str], path: Path) -> Entry:
+    """The [rl] table as an Entry. Its base is [vllm]'s server image (one tag, one digest for both: the trainer
+    layer and the generation server run the same image); `ngc` is that image's release."""
+    image = vllm.get("server_image", "")
+    found = re.fullmatch(r"(?P<repository>[^@\s]+):(?P<ngc>\d\d\.\d\d)-py3", image)
+    if not found:
+        raise UserError(f"{path}: [rl] builds on [vllm]'s server_image, which is not an NGC tag like "
+                        f"nvcr.io/nvidia/vllm:26.10-py3: {image!r}")  # fmt: skip
+    return Entry(repository=found["repository"], ngc=found["ngc"], digest=vllm.get("server_digest", ""), key=RL_ROW,
+                 **{**raw, "packages": _pins(defaults, raw)})  # fmt: skip
 
 
 def qualify(tag: str, registry: str | None) -> str:
@@ -256,6 +298,12 @@ def cuda_tags(matrix: Matrix, entry: Entry, ngc: str | None = None, registry: st
     immutable = f"{REPOSITORY}:{matrix.version}-{entry.cuda_tag}-ngc{ngc or entry.ngc}"
     moving = f"{REPOSITORY}:latest-{entry.cuda_tag}"
     return [qualify(immutable, registry), qualify(moving, registry)]
+
+
+def rl_tags(matrix: Matrix, entry: Entry, registry: str | None = None) -> list[str]:
+    """The online-RL row's tags: `trainkit:<version>-rl-cu<XY>-vllm<YY.MM>` and the moving `trainkit:latest-rl`."""
+    immutable = f"{REPOSITORY}:{matrix.version}-{RL_ROW}-{entry.cuda_tag}-vllm{entry.ngc}"
+    return [qualify(immutable, registry), qualify(f"{REPOSITORY}:latest-{RL_ROW}", registry)]
 
 
 def cpu_tags(matrix: Matrix, registry: str | None = None) -> list[str]:
@@ -293,6 +341,17 @@ def readme_table(matrix: Matrix | None = None) -> str:
             f"| {gpus} | {shipped} | {', '.join(overrides) or '-'} | {unsupported} | {tags} |"
         )
         notes += [f"- CUDA {e.cuda}: no {k}: {reason}." for k, reason in e.skip.items()]
+    if matrix.rl:
+        e = matrix.rl
+        overrides = [f"{k} {v}" for k, v in e.packages.items() if matrix.packages.get(k) != v]
+        mark = "" if e.verified else " (unverified)"
+        shipped = ", ".join([f"vllm {e.vllm}", *(k for k, v in e.includes.items() if v)])
+        rows.append(
+            f"| {e.cuda} RL (`--rl`) | `{e.base_ref}` | {e.torch} | {e.python}{mark} | {e.ubuntu} | {e.driver_min} "
+            f"| {describe_generations(e.arch_list)} (`{e.arch_list}`) "
+            f"| {shipped} | {', '.join(overrides) or '-'} | {', '.join(f'`{k}`' for k in e.unsupported) or '-'} "
+            f"| {' '.join(f'`{t}`' for t in rl_tags(matrix, e))} |"
+        )
     cpu = matrix.cpu
     rows.append(
         f"| CPU | `{cpu.base_image}` (built locally, Debian {cpu.debian_suite}) | {cpu.torch}+cpu | {cpu.python} "

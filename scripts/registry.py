@@ -10,7 +10,7 @@ from pathlib import Path
 
 import docker
 from errors import UserError
-from matrix import REPOSITORY, Matrix
+from matrix import REPOSITORY, RL_ROW, Matrix
 from rich.console import Console
 
 console = Console(stderr=True)
@@ -75,7 +75,9 @@ def expected_labels(matrix: Matrix, labels: dict[str, str]) -> dict[str, str]:
         raise UserError(f"the image is trainkit {version}; this checkout describes trainkit {matrix.version}.\n"
                         "  Check out the matching release, or pull an image of this version.")  # fmt: skip
     cuda = labels.get("org.trainkit.cuda", "none")
-    if labels.get("org.trainkit.flavor") == "cpu" or cuda == "none":
+    if labels.get("org.trainkit.row") == RL_ROW and matrix.rl:
+        pins = matrix.rl.packages
+    elif labels.get("org.trainkit.flavor") == "cpu" or cuda == "none":
         pins = matrix.cpu.packages
     elif cuda in matrix.entries:
         pins = matrix.entries[cuda].packages

@@ -60,12 +60,12 @@ def load_standin(entry: Entry, path: Path = VERSIONS_FILE) -> Standin:
     """The `[standin."X.Y"]` inputs of `entry`, or a UserError naming the rows that have them."""
     data = tomllib.loads(path.read_text())
     rows = data.get("standin", {})
-    if entry.cuda not in rows:
+    if entry.name not in rows:
         raise UserError(
             f"CUDA {entry.cuda} has no stand-in base; rows with one: {', '.join(rows)}.\n"
-            f"  Add a [standin.\"{entry.cuda}\"] table to images/versions.toml, or build on NGC (without --standin)."
+            f"  Add a [standin.\"{entry.name}\"] table to images/versions.toml, or build on NGC (without --standin)."
         )
-    row = rows[entry.cuda]
+    row = rows[entry.name]
     toolkit = data["standin_toolkit"][row["toolkit"]]
     rootfs = data.get("standin_rootfs", {}).get(row.get("rootfs", ""), {})
     if row.get("rootfs") and not rootfs:
@@ -104,13 +104,14 @@ def ensure_rootfs(client: docker.DockerClient, standin: Standin, cpu: CpuFlavor,
 
 
 def has_standin(entry: Entry, path: Path = VERSIONS_FILE) -> bool:
-    return entry.cuda in tomllib.loads(path.read_text()).get("standin", {})
+    return entry.name in tomllib.loads(path.read_text()).get("standin", {})
 
 
 def standin_tag(matrix: Matrix, entry: Entry) -> str:
     standin = load_standin(entry)
     rootfs = standin_rootfs_tag(standin, matrix.cpu)
-    return f"trainkit-base:standin-{entry.cuda_tag}-torch{standin.torch}-{standin.digest(rootfs)}"
+    row = f"{entry.key}-{entry.cuda_tag}" if entry.key else entry.cuda_tag
+    return f"trainkit-base:standin-{row}-torch{standin.torch}-{standin.digest(rootfs)}"
 
 
 def ensure_standin_base(
@@ -148,6 +149,7 @@ def ensure_standin_base(
         labels={
             "org.trainkit.standin": "true",
             "org.trainkit.standin.for-ngc": entry.ngc,
+            "org.trainkit.standin.for": entry.base_image,
             "org.trainkit.standin.torch": standin.torch,
             "org.trainkit.standin.python": standin.python,
             "org.trainkit.standin.rootfs": rootfs,

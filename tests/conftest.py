@@ -17,6 +17,7 @@ CPU_IMAGE = "trainkit:latest-cpu"
 # CI's stand-in rows: the oldest and the default CUDA row, one arch (nvcc time grows with every arch).
 STANDIN_ROWS = ("12.1", "12.8")
 STANDIN_ARCH = "9.0"
+RL_ROW = "rl"  # the online-RL row's stand-in (images/versions.toml's [standin.rl]): with --all-rows, or -k rl
 
 
 STANDIN_FIXTURES = {"standin_image", "standin_default", "standin_build", "standin_row"}
@@ -164,9 +165,16 @@ _standin_builds: dict[str, subprocess.CompletedProcess] = {}
 _given_images: dict[str, str] = {}  # --row-image: row -> an image built elsewhere
 
 
+def row_slug(row: str) -> str:
+    """What a stand-in's tags and record name its row by: `cu128` for CUDA 12.8, `rl` for the online-RL row."""
+    return row if row == RL_ROW else "cu" + row.replace(".", "")
+
+
 def build_standin(cuda: str, *extra: str) -> subprocess.CompletedProcess:
-    """`scripts/build.py --cuda X.Y --standin --arch-list 9.0 ...` from this tree."""
-    argv = [sys.executable, str(ROOT / "scripts" / "build.py"), "--cuda", cuda, "--standin",
+    """`scripts/build.py --cuda X.Y --standin --arch-list 9.0 ...` (`--rl --standin` for the online-RL row) from
+    this tree."""
+    row = ["--rl"] if cuda == RL_ROW else ["--cuda", cuda]
+    argv = [sys.executable, str(ROOT / "scripts" / "build.py"), *row, "--standin",
             "--arch-list", STANDIN_ARCH]  # fmt: skip
     return subprocess.run([*argv, *extra], cwd=ROOT, capture_output=True, text=True, timeout=5400)
 
@@ -199,4 +207,4 @@ def standin_image_of(standin_row: str) -> str:
     if proc.returncode != 0:
         pytest.fail(f"the CUDA {standin_row} stand-in build failed (exit {proc.returncode}):\n"
                     f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")  # fmt: skip
-    return f"trainkit:latest-cu{standin_row.replace('.', '')}-standin"
+    return f"trainkit:latest-{row_slug(standin_row)}-standin"

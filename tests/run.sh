@@ -2,7 +2,7 @@
 # One command from a fresh machine to a passing test suite:
 #   bash tests/run.sh [pytest args...]
 #   bash tests/run.sh --standin       # also the CUDA stand-in images of the oldest and the default row (12.1, 12.8)
-#   bash tests/run.sh --all-rows      # also every CUDA row's stand-in image
+#   bash tests/run.sh --all-rows      # also every row's stand-in image (the CUDA rows and the online-RL row)
 # Sets up what the tests need (Docker Engine, compose v2, debootstrap, a local registry, a Python venv
 # with the training stack, and .venv-oldest with the oldest row's stack), builds the CPU image once
 # (warm rebuilds take seconds) and runs pytest: without arguments the whole suite, as two pytest processes at once

@@ -34,7 +34,8 @@ def build_dry_run(path_prefix: Path | None, *args: str) -> subprocess.CompletedP
 
 
 @pytest.mark.parametrize(("driver", "cuda"), [("550.54.15", "12.4"), ("570.124.06", "12.8"), ("560.35.05", "12.6"),
-                                              ("535.104.05", "12.1"), ("580.95.05", "13.0")])  # fmt: skip
+                                              ("535.104.05", "12.1"), ("575.57.08", "12.9"),
+                                              ("580.65.06", "13.3"), ("610.43.02", "13.3")])  # fmt: skip
 def test_auto_plans_the_newest_row_the_driver_meets(tmp_path, driver, cuda):
     proc = build_dry_run(stub_nvidia_smi(tmp_path / "bin", driver), "--cuda", "auto", "--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -48,6 +49,18 @@ def test_auto_plans_the_newest_row_the_driver_meets(tmp_path, driver, cuda):
 def test_auto_names_the_next_row_and_its_floor(tmp_path):
     proc = build_dry_run(stub_nvidia_smi(tmp_path / "bin", "550.54.15"), "--cuda", "auto", "--dry-run")
     assert "CUDA 12.6 needs >= 560.35.05" in proc.stdout
+
+
+def test_auto_names_r580_as_the_floor_of_the_13_x_rows(tmp_path):
+    """Every 13.x row needs R580 (CUDA 13's first driver, 580.65.06): an R575 host gets 12.9 and is told so."""
+    proc = build_dry_run(stub_nvidia_smi(tmp_path / "bin", "575.57.08"), "--cuda", "auto", "--dry-run")
+    assert "CUDA 13.0 needs >= 580.65.06" in proc.stdout
+
+
+def test_auto_never_picks_the_online_rl_row(tmp_path):
+    proc = build_dry_run(stub_nvidia_smi(tmp_path / "bin", "700.10.01"), "--cuda", "auto", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "nvidia/vllm" not in proc.stdout and "plan: trainkit 0.1.0, CUDA 13.3" in proc.stdout
 
 
 def test_auto_with_a_driver_older_than_every_floor_exits_2(tmp_path):
@@ -71,3 +84,20 @@ def test_a_failing_nvidia_smi_counts_as_no_driver(tmp_path):
     (folder / "nvidia-smi").chmod(0o755)
     proc = build_dry_run(folder, "--cuda", "auto", "--dry-run")
     assert proc.returncode == 2 and "found no NVIDIA driver" in proc.stderr
+
+
+@pytest.mark.parametrize(("driver", "status", "says"), [
+    ("580.65.06", "ok", "meets this image's floor (>= 580.65.06)"),
+    ("575.57.08", "fail", "use the CUDA 12.9 image (trainkit:latest-cu129)"),
+])  # fmt: skip
+def test_doctor_in_a_13_x_image_follows_the_r580_floor(driver: str, status: str, says: str) -> None:
+    """doctor inside the 13.3 image, with the floors build.py writes into it (TRAINKIT_DRIVER_MIN/_FLOORS)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import matrix
+
+    from trainer.doctor.driver import verdict
+
+    rows = matrix.load().entries
+    floors = {cuda: entry.driver_min for cuda, entry in rows.items()}
+    got, shown, fix = verdict(driver, "NVIDIA GeForce RTX 4090", rows["13.3"].driver_min, floors, False)
+    assert got == status and says in shown + fix, (shown, fix)

@@ -56,7 +56,70 @@ def test_cuda_12_1_resolves_to_an_ngc_23_release() -> None:
 def test_all_dry_run_covers_the_matrix() -> None:
     proc = build_py("--all", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("plan: trainkit") == len(CUDAS)
+    assert proc.stdout.count("plan: trainkit") == len(CUDAS) + 1  # and the online-RL row
+    for cuda, entry in VERSIONS["cuda"].items():
+        assert f"plan: trainkit 0.1.0, CUDA {cuda}\n  base:    nvcr.io/nvidia/pytorch:{entry['ngc']}-py3" in proc.stdout
+    assert f"  base:    {VERSIONS['vllm']['server_image']} (NGC vLLM 26.10)" in proc.stdout
+
+
+@pytest.mark.parametrize(("cuda", "ngc", "torch"), [("13.1", "25.12", "2.10.0a0+b4e4ee81d3"), ("13.2", "26.03", "2.11"),
+                                                    ("13.3", "26.07", "2.13.0a0+9186a08")])  # fmt: skip
+def test_the_13_x_rows_follow_the_reference_table(cuda: str, ngc: str, torch: str) -> None:
+    """NGC 25.12-26.07 as ../shared/reference/ngc-pytorch-releases.tsv gives them; weaker facts marked unverified
+    (the build's base check then fails the first real build on any difference), floors at R580."""
+    entry = VERSIONS["cuda"][cuda]
+    assert entry["ngc"] == ngc and entry["torch"].startswith(torch) and entry["python"] == "3.12"
+    assert entry["verified"] is False and entry["note"]
+    assert entry["driver_min"] == "580.65.06"
+    assert "unsupported" not in entry  # what a row cannot run is derived from its stack, not written
+
+
+def test_every_13_x_row_needs_r580_and_the_default_stays_on_r570() -> None:
+    floors = {cuda: e["driver_min"] for cuda, e in VERSIONS["cuda"].items()}
+    assert all(floor.split(".")[0] == "580" for cuda, floor in floors.items() if cuda.startswith("13."))
+    assert VERSIONS["default_cuda"] == "12.8" and floors["12.8"].startswith("570.")
+
+
+def test_the_online_rl_row_plans_the_trainer_on_nvidias_vllm_image() -> None:
+    proc = build_py("--rl", "--dry-run", env={**os.environ, "DOCKER_HOST": "tcp://127.0.0.1:9"})
+    assert proc.returncode == 0, proc.stderr
+    rl, out = VERSIONS["rl"], proc.stdout
+    assert "plan: trainkit 0.1.0, online RL, CUDA 13.4 (NVIDIA's vLLM image)" in out
+    assert "base:    nvcr.io/nvidia/vllm:26.10-py3 (NGC vLLM 26.10)" in out
+    assert f"torch:   {rl['torch']} (kept from the base)" in out
+    assert "transformers==5.17.0" in out and "huggingface-hub==1.33.0" in out and "trl==1.16.0" in out
+    assert "tags:    trainkit:0.1.0-rl-cu134-vllm26.10, trainkit:latest-rl" in out
+    assert "TRAIN_RL_ENGINE=vllm accepted: colocate and server mode (vLLM 0.31.0" in out
+    assert "pulled by tag: no digest" in out  # none recorded yet: no pull from this machine
+
+
+def test_the_online_rl_row_is_pinned_by_its_digest_once_one_is_recorded(tmp_path: Path) -> None:
+    text = (ROOT / "images" / "versions.toml").read_text().replace('server_digest = ""',
+                                                                   'server_digest = "sha256:' + "ab" * 32 + '"')
+    changed = tmp_path / "versions.toml"
+    changed.write_text(text)
+    rl = matrix.load(changed).rl
+    assert rl.base_ref == "nvcr.io/nvidia/vllm:26.10-py3@sha256:" + "ab" * 32
+    plan_env = {**os.environ, "DOCKER_HOST": "tcp://127.0.0.1:9"}
+    assert "@sha256" not in build_py("--rl", "--dry-run", env=plan_env).stdout.split("tags:")[0]
+
+
+def test_require_digest_refuses_the_online_rl_row_until_its_digest_is_recorded() -> None:
+    proc = build_py("--rl", "--require-digest", "--dry-run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--require-digest: nvcr.io/nvidia/vllm:26.10-py3 has no digest in images/versions.toml's [vllm] " \
+           "server_digest" in proc.stderr  # fmt: skip
+
+
+@pytest.mark.parametrize("other", [["--ngc", "26.07"], ["--base", "x:y"]])
+def test_the_online_rl_row_refuses_another_base(other: list[str]) -> None:
+    proc = build_py("--rl", *other, "--dry-run")
+    assert proc.returncode == 2 and "[vllm]'s server_image" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_cuda_row_without_a_vllm_for_its_torch_refuses_the_engine_and_says_why() -> None:
+    proc = build_py("--cuda", "13.1", "--dry-run")
+    assert "TRAIN_RL_ENGINE=vllm refused: the CUDA 13.1 row (torch 2.10.0a0+b4e4ee81d3.nv25.12)" in proc.stdout
 
 
 def test_unknown_cuda_exits_2_listing_the_supported_ones() -> None:
@@ -103,6 +166,8 @@ def test_tags_and_default_images() -> None:
 
 
 def test_every_entry_is_complete() -> None:
+    rl = VERSIONS["rl"]
+    assert rl["cuda_full"].startswith(rl["cuda"] + ".") and rl["vllm"] and rl["torch"] and rl["driver_min"]
     for cuda, entry in VERSIONS["cuda"].items():
         assert re.fullmatch(r"\d\d\.\d\d", entry["ngc"]), cuda
         assert entry["cuda_full"].startswith(cuda + "."), cuda
@@ -193,7 +258,9 @@ def test_torch_strings_carry_ngcs_suffix(cuda: str) -> None:
     entry = matrix.load().entry(cuda)
     if entry.ngc in NGC_TORCH_SEEN:
         assert entry.torch == NGC_TORCH_SEEN[entry.ngc]
-    if entry.ngc >= "24.01":  # NGC's builds carry ".nvYY.MM" from 24.xx on
+    if "+" not in entry.torch:  # no source gives the build string (26.03: "2.11"): the base check settles it
+        assert not entry.verified and re.fullmatch(r"\d+\.\d+", entry.torch), entry.torch
+    elif entry.ngc >= "24.01":  # NGC's builds carry ".nvYY.MM" from 24.xx on
         assert entry.torch.endswith(f".nv{entry.ngc}"), entry.torch
     assert f"| {entry.torch} |" in matrix.readme_table()
 

@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import matrix  # noqa: E402
 
-ROWS = matrix.load().entries
+_MATRIX = matrix.load()
+ROWS = {**_MATRIX.entries, matrix.RL_ROW: _MATRIX.rl}  # the online-RL row's stand-in is a row too (`--all-rows`)
 TINY = {"TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2", "TRAIN_LOG_STEPS": "1", "TRAIN_MAX_STEPS": "8",
         "TRAIN_SAVE_STEPS": "100", "TRAIN_SEED": "7", "TRAIN_DETERMINISTIC": "1"}  # fmt: skip
 FIELDS_PROBE = (

@@ -44,9 +44,17 @@ def row_requirements(entry: matrix.Entry) -> list[str]:
     return [req for req in wanted if re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0] not in NOT_FROM_WHEELS] + base
 
 
-@pytest.mark.parametrize("cuda", list(matrix.load().entries))
+ROWS = [*matrix.load().entries, matrix.RL_ROW]  # every CUDA row and the online-RL row (its stand-in: PyPI's vLLM)
+
+
+def row(name: str) -> matrix.Entry:
+    loaded = matrix.load()
+    return loaded.rl if name == matrix.RL_ROW and loaded.rl else loaded.entry(name)
+
+
+@pytest.mark.parametrize("cuda", ROWS)
 def test_the_rows_pins_and_the_trackers_resolve_together_on_its_python(cuda: str, tmp_path: Path) -> None:
-    entry = matrix.load().entry(cuda)
+    entry = row(cuda)
     requirements = row_requirements(entry)
     platforms = [arg for tag in GLIBC_TAGS for arg in ("--platform", tag)]
     argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-",

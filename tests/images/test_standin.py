@@ -14,6 +14,12 @@ import pytest
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "build" / "records"
+RL_ROW = "rl"  # the online-RL row's stand-in (`build.py --rl --standin`; tests/conftest.py builds it)
+
+
+def row_slug(row: str) -> str:
+    """What the stand-in's tags and record name the row by (tests/conftest.py's rule): cu128, or rl."""
+    return row if row == RL_ROW else "cu" + row.replace(".", "")
 
 
 def run_in(client, image: str, command: str) -> str:
@@ -23,19 +29,20 @@ def run_in(client, image: str, command: str) -> str:
 
 
 def record(row: str) -> dict:
-    path = RECORDS / f"trainkit_0.1.0-cu{row.replace('.', '')}-standin.json"
+    path = RECORDS / f"trainkit_0.1.0-{row_slug(row)}-standin.json"
     assert path.is_file(), f"no build record at {path}"
     return json.loads(path.read_text())
 
 
 def cuda_major(row: str) -> str:
-    return row.split(".")[0]
+    """The CUDA major of the row's stand-in torch (the online-RL row's: CUDA 13)."""
+    return "13" if row == RL_ROW else row.split(".")[0]
 
 
 def test_tags_labels_and_record_say_stand_in(standin_image: str, standin_row: str, docker_client) -> None:
     image = docker_client.images.get(standin_image)
-    xy = standin_row.replace(".", "")
-    assert f"trainkit:0.1.0-cu{xy}-standin" in image.tags
+    xy = row_slug(standin_row)
+    assert f"trainkit:0.1.0-{xy}-standin" in image.tags
     assert not [t for t in image.tags if "ngc" in t]
     labels = image.labels
     assert labels["org.trainkit.standin"] == "true"
@@ -45,7 +52,7 @@ def test_tags_labels_and_record_say_stand_in(standin_image: str, standin_row: st
     rec = record(standin_row)
     assert rec["plan"]["standin"] is True
     assert rec["image"]["id"] == image.id
-    assert rec["base"]["image"].startswith(f"trainkit-base:standin-cu{xy}-")
+    assert rec["base"]["image"].startswith(f"trainkit-base:standin-{xy}-")
     base_labels = docker_client.images.get(rec["base"]["id"]).labels
     assert base_labels["org.trainkit.standin"] == "true"
     assert {"base_s", "build_s", "verify_s", "total_s"} <= set(rec["durations"])
@@ -105,3 +112,21 @@ def test_12_8_builds_datasets_5_2_over_the_bases_pyarrow_19_pin(standin_default:
     assert rec["versions_inside"]["datasets"] == "5.2.0"
     pyarrow = run_in(docker_client, standin_default, "python -c 'import pyarrow; print(pyarrow.__version__)'")
     assert int(pyarrow.strip().split(".")[0]) >= 24
+
+
+def test_the_online_rl_standin_proves_trls_vllm_path_at_build_time(standin_row: str, standin_image: str,
+                                                                    docker_client) -> None:
+    """The canary (images/vllm_canary.py) ran in the build's verify step and passed; the labels say what the row
+    does; vLLM, its torch and transformers are the ones the row names."""
+    if standin_row != RL_ROW:
+        pytest.skip("the online-RL row's check")
+    rec = record(standin_row)
+    checks = {c["name"]: c for c in rec["checks"]}
+    assert checks["trl:vllm"]["status"] == "ok", checks["trl:vllm"]
+    assert "TRL 1.16.0's vLLM path imports against vLLM 0.31.0" in checks["trl:vllm"]["detail"]
+    labels = docker_client.images.get(standin_image).labels
+    assert labels["org.trainkit.row"] == RL_ROW
+    assert labels["org.trainkit.vllm-server-mode"].startswith("accepted: colocate and server mode (vLLM 0.31.0")
+    inside = rec["versions_inside"]
+    assert (inside["vllm"], inside["transformers"], inside["trl"]) == ("0.31.0", "5.17.0", "1.16.0")
+    assert inside["torch"].startswith("2.13.0")

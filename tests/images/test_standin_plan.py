@@ -13,6 +13,7 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
 NO_ENGINE = {**os.environ, "DOCKER_HOST": "tcp://127.0.0.1:9"}
+CUDA_STANDINS = [row for row in VERSIONS["standin"] if row in VERSIONS["cuda"]]  # the online-RL row's is "rl"
 
 
 def build_py(*args: str) -> subprocess.CompletedProcess:
@@ -20,7 +21,7 @@ def build_py(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60, cwd=ROOT, env=NO_ENGINE)  # fmt: skip
 
 
-@pytest.mark.parametrize("cuda", list(VERSIONS["standin"]))
+@pytest.mark.parametrize("cuda", CUDA_STANDINS)
 def test_standin_plan_names_the_local_base_and_standin_tags(cuda: str) -> None:
     proc = build_py("--cuda", cuda, "--standin", "--arch-list", "9.0", "--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -85,7 +86,8 @@ def _requirement_sets(cuda: str) -> tuple[list[str], list[str]]:
     import standin_base
     import trainer_requirements
 
-    entry = matrix.load().entry(cuda)
+    loaded = matrix.load()
+    entry = loaded.rl if cuda == matrix.RL_ROW else loaded.entry(cuda)
     pyproject, pins = str(ROOT / "pyproject.toml"), entry.packages
     standin = standin_base.load_standin(entry)
     return (trainer_requirements.requirements(pyproject, pins, entry.python),
@@ -98,7 +100,7 @@ def test_each_standin_asks_for_its_rows_requirement_set(cuda: str) -> None:
     took TRL, which the row's 3.10 leaves out, and TRL 1.16 needs a datasets the row does not pin)."""
     on_row, on_standin = _requirement_sets(cuda)
     assert on_standin == on_row
-    if VERSIONS["cuda"][cuda]["python"] == "3.10":
+    if VERSIONS["cuda"].get(cuda, VERSIONS.get("rl"))["python"] == "3.10":
         assert not [req for req in on_row if req.startswith("trl")]
         assert VERSIONS["standin"][cuda].get("rootfs"), "a 3.10 row's stand-in needs a root filesystem with 3.10"
 
@@ -164,3 +166,27 @@ def test_the_rows_own_python_gets_marker_free_requirements_resolved_for_it() -> 
     proc = trainer_requirements_cli("3.99", _pins("12.8"), standin=True)
     assert proc.returncode == 0, proc.stderr
     assert f"stand-in runs Python {running}, not the row's 3.99" in proc.stderr
+
+
+def test_the_online_rl_standin_is_pypis_vllm_on_the_torch_it_pins() -> None:
+    """`--rl --standin`: PyPI's vllm 0.31.0 (the vLLM image's release) on the torch its wheel pins (2.13.0, the 13.3
+    stand-in's), never tagged as the vLLM image."""
+    proc = build_py("--rl", "--standin", "--arch-list", "9.0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    standin = VERSIONS["standin"]["rl"]
+    assert "vllm==0.31.0" in standin["packages"] and standin["torch"] == VERSIONS["vllm"]["torch_pins"]["0.31.0"]
+    assert f"base:    trainkit-base:standin-rl-cu134-torch{standin['torch']}-" in proc.stdout
+    assert "tags:    trainkit:0.1.0-rl-standin, trainkit:latest-rl-standin" in proc.stdout
+    assert f"stand-in for {VERSIONS['vllm']['server_image']}, not NGC" in proc.stdout
+    assert "vllm==0.31.0 from PyPI" in proc.stdout
+    assert "TRAIN_RL_ENGINE=vllm accepted: colocate and server mode (vLLM 0.31.0" in proc.stdout
+    assert "transformers==5.17.0" in proc.stdout
+    assert "nvcr.io" not in proc.stdout.split("note:")[0]  # the base and tags: local
+
+
+def test_all_standins_include_the_online_rl_row_and_the_new_cuda_rows() -> None:
+    proc = build_py("--all", "--standin", "--arch-list", "9.0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    for row in ("13.1", "13.2", "13.3"):
+        assert f"plan: trainkit 0.1.0, CUDA {row} (stand-in base)" in proc.stdout
+    assert "tags:    trainkit:0.1.0-rl-standin" in proc.stdout
