@@ -66,8 +66,12 @@ def read_driver() -> DriverReport | None:
 
 
 def pick_entry(matrix: Matrix, driver: str) -> tuple[Entry, str]:
-    """The newest row whose driver floor `driver` meets, and why; a UserError when none does."""
-    cuda = newest_row_for(driver, {e.cuda: e.driver_min for e in matrix.entries.values()})
+    """The newest row whose driver floor `driver` meets, and why; a UserError when none does. A row whose facts
+    are verified wins over a newer unverified one (its first real build may stop at the base check); an unverified
+    row only where no verified one fits the driver."""
+    entries = matrix.entries.values()
+    cuda = (newest_row_for(driver, {e.cuda: e.driver_min for e in entries if e.verified})
+            or newest_row_for(driver, {e.cuda: e.driver_min for e in entries}))  # fmt: skip
     if cuda is None:
         oldest = min(matrix.entries.values(), key=lambda e: version_key(e.driver_min))
         raise UserError(
@@ -78,6 +82,11 @@ def pick_entry(matrix: Matrix, driver: str) -> tuple[Entry, str]:
     best = matrix.entries[cuda]
     newer = [e for e in matrix.entries.values() if version_key(e.cuda) > version_key(best.cuda)]
     why = f"driver {driver} meets CUDA {best.cuda}'s floor (>= {best.driver_min})"
+    unverified = [e.cuda for e in newer if not e.verified and version_key(e.driver_min) <= version_key(driver)]
+    if unverified:
+        why += (f"; CUDA {', '.join(unverified)} also fit(s) the driver, but the row's facts are unverified (pass "
+                "--cuda X.Y to build one: its base is checked against them)")
+    newer = [e for e in newer if version_key(e.driver_min) > version_key(driver)]
     if newer:
         nxt = min(newer, key=lambda e: version_key(e.cuda))
         why += f"; CUDA {nxt.cuda} needs >= {nxt.driver_min}"

@@ -35,7 +35,7 @@ def build_dry_run(path_prefix: Path | None, *args: str) -> subprocess.CompletedP
 
 @pytest.mark.parametrize(("driver", "cuda"), [("550.54.15", "12.4"), ("570.124.06", "12.8"), ("560.35.05", "12.6"),
                                               ("535.104.05", "12.1"), ("575.57.08", "12.9"),
-                                              ("580.65.06", "13.3"), ("610.43.02", "13.3")])  # fmt: skip
+                                              ("580.65.06", "13.0"), ("610.43.02", "13.0")])  # fmt: skip
 def test_auto_plans_the_newest_row_the_driver_meets(tmp_path, driver, cuda):
     proc = build_dry_run(stub_nvidia_smi(tmp_path / "bin", driver), "--cuda", "auto", "--dry-run")
     assert proc.returncode == 0, proc.stderr
@@ -44,6 +44,13 @@ def test_auto_plans_the_newest_row_the_driver_meets(tmp_path, driver, cuda):
     why = next(line for line in lines if "--cuda auto:" in line)
     assert f"driver {driver} meets CUDA {cuda}'s floor" in why
     assert "nvidia-smi" in why and "NVIDIA H100 80GB HBM3" in why
+
+
+def test_auto_prefers_a_verified_row_and_names_the_newer_unverified_ones(tmp_path):
+    """R580 meets every 13.x floor; 13.1-13.3's facts are unverified, so auto plans 13.0 and says why."""
+    proc = build_dry_run(stub_nvidia_smi(tmp_path / "bin", "580.65.06"), "--cuda", "auto", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "CUDA 13.1, 13.2, 13.3 also fit(s) the driver, but the row's facts are unverified" in proc.stdout
 
 
 def test_auto_names_the_next_row_and_its_floor(tmp_path):
@@ -60,7 +67,7 @@ def test_auto_names_r580_as_the_floor_of_the_13_x_rows(tmp_path):
 def test_auto_never_picks_the_online_rl_row(tmp_path):
     proc = build_dry_run(stub_nvidia_smi(tmp_path / "bin", "700.10.01"), "--cuda", "auto", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "nvidia/vllm" not in proc.stdout and "plan: trainkit 0.1.0, CUDA 13.3" in proc.stdout
+    assert "nvidia/vllm" not in proc.stdout and "plan: trainkit 0.1.0, CUDA 13.0" in proc.stdout
 
 
 def test_auto_with_a_driver_older_than_every_floor_exits_2(tmp_path):
