@@ -1,6 +1,6 @@
 """Regenerate every derived text from its single source, or check that none drifted.
 
-Sources: images/versions.toml (the image matrix), trainer/config/schema.py (the TRAIN_* schema) and
+Sources: images/versions.toml (the image matrix), trainer/config/schema/ (the TRAIN_* schema) and
 trainer/commands.py (the trainer's commands).
 Derived: the Dockerfile's ARG defaults, docs/images.md's table, README.md's matrix and variable
 tables, .env.example, the release workflow's job matrix (.github/workflows/release.yml) and the

@@ -235,3 +235,23 @@ def test_every_name_imported_from_trainer_exists() -> None:
             missing += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
                         if alias.name not in defined and f"{node.module}.{alias.name}" not in known]  # fmt: skip
     assert not missing, "imported but not defined there:\n" + "\n".join(missing)
+
+
+SCHEMA = ROOT / "trainer" / "config" / "schema"
+SCHEMA_MAX_LINES = 200
+
+
+@pytest.mark.parametrize("path", sorted(SCHEMA.glob("*.py")), ids=lambda p: p.name)
+def test_each_settings_group_is_one_short_field_only_module(path: Path) -> None:
+    """config/schema/ holds a module per settings group, each at most 200 lines, and each field declares the group
+    of the module it is declared in (a setting is found where the docs list it)."""
+    assert len(path.read_text().splitlines()) <= SCHEMA_MAX_LINES
+    from trainer.config.schema import GROUPS, TrainSettings
+
+    module = f"trainer.config.schema.{path.stem}"
+    groups = {
+        info.json_schema_extra["group"]
+        for cls in TrainSettings.__mro__[1:] if cls.__module__ == module
+        for info in cls.model_fields.values()
+    }  # fmt: skip
+    assert len(groups) <= 1 and groups <= set(GROUPS), f"{path.name} declares settings of the groups {groups}"

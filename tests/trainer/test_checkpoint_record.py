@@ -36,7 +36,7 @@ def test_every_setting_declares_its_resume_rule() -> None:
             resume_rule(name)
         except (KeyError, ValueError):
             missing.append(name)
-    assert missing == [], "declare on_resume in trainer/config/schema.py for: " + ", ".join(missing)
+    assert missing == [], "declare on_resume in trainer/config/schema/ for: " + ", ".join(missing)
 
 
 def _checkpoint(root: Path, step: int, settings: TrainSettings) -> Path:

@@ -9,7 +9,7 @@ Two stages, so that mistakes are reported before anything heavy is imported:
    reason (decisions.py), refuse what this hardware cannot do, and build the `TrainingArguments` kwargs
    (training_arguments.py) and the DeepSpeed config (deepspeed.py).
 
-The TRAIN_* schema is schema.py; `python -m trainer config` is command.py.
+The TRAIN_* schema is the package schema/ (a field-only module per group); `python -m trainer config` is command.py.
 """
 
 from trainer.config.checks import static_problems

@@ -1,0 +1,42 @@
+"""The TRAIN_* settings of the group "Speed: compile and attention".
+
+Fields only: their checks and decisions live in their concern's module; trainer.config.schema assembles the groups.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from trainer.config.schema.fields import FREE, Toggle, setting
+
+
+class SpeedSettings(BaseModel):
+    compile: Toggle = setting(
+        "auto", "speed", "torch.compile the model. auto: on for a GPU run of TRAIN_MAX_STEPS -1 (epochs) or at "
+        "least 200 steps, on a stack where it is known to work; off on CPU.",
+        on_resume=FREE,
+    )
+    compile_scope: Literal["layers", "model"] = setting(
+        "layers", "speed", "What torch.compile compiles. layers: each decoder layer in place, one compile reused by "
+        "all (regional; the shortest compile); model: the whole model's forward, the embeddings, mask and LM head "
+        "included (a longer compile that may fuse more).",
+        on_resume=FREE,
+    )
+    compile_backend: str = setting("inductor", "speed", "torch.compile backend.", on_resume=FREE)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = setting(
+        "default", "speed", "torch.compile mode.",
+        on_resume=FREE,
+    )
+    attn: Literal["auto", "sdpa", "flash_attention_2", "flash_attention_4", "eager"] = setting(
+        "auto", "speed", "Attention implementation (flash_attention_4: the flash-attn-4 package, Hopper and newer). "
+        "auto: the measured best for the GPU generation (trainer.config.speed), else flash_attention_2 when "
+        "installed and supported, else sdpa.",
+        on_resume=FREE,
+    )
+    liger: Toggle = setting(
+        "auto", "speed", "Liger fused kernels (RMSNorm, SwiGLU, RoPE, fused cross-entropy) through Transformers' "
+        "use_liger_kernel; needs liger-kernel and a GPU. auto: on where measured faster (none yet: off).",
+        on_resume=FREE,
+    )
