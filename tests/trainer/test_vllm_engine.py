@@ -25,8 +25,10 @@ from typing import Any
 
 import pytest
 from conftest import REPO
-from test_online_rl_rewards import WORDS
-from test_online_rl_rewards import tuned as sft_fixture  # noqa: F401 (the fixture `tuned`: SFT, once per module)
+from test_online_rl_rewards import (
+    WORDS,
+    tuned_fixture,  # noqa: F401 (the fixture `tuned`: its SFT run, once per module)
+)
 from train_runs import finish, start, train_env
 
 from trainer.vllm_compat import installed_vllm

@@ -4,8 +4,8 @@ Usage (in the CPU RL venv): python vllm_sync_probe.py START TRAINED PROMPTS_JSON
 START: the folder a GRPO run began from (what vLLM loads, as in the run); TRAINED: weights that run wrote after its
 steps; PROMPTS_JSON: a JSON list of prompt strings. Prints one JSON object: {"before": [...], "after": [...],
 "transformers": [...]}, the greedy completions (8 new tokens) of vLLM holding START's weights, of vLLM after
-VLLMGeneration.sync_weights() copied TRAINED's in (TRL's code, as GRPOTrainer calls it after each step), and of
-Transformers' generate on TRAINED.
+VLLMGeneration.sync_weights() copied TRAINED's in (as GRPOTrainer calls it after each step, with the run's
+replacement on vLLM's CPU build: trainer.run.vllm_engine.reload_on_cpu), and of Transformers' generate on TRAINED.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.generation.vllm_generation import VLLMGeneration
 from vllm import SamplingParams
 
+from trainer.run.vllm_engine import reload_on_cpu
+
 NEW_TOKENS = 8
 
 
@@ -34,6 +36,7 @@ def main() -> None:
     model.name_or_path = start  # vLLM starts from the run's starting folder, as TRL's colocate mode does
     generation = VLLMGeneration(model, Accelerator(cpu=True), tokenizer, mode="colocate",
                                 gpu_memory_utilization=float(memory), max_completion_length=NEW_TOKENS)  # fmt: skip
+    reload_on_cpu(generation)  # what the run does to TRL's sync on vLLM's CPU build (trainer.run.vllm_engine)
     ids = [tokenizer(p)["input_ids"] for p in prompts]
     greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
 

@@ -179,5 +179,31 @@ def building(settings: Any) -> Iterator[None]:
 
 
 def after_build(trainer: Any, settings: Any) -> None:
-    if settings.rl_engine == "vllm" and settings.rl_vllm_url:
+    if settings.rl_engine != "vllm":
+        return
+    if settings.rl_vllm_url:
         bound_server_mode(trainer, settings.rl_vllm_url, settings.rl_vllm_timeout)
+    else:
+        reload_on_cpu(trainer.vllm_generation)
+
+
+# ---- colocate mode on vLLM's CPU build ------------------------------------------------------------------------
+
+
+def reload_on_cpu(generation: Any) -> None:
+    """On vLLM's CPU build, TRL 1.16's colocate sync (each tensor through the vLLM model's `load_weights`) fails
+    after the first: vLLM's CPU backend repacks the linear layers' weights for its kernels once they are loaded, and
+    the repacked parameters have no `weight_loader`. vLLM's own in-place reload (the model runner's
+    `reload_weights`: the layers put back in checkpoint form, loaded, processed again) takes the same tensors from
+    TRL's `_iter_named_params` (PEFT merged, names as vLLM expects). On a GPU TRL's copy is kept."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+
+    def sync_weights() -> None:
+        runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.reload_weights(weights_iterator=generation._iter_named_params())
+        generation.llm.reset_prefix_cache()
+
+    generation.sync_weights = sync_weights
