@@ -38,11 +38,11 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
      "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
-     "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/jsonl",
+     "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/methods", "trainer/jsonl",
      "trainer/output_lock",
      "trainer/vllm_compat"),  # facts of the machine, the installed versions, a checkpoint's record and a run's
-    # provenance, how long a process lives, where it logs, the list of commands, how JSON lines are appended and
-    # who holds an output folder:
+    # provenance, how long a process lives, where it logs, the lists of commands and of training methods, how JSON
+    # lines are appended and who holds an output folder:
     # no trainkit code above them
     ("trainer/hub",),  # the Hub, torch-free
     ("trainer/tokenizer",),  # the tokenizers the data is encoded with

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Protocol
 
+from trainer import methods
+
 log = logging.getLogger("trainer")
 FSDP2_RESHARD = {"full_shard": True, "shard_grad_op": False}  # FSDP2 expresses the strategy as one bool
-# TRAIN_METHOD's preference methods run on TRL's trainers (trainer/preference/); the oldest TRL whose API they use.
+# TRAIN_METHOD's methods on TRL's trainers (trainer/methods.py: preference and online RL); the oldest TRL whose API
+# they use.
 TRL_MIN = (1, 16)
 # TRAIN_PRECISION=fp8 runs on torchao's float8 training; the rows' oldest torch it is pinned for is 2.6 (torchao
 # 0.12.0, built against 2.5 to 2.7). images/versions.toml pins the release for each row's torch.
 FP8_TORCH_MIN = (2, 6)
-PREFERENCE_METHODS = ("dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo")  # every method on TRL's trainers
 
 
 def _release(dist: str) -> tuple[int, ...] | None:
@@ -182,7 +184,7 @@ def _methods_unsupported(st: Stack) -> dict[str, str]:
     why = (f"{found}; the preference and online RL methods use TRL >= {wanted}'s trainers (which need Python >= "
            "3.11 and transformers >= 4.56.2): use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU "
            "image)")
-    return {f"TRAIN_METHOD={method}": why for method in PREFERENCE_METHODS}
+    return {f"TRAIN_METHOD={name}": why for name in methods.names(trl=True)}
 
 
 def flash_attention_2_possible(st: Stack | None = None) -> bool:

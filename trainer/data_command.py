@@ -18,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import EXIT_OK
+from trainer.methods import of
 
 if TYPE_CHECKING:
     from trainer.config.inputs import Inputs
@@ -54,9 +55,10 @@ def main(args: argparse.Namespace) -> int:
     inputs = load_inputs()
     choice = inputs.template()
     tokenizer = tokenizer_for(inputs.tokenizer_folder, choice.text, choice.origin, choice.from_setting)
-    if inputs.settings.method in ("grpo", "rloo"):
+    data = of(inputs.settings.method).data  # what the method trains on (trainer/methods.py)
+    if data == "prompts":
         return show_prompts(inputs, tokenizer, args.show, args.json)
-    if inputs.settings.method != "sft":
+    if data == "pairs":
         return show_pairs(inputs, tokenizer, args.show, args.json)
     if inputs.mix.is_mix:  # each source from its own cache, mixed as the run mixes them (trainer.data.mix)
         dataset, _ = prepare_mix(inputs.mix, inputs.mix_sources, tokenizer, inputs.data_spec, inputs.cache_dir,

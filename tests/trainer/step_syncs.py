@@ -204,10 +204,10 @@ def trainkit_config(out: Path, data: Path) -> Any:
 
 def trainkit_run(cfg: Any, sync_debug: bool) -> tuple[int, dict[int, dict[str, Any]]]:
     """`trainer.run.train.run(cfg)` with the probe's callbacks; its exit code and counts."""
-    from trainer.run import train
+    from trainer.run import kit, train
 
     results: dict[int, dict[str, Any]] = {}
-    own_callbacks = train._callbacks
+    own_callbacks = kit.callbacks
 
     def with_probe(*args: Any) -> list[Any]:
         callbacks = own_callbacks(*args)
@@ -215,11 +215,11 @@ def trainkit_run(cfg: Any, sync_debug: bool) -> tuple[int, dict[int, dict[str, A
             callbacks = sync_errors_around(callbacks)
         return [*callbacks, step_window_callback(LOG_STEPS, sync_debug, results)]
 
-    train._callbacks = with_probe
+    kit.callbacks = with_probe
     try:
         code = train.run(cfg)
     finally:
-        train._callbacks = own_callbacks
+        kit.callbacks = own_callbacks
     return code, results
 
 

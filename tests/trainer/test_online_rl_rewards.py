@@ -94,3 +94,33 @@ def test_exact_rises_after_sft_toward_the_answers(tuned: tuple[Path, Path], lora
         assert table["columns"] == ["step", "prompt", "completion", "exact", "reward"], table
         artifacts = sorted(p.name for p in (out / "mlruns").rglob("samples/step-*.jsonl"))
         assert artifacts == [f"step-{step:07d}.jsonl" for step in range(1, 17)], artifacts
+
+
+def test_a_reward_model_folder_is_loaded_by_trainkit_as_trl_would_load_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TRAIN_REWARD=FOLDER: trainer.model's one loader makes the reward model (its log line names the folder and the
+    one-score head) and TRL is handed the model: the same class, dtype and scores as TRL's own load from the path,
+    and the name TRL logs its reward under (rewards/FOLDER/mean)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from trainer.config.online import rewards
+    from trainer.model.loading import LoadHow, Weights, load
+    from trainer.run.rewards import build_rewards
+    from trainer.tokenizer import byte_level_tokenizer
+
+    folder = tmp_path / "scorer"
+    tokenizer = byte_level_tokenizer()
+    torch.manual_seed(0)
+    load(Weights(preset="tiny", tokenizer=tokenizer), LoadHow(score_head=True)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with caplog.at_level("INFO", logger="trainer"):
+        [model] = build_rewards(rewards(str(folder)), frozenset(), 16)
+    assert f"model loaded: {folder}: " in caplog.text and "(one-score head)" in caplog.text
+    trl_own = AutoModelForSequenceClassification.from_pretrained(str(folder), num_labels=1)  # TRL 1.16's load
+    assert type(model) is type(trl_own) and model.dtype == trl_own.dtype and model.config.num_labels == 1
+    ids = torch.tensor([tokenizer("the sun is red")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model.eval()(input_ids=ids).logits, trl_own.eval()(input_ids=ids).logits)
+    assert model.config._name_or_path.split("/")[-1] == rewards(str(folder)).specs[0].name == "scorer"

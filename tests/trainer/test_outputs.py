@@ -163,7 +163,7 @@ def test_fused_adam_takes_the_adam_flags_of_train_args(tmp_path: Path) -> None:
     """apex FusedAdam (GPU only) gets --adam_beta1/--adam_beta2/--adam_epsilon, not its own defaults."""
     from transformers import TrainingArguments
 
-    from trainer.run.train import fused_adam_kwargs
+    from trainer.run.kit import fused_adam_kwargs
     from trainer.transformers_names import parse_train_args
 
     user = parse_train_args(["--adam_beta2", "0.95", "--adam_epsilon", "1e-6", "--weight_decay", "0.1"])
@@ -192,13 +192,13 @@ def test_zero_offload_runs_deepspeeds_optimizer_and_says_so(caplog: pytest.LogCa
     """With ZeRO offload DeepSpeed's CPU Adam runs; TRAIN_OPTIM=adamw_apex_fused must neither be built nor logged."""
     from trainer import config
     from trainer.machine.hardware import Hardware
-    from trainer.run.train import _optimizer_override
+    from trainer.run.kit import optimizer_override
 
     gpu = Hardware(device="cuda", gpu_count=1, gpu_name="NVIDIA A100-SXM4-80GB", capability=(8, 0), bf16=True)
     env = {"TRAIN_ZERO_STAGE": "2", "TRAIN_ZERO_OFFLOAD": "cpu", "TRAIN_OPTIM": "adamw_apex_fused"}
     cfg = config.resolve(config.parse_settings(env), gpu, environ={}, import_heavy=False)
     with caplog.at_level("INFO", logger="trainer"):
-        assert _optimizer_override(cfg, args=None) == {}
+        assert optimizer_override(cfg, args=None) == {}
     assert "DeepSpeed's own" in caplog.text and "TRAIN_OPTIM=adamw_apex_fused is not used" in caplog.text
     assert "apex" not in caplog.text.replace("TRAIN_OPTIM=adamw_apex_fused", "")
 

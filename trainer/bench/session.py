@@ -29,8 +29,8 @@ from trainer.bench.report import (
 )
 from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, row_dir, run_row
 from trainer.config.methods import OPTION_METHODS
-from trainer.config.online import ONLINE_METHODS
 from trainer.errors import ConfigError
+from trainer.methods import names, of, spoken
 
 
 @dataclass(frozen=True)
@@ -139,13 +139,13 @@ class Bench:
                     "set it to a Hugging Face model folder to measure LoRA/QLoRA")
         if spec.name == GRAD_ACCUM and self.ctx.batch_size < 2:
             return "needs TRAIN_BATCH_SIZE of 2 or more to split into accumulation steps"
-        with_reference = OPTION_METHODS["pref_reference"]
-        if spec.name == PRECOMPUTED_REFERENCE and self.ctx.method not in with_reference:
+        method = of(self.ctx.method)
+        if spec.name == PRECOMPUTED_REFERENCE and not method.reference:
             return (f"applies to preference tuning with a reference model, not TRAIN_METHOD={self.ctx.method}; set "
-                    f"TRAIN_METHOD={' or '.join(with_reference)} (and pairs in TRAIN_DATA) to measure it")
-        if spec.name == RL_SPLIT and self.ctx.method not in ONLINE_METHODS:
-            return (f"applies to online RL, not TRAIN_METHOD={self.ctx.method}; set TRAIN_METHOD=grpo or rloo (and "
-                    "prompts in TRAIN_DATA, rewards in TRAIN_REWARD) to measure it")  # fmt: skip
+                    f"TRAIN_METHOD={spoken(OPTION_METHODS['pref_reference'])} (and pairs in TRAIN_DATA) to measure it")
+        if spec.name == RL_SPLIT and method.family != "online":
+            return (f"applies to online RL, not TRAIN_METHOD={self.ctx.method}; set TRAIN_METHOD="
+                    f"{spoken(names('online'))} (and prompts in TRAIN_DATA, rewards in TRAIN_REWARD) to measure it")
         if spec.name == MAX_BATCH and not self.ctx.on_gpu:
             return "not supported here: the probe doubles the batch until GPU memory runs out (no GPU found)"
         return ""

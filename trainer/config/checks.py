@@ -18,6 +18,7 @@ from trainer.errors import ConfigError
 from trainer.hub.push import push_problems
 from trainer.hub.sources import TOKENIZER_FILES, hub_ref
 from trainer.machine.hardware import module_available
+from trainer.methods import names
 
 
 def _combination_problems(s: TrainSettings) -> list[str]:
@@ -133,7 +134,7 @@ def _train_args_problems(s: TrainSettings) -> list[str]:
     try:
         tokens = transformers_names.split_train_args(s.args)
         if methods.on_trl(s):
-            owner = f"TRL {methods.TRL_METHODS[s.method].config}"
+            owner = f"TRL {methods.config_name(s)}"
             return transformers_names.check_train_args(tokens, methods.config_fields(s.method), owner)
         return transformers_names.check_train_args(tokens)
     except ConfigError as exc:
@@ -184,7 +185,7 @@ def _eval_problems(s: TrainSettings) -> list[str]:
     if s.eval_generate and not s.eval_data:
         problems.append(f"TRAIN_EVAL_GENERATE={s.eval_generate} answers prompts of TRAIN_EVAL_DATA (prompt/completion "
                         "records or conversations); set TRAIN_EVAL_DATA, or TRAIN_EVAL_GENERATE=0")  # fmt: skip
-    if s.eval_generate and s.method != "sft":
+    if s.eval_generate and methods.method_of(s).family != "sft":
         problems.append(f"TRAIN_EVAL_GENERATE={s.eval_generate} works with TRAIN_METHOD=sft only; set it to 0")
     if s.eval_generate and (s.fsdp != "none" or s.zero_stage == 3):
         problems.append(f"TRAIN_EVAL_GENERATE={s.eval_generate} generates on the main process alone, which cannot "
@@ -268,14 +269,15 @@ def _data_problems(inputs: Inputs) -> list[str]:
 def _mix_problems(s: TrainSettings) -> list[str]:
     """A mix of sources is for SFT and online RL's prompts, several eval sets for SFT (trainer.data.mix);
     preference data is read whole."""
-    mixes = parse_mix(s.data).is_mix and s.method not in methods.ONLINE
+    family = methods.method_of(s).family
+    mixes = parse_mix(s.data).is_mix and family != "online"
     lists = [name for name, value in (("TRAIN_DATA", mixes),
                                       ("TRAIN_EVAL_DATA", bool(parse_eval_sets(s.eval_data)))) if value]  # fmt: skip
-    if s.method == "sft" or not lists:
+    if family == "sft" or not lists:
         return []
     return [f"{' and '.join(lists)}: several sources (a mix, named eval sets) are for TRAIN_METHOD=sft (a "
-            f"TRAIN_DATA mix also for grpo/rloo); TRAIN_METHOD={s.method} reads one source: give one path, folder or "
-            "glob"]  # fmt: skip
+            f"TRAIN_DATA mix also for {'/'.join(names('online'))}); TRAIN_METHOD={s.method} reads one source: give "
+            "one path, folder or glob"]  # fmt: skip
 
 
 def _eval_data_problems(inputs: Inputs) -> list[str]:

@@ -294,7 +294,7 @@ def decide_packing(inputs: Inputs) -> Decision[str]:
     """TRAIN_PACKING for the data's record layouts (the packer applies the same rule to each piece: DataSpec)."""
     s = inputs.settings
     if methods.on_trl(s):
-        return _decide("none", f"TRAIN_METHOD={s.method}: {methods.SFT_ONLY['packing']}")
+        return _decide("none", f"TRAIN_METHOD={s.method}: {dict(methods.method_of(s).refuses)['packing']}")
     if inputs.mix.is_mix:  # each source is packed on its own (trainer.data.mix)
         parts = zip(inputs.mix.entries, inputs.mix_sources, strict=True)
         each = [(entry.name, inputs.data_spec.packing_of(part.layouts)) for entry, part in parts]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
+from trainer.config.online import Rewards, rewards
 from trainer.config.resume import hub_pins
 from trainer.config.schema import TrainSettings
 from trainer.data.cache import default_cache_dir
@@ -117,6 +118,11 @@ class Inputs:
     def eval_prompts(self) -> PromptRecords:
         """TRAIN_EVAL_DATA's prompts (as `prompts`)."""
         return read_prompts(self.eval_data, self.settings.data_max_bad_lines)
+
+    @property
+    def rewards(self) -> Rewards:
+        """TRAIN_REWARD parsed (once per value: trainer.config.online.rewards), for the run's reward functions."""
+        return rewards(self.settings.reward)
 
     def _scan(self, key: str, value: str | None = None) -> DataSource:
         """The scan of a setting ("data"), or of one source of its list (`entry_key`, with the source as `value`)."""

@@ -1,5 +1,6 @@
-"""TRAIN_METHOD: what each preference method is in TRL, which TRAIN_PREF_* options apply to it, its data, its
-reference model, and the TRL config fields it takes (TRAIN_ARGS). Torch- and TRL-free (TRL's config fields are read
+"""TRAIN_METHOD's checks and decisions (the methods themselves are rows of trainer/methods.py): which TRAIN_PREF_*
+options apply to a method, its data, its reference model, and the TRL config fields it takes (TRAIN_ARGS). Torch- and
+TRL-free (TRL's config fields are read
 from its source with `ast`, as trainer.transformers_names reads TrainingArguments'); trainer/run/preference.py
 builds the trainers.
 """
@@ -9,64 +10,38 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.decision import Decision
 from trainer.config.schema import TrainSettings
 from trainer.data.preference import PREFERENCE_LAYOUTS, PreferenceRecords
+from trainer.methods import METHODS, Method, names, of
 
 if TYPE_CHECKING:
     from trainer.config.inputs import Inputs
 
 
-@dataclass(frozen=True)
-class Method:
-    module: str  # TRL module holding the trainer and its config
-    trainer: str
-    config: str
-    config_file: str  # the config's source, relative to the trl package (its fields, without importing TRL)
-    beta: float | None  # TRL's default beta (None: the method has none)
-    reference: bool  # needs a reference model
-    unpaired: bool = False  # also takes prompt/completion/label records
-    fixed: tuple[tuple[str, Any], ...] = ()  # config fields the method is (SimPO: CPO's simpo loss)
-
-
-METHODS = {
-    "dpo": Method("trl", "DPOTrainer", "DPOConfig", "trainer/dpo_config.py", 0.1, True),
-    "kto": Method("trl", "KTOTrainer", "KTOConfig", "trainer/kto_config.py", 0.1, True, unpaired=True),
-    "orpo": Method("trl.experimental.orpo", "ORPOTrainer", "ORPOConfig", "experimental/orpo/orpo_config.py", 0.1,
-                   False),
-    "simpo": Method("trl.experimental.cpo", "CPOTrainer", "CPOConfig", "experimental/cpo/cpo_config.py", 2.0, False,
-                    fixed=(("loss_type", "simpo"), ("cpo_alpha", 0.0))),
-    "reward": Method("trl", "RewardTrainer", "RewardConfig", "trainer/reward_config.py", None, False),
-}
-# online RL (trainer.config.online): prompts in, completions generated in training, scored by TRAIN_REWARD
-ONLINE = {
-    "grpo": Method("trl", "GRPOTrainer", "GRPOConfig", "trainer/grpo_config.py", 0.0, False),
-    "rloo": Method("trl", "RLOOTrainer", "RLOOConfig", "trainer/rloo_config.py", 0.0, False),
-}
-TRL_METHODS = {**METHODS, **ONLINE}  # every method on TRL's trainers
 # TRAIN_PREF_* option -> the methods it applies to
 OPTION_METHODS = {
-    "pref_beta": tuple(m for m, facts in METHODS.items() if facts.beta is not None),
-    "pref_loss": ("dpo",),
-    "pref_reference": tuple(m for m, facts in METHODS.items() if facts.reference),
-    "pref_max_prompt_len": tuple(METHODS),
+    "pref_beta": tuple(m.name for m in METHODS if m.family == "preference" and m.beta is not None),
+    "pref_loss": names("preference", option="pref_loss"),
+    "pref_reference": tuple(m.name for m in METHODS if m.reference),
+    "pref_max_prompt_len": names("preference"),
 }
-# SFT's data settings, which a preference method would otherwise silently ignore
-SFT_ONLY = {"packing": "pairs are never packed (each side is one padded sequence)",
-            "loss_on": "a preference method trains each side's answer (the prompt never)"}  # fmt: skip
+
+
+def method_of(settings: TrainSettings) -> Method:
+    return of(settings.method)
 
 
 def is_preference(settings: TrainSettings) -> bool:
-    return settings.method in METHODS
+    return method_of(settings).family == "preference"
 
 
 def on_trl(settings: TrainSettings) -> bool:
     """Whether the method runs on a TRL trainer (preference tuning or online RL), not SFT's Trainer."""
-    return settings.method != "sft"
+    return method_of(settings).needs_trl
 
 
 # ---- checks (stage 1) -----------------------------------------------------------------------------------------
@@ -88,7 +63,7 @@ def option_problems(s: TrainSettings) -> list[str]:
         problems += _trl_problems(s)
     if is_preference(s):
         problems += reference_problems(s)
-        if s.method == "reward":  # trainer.run.preference builds it itself: a full one-score classifier
+        if method_of(s).classifier:  # trainer.run.preference builds it itself: a full one-score classifier
             given = [x for x, on in (("TRAIN_LORA=1", s.lora), (f"TRAIN_QUANT={s.quant}", s.quant != "none")) if on]
             problems += [f"{x} with TRAIN_METHOD=reward: trainkit trains a reward model (a one-score classifier) in "
                          "full; its adapters and quantization are for causal language models so far; remove it"
@@ -103,9 +78,7 @@ def _trl_problems(s: TrainSettings) -> list[str]:
         what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
         problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
                         "trainer only); use TRAIN_OPTIM=auto and set TRAIN_BATCH_SIZE")  # fmt: skip
-    sft_only = {**SFT_ONLY, "loss_on": "online RL trains on the generated completions"} if s.method in ONLINE \
-        else SFT_ONLY
-    for name, why in sft_only.items():
+    for name, why in method_of(s).refuses:
         if name in s.model_fields_set:
             problems.append(f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it")
     return problems
@@ -114,7 +87,7 @@ def _trl_problems(s: TrainSettings) -> list[str]:
 def reference_problems(s: TrainSettings) -> list[str]:
     """The reference model against LoRA and sharding: what TRL 1.16 cannot do (FSDP and DeepSpeed otherwise run
     as for SFT, TRL preparing the reference for them: ZeRO-3 shards it, FSDP wraps it)."""
-    if not METHODS[s.method].reference:
+    if not method_of(s).reference:
         return []
     problems = []
     reference = decide_reference(s).value
@@ -154,25 +127,27 @@ def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str 
 
     found = ", ".join(LAYOUT_NAMES.get(x, x) for x in layouts)
     preference = [x for x in layouts if x in PREFERENCE_LAYOUTS]
-    if method in ONLINE:
+    facts = of(method)
+    if facts.family == "online":
         from trainer.config.online import layout_problem as prompts_problem
 
         return prompts_problem(method, layouts, variable, found)
-    if method == "sft":
+    if facts.family == "sft":
         if "prompt" in layouts:
             return (f"{variable} holds prompts without answers ({found}); TRAIN_METHOD=sft trains on answers: give "
                     "prompt/completion records, or set TRAIN_METHOD=grpo to train on generated answers")
         if not preference:
             return None
+        first, *others = names("preference")
         return (f"{variable} holds preference data ({found}) but TRAIN_METHOD=sft trains on text, prompt/completion "
-                "or conversations; set TRAIN_METHOD=dpo (or orpo, kto, simpo, reward) to train on it")  # fmt: skip
+                f"or conversations; set TRAIN_METHOD={first} (or {', '.join(others)}) to train on it")  # fmt: skip
     needed = "preference pairs (prompt/chosen/rejected, as text or message lists)"
-    if METHODS[method].unpaired:
+    if facts.unpaired:
         needed += " or prompt/completion/label records"
     other = [x for x in layouts if x not in PREFERENCE_LAYOUTS]
     if other or not layouts:
         return f"TRAIN_METHOD={method} needs {needed}; {variable} holds {found or 'no records'}"
-    if "unpaired" in layouts and not METHODS[method].unpaired:
+    if "unpaired" in layouts and not facts.unpaired:
         return (f"TRAIN_METHOD={method} needs {needed}; {variable} holds prompt/completion/label records (unpaired, "
                 "KTO's): use TRAIN_METHOD=kto, or pairs")  # fmt: skip
     return None
@@ -186,17 +161,17 @@ def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
     keys = ["data"] + (["eval_data"] if s.eval_data else [])
     for key in (k for k in keys if inputs.on_hub(k) == hub):
         source = getattr(inputs, key)
-        if source.problems or (source.embedded and s.method == "sft"):
+        if source.problems or (source.embedded and method_of(s).data == "text"):
             continue
         if source.embedded:
-            what = "prompts" if s.method in ONLINE else "preference data"
+            what = "prompts" if method_of(s).data == "prompts" else "preference data"
             problems.append(f"TRAIN_METHOD={s.method} needs {what}: {source.variable} is empty or missing (the "
                             f"embedded corpus is plain text); point it at a {what.split()[0]} file")  # fmt: skip
             continue
         found = layout_problem(s.method, source.layouts, source.variable)
         if found:
             problems.append(found)
-        elif s.method in ONLINE:
+        elif method_of(s).family == "online":
             problems += (inputs.prompts if key == "data" else inputs.eval_prompts).problems
         elif is_preference(s):
             problems += records_of(inputs, key).problems
@@ -221,7 +196,7 @@ def template_problem(inputs: Inputs) -> str | None:
         choice = inputs.template()
     except ConfigError as exc:
         return exc.message
-    rows = inputs.prompts.rows if inputs.settings.method in ONLINE else records_of(inputs).rows
+    rows = inputs.prompts.rows if method_of(inputs.settings).data == "prompts" else records_of(inputs).rows
     chat = any(isinstance(row.get("prompt"), list) for row in rows[:1])
     return no_template_problem(source.layout_names(), choice.origin) if chat and choice.text is None else None
 
@@ -231,11 +206,12 @@ def template_problem(inputs: Inputs) -> str | None:
 
 def decide_reference(s: TrainSettings) -> Decision[str]:
     """The reference model done the way that costs least (recorded in run_config.json)."""
-    if not is_preference(s):
-        return Decision("none", f"TRAIN_METHOD={s.method}") if s.method == "sft" else _online().decide_reference(s)
-    if s.method == "reward":
+    facts = method_of(s)
+    if facts.family != "preference":
+        return Decision("none", f"TRAIN_METHOD={s.method}") if facts.family == "sft" else _online().decide_reference(s)
+    if facts.classifier:
         return Decision("none", "a reward model scores each side of a pair: no reference model")
-    if not METHODS[s.method].reference:
+    if not facts.reference:
         return Decision("none", f"{s.method} compares the policy's own log-probs: no reference model")
     if s.pref_reference == "precompute":
         return Decision("precomputed", "TRAIN_PREF_REFERENCE=precompute: the reference log-probs of every pair are "
@@ -259,14 +235,11 @@ def _sharded(s: TrainSettings) -> str:
 
 
 def decide_method(s: TrainSettings) -> Decision[str]:
-    if s.method in ONLINE:
-        return Decision(s.method, f"TRL's {ONLINE[s.method].trainer} ({ONLINE[s.method].module}), "
-                        f"{config_fields_text(s)}")  # fmt: skip
-    if not is_preference(s):
+    facts = method_of(s).trl
+    if facts is None:
         return Decision("sft", "TRAIN_METHOD=sft (default): supervised training on the data's own tokens")
-    facts = METHODS[s.method]
     prompts = ""
-    if s.pref_max_prompt_len:
+    if is_preference(s) and s.pref_max_prompt_len:
         cut = "cut from the left" if s.long_records == "truncate" else "dropped (TRAIN_LONG_RECORDS=drop)"
         prompts = f"; prompts over TRAIN_PREF_MAX_PROMPT_LEN={s.pref_max_prompt_len} tokens {cut} by trainkit"
     return Decision(s.method, f"TRL's {facts.trainer} ({facts.module}), {config_fields_text(s)}{prompts}")
@@ -278,15 +251,15 @@ def config_fields_text(s: TrainSettings) -> str:
 
 def method_arguments(s: TrainSettings) -> dict[str, Any]:
     """The TRL config fields trainkit sets for the method (TRAIN_ARGS may set others, and wins)."""
-    if s.method in ONLINE:
+    facts = method_of(s)
+    if facts.family == "online":
         return _online().method_arguments(s)
-    if not is_preference(s):
+    if facts.family != "preference":
         return {}
-    facts = METHODS[s.method]
     args: dict[str, Any] = dict(facts.fixed)
     if facts.beta is not None:
         args["beta"] = s.pref_beta or facts.beta
-    if s.method == "dpo":
+    if "pref_loss" in facts.options:
         args["loss_type"] = ["sigmoid" if s.pref_loss == "auto" else s.pref_loss]
     if facts.reference:
         args["precompute_ref_log_probs"] = s.pref_reference == "precompute"
@@ -302,16 +275,17 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
 @functools.lru_cache(maxsize=8)
 def config_fields(method: str) -> frozenset[str]:
     """Field names the method's TRL config adds to TrainingArguments, read from TRL's source; empty without TRL."""
-    if method not in TRL_METHODS:
+    trl = of(method).trl
+    if trl is None:
         return frozenset()
     spec = importlib.util.find_spec("trl")
     if spec is None or not spec.submodule_search_locations:
         return frozenset()
-    path = Path(next(iter(spec.submodule_search_locations))) / TRL_METHODS[method].config_file
+    path = Path(next(iter(spec.submodule_search_locations))) / trl.config_file
     if not path.is_file():
         return frozenset()
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.ClassDef) and node.name == TRL_METHODS[method].config:
+        if isinstance(node, ast.ClassDef) and node.name == trl.config:
             return frozenset(
                 item.target.id for item in node.body
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
@@ -320,17 +294,28 @@ def config_fields(method: str) -> frozenset[str]:
     return frozenset()
 
 
+def config_name(s: TrainSettings) -> str:
+    """The name of the method's TRL config class (a method on TRL's trainers)."""
+    trl = method_of(s).trl
+    assert trl is not None, s.method
+    return trl.config
+
+
 def config_class(method: str) -> Any:
     """The TRL config class of a method on TRL's trainers (imports TRL)."""
     import importlib
 
-    return getattr(importlib.import_module(TRL_METHODS[method].module), TRL_METHODS[method].config)
+    trl = of(method).trl
+    assert trl is not None, method
+    return getattr(importlib.import_module(trl.module), trl.config)
 
 
 def trainer_class(method: str) -> Any:
     import importlib
 
-    return getattr(importlib.import_module(TRL_METHODS[method].module), TRL_METHODS[method].trainer)
+    trl = of(method).trl
+    assert trl is not None, method
+    return getattr(importlib.import_module(trl.module), trl.trainer)
 
 
 def _online() -> Any:

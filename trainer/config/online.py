@@ -7,6 +7,7 @@ the model loads, and trainer/run/online.py builds TRL's trainer.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import math
 import re
@@ -18,13 +19,13 @@ from trainer.config.decision import Decision
 from trainer.config.rl_engine import VLLM_OPTIONS, engine_arguments, engine_problems
 from trainer.config.schema import TrainSettings
 from trainer.data.mix import split_weight
+from trainer.methods import names, of, spoken
 
 BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
               *VLLM_OPTIONS)  # fmt: skip
-# TRAIN_RL_* option -> the methods it applies to (the others apply to both)
-OPTION_METHODS = {"rl_loss": ("grpo",)}
-ONLINE_METHODS = ("grpo", "rloo")
+# TRAIN_RL_* option -> the methods it applies to (the others apply to every online method)
+OPTION_METHODS = {"rl_loss": names("online", option="rl_loss")}
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,27 @@ class RewardSpec:
     function: str = ""
 
 
-def parse_rewards(value: str) -> tuple[list[RewardSpec], list[str]]:
+@dataclass(frozen=True)
+class Rewards:
+    """TRAIN_REWARD parsed: its entries in order and what is wrong with their syntax."""
+
+    specs: tuple[RewardSpec, ...]
+    problems: tuple[str, ...]
+
+    def files(self) -> list[str]:
+        """The user reward files that exist, each once, in order."""
+        return list(dict.fromkeys(s.path for s in self.specs if s.kind == "function" and Path(s.path).is_file()))
+
+
+@functools.lru_cache(maxsize=16)
+def rewards(value: str) -> Rewards:
+    """TRAIN_REWARD parsed once per value in a process: the checks, the decisions, the resume record and the run
+    (trainer/run/rewards.py) all read this one parse."""
+    specs, problems = _parse(value)
+    return Rewards(tuple(specs), tuple(problems))
+
+
+def _parse(value: str) -> tuple[list[RewardSpec], list[str]]:
     """(the rewards, problems) of TRAIN_REWARD: a comma list, each TERM or TERM:WEIGHT."""
     specs, problems = [], []
     for part in (p for p in value.split(",") if p.strip()):
@@ -107,8 +128,8 @@ def reward_problems(value: str) -> list[str]:
     if not value.strip():
         return ["TRAIN_REWARD is empty: name at least one reward, e.g. TRAIN_REWARD=exact or "
                 "TRAIN_REWARD=/data/reward.py:score (docs/running.md, 'Online RL')"]  # fmt: skip
-    specs, problems = parse_rewards(value)
-    for spec in specs:
+    problems = list(rewards(value).problems)
+    for spec in rewards(value).specs:
         if spec.kind == "function":
             problems += _function_problems(spec)
         elif spec.kind == "model" and not (Path(spec.path) / "config.json").is_file():
@@ -122,7 +143,7 @@ def reward_stack_problems(s: TrainSettings) -> list[str]:
     any method, so a row's refusal reads the same whatever else is wrong."""
     from trainer.compat import switch_problem
 
-    found = (switch_problem(f"TRAIN_REWARD={spec.kind}") for spec in parse_rewards(s.reward)[0])
+    found = (switch_problem(f"TRAIN_REWARD={spec.kind}") for spec in rewards(s.reward).specs)
     return [problem for problem in dict.fromkeys(found) if problem]
 
 
@@ -148,11 +169,10 @@ def _function_problems(spec: RewardSpec) -> list[str]:
 def reward_identity(value: str) -> str:
     """TRAIN_REWARD as a checkpoint records it: each user file with its content's sha256, so that a changed reward
     file is a changed setting on resume (trainer.config.resume)."""
-    specs, _ = parse_rewards(value)
-    files = [s.path for s in specs if s.kind == "function" and Path(s.path).is_file()]
+    files = rewards(value).files()
     if not files:
         return value
-    return value + " (" + ", ".join(f"{f} sha256 {file_sha256(f)[:16]}" for f in dict.fromkeys(files)) + ")"
+    return value + " (" + ", ".join(f"{f} sha256 {file_sha256(f)[:16]}" for f in files) + ")"
 
 
 def file_sha256(path: str) -> str:
@@ -161,8 +181,7 @@ def file_sha256(path: str) -> str:
 
 def reward_files(value: str) -> dict[str, str]:
     """{path: sha256} of every user reward file (provenance.json)."""
-    specs, _ = parse_rewards(value)
-    return {s.path: file_sha256(s.path) for s in specs if s.kind == "function" and Path(s.path).is_file()}
+    return {path: file_sha256(path) for path in rewards(value).files()}
 
 
 # ---- the options ----------------------------------------------------------------------------------------------
@@ -170,9 +189,10 @@ def reward_files(value: str) -> dict[str, str]:
 
 def option_problems(s: TrainSettings) -> list[str]:
     """TRAIN_REWARD and TRAIN_RL_* against the method; the batch against the group."""
-    if s.method not in ONLINE_METHODS:
+    if of(s.method).family != "online":
         given = [f"TRAIN_{n.upper()}" for n in RL_OPTIONS if n in s.model_fields_set]
-        return [f"{', '.join(given)}: for online RL (TRAIN_METHOD=grpo or rloo), not TRAIN_METHOD={s.method}; remove "
+        return [f"{', '.join(given)}: for online RL (TRAIN_METHOD={spoken(names('online'))}), not "
+                f"TRAIN_METHOD={s.method}; remove "
                 f"{'them' if len(given) > 1 else 'it'}, or set TRAIN_METHOD=grpo"] if given else []  # fmt: skip
     problems = [f"TRAIN_{n.upper()} applies to TRAIN_METHOD={'/'.join(m)}, not TRAIN_METHOD={s.method}; remove it"
                 for n, m in OPTION_METHODS.items() if n in s.model_fields_set and s.method not in m]  # fmt: skip
@@ -233,7 +253,7 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         "temperature": s.rl_temperature,
         "beta": s.rl_beta,
         **engine_arguments(s),
-        "reward_weights": [spec.weight for spec in parse_rewards(s.reward)[0]],
+        "reward_weights": [spec.weight for spec in rewards(s.reward).specs],
         "log_completions": False,  # trainkit logs the rewards; TRL's table needs rich/pandas output of its own
         # A DataLoader iterator draws its workers' base seed from torch's global generator, which also samples the
         # completions. Kept across epochs (persistent workers), a resumed run makes that draw at the next epoch
@@ -241,6 +261,6 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         # both runs draw at the same step.
         "dataloader_persistent_workers": False,
     }
-    if s.method == "grpo":
+    if "rl_loss" in of(s.method).options:
         args["loss_type"] = "dapo" if s.rl_loss == "auto" else s.rl_loss
     return args

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.data import preference
 from trainer.errors import ConfigError
+from trainer.methods import of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -302,7 +303,7 @@ def chat_report(source: Any, loss_on: str, template_setting: str, tokenizer_fold
     or a preference `method`'s rule), the template (TRAIN_CHAT_TEMPLATE `template_setting`, else the tokenizer
     folder's own)."""
     setting = f"TRAIN_LOSS_ON={loss_on}"
-    if method != "sft":
+    if of(method).family != "sft":
         trained = f"TRAIN_METHOD={method}: each side's answer trained, never the prompt"
     elif source.conversational:
         trained = f"loss on {LOSS_ON_MEANING[loss_on]} ({setting})"

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
 
 HEADROOM = 0.10  # of the device's memory, kept free above the probed peak (fragmentation, workspaces, retries)
 GIB = 1 << 30
@@ -45,7 +49,7 @@ class DeviceMemory(Protocol):
 
 
 class CudaMemory:
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: torch.device) -> None:
         import torch
 
         props = torch.cuda.get_device_properties(device)
@@ -69,7 +73,7 @@ class CudaMemory:
         return int(torch.cuda.max_memory_allocated(self.device))
 
 
-def device_memory(device: Any) -> DeviceMemory | None:
+def device_memory(device: torch.device) -> DeviceMemory | None:
     """The memory of `device` as the search reads it; None where there is no out-of-memory to search against."""
     return CudaMemory(device) if device.type == "cuda" else None
 
@@ -130,7 +134,7 @@ def search_predicted(probe: Probe, start: int, ceiling: int, limit: int) -> Sear
         if line is not None and line <= good:
             break  # the line puts the next size over the limit
         predicted = line is not None and (line < bad or bad > ceiling)
-        if predicted:
+        if predicted and line is not None:
             size = min(line, ceiling)
         elif good == 0:
             size = max(1, bad // 2)
@@ -140,7 +144,7 @@ def search_predicted(probe: Probe, start: int, ceiling: int, limit: int) -> Sear
     return found
 
 
-def agreed(probe: Probe, group: Any) -> Probe:
+def agreed(probe: Probe, group: ProcessGroup | None) -> Probe:
     """`probe` as every rank of `group` sees it: fits only where it fit on all of them, the largest peak of them
     (None: this process alone)."""
     if group is None:
@@ -159,7 +163,7 @@ def agreed(probe: Probe, group: Any) -> Probe:
     return every_rank
 
 
-def agreed_limit(limit: int, group: Any) -> int:
+def agreed_limit(limit: int, group: ProcessGroup | None) -> int:
     """The smallest of the ranks' limits (their devices may differ)."""
     if group is None:
         return limit

@@ -47,6 +47,11 @@ from trainer.run.batch_fit import (
 )
 
 if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
+    from torch.nn import Module
+    from transformers import TrainingArguments
+
     from trainer.config.decisions import Decision, Decisions
     from trainer.config.run_config import RunConfig
     from trainer.config.schema import TrainSettings
@@ -56,17 +61,17 @@ log = logging.getLogger("trainer")
 MAX_BATCH = 4096
 
 
-def optimizer_state_bytes(model: Any, world_size: int) -> int:
+def optimizer_state_bytes(model: Module, world_size: int) -> int:
     """Bytes the optimizer state (and DDP's gradient buckets) will take on the device once training starts."""
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable * (8 + (4 if world_size > 1 else 0))
 
 
 def memory_probe(
-    model: Any,
+    model: Module,
     seq_len: int,
     vocab_size: int,
-    device: Any,
+    device: torch.device,
     precision: str,
     reserve: int,
     memory: DeviceMemory,
@@ -117,7 +122,7 @@ def memory_probe(
 
 
 @contextlib.contextmanager
-def layers_see_a_dynamic_batch(model: Any, on: bool) -> Iterator[None]:
+def layers_see_a_dynamic_batch(model: Module, on: bool) -> Iterator[None]:
     """With the decoder layers compiled in place, the hidden states the embeddings hand them are what their graph
     sees: marked dynamic in the batch, one compile serves every probed size (the token ids never reach the layers)."""
     if not on:
@@ -155,12 +160,12 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
     return False
 
 
-def compiled_in_place(model: Any) -> bool:
+def compiled_in_place(model: Module) -> bool:
     """Whether `model` or one of its modules was compiled in place (`Module.compile`, regional compilation)."""
     return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
 
-def compiled_like_training(model: Any, settings: TrainSettings) -> Any:
+def compiled_like_training(model: Module, settings: TrainSettings) -> Any:
     """The model as the run's torch.compile runs it: compiled with TRAIN_COMPILE_BACKEND and TRAIN_COMPILE_MODE (as
     Accelerate compiles it for Trainer), or the model itself where its modules were compiled in place."""
     import torch
@@ -171,13 +176,13 @@ def compiled_like_training(model: Any, settings: TrainSettings) -> Any:
 
 
 def search_batch(
-    model: Any,
+    model: Module,
     settings: TrainSettings,
-    device: Any,
+    device: torch.device,
     precision: str,
     reserve: int,
     ceiling: int,
-    group: Any,
+    group: ProcessGroup | None,
     compiled: bool,
     memory: DeviceMemory,
     limit: int,
@@ -218,12 +223,12 @@ def batch_ceiling(blocks: int, world_size: int, effective: int | None) -> int:
 
 
 def choose_batch(
-    model: Any,
-    args: Any,
+    model: Module,
+    args: TrainingArguments,
     settings: TrainSettings,
     precision: str,
     blocks: int,
-    group: Any,
+    group: ProcessGroup | None,
     effective: int | None = None,
     compiled: bool = False,
 ) -> Decision[int]:
@@ -261,7 +266,7 @@ def choose_batch(
     return Decision(found.batch, reason)
 
 
-def search_key(cfg: RunConfig, args: Any, model: Any, memory: DeviceMemory) -> dict[str, Any]:
+def search_key(cfg: RunConfig, args: Any, model: Module, memory: DeviceMemory) -> dict[str, Any]:
     """What the batch that fits depends on: the model and its trainable part, TRAIN_SEQ_LEN, the precision, attention,
     compile, Liger and checkpointing decisions, the processes, the GPU and the versions."""
     import accelerate
@@ -329,7 +334,7 @@ def remember_batch(path: Path, key: dict[str, Any], batch: int, reason: str) -> 
     os.replace(tmp, path)  # complete or absent: a run stopped mid-write leaves no half record
 
 
-def searched_or_cached(cfg: RunConfig, args: Any, model: Any, search: Callable[[], Decision[int]],
+def searched_or_cached(cfg: RunConfig, args: TrainingArguments, model: Module, search: Callable[[], Decision[int]],
                        ceiling: int) -> Decision[int]:  # fmt: skip
     """The search's Decision, from the cache where the same model, sequence length, precision, GPU and versions
     were searched before (every rank takes rank 0's cache verdict), else searched and remembered by rank 0."""
@@ -365,7 +370,9 @@ def split_effective(effective: int, largest: int) -> tuple[int, int]:
     return micro, effective // micro
 
 
-def apply_auto_batch(cfg: RunConfig, args: Any, model: Any, blocks: int, resume: Path | None) -> Decisions:
+def apply_auto_batch(
+    cfg: RunConfig, args: TrainingArguments, model: Module, blocks: int, resume: Path | None
+) -> Decisions:
     """The TRAIN_AUTO_BATCH search: the batch the ranks agreed on replaces TRAIN_BATCH_SIZE in `args`; when the user
     set TRAIN_BATCH_SIZE or TRAIN_GRAD_ACCUM, gradient accumulation keeps their product (the effective batch). The
     decisions with the searched batch (and the sizes probed) are returned, for the run's record; the log says the

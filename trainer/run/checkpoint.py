@@ -21,10 +21,14 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint_record import CheckpointRecord, state_path, write_record
 from trainer.provenance import reference as provenance_reference
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase, TrainerControl, TrainerState, TrainingArguments
 
 log = logging.getLogger("trainer")
 
@@ -110,7 +114,7 @@ def atomic_trainer(base: type) -> type:
     from trainer.compat import rotate_checkpoints
     from trainer.run.disk_space import full_disk_ends_run
 
-    class AtomicCheckpointTrainer(base):  # type: ignore[valid-type,misc]
+    class AtomicCheckpointTrainer(base):
         """Trainer whose checkpoints appear only complete (see the module docstring)."""
 
         _staging_dir: str | None = None
@@ -122,7 +126,7 @@ def atomic_trainer(base: type) -> type:
             return shield_workers(super().get_train_dataloader())
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-            # A compiled run drops the partial last batch in training only (trainer.run.train.batches_per_epoch):
+            # A compiled run drops the partial last batch in training only (trainer.run.kit.batches_per_epoch):
             # every evaluation sequence is evaluated.
             dropping, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
             try:
@@ -135,7 +139,7 @@ def atomic_trainer(base: type) -> type:
                 return self._staging_dir
             return super()._get_output_dir(trial)
 
-        def _save_checkpoint(self, model: Any, trial: Any, *more: Any, **named: Any) -> None:
+        def _save_checkpoint(self, model: Module, trial: Any, *more: Any, **named: Any) -> None:
             # transformers 4.46 passes metrics=, later versions do not: hand on whatever this version passes.
             guards = [c for c in self.callback_handler.callbacks if hasattr(c, "allows_save")]
             if not all([c.allows_save(self.state, self.control, model) for c in guards]):
@@ -157,8 +161,8 @@ def atomic_trainer(base: type) -> type:
                 log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
             self.accelerator.wait_for_everyone()
 
-        def _save_staged(self, model: Any, trial: Any, staging: Path, final: Path, step: int, *more: Any, **named: Any
-                         ) -> None:  # fmt: skip
+        def _save_staged(self, model: Module, trial: Any, staging: Path, final: Path, step: int, *more: Any,
+                         **named: Any) -> None:  # fmt: skip
             self._staging_dir = str(staging)
             try:
                 super()._save_checkpoint(model, trial, *more, **named)
@@ -181,7 +185,7 @@ def atomic_trainer(base: type) -> type:
             if self.args.should_save:
                 self.state.save_to_json(str(state_path(staging / final.name)))
 
-        def save_final(self, output_dir: Path, tokenizer: Any) -> None:
+        def save_final(self, output_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
             """Model + tokenizer to `output_dir`, published atomically like a checkpoint.
 
             LoRA on a full-precision base (one process, no DeepSpeed/FSDP): `final/` holds the merged model,
@@ -195,7 +199,7 @@ def atomic_trainer(base: type) -> type:
                 self._save_final_staged(staging, output_dir, tokenizer)
             self.accelerator.wait_for_everyone()
 
-        def _save_final_staged(self, staging: Path, output_dir: Path, tokenizer: Any) -> None:
+        def _save_final_staged(self, staging: Path, output_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
             if self._can_merge_lora():
                 self.save_model(str(staging / "adapter"))
                 merged = self.model.merge_and_unload()
@@ -230,7 +234,9 @@ def steps_from_settings() -> Any:
     from transformers import TrainerCallback
 
     class StepsFromSettings(TrainerCallback):
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_train_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+        ) -> None:
             for name in ("logging_steps", "eval_steps", "save_steps"):
                 value = getattr(args, name)
                 if name == "eval_steps" and value is None:

@@ -20,9 +20,12 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 log = logging.getLogger("trainer")
 
@@ -35,7 +38,7 @@ class DiskFull(ConfigError):
 
     def __init__(self, folder: Path, cause: OSError, what: str) -> None:
         self.folder = folder
-        why = {errno.EROFS: "is read-only", errno.EDQUOT: "is over its disk quota"}.get(cause.errno, "is full")
+        why = {errno.EROFS: "is read-only", errno.EDQUOT: "is over its disk quota"}.get(cause.errno or 0, "is full")
         super().__init__(
             f"the filesystem holding {folder} {why} ({cause.strerror}) while {what}. {_free(folder)}"
             "The last complete checkpoint and metrics.jsonl are intact: free space (or give TRAIN_OUTPUT_DIR a "
@@ -96,14 +99,14 @@ def _free(folder: Path) -> str:
     return f"Free there now: {usage.free / 2**20:.0f} MiB of {usage.total / 2**20:.0f} MiB. "
 
 
-def checkpoint_bytes(model: Any) -> int:
+def checkpoint_bytes(model: Module) -> int:
     """About what one checkpoint takes: the weights as stored, plus two fp32 Adam moments per trainable weight."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     saved = trainable if hasattr(model, "peft_config") else list(model.parameters())  # LoRA saves its adapter only
     return int(sum(p.numel() * p.element_size() for p in saved) + 8 * sum(p.numel() for p in trainable))
 
 
-def warn_if_too_small(output_dir: Path, model: Any) -> None:
+def warn_if_too_small(output_dir: Path, model: Module) -> None:
     """A warning at start when the output folder's free space cannot hold two checkpoints."""
     try:
         free = shutil.disk_usage(output_dir).free

@@ -35,6 +35,10 @@ from typing import TYPE_CHECKING, Any
 from trainer.errors import EXIT_DIVERGED
 
 if TYPE_CHECKING:
+    import torch
+    from torch.nn import Module
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
     from trainer.config.schema import TrainSettings
 
 log = logging.getLogger("trainer")
@@ -115,8 +119,8 @@ def _guard_class() -> type:
         def __init__(self, policy: str, watch_gradients: bool = True) -> None:
             self.policy = policy
             self.watch_gradients = watch_gradients
-            self._bad_steps: Any = None  # device tensor: optimizer steps with non-finite gradients
-            self._first_bad: Any = None  # device tensor: the first such step (0: none)
+            self._bad_steps: torch.Tensor | None = None  # device tensor: optimizer steps with non-finite gradients
+            self._first_bad: torch.Tensor | None = None  # device tensor: the first such step (0: none)
             self.skipped = 0
             self.skipped_in_a_row = 0
             self.diverged_at: int | None = None
@@ -126,7 +130,8 @@ def _guard_class() -> type:
 
         # ---- per step: on the device only (stop) or one host read (skip) ----
 
-        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
+        def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                                  model: Module | None = None, **kwargs: object) -> Any:  # fmt: skip
             if not self.watch_gradients or model is None or self.diverged_at is not None:
                 return control
             params = [p for p in model.parameters() if p.grad is not None]
@@ -160,7 +165,8 @@ def _guard_class() -> type:
 
         # ---- decisions: where the run logs, saves, evaluates or ends ----
 
-        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                        model: Module | None = None, **kwargs: object) -> Any:  # fmt: skip
             if self.diverged_at is not None:
                 return self._end(control)
             if self.policy == "skip" and self.skipped_in_a_row >= MAX_SKIPS_IN_A_ROW:
@@ -172,7 +178,7 @@ def _guard_class() -> type:
                 return self._end(control)
             return control
 
-        def allows_save(self, state: Any, control: Any, model: Any) -> bool:
+        def allows_save(self, state: TrainerState, control: TrainerControl, model: Module) -> bool:
             """Asked by AtomicCheckpointTrainer before it writes a checkpoint: False (and the run ends) when a step
             had non-finite gradients or the weights are not finite. Inside the save, so that a step that saves adds
             no host read before it (tests/trainer/test_step_syncs.py)."""
@@ -187,13 +193,15 @@ def _guard_class() -> type:
             self._end(control)
             return False
 
-        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        def on_train_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+        ) -> Any:
             # after the last step, outside every step: before final/ is written (trainer.run.train asks diverged_at)
             if self.diverged_at is None and self.policy == "stop":
                 self._read_gradient_flag(state)
             return control
 
-        def _read_gradient_flag(self, state: Any) -> bool:
+        def _read_gradient_flag(self, state: TrainerState) -> bool:
             """The device counter read on the host (every rank the same): True when a step had non-finite gradients."""
             if self._bad_steps is None:
                 return False
@@ -202,7 +210,8 @@ def _guard_class() -> type:
                 self._diverged(first or state.global_step, f"non-finite gradient norm ({bad} step(s) so far)")
             return bool(bad)
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   logs: dict[str, Any] | None = None, **kwargs: object) -> Any:  # fmt: skip
             loss = (logs or {}).get("loss")
             if not isinstance(loss, (int, float)):
                 return control
@@ -212,14 +221,16 @@ def _guard_class() -> type:
                 self._diverged(state.global_step, f"the loss is {loss}")
             return self._end(control) if self.diverged_at is not None else control
 
-        def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        def on_epoch_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+        ) -> Any:
             return self._end(control) if self.diverged_at is not None else control
 
         def _diverged(self, step: int, reason: str) -> None:
             self.diverged_at, self.reason = step, reason
 
         @staticmethod
-        def _end(control: Any) -> Any:
+        def _end(control: TrainerControl) -> TrainerControl:
             control.should_save = False  # a checkpoint now would hold non-finite weights (or follow skipped steps)
             control.should_evaluate = False
             control.should_training_stop = True

@@ -17,13 +17,17 @@ from trainer.jsonl import append_line, json_line
 from trainer.run.metrics import method_metrics
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Trainer, TrainerControl, TrainerState, TrainingArguments
+
     from trainer.config.inputs import Inputs
     from trainer.data.dataset import BlockRange, ShardedDataset
 
 log = logging.getLogger("trainer")
 
 
-def training_data(inputs: Inputs, tokenizer: Any, should_stop: Callable[[], bool]) -> tuple[Any, Any]:
+def training_data(
+    inputs: Inputs, tokenizer: PreTrainedTokenizerBase, should_stop: Callable[[], bool]
+) -> tuple[Any, Any]:
     """(training dataset, eval dataset: None, one dataset, or {name: dataset} for several eval sets, which
     Transformers evaluates one by one as eval_<name>_loss). A mix of sources (trainer.data.mix) is prepared source by
     source and mixed with TRAIN_SEED; its TRAIN_EVAL_SPLIT holds out the same fraction of each source, by name."""
@@ -43,21 +47,21 @@ def training_data(inputs: Inputs, tokenizer: Any, should_stop: Callable[[], bool
     return split_datasets(inputs, tokenizer, dataset, should_stop)
 
 
-def split_datasets(inputs: Inputs, tokenizer: Any, train: ShardedDataset, should_stop: Callable[[], bool]
-                   ) -> tuple[ShardedDataset | BlockRange, Any]:  # fmt: skip
+def split_datasets(inputs: Inputs, tokenizer: PreTrainedTokenizerBase, train: ShardedDataset,
+                   should_stop: Callable[[], bool]) -> tuple[ShardedDataset | BlockRange, Any]:  # fmt: skip
     """(training dataset, eval dataset or None) per TRAIN_EVAL_DATA / TRAIN_EVAL_SPLIT."""
     from trainer.data.dataset import hold_out
 
     settings = inputs.settings
     if settings.eval_split > 0:
-        train, held = hold_out(train, settings.eval_split)
+        kept, held = hold_out(train, settings.eval_split)
         log.info("eval: %d packed sequences held out (TRAIN_EVAL_SPLIT=%g), %d train", len(held),
-                 settings.eval_split, len(train))  # fmt: skip
-        return train, held
+                 settings.eval_split, len(kept))  # fmt: skip
+        return kept, held
     return train, eval_datasets(inputs, tokenizer, should_stop)
 
 
-def eval_datasets(inputs: Inputs, tokenizer: Any, should_stop: Callable[[], bool]) -> Any:
+def eval_datasets(inputs: Inputs, tokenizer: PreTrainedTokenizerBase, should_stop: Callable[[], bool]) -> Any:
     """TRAIN_EVAL_DATA prepared: None when unset, one dataset, or {name: dataset} for several named sets."""
     from trainer.data.dataset import load_or_prepare
 
@@ -80,12 +84,13 @@ class EvalMetricsCallback(TrainerCallback):
     def __init__(self, path: Path, perplexity: bool = True) -> None:
         self.path, self.perplexity = path, perplexity  # a preference method's eval_loss is no language-model loss
 
-    def install(self, trainer: Any) -> None:
+    def install(self, trainer: Trainer) -> None:
         trainer.callback_handler.callbacks.insert(0, self)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: object) -> None:  # fmt: skip
         prefix = eval_prefix(logs or {})
-        if prefix is None:
+        if prefix is None or logs is None:
             return
         loss = float(logs[f"{prefix}loss"])
         if self.perplexity:

@@ -27,11 +27,16 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
 from trainer.jsonl import append_line, json_line
+
+if TYPE_CHECKING:
+    import torch
+    from torch.nn import Module
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 log = logging.getLogger("trainer")
 
@@ -50,14 +55,14 @@ METRIC_KEYS = (
 )
 
 
-def param_numel(p: Any) -> int:
+def param_numel(p: torch.nn.Parameter) -> int:
     """Elements of a parameter: its full size under ZeRO-3 (`ds_numel`; the local shard is empty), and 4-bit
     weights packed two per byte counted as the weights they hold."""
     n = int(getattr(p, "ds_numel", 0) or p.numel())
     return n * 2 if p.__class__.__name__ == "Params4bit" else n
 
 
-def matmul_params(model: Any, trainable_only: bool = False) -> int:
+def matmul_params(model: Module, trainable_only: bool = False) -> int:
     """Parameters that take part in matmuls: all unique ones except the input embedding (a lookup), unless it
     is tied to the LM head. `trainable_only`: those that also get a weight gradient."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -71,7 +76,7 @@ def matmul_params(model: Any, trainable_only: bool = False) -> int:
     )
 
 
-def flops_per_token(model: Any, seq_len: int) -> float:
+def flops_per_token(model: Module, seq_len: int) -> float:
     """Training FLOPs per token: per matmul weight 2 forward and 2 for the input gradient, plus 2 for the weight
     gradient only where the weight trains (6N for full fine-tuning, about 4N for LoRA/QLoRA, whose frozen weights
     skip it); attention scores add 12 * layers * hidden * seq_len (forward and backward, no weights)."""
@@ -155,24 +160,31 @@ class MetricsCallback(TrainerCallback):
         self._step_times: list[float] = []
         self.useful_share = 1.0  # of the tokens trained, those that are not padding (on_train_begin)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self._last = time.perf_counter()
         loader = kwargs.get("train_dataloader")
         self.useful_share = useful_token_share(getattr(loader, "dataset", None))
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         now = time.perf_counter()
         if self._last is not None:
             self._step_times.append(now - self._last)
         self._last = now
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object) -> None:
         self._last = time.perf_counter()  # the next step's time excludes the save
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         reset_peak_memory()  # evaluation's peak is not a training step's
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: object) -> None:  # fmt: skip
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
         append_line(self.path, json_line(self.record(args, state, logs)))
@@ -208,7 +220,9 @@ def useful_token_share(dataset: Any) -> float:
     held-out split's training part reads its whole dataset's); 1.0 where the data says nothing of padding."""
     base = getattr(dataset, "dataset", dataset)
     meta = getattr(base, "meta", None)
-    packing = meta.get("packing") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return 1.0
+    packing = meta.get("packing")
     if not packing or not packing.get("padding_tokens"):
         return 1.0
     blocks = int(packing.get("record_blocks", 0)) + int(packing.get("stream_blocks", 0))

@@ -16,11 +16,36 @@ from typing import TYPE_CHECKING, Any
 from trainer.config.methods import trainer_class
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError
+from trainer.run import kit
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
 
 log = logging.getLogger("trainer")
+
+
+def prepare(setup: kit.Setup) -> kit.Prepared:
+    """TRL's GRPO/RLOO trainer, the rewards checked before the model loads; the sampled completions with their
+    rewards logged from the main process."""
+    from pathlib import Path
+
+    from trainer.config.online import reward_files
+    from trainer.run.samples import SAMPLES, CompletionSamplesCallback
+
+    cfg, args = setup.cfg, setup.args
+    rows = training_rows(cfg)
+    rewards = reward_functions(cfg, rows)
+    model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
+    record = kit.learned(setup.start, args, cfg.decisions, len(rows))
+    callbacks = setup.callbacks(model, record)
+    trainer = build_trainer(cfg, args, setup.tokenizer, model, rows, rewards, callbacks)
+    main = args.process_index == 0
+    samples = (CompletionSamplesCallback(trainer, Path(cfg.settings.output_dir) / SAMPLES),) if main else ()
+    provenance = None
+    if args.should_save:  # provenance.json's part of online RL
+        provenance = {"reward_files": reward_files(cfg.settings.reward),
+                      "generation": generation_provenance(cfg.settings.rl_engine)}  # fmt: skip
+    return kit.Prepared(trainer, record, after_trackers=samples, provenance=provenance)
 
 
 def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
@@ -47,7 +72,7 @@ def reward_functions(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[Any]:
 
     s = cfg.settings
     columns = frozenset(k for k in rows[0] if k not in ("prompt", WHERE))
-    rewards = build_rewards(s.reward, columns, s.rl_max_new_tokens)
+    rewards = build_rewards(cfg.inputs.rewards, columns, s.rl_max_new_tokens)
     names = [getattr(r, "__name__", r) for r in rewards]
     log.info("rewards: %s (weights %s), each logged as rewards/NAME/mean", ", ".join(map(str, names)),
              cfg.training_arguments.get("reward_weights"))  # fmt: skip

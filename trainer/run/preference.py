@@ -14,17 +14,33 @@ import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.methods import METHODS, records_of, trainer_class
+from trainer.config.methods import method_of, records_of, trainer_class
 from trainer.data.preference import encoded, limit_prompts, longest, unpaired_from_pairs
 from trainer.errors import ConfigError
+from trainer.run import kit
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase, TrainingArguments
+
     from trainer.config.run_config import RunConfig
 
 log = logging.getLogger("trainer")
 
 
-def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def prepare(setup: kit.Setup) -> kit.Prepared:
+    """TRL's trainer for TRAIN_METHOD, with the same callbacks and checkpoints as SFT."""
+    cfg = setup.cfg
+    rows = training_rows(cfg, setup.tokenizer)
+    model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
+    record = kit.learned(setup.start, setup.args, cfg.decisions, len(rows[0]))
+    callbacks = setup.callbacks(model, record)
+    return kit.Prepared(build_trainer(cfg, setup.args, setup.tokenizer, model, rows, callbacks), record)
+
+
+def training_rows(
+    cfg: RunConfig, tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(train rows, eval rows or None) as the method's TRL trainer takes them, long pairs dropped or left to TRL's
     truncation (TRAIN_LONG_RECORDS), every count logged."""
     s = cfg.settings
@@ -39,22 +55,25 @@ def training_rows(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]],
         log.info("eval: the last %d of %d pairs held out (TRAIN_EVAL_SPLIT=%g)", held, held + len(rows), s.eval_split)
     rows = _prompts_limited(rows, tokenizer, cfg, "train")
     evaluation = _prompts_limited(evaluation, tokenizer, cfg, "eval") if evaluation else evaluation
-    long_records = "drop" if s.method == "reward" else s.long_records  # a reward model scores whole pairs
+    method = method_of(s)
+    long_records = "drop" if method.classifier else s.long_records  # a reward model scores whole pairs
     rows = _kept(rows, tokenizer, s.seq_len, long_records, "train")
     evaluation = _kept(evaluation, tokenizer, s.seq_len, long_records, "eval") if evaluation else evaluation
-    if s.method == "kto" and records.paired:
+    if method.unpaired and records.paired:
         log.info("data: KTO on pairs: each of %d pairs is two examples (chosen: label true, rejected: false)",
                  len(rows))
         rows = unpaired_from_pairs(rows)
         evaluation = unpaired_from_pairs(evaluation) if evaluation else evaluation
     if not rows:
         raise ConfigError(f"TRAIN_DATA: no pair left to train on ({len(records.rows)} read); see the log above")
-    log.info("data: %d %s for TRAIN_METHOD=%s (%s)", len(rows), "examples" if s.method == "kto" else "pairs",
+    log.info("data: %d %s for TRAIN_METHOD=%s (%s)", len(rows), "examples" if method.unpaired else "pairs",
              s.method, ", ".join(records.layouts))  # fmt: skip
     return rows, evaluation
 
 
-def _prompts_limited(rows: list[dict[str, Any]], tokenizer: Any, cfg: RunConfig, what: str) -> list[dict[str, Any]]:
+def _prompts_limited(
+    rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, cfg: RunConfig, what: str
+) -> list[dict[str, Any]]:
     """TRAIN_PREF_MAX_PROMPT_LEN (TRL 1.16's configs have no prompt limit of their own): long prompts cut from the
     left, one cut for both sides, or their records dropped; both counted."""
     s = cfg.settings
@@ -71,7 +90,7 @@ def _prompts_limited(rows: list[dict[str, Any]], tokenizer: Any, cfg: RunConfig,
     return limited.rows
 
 
-def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records: str, what: str
+def _kept(rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, seq_len: int, long_records: str, what: str
           ) -> list[dict[str, Any]]:  # fmt: skip
     """Rows whose prompt and longest side fit TRAIN_SEQ_LEN, or all of them (truncate: TRL keeps the shared prompt
     and cuts each answer at the same length); the long ones are counted either way."""
@@ -91,16 +110,16 @@ def _kept(rows: list[dict[str, Any]], tokenizer: Any, seq_len: int, long_records
     return rows
 
 
-def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
+def build_policy(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
     """The model to train: SFT's (preset or folder, LoRA/QLoRA applied), or for `reward` a one-score classifier."""
     from trainer.run.training_model import build_model, build_reward_model
 
-    if cfg.settings.method != "reward":
+    if not method_of(cfg.settings).classifier:
         return build_model(cfg, tokenizer)
     return build_reward_model(cfg, tokenizer)
 
 
-def reference_model(cfg: RunConfig, model: Any) -> Any:
+def reference_model(cfg: RunConfig, model: Module) -> Any:
     """A frozen copy of the starting policy where the reference decision asks for one; else None (TRL then uses
     the adapter-disabled base with LoRA, or its precomputed log-probs)."""
     if cfg.decisions.reference.value != "frozen copy":
@@ -111,7 +130,7 @@ def reference_model(cfg: RunConfig, model: Any) -> Any:
     return reference
 
 
-def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
+def build_trainer(cfg: RunConfig, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase, model: Module,
                   rows: tuple[list[dict[str, Any]], list[dict[str, Any]] | None], callbacks: list[Any]) -> Any:
     """TRL's trainer for cfg.settings.method on `rows` (training_rows) with atomic checkpoints, ready for `train`."""
     from datasets import Dataset
@@ -121,7 +140,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any,
     s = cfg.settings
     train_rows, evaluation = rows
     kwargs: dict[str, Any] = {}
-    if METHODS[s.method].reference:
+    if method_of(s).reference:
         kwargs["ref_model"] = reference_model(cfg, model)
     log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
     policy_bytes = parameter_bytes(model.parameters())

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
+
+if TYPE_CHECKING:
+    from torch.profiler import profile
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 log = logging.getLogger("trainer")
 
@@ -21,9 +25,11 @@ class ProfilerCallback(TrainerCallback):
 
     def __init__(self, output_dir: Path) -> None:
         self.trace_dir = output_dir / "profile"
-        self.profiler: Any = None
+        self.profiler: profile | None = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
@@ -32,7 +38,7 @@ class ProfilerCallback(TrainerCallback):
         worker = f"rank{args.process_index}"
         write_trace = tensorboard_trace_handler(str(self.trace_dir), worker_name=worker)
 
-        def on_trace_ready(prof: Any) -> None:
+        def on_trace_ready(prof: profile) -> None:
             write_trace(prof)
             write_summary(prof, self.trace_dir / f"summary-{worker}.txt", on_gpu=on_gpu)
 
@@ -53,17 +59,21 @@ class ProfilerCallback(TrainerCallback):
             self.trace_dir,
         )
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.profiler is not None:
             self.profiler.step()
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.profiler is not None:
             self.profiler.stop()
             self.profiler = None
 
 
-def write_summary(prof: Any, path: Path, on_gpu: bool) -> None:
+def write_summary(prof: profile, path: Path, on_gpu: bool) -> None:
     """Where the recorded steps spent their time, as a text table (no TensorBoard needed): the operators with
     the most self time on the GPU (on a CPU run, on the CPU)."""
     averages = prof.key_averages()
@@ -104,7 +114,9 @@ class MemorySnapshotCallback(TrainerCallback):
         self.path = output_dir / "memory_snapshot.pickle"
         self.recording = False
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         import torch
 
         if not torch.cuda.is_available():
@@ -114,15 +126,19 @@ class MemorySnapshotCallback(TrainerCallback):
         self.recording = True
         self._start_step = state.global_step
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.recording and state.global_step - self._start_step >= SNAPSHOT_STEPS:
             self._dump(args)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.recording:
             self._dump(args)
 
-    def _dump(self, args: Any) -> None:
+    def _dump(self, args: TrainingArguments) -> None:
         import torch
 
         path = (

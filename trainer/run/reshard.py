@@ -21,13 +21,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trainer.checkpoint_record import BatchRecord
 from trainer.config.decision import Decision
 from trainer.config.resume import Continuation, Resume, continuation
 
 if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
     from trainer.config.run_config import RunConfig
 
 RESHARD_DIR = ".reshard"
@@ -59,14 +61,16 @@ def continue_on_this_count(cfg: RunConfig, resume: Resume) -> tuple[RunConfig, C
     return cfg, plan
 
 
-def batch_record(plan: Continuation, args: Any) -> BatchRecord:
+def batch_record(plan: Continuation, args: TrainingArguments) -> BatchRecord:
     """What each checkpoint of this run records of its batch: the one it trains with (after any batch search)."""
     return dataclasses.replace(plan.batch, processes=args.world_size, per_device=args.per_device_train_batch_size,
                                accumulation=args.gradient_accumulation_steps)  # fmt: skip
 
 
 @contextlib.contextmanager
-def checkpoint_to_load(cfg: RunConfig, plan: Continuation, resume: Resume, args: Any) -> Iterator[str | None]:
+def checkpoint_to_load(
+    cfg: RunConfig, plan: Continuation, resume: Resume, args: TrainingArguments
+) -> Iterator[str | None]:
     """The folder Transformers resumes from: the checkpoint, or its universal form for ZeRO on another process
     count (made by global rank 0 while the others wait; removed at the end)."""
     if resume.checkpoint is None or plan.reshard_from is None or not cfg.deepspeed:

@@ -1,8 +1,9 @@
 """TRAIN_REWARD's reward functions, as TRL's online trainers call them: (prompts, completions, **columns) -> one
 number per completion.
 
-Each entry of TRAIN_REWARD (trainer.config.online.parse_rewards) becomes a `Reward`: a built-in, the user's function
-imported from its file, or a reward model folder (handed to TRL by path). A `Reward` is named as TRL logs it
+Each entry of TRAIN_REWARD (trainer.config.online.rewards, the one parse) becomes a `Reward`: a built-in or the user's
+function imported from its file; a reward model folder is loaded through trainer.model's one loader (a one-score
+head) and handed to TRL as the model. A `Reward` is named as TRL logs it
 (rewards/NAME/mean) and guards the call: a function that raises, returns something that is not one finite number
 per completion, ends the run with a RewardFailed (exit 2) naming the function, the record (file:line) and the value,
 never a traceback from inside TRL; the last checkpoint stays as it was.
@@ -15,10 +16,11 @@ import importlib.util
 import inspect
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.config.online import RewardSpec, parse_rewards
+from trainer.config.online import Rewards, RewardSpec
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError
 from trainer.run.metrics import finite_float
@@ -93,7 +95,7 @@ def length_reward(budget: int) -> Any:
 class Reward:
     """One reward function as TRL calls it, guarded (see the module docstring). `__name__` is what TRL logs."""
 
-    def __init__(self, spec: RewardSpec, function: Any, columns: frozenset[str]) -> None:
+    def __init__(self, spec: RewardSpec, function: Callable[..., Any], columns: frozenset[str]) -> None:
         self.spec, self.function, self.__name__ = spec, function, spec.name
         self.takes_any = any(p.kind is p.VAR_KEYWORD for p in _parameters(function))
         self.accepted = {p.name for p in _parameters(function)}
@@ -152,22 +154,30 @@ def _number(value: Any) -> float | None:
     return finite_float(value)
 
 
-def _parameters(function: Any) -> list[inspect.Parameter]:
+def _parameters(function: Callable[..., Any]) -> list[inspect.Parameter]:
     return list(inspect.signature(function).parameters.values())
 
 
-def build_rewards(value: str, columns: frozenset[str], max_new_tokens: int) -> list[Any]:
-    """TRAIN_REWARD as TRL's reward_funcs: Reward objects, and a reward model folder's path; ConfigError (exit 2)
+def build_rewards(rewards: Rewards, columns: frozenset[str], max_new_tokens: int) -> list[Any]:
+    """TRAIN_REWARD as TRL's reward_funcs: Reward objects, and a reward model folder's model; ConfigError (exit 2)
     naming a function that cannot be imported or called with TRL's arguments and the data's columns."""
     out: list[Any] = []
-    for spec in parse_rewards(value)[0]:
+    for spec in rewards.specs:
         if spec.kind == "model":
-            out.append(spec.path)
+            out.append(reward_model(spec.path))
             continue
         function = _function(spec, max_new_tokens)
         _check_signature(spec, function, columns)
         out.append(Reward(spec, function, columns))
     return out
+
+
+def reward_model(folder: str) -> Any:
+    """A reward model folder (what TRAIN_METHOD=reward writes) as TRL would load it from its path: a one-score
+    classifier in Transformers' default dtype, here through trainer.model's one loader."""
+    from trainer.model.loading import LoadHow, Weights, load
+
+    return load(Weights(folder=folder), LoadHow(dtype=None, score_head=True))
 
 
 def _function(spec: RewardSpec, max_new_tokens: int) -> Any:
@@ -205,7 +215,7 @@ def _imported(spec: RewardSpec) -> Any:
     return function
 
 
-def _check_signature(spec: RewardSpec, function: Any, columns: frozenset[str]) -> None:
+def _check_signature(spec: RewardSpec, function: Callable[..., Any], columns: frozenset[str]) -> None:
     """Every parameter must be one TRL passes (prompts, completions, completion_ids, ...) or a column of the data;
     a function without **kwargs is given only the ones it names."""
     try:

@@ -21,7 +21,7 @@ GENERATION_KEY = "time/generation_s"
 def timed_generation(base: type) -> type:
     """`base` (TRL's GRPOTrainer or RLOOTrainer) logging GENERATION_KEY with each training log line."""
 
-    class TimedGeneration(base):  # type: ignore[valid-type,misc]
+    class TimedGeneration(base):
         _generation_s = 0.0
         _generation_logged_at: int | None = None  # global_step of the last log line (or where a resumed run began)
 

@@ -28,6 +28,9 @@ from trainer.run.metrics import finite_float, truncate_after
 from trainer.secrets import mask_value
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase, Trainer, TrainerControl, TrainerState, TrainingArguments
+
     from trainer.answers.references import Reference
     from trainer.config.inputs import Inputs
     from trainer.config.run_config import RunConfig
@@ -43,8 +46,8 @@ SAMPLES = "samples.jsonl"
 class _TrainingModel:
     """What the decoding reads of a loaded model (trainer.generate.loading.Loaded), for the model being trained."""
 
-    model: Any
-    tokenizer: Any
+    model: Module
+    tokenizer: PreTrainedTokenizerBase
     chat_template: str | None
 
     @property
@@ -86,11 +89,13 @@ class EvalSamplesCallback(TrainerCallback):
         self.asked, self.generator, self.path, self.callbacks = asked, generator, path, callbacks
         self.failed: set[str] = set()  # trackers that refused the samples once (logged once, then left out)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: object) -> None:  # fmt: skip
         if state.is_world_process_zero:
             truncate_after(self.path, state.global_step)  # a resumed run: answers past its checkpoint go
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: Module | None = None, **kwargs: object) -> None:  # fmt: skip
         if not state.is_world_process_zero:
             return
         from trainer.trackers.samples import log_samples
@@ -100,7 +105,7 @@ class EvalSamplesCallback(TrainerCallback):
             append_line(self.path, json_line(row))
         log_samples(self.callbacks, state.global_step, rows, self.failed)
 
-    def answer(self, model: Any, step: int) -> list[dict[str, Any]]:
+    def answer(self, model: Module, step: int) -> list[dict[str, Any]]:
         import torch
 
         training = model.training
@@ -135,7 +140,7 @@ def _room(generator: Any, reference: Reference) -> int | None:
     return None
 
 
-def install_samples(trainer: Any, cfg: RunConfig, tokenizer: Any) -> None:
+def install_samples(trainer: Trainer, cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> None:
     """TRAIN_EVAL_GENERATE's callback on the Trainer (main process); the questions that do not fit the context are
     named and left out (the others are asked)."""
     from trainer.answers.decoding import Generator, Sampling
@@ -168,18 +173,20 @@ class CompletionSamplesCallback(TrainerCallback):
     samples.jsonl and the trackers. TRL's trainer keeps its latest generation batch in `_logs` (prompt, completion,
     each reward function's values), filled whether or not its own completion logging is on."""
 
-    def __init__(self, trainer: Any, path: Path) -> None:
+    def __init__(self, trainer: Trainer, path: Path) -> None:
         from trainer.trackers.samples import completions_table
 
         self.trainer, self.path = trainer, path
         self.table = completions_table(list(trainer.reward_func_names))
         self.failed: set[str] = set()
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: object) -> None:  # fmt: skip
         if state.is_world_process_zero:
             truncate_after(self.path, state.global_step)  # a resumed run: samples past its checkpoint go
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, Any] | None = None, **kwargs: object) -> None:  # fmt: skip
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
         from trainer.trackers.samples import log_samples

@@ -29,11 +29,17 @@ import multiprocessing.context
 import os
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
 from trainer.errors import exit_code_for_signal
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    import torch
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 log = logging.getLogger("trainer")
 
@@ -57,7 +63,7 @@ class GracefulStop:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def _handle(self, signum: int, _frame: Any) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.signum is None:
             self.signum = signum
@@ -110,7 +116,7 @@ class _ShieldedForkProcess(multiprocessing.context.ForkProcess):
 class ShieldedForkContext(multiprocessing.context.ForkContext):
     """The `fork` start method, with DataLoader workers shielded from scheduler stop signals."""
 
-    Process = _ShieldedForkProcess  # type: ignore[assignment]
+    Process = _ShieldedForkProcess
 
 
 def shield_workers(dataloader: Any) -> Any:
@@ -165,7 +171,7 @@ class StopAgreement:
     """The signal every rank agrees to stop for; one process decides alone."""
 
     def __init__(self, world_size: int) -> None:
-        self._flag: Any = None
+        self._flag: torch.Tensor | None = None
         self._pending: Any = None
         self.group = control_group(world_size)
         if self.group is not None:
@@ -204,12 +210,16 @@ class StopOnSignal(TrainerCallback):
         self.stopped_at: int | None = None
         self.agreement: StopAgreement | None = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> Any:
         if self.agreement is None:  # a retry of auto_find_batch_size begins again: keep the group
             self.agreement = StopAgreement(args.world_size)
         return control
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> Any:
         if self.stopped_at is not None:
             return control
         agreement = self.agreement or StopAgreement(1)
@@ -223,7 +233,9 @@ class StopOnSignal(TrainerCallback):
             self.stopped_at = state.global_step
         return control
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> Any:
         if self.agreement is not None:
             self.agreement.close()
         return control

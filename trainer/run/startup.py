@@ -14,11 +14,14 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from transformers import TrainerCallback
 
 from trainer.config.run_record import Startup
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
 
 log = logging.getLogger("trainer")
 STEPS_AFTER_FIRST = 3  # normal steps timed to estimate the compile time
@@ -72,13 +75,19 @@ class StartupCallback(TrainerCallback):
         self.later_steps: list[float] = []
         self.done = False
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.clock.mark("trainer_setup")
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.step_started = time.time()
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.done:
             return
         if self.first_step_s is None:
@@ -91,7 +100,9 @@ class StartupCallback(TrainerCallback):
         if len(self.later_steps) >= STEPS_AFTER_FIRST:
             self.finish(args)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.done:
             return
         if self.first_step_s is not None:
@@ -100,7 +111,7 @@ class StartupCallback(TrainerCallback):
             self.done = True
             self.report(None)
 
-    def finish(self, args: Any) -> None:
+    def finish(self, args: TrainingArguments) -> None:
         self.done = True
         if self.compiled and self.later_steps and self.first_step_s is not None:
             self.clock.compile_s = round(max(0.0, self.first_step_s - statistics.median(self.later_steps)), 3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 
 
-def build_device(cfg: Any) -> torch.device:
+def build_device(cfg: RunConfig) -> torch.device:
     """Where the model is built: this process's GPU when one trains the whole model (no fp32 host copy to move
     there); the CPU with DeepSpeed or FSDP, which place and shard the model themselves, and on CPU machines."""
     if not cfg.hardware.is_gpu or cfg.deepspeed or cfg.settings.fsdp != "none":

@@ -13,7 +13,8 @@ from trainer.config.schema.fields import DATA, FIXED, FREE, setting
 
 
 class MethodSettings(BaseModel):
-    # method (trainer/config/methods.py, trainer/run/preference.py); the method and its options are FIXED on resume
+    # method (trainer/methods.py: the table of methods, which this Literal equals: tests/test_methods.py); the method
+    # and its options are FIXED on resume
     method: Literal["sft", "dpo", "orpo", "kto", "simpo", "reward", "grpo", "rloo"] = setting(
         "sft", "method",
         "sft: supervised fine-tuning / pre-training on text, prompt/completion or conversations. Preference tuning on "
