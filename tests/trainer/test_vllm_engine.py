@@ -104,7 +104,7 @@ def test_reproduce_gives_the_same_rewards_and_a_resumed_run_continues(
                          env={"PYTHONPATH": str(REPO)}, timeout=1800)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert "are identical" in result.stdout, result.stdout
-    assert rewards_of(again) == rewards_of(vllm_run[0])[: STEPS // 2]
+    assert rewards_of(again)[: STEPS // 2] == rewards_of(vllm_run[0])[: STEPS // 2]  # its stop may log one more
     out = tmp_path / "out"
     shutil.copytree(vllm_run[0], out, ignore=shutil.ignore_patterns("final", f"checkpoint-{STEPS}"))
     code, err = finish(start(grpo_env(out, tuned)), 1800)
