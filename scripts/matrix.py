@@ -7,6 +7,7 @@ docs/images.md and README.md) from here; `python scripts/matrix.py` prints the t
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from dataclasses import dataclass, field
@@ -14,9 +15,13 @@ from pathlib import Path
 
 import tomllib
 from errors import UserError
+from packaging.requirements import Requirement
+
+from trainer import compat
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS_FILE = ROOT / "images" / "versions.toml"
+PYPROJECT = ROOT / "pyproject.toml"
 DOCKERFILE = ROOT / "Dockerfile"
 IMAGES_DOC = ROOT / "docs" / "images.md"
 REPOSITORY = "trainkit"
@@ -34,6 +39,8 @@ PIN_ARGS = {  # package -> Dockerfile ARG carrying its pinned version
 SKIP_ARGS = {  # package a row may skip -> Dockerfile ARG carrying the reason (the build records it as the claim)
     "flash-attn": "FLASH_ATTN_SKIP",
 }
+# The order of the "not supported" column: by setting (a setting not named here comes last), each in compat's order.
+REFUSAL_ORDER = ("TRAIN_PRECISION", "TRAIN_ATTN", "TRAIN_FSDP", "TRAIN_OPTIM", "TRAIN_METHOD", "TRAIN_REWARD")
 # Compute capabilities of each GPU generation (NVIDIA's "CUDA GPUs" list), oldest first.
 GENERATIONS = {
     "Maxwell": ("5.0", "5.2", "5.3"),
@@ -92,7 +99,28 @@ class Entry:
     verified: bool = True
     note: str = ""
     skip: dict[str, str] = field(default_factory=dict)
-    unsupported: dict[str, str] = field(default_factory=dict)  # TRAIN_X=value -> why this row's stack cannot run it
+
+    @property
+    def stack(self) -> compat.Stack:
+        """The row's stack as trainer/compat.py describes one: NGC's torch, the transformers pin, the flash-attn pin
+        (none where the row builds none: its base keeps its own, and only the major matters to compat), and the TRL
+        and math-verify pins where the trainer's requirements ask for them on the row's Python (pyproject's
+        markers)."""
+        wanted = trainer_requirements(self.python)
+
+        def pin(name: str, needed: bool = True) -> tuple[int, ...] | None:
+            return release(self.packages[name]) if needed and name in self.packages else None
+
+        return compat.Stack(release(self.torch), pin("transformers"), pin("flash-attn"),
+                            pin("trl", "trl" in wanted), pin("math-verify", "math-verify" in wanted))  # fmt: skip
+
+    @property
+    def unsupported(self) -> dict[str, str]:
+        """`TRAIN_X=value` -> why this row's stack cannot run it: trainer/compat.py's rules on the row's stack (the
+        trainer in the image finds the same from its installed versions), by setting in REFUSAL_ORDER."""
+        found = compat.unsupported(self.stack)
+        rank = {name: i for i, name in enumerate(REFUSAL_ORDER)}
+        return dict(sorted(found.items(), key=lambda item: rank.get(item[0].partition("=")[0], len(rank))))
 
     @property
     def skip_args(self) -> dict[str, str]:
@@ -166,6 +194,23 @@ class Matrix:
         return next((e for e in self.entries.values() if e.ngc == ngc), None)
 
 
+def release(version: str) -> tuple[int, ...]:
+    """The leading release numbers of a version string: "2.1.0a0+b5021ba" -> (2, 1, 0), "2.8.3.post2" -> (2, 8, 3)."""
+    numbers = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(n) for n in numbers.group(0).split(".")) if numbers else ()
+
+
+@functools.lru_cache
+def trainer_requirements(python: str) -> frozenset[str]:
+    """The distributions the trainer asks for on Python `python` (X.Y): pyproject's dependencies and its `train`
+    extra whose environment marker holds there, as the image build resolves them (images/trainer_requirements.py)."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    texts = [*project.get("dependencies", []), *project.get("optional-dependencies", {}).get("train", [])]
+    environment = {"python_version": python, "python_full_version": f"{python}.0"}
+    return frozenset(req.name for req in map(Requirement, texts)
+                     if req.marker is None or req.marker.evaluate(environment))  # fmt: skip
+
+
 def _pins(defaults: dict[str, str], raw: dict) -> dict[str, str]:
     merged = {**defaults, **raw.get("packages", {})}
     return {package: version for package, version in merged.items() if package not in raw.get("skip", {})}
@@ -178,6 +223,11 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     defaults = dict(data["packages"])
+    for cuda, raw in data["cuda"].items():
+        if "unsupported" in raw:
+            raise UserError(f"{path}: cuda.{cuda!r} has an `unsupported` table; what a row cannot run is derived "
+                            "from its stack by trainer/compat.py's rules: remove the table (a new refusal is a rule "
+                            "there)")  # fmt: skip
     entries = {c: Entry(cuda=c, **{**raw, "packages": _pins(defaults, raw)}) for c, raw in data["cuda"].items()}
     for cuda, entry in entries.items():
         unknown = set(entry.skip) - set(SKIP_ARGS)

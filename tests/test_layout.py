@@ -37,7 +37,7 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 # those imports would run back up).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
-     "trainer/precision", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
+     "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
      "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/methods", "trainer/jsonl",
      "trainer/output_lock",
      "trainer/vllm_compat"),  # facts of the machine, the installed versions, a checkpoint's record and a run's
@@ -52,9 +52,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/export", "trainer/answers"),  # a run's outputs -> a model folder (the run calls it at its end for
     # TRAIN_PUSH_TO_HUB); prompts in, answers out (the run's TRAIN_EVAL_GENERATE samples, generate, eval)
     ("trainer/run",),  # the training run
-    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch", "trainer/data_command",
-     "trainer/diff_command", "trainer/reproduce_command", "trainer/__main__", "trainer/__init__", "trainer/generate",
-     "trainer/evaluate"),
+    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch_command", "trainer/push_command",
+     "trainer/data_command", "trainer/diff_command", "trainer/reproduce_command", "trainer/__main__",
+     "trainer/__init__", "trainer/generate", "trainer/evaluate"),
     # the commands: a command that reads the configuration lives above config/
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip
@@ -174,7 +174,8 @@ def test_rooms_on_one_floor_import_each_other_one_way_only() -> None:
 
 
 def test_the_architecture_doc_puts_every_room_on_its_floor() -> None:
-    """docs/architecture.md's numbered floors name each room of the tree (`errors`, `hub/`, `fetch.py`, `scripts/`)."""
+    """docs/architecture.md's numbered floors name each room of the tree (`errors`, `hub/`, `diff_command.py`,
+    `scripts/`)."""
     text = (ROOT / "docs" / "architecture.md").read_text().split("### Floors", 1)[1].split("###", 1)[0]
     drawn = {}
     for level, line in enumerate(re.findall(r"^\d+\. (.*)$", text, re.MULTILINE)):

@@ -29,6 +29,19 @@ def test_the_tag_job_builds_every_row_of_versions_toml() -> None:
     assert rows == expected
 
 
+def test_the_job_matrices_are_generated_and_checked() -> None:
+    """The matrices are scripts/generate.py's blocks: a row edited by hand is drift that `--check` names."""
+    workflow = WORKFLOWS / "release.yml"
+    original = workflow.read_text()
+    try:
+        workflow.write_text(original.replace('tag: cu128}', 'tag: cu128x}', 1))
+        result = subprocess.run([sys.executable, "scripts/generate.py", "--check"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+    finally:
+        workflow.write_text(original)
+    assert result.returncode == 1 and ".github/workflows/release.yml" in result.stderr
+
+
 def test_the_nightly_job_builds_the_default_row() -> None:
     default = VERSIONS["default_cuda"]
     assert [row["cuda"] for row in job_rows("nightly")] == [default]

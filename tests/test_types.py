@@ -1,5 +1,6 @@
-"""The type checker over the torch-free core and model/ (pyproject.toml's [tool.mypy] files): tests/run.sh's lint step
-runs it first; here it is in the edit-test loop (`pytest -m fast`) too, on mypy's warm cache a second or two."""
+"""The type checker over the torch-free core, model/ and the model commands (pyproject.toml's [tool.mypy] files):
+tests/run.sh's lint step runs it first; here it is in the edit-test loop (`pytest -m fast`) too, on mypy's warm cache
+a second or two."""
 
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ class Stack:
     flash_attn: tuple[int, ...] | None
     trl: tuple[int, ...] | None = TRL_MIN  # None: not installed (the Python 3.10 rows)
     math_verify: tuple[int, ...] | None = (0, 9)  # TRAIN_REWARD=math's verifier; None: not installed (as TRL)
+    installed: bool = False  # this environment's (stack()): its transformers' own optimizer names are read
 
     @property
     def transformers_5(self) -> bool:
@@ -134,7 +135,7 @@ def bitsandbytes_quantizes_on_cpu() -> bool:
 @functools.lru_cache(maxsize=1)
 def stack() -> Stack:
     return Stack(_release("torch"), _release("transformers"), _release("flash-attn") or _release("flash_attn"),
-                 _release("trl"), _release("math-verify"))  # fmt: skip
+                 _release("trl"), _release("math-verify"), installed=True)  # fmt: skip
 
 
 # ---- switches this stack cannot run: (TRAIN_* variable, value) -> reason ----------------------------------------
@@ -250,10 +251,11 @@ def cpu_optimizer_problem(optim: str, st: Stack | None = None) -> str | None:
 
 
 def _optimizers_unsupported(st: Stack) -> dict[str, str]:
-    """trainkit's optimizer list is the newest transformers'; an older one refuses the names it does not have."""
+    """trainkit's optimizer list is the newest transformers'; an older one refuses the names it does not have: the
+    installed one's from its source, a described one's from the release that added each name."""
     from trainer import transformers_names
 
-    installed = installed_optimizer_names()
+    installed = installed_optimizer_names() if st.installed else _described_optimizer_names(st)
     if not installed:
         return {}
     version = ".".join(map(str, st.transformers or ()))
@@ -263,6 +265,14 @@ def _optimizers_unsupported(st: Stack) -> dict[str, str]:
         for name in transformers_names.OPTIMIZER_NAMES
         if name not in installed
     }
+
+
+def _described_optimizer_names(st: Stack) -> frozenset[str]:
+    from trainer import transformers_names
+
+    added = transformers_names.OPTIMIZERS_ADDED
+    return frozenset(name for name in transformers_names.OPTIMIZER_NAMES
+                     if st.transformers is None or st.transformers >= added.get(name, (0,)))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)

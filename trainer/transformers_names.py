@@ -33,6 +33,14 @@ OPTIMIZER_NAMES: tuple[str, ...] = (
     "apollo_adamw", "apollo_adamw_layerwise", "stable_adamw",
 )  # fmt: skip
 
+# The Transformers release that added each name above newer than the oldest row's transformers (4.46), read from each
+# release's OptimizerNames: what a described stack (an image row's, scripts/matrix.py) refuses. The installed
+# transformers is read itself (compat.installed_optimizer_names); tests/trainer/test_rows.py holds the two equal.
+OPTIMIZERS_ADDED: dict[str, tuple[int, int]] = {
+    "adamw_torch_8bit": (4, 49), "schedule_free_radam": (4, 49), "apollo_adamw": (4, 49),
+    "apollo_adamw_layerwise": (4, 49), "stable_adamw": (4, 54),
+}  # fmt: skip
+
 # Optimizers trainkit adds on top of Transformers' list (Transformers 5 dropped apex): built by the trainer itself.
 APEX_FUSED = "adamw_apex_fused"
 TRAINKIT_OPTIMIZERS: tuple[str, ...] = (APEX_FUSED,)

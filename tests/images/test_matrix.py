@@ -159,6 +159,28 @@ def test_a_skip_of_an_unknown_piece_is_a_user_error(tmp_path: Path) -> None:
         matrix.load(bad)
 
 
+def test_what_a_row_cannot_run_comes_from_its_stack_alone(tmp_path: Path) -> None:
+    """A new row is its entry: its "not supported" column is compat's rules on its torch, pins and Python, and a
+    table typing it is refused (the rules would drift from it)."""
+    text = (ROOT / "images" / "versions.toml").read_text()
+    row = ('[cuda."99.1"]\nngc = "99.01"\ncuda_full = "99.1.0"\ntorch = "2.5.1a0+abc.nv99.01"\npython = "3.10"\n'
+           'ubuntu = "22.04"\ndriver_min = "999"\narch_list = "9.0"\nincludes = { apex = true }\n'
+           'packages = { transformers = "4.57.6" }\n')  # fmt: skip
+    new = tmp_path / "versions.toml"
+    new.write_text(text + "\n" + row)
+    refused = matrix.load(new).entry("99.1").unsupported
+    assert list(refused)[:4] == ["TRAIN_PRECISION=fp8", "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard",
+                                 "TRAIN_FSDP=shard_grad_op"]  # fmt: skip
+    assert "TRAIN_METHOD=dpo" in refused and "TRAIN_REWARD=math" in refused  # Python 3.10: no TRL
+    assert "`TRAIN_PRECISION=fp8`, `TRAIN_ATTN=flash_attention_4`" in matrix.readme_table(matrix.load(new))
+    new.write_text(text + "\n" + row.replace("python = \"3.10\"", "python = \"3.12\"").replace("2.5.1a0", "2.6.0a0"))
+    assert list(matrix.load(new).entry("99.1").unsupported) == [  # torch 2.6 and TRL, on transformers 4
+        "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op"]  # fmt: skip
+    new.write_text(text + '\n[cuda."12.8".unsupported]\n"TRAIN_ATTN=sdpa" = "typed by hand"\n')
+    with pytest.raises(matrix.UserError, match=r"cuda.'12.8' has an `unsupported` table"):
+        matrix.load(new)
+
+
 # -- issue 12 defect 6: torch strings as NGC's torch reports them ---------------------------------------------
 
 # Seen inside the images (docs: /work/shared/reference's README, "Facts that matter for the CUDA build path").

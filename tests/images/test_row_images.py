@@ -1,23 +1,27 @@
 """Every row's stack trains, inside its stand-in image (`standin_image`: 12.1 and 12.8 by default, every row with
 `--all-rows`): the tiny preset trains, a SIGTERM checkpoint resumes to identical weights, `config --json` speaks
-that transformers version's argument names, and each switch images/versions.toml lists as unsupported on the row
-exits 2 with its reason. The trainer in the image knows those facts from its installed versions (trainer/compat.py).
+that transformers version's argument names, and each switch the row cannot run (scripts/matrix.py: compat's rules on
+the row's stack) exits 2 with its reason. The trainer in the image knows those facts from its installed versions
+(trainer/compat.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
-import tomllib
 import torch
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-ROWS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())["cuda"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import matrix  # noqa: E402
+
+ROWS = matrix.load().entries
 TINY = {"TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2", "TRAIN_LOG_STEPS": "1", "TRAIN_MAX_STEPS": "8",
         "TRAIN_SAVE_STEPS": "100", "TRAIN_SEED": "7", "TRAIN_DETERMINISTIC": "1"}  # fmt: skip
 FIELDS_PROBE = (
@@ -64,9 +68,9 @@ def test_config_json_uses_the_rows_transformers_argument_names(standin_image: st
 
 
 def test_each_unsupported_switch_exits_2_with_the_reason(standin_image: str, standin_row: str, docker_client) -> None:
-    unsupported = ROWS[standin_row].get("unsupported", {})
+    unsupported = ROWS[standin_row].unsupported
     if not unsupported:
-        pytest.skip(f"images/versions.toml lists no unsupported switch for the {standin_row} row")
+        pytest.skip(f"the {standin_row} row's stack runs every switch")
     for switch in unsupported:
         name, _, value = switch.partition("=")
         env = {name: value, "TRAIN_OUTPUT_DIR": "/tmp/out"}

@@ -220,6 +220,7 @@ def test_a_failing_reward_function_ends_the_run_named(
 
 
 def test_a_reward_function_that_takes_the_wrong_arguments_is_refused(files: tuple[Path, Path]) -> None:
+    from trainer.config.online import rewards
     from trainer.run.rewards import build_rewards
 
     columns = frozenset({"word", "answer"})
@@ -227,9 +228,9 @@ def test_a_reward_function_that_takes_the_wrong_arguments_is_refused(files: tupl
                                ("needs_solution", "parameters solution are neither TRL's arguments nor data columns"),
                                ("missing", "defines no 'missing'")):  # fmt: skip
         with pytest.raises(ConfigError) as caught:
-            build_rewards(f"{files[1]}:{function}", columns, 8)
+            build_rewards(rewards(f"{files[1]}:{function}"), columns, 8)
         assert expected in caught.value.message or function == "missing", caught.value.message
-    assert "exact" in [r.__name__ for r in build_rewards("exact,regex=^a:0.5,length", columns, 8)][:1]
+    assert "exact" in [r.__name__ for r in build_rewards(rewards("exact,regex=^a:0.5,length"), columns, 8)][:1]
 
 
 GOOD = {"prompt": "say hi", "answer": "hi"}

@@ -3,7 +3,8 @@
 `bash tests/oldest/setup.sh` makes the venv (tests/run.sh does it); every trainer process here runs on its Python,
 so a version difference the trainer does not handle (trainer/compat.py) fails here without building an image:
 the tiny preset trains, a SIGTERM checkpoint resumes to identical weights, `config --json` speaks 4.46's argument
-names, and every switch that images/versions.toml lists as unsupported on the row exits 2 with its reason.
+names, and every switch the row cannot run (scripts/matrix.py: compat's rules on the row's stack as
+images/versions.toml gives it) exits 2 with its reason.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
 ROW = "12.1"
 ROW_FACTS = tomllib.loads((REPO / "images" / "versions.toml").read_text())["cuda"][ROW]
+sys.path.insert(0, str(REPO / "scripts"))
+import matrix  # noqa: E402
+
+REFUSED = matrix.load().entry(ROW).unsupported  # compat's rules on the row's stack as versions.toml gives it
 ROW_NAME = "this stack (torch 2.1.2, transformers 4.46.3)"  # in NGC 23.07: "the CUDA 12.1 row (...)"
 
 pytestmark = [
@@ -75,10 +81,10 @@ def test_the_venv_holds_the_rows_pins() -> None:
 def test_the_trainer_finds_the_rows_unsupported_switches_from_its_installed_versions() -> None:
     result = run_oldest(["-c", "import json; from trainer import compat; print(json.dumps(compat.unsupported()))"], {})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert set(json.loads(result.stdout)) == set(ROW_FACTS["unsupported"])  # versions.toml and the trainer agree
+    assert set(json.loads(result.stdout)) == set(REFUSED)  # the row's described stack and its installed one agree
 
 
-@pytest.mark.parametrize("switch", sorted(ROW_FACTS["unsupported"]))
+@pytest.mark.parametrize("switch", sorted(REFUSED))
 def test_each_unsupported_switch_exits_2_with_the_reason_before_torch(switch: str, tmp_path: Path) -> None:
     name, _, value = switch.partition("=")
     env = {name: value, "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "HOME": str(tmp_path)}
@@ -99,7 +105,7 @@ def test_doctor_shows_the_unsupported_switch(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert any(f"TRAIN_ATTN=flash_attention_2 is not supported on {ROW_NAME}" in p for p in report["problems"])
     assert "flash-attn 2 needs torch >= 2.2" in report["config"]["error"]
-    assert set(report["unsupported"]) == set(ROW_FACTS["unsupported"])  # its own row, listed whatever is chosen
+    assert set(report["unsupported"]) == set(REFUSED)  # its own row, listed whatever is chosen
 
 
 def test_config_json_uses_4_46_argument_names_and_4_46_accepts_them(oldest_fields: set[str], tmp_path: Path) -> None:

@@ -3,56 +3,50 @@
 from __future__ import annotations
 
 import dataclasses
-import re
+import sys
+import typing
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import tomllib
 
 from trainer import compat
-from trainer.compat import Stack
+from trainer.config.schema import TrainSettings
 
-VERSIONS = tomllib.loads((Path(__file__).resolve().parents[2] / "images" / "versions.toml").read_text())
-ROWS = VERSIONS["cuda"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import matrix
 
-
-def release(version: str | None) -> tuple[int, ...] | None:
-    """(2, 1, 0) from "2.1.0a0+b5021ba" (NGC's torch) or "2.8.3.post2"; None for nothing."""
-    return tuple(int(p) for p in re.match(r"(\d+)\.(\d+)\.(\d+)", version).groups()) if version else None
-
-
-def row_stack(row: str) -> Stack:
-    """A row's stack as versions.toml gives it: NGC's torch, the transformers pin (the row's own over the default), and
-    the flash-attn pin, none where the row builds none (its base keeps its own; where NGC ships flash-attn 2 its own
-    version stands in, and only the major matters to compat); the TRL and math-verify pins on Python 3.11+
-    (pyproject's markers)."""
-    facts = ROWS[row]
-    pins = {**VERSIONS["packages"], **facts.get("packages", {})}
-    flash_attn = None if "flash-attn" in facts.get("skip", {}) else pins["flash-attn"]
-    on_311 = tuple(map(int, facts["python"].split("."))) >= (3, 11)
-    trl, math_verify = (pins["trl"], pins["math-verify"]) if on_311 else (None, None)
-    return Stack(release(facts["torch"]), release(pins["transformers"]), release(flash_attn), release(trl),
-                 release(math_verify))  # fmt: skip
+MATRIX = matrix.load()
+STACKS = {row: entry.stack for row, entry in MATRIX.entries.items()}  # each row's stack as versions.toml gives it
+DEFAULT_ROW = MATRIX.default_cuda
+METHODS = typing.get_args(TrainSettings.model_fields["method"].annotation)
+NO_TRL = {f"TRAIN_METHOD={m}" for m in METHODS if m != "sft"} | {"TRAIN_REWARD=math"}  # every method but SFT is TRL's
+NOT_ON_TRANSFORMERS_4 = {"TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op"}
+# What the Python 3.10 rows refused when versions.toml still typed it (issue 54 derived it from their stacks).
+REFUSED = {
+    "12.1": {"TRAIN_PRECISION=fp8", "TRAIN_ATTN=flash_attention_2", *NOT_ON_TRANSFORMERS_4, *NO_TRL,
+             *(f"TRAIN_OPTIM={o}" for o in ("adamw_torch_8bit", "schedule_free_radam", "apollo_adamw",
+                                            "apollo_adamw_layerwise", "stable_adamw"))},
+    "12.4": {"TRAIN_PRECISION=fp8", *NOT_ON_TRANSFORMERS_4, *NO_TRL},
+}  # fmt: skip
 
 
-STACKS = {row: row_stack(row) for row in ROWS}
-DEFAULT_ROW = VERSIONS["default_cuda"]
+@pytest.mark.parametrize("row", sorted(REFUSED))
+def test_described_rows_refuse_what_they_refused(row: str) -> None:
+    assert set(compat.unsupported(STACKS[row])) == REFUSED[row]
+    assert set(MATRIX.entries[row].unsupported) == REFUSED[row]  # docs/images.md's column
 
 
-def switches(found: dict[str, str]) -> set[str]:
-    """Attention and FSDP switches (optimizer names come from the installed transformers, not a described one)."""
-    return {k for k in found if not k.startswith("TRAIN_OPTIM=")}
-
-
-@pytest.mark.parametrize("row", STACKS)
-def test_described_rows_match_versions_toml(row: str) -> None:
-    assert switches(compat.unsupported(STACKS[row])) == switches(ROWS[row].get("unsupported", {}))
+def test_a_row_with_python_3_11_gets_trl_and_its_methods() -> None:
+    """A row is its stack fields alone: the same torch and transformers on Python 3.11 install TRL (pyproject's
+    marker), so the methods and the math reward are no longer refused."""
+    entry = dataclasses.replace(MATRIX.entries["12.4"], python="3.11")
+    assert entry.stack.trl is not None and set(entry.unsupported) == REFUSED["12.4"] - NO_TRL
 
 
 def test_this_venv_is_the_default_row_and_supports_everything() -> None:
     assert compat.stack().transformers_5 and compat.unsupported() == {}
-    assert ROWS[DEFAULT_ROW].get("unsupported", {}) == {}
+    assert MATRIX.entries[DEFAULT_ROW].unsupported == {}
 
 
 @pytest.mark.parametrize(
@@ -86,7 +80,6 @@ def test_auto_attention_never_picks_flash_attention_2_where_the_row_has_flash_at
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """NGC 23.07 ships flash-attn 1 (importable as flash_attn): on an A100 in bf16, auto must still pick sdpa."""
-    from trainer.config.schema import TrainSettings
     from trainer.config.speed import decide_attn
     from trainer.machine.hardware import Hardware
 

@@ -1,6 +1,6 @@
 """The decisions: every `auto` resolved for this machine, each a typed value with the reason it was chosen.
 
-`Decisions` is what the run, the models and the benchmarks read (`cfg.decisions.precision.value`); its JSON form
+`Decisions` is what the run, the models and the benchmarks read (`cfg.decisions.attn.value`); its JSON form
 (`to_dict`) is the "decisions" table of `python -m trainer config` and of run_config.json.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed, methods, rl_engine, speed
+from trainer.config import deepspeed, methods, precision, rl_engine, speed
 from trainer.config.decision import Decision
 from trainer.config.inputs import Inputs
 from trainer.config.presets import is_preset
@@ -37,7 +37,7 @@ class Decisions:
     data: Decision[str]
     packing: Decision[str]  # stream, records, or records+stream (plain text streamed, records whole)
     model: Decision[str]
-    precision: Decision[str]  # fp32, bf16, fp16 or fp8 (bf16 autocast, float8 linears: trainer.precision)
+    precision: Decision[str]  # fp32, bf16, fp16 or fp8 (bf16 autocast, float8 linears): config/precision.py
     tf32: Decision[bool]
     deepspeed: Decision[str | None]  # zeroN, a user config path, or None
     optim: Decision[str]  # a Transformers optimizer name, adamw_apex_fused, or "deepspeed"
@@ -74,64 +74,6 @@ class Decisions:
 
 def _decide(value: Any, reason: str) -> Decision:
     return Decision(value, reason)
-
-
-# FP8 tensor cores: Ada (8.9), Hopper (9.0) and Blackwell; torch._scaled_mm, which torchao's float8 matmuls call,
-# runs there only.
-FP8_CAPABILITY = (8, 9)
-
-
-def _fp8_problem(s: TrainSettings, hw: Hardware) -> str | None:
-    """Why TRAIN_PRECISION=fp8 cannot run here, or None. Float8 training was built for one process training the
-    whole model; the combinations below were neither built nor measured, so they are refused, not guessed at."""
-    instead = "set TRAIN_PRECISION=bf16 (or auto)"
-    if not hw.is_gpu or hw.capability is None:
-        return (f"TRAIN_PRECISION=fp8 needs a GPU with FP8 tensor cores (compute capability 8.9+: Ada, Hopper, "
-                f"Blackwell); this is {hw.describe()}; {instead}")  # fmt: skip
-    if hw.capability < FP8_CAPABILITY:
-        fallback = instead if hw.bf16 else "set TRAIN_PRECISION=fp16 (or auto)"
-        return (f"TRAIN_PRECISION=fp8 needs FP8 tensor cores (compute capability 8.9+: Ada, Hopper, Blackwell); "
-                f"{hw.describe()} has none; {fallback}")  # fmt: skip
-    if not hw.libraries.get("torchao", False):
-        return ("TRAIN_PRECISION=fp8 needs torchao (its float8 training), which is not installed; the images from "
-                f"the CUDA 12.6 row on ship it (outside them: pip install -e '.[train]'), or {instead}")  # fmt: skip
-    other = [name for name, on in (("DeepSpeed", s.zero_stage > 0 or bool(s.deepspeed_config)),
-                                   (f"TRAIN_FSDP={s.fsdp}", s.fsdp != "none"), ("TRAIN_LORA=1", s.lora),
-                                   (f"TRAIN_QUANT={s.quant}", s.quant != "none"),
-                                   (f"TRAIN_METHOD={s.method}", s.method != "sft")) if on]  # fmt: skip
-    if other:
-        return f"TRAIN_PRECISION=fp8 is built for SFT of the whole model, not with {other[0]}; {instead}"
-    return None
-
-
-def _fp8_reason(hw: Hardware) -> str:
-    return (f"set by TRAIN_PRECISION: torchao float8 training on {hw.gpu_name}'s FP8 tensor cores: the decoder's "
-            "linear layers (not the LM head; only those whose dimensions are multiples of 16) multiply in float8 "
-            "with tensorwise dynamic scaling, inside bf16 autocast, on fp32 master weights and optimizer state; "
-            "fastest with torch.compile, which fuses the scaling; mfu in metrics.jsonl is bf16-equivalent (the "
-            "model's FLOPs over the GPU's dense bf16 peak)")  # fmt: skip
-
-
-def decide_precision(s: TrainSettings, hw: Hardware) -> Decision:
-    if s.precision == "fp8":
-        problem = _fp8_problem(s, hw)
-        if problem:
-            raise ConfigError(problem)
-        return _decide("fp8", _fp8_reason(hw))
-    if s.precision == "auto":
-        if not hw.is_gpu:
-            return _decide("fp32", "auto: no CUDA GPU; mixed precision would not speed up CPU training")
-        if hw.bf16:
-            return _decide("bf16", f"auto: {hw.gpu_name} supports bf16 (same range as fp32, no loss scaling)")
-        return _decide("fp16", f"auto: {hw.gpu_name} has no bf16; fp16 with loss scaling")
-    if s.precision == "fp16" and not hw.is_gpu:
-        raise ConfigError("TRAIN_PRECISION=fp16 needs a CUDA GPU (no fp16 mixed precision on CPU); use fp32 or bf16")
-    if s.precision == "bf16" and hw.is_gpu and not hw.bf16:
-        raise ConfigError(
-            f"TRAIN_PRECISION=bf16: {hw.describe()} has no bf16 support (needs compute capability 8.0+); use fp16"
-        )
-    where = "CPU autocast" if not hw.is_gpu else hw.gpu_name
-    return _decide(s.precision, f"set by TRAIN_PRECISION ({where})")
 
 
 def decide_tf32(s: TrainSettings, hw: Hardware) -> Decision:
@@ -213,18 +155,6 @@ def decide_debug(s: TrainSettings, hw: Hardware) -> dict[str, Decision]:
             "full_determinism: deterministic algorithms, slower" if s.deterministic else "seeded, not bit-exact",
         ),
     }
-
-
-def decide_deepspeed(s: TrainSettings, precision: str, model_folder: str) -> tuple[dict[str, Any] | None, Decision]:
-    if s.deepspeed_config:
-        return deepspeed.load_user_config(s.deepspeed_config), _decide(
-            s.deepspeed_config, "TRAIN_DEEPSPEED_CONFIG wins over the generated config"
-        )
-    if s.zero_stage == 0:
-        return None, _decide(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
-    largest = deepspeed.largest_tensor_elements(model_folder) if s.zero_offload == "nvme" else 0
-    ds = deepspeed.generate(s.zero_stage, s.zero_offload, s.nvme_path, precision, largest)
-    return ds, _decide(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")
 
 
 def alloc_conf_decision(environ: Mapping[str, str]) -> tuple[str, Decision]:
@@ -312,23 +242,23 @@ def decide_all(
     decide = _Collector(problems)
     data = source.decision()
     preset = is_preset(s.model)
-    precision = decide(decide_precision, s, hw, fallback=_decide("fp32", "refused"))
-    ds, deepspeed_decision = decide_deepspeed(s, precision.value, inputs.model_folder)
+    parts: dict[str, Decision] = {}
+    parts["precision"] = compute = decide(precision.decide, s, hw, fallback=_decide("fp32", "refused"))
+    ds, deepspeed_decision = deepspeed.decide(s, compute.value, inputs.model_folder)
     pin_memory = decide_pin_memory(s, hw)
     auto_batch = speed.decide_auto_batch(s, hw, ds)
     if methods.on_trl(s) and auto_batch.value:  # TRAIN_AUTO_BATCH=1 is refused (methods.option_problems)
         auto_batch = Decision(False, f"TRAIN_METHOD={s.method}: the batch search probes SFT's packed batches; "
                               "TRAIN_BATCH_SIZE is used as set")  # fmt: skip
     alloc_value, alloc_decision = alloc_conf_decision(environ)
-    parts: dict[str, Decision] = {
+    parts |= {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
         "packing": decide_packing(inputs),
         "model": (model := decide_model(inputs, preset)),
-        "precision": precision,
         "tf32": decide(decide_tf32, s, hw, fallback=_decide(False, "refused")),
         "deepspeed": deepspeed_decision,
         "optim": decide(decide_optim, s, hw, ds, fallback=_decide("adamw_torch", "refused")),
-        "attn": decide(speed.decide_attn, s, hw, precision.value, fallback=_decide("sdpa", "refused")),
+        "attn": decide(speed.decide_attn, s, hw, compute.value, fallback=_decide("sdpa", "refused")),
         "pin_memory": pin_memory,
         "auto_batch": auto_batch,
         "batch_size": speed.decide_batch_size(s, auto_batch.value),

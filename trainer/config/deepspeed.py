@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainer.config.decision import Decision
+from trainer.config.precision import deepspeed_blocks as precision_blocks
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config.schema import TrainSettings
 
 # Asynchronous I/O settings for NVMe offload (DeepSpeed's `aio` block); DeepSpeed's own defaults, written out so
 # run_config.json shows what is used.
@@ -72,24 +77,6 @@ def _offload(device: str, nvme_path: str, pin_memory: bool) -> dict[str, Any]:
     return block
 
 
-def _precision_blocks(precision: str) -> dict[str, Any]:
-    # "auto" lets the Trainer enable the block exactly when its own bf16/fp16 flag is on.
-    if precision == "bf16":
-        return {"bf16": {"enabled": "auto"}}
-    if precision == "fp16":
-        return {
-            "fp16": {
-                "enabled": "auto",
-                "loss_scale": 0,
-                "loss_scale_window": 1000,
-                "initial_scale_power": 16,
-                "hysteresis": 2,
-                "min_loss_scale": 1,
-            }
-        }
-    return {}
-
-
 def _zero_block(stage: int, offload: str, nvme_path: str, largest: int) -> dict[str, Any]:
     pin = offload == "cpu"
     zero: dict[str, Any] = {
@@ -121,7 +108,7 @@ def _zero_block(stage: int, offload: str, nvme_path: str, largest: int) -> dict[
 
 
 def generate(stage: int, offload: str, nvme_path: str, precision: str, largest_tensor: int = 0) -> dict[str, Any]:
-    """A ZeRO config for `stage` (1-3), offloading to `offload` (none|cpu|nvme), in `precision` (fp32|fp16|bf16);
+    """A ZeRO config for `stage` (1-3), offloading to `offload` (none|cpu|nvme), in `precision` (a precision decision);
     `largest_tensor` (elements) sizes the NVMe swap buffers."""
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": "auto",
@@ -131,7 +118,7 @@ def generate(stage: int, offload: str, nvme_path: str, precision: str, largest_t
         "zero_optimization": _zero_block(stage, offload, nvme_path, largest_tensor),
         "steps_per_print": 1_000_000,  # the trainer logs; keep DeepSpeed quiet
         "wall_clock_breakdown": False,
-        **_precision_blocks(precision),
+        **precision_blocks(precision),
     }
     if offload == "nvme":
         config["aio"] = dict(AIO_DEFAULTS)
@@ -148,3 +135,16 @@ def generate(stage: int, offload: str, nvme_path: str, precision: str, largest_t
 def replaces_optimizer(config: dict[str, Any]) -> bool:
     """True when the DeepSpeed config builds its own optimizer (TRAIN_OPTIM is then not used)."""
     return "optimizer" in config
+
+
+def decide(s: TrainSettings, precision: str, model_folder: str) -> tuple[dict[str, Any] | None, Decision]:
+    """The run's DeepSpeed config (None: no DeepSpeed) and its decision."""
+    if s.deepspeed_config:
+        return load_user_config(s.deepspeed_config), Decision(
+            s.deepspeed_config, "TRAIN_DEEPSPEED_CONFIG wins over the generated config"
+        )
+    if s.zero_stage == 0:
+        return None, Decision(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
+    largest = largest_tensor_elements(model_folder) if s.zero_offload == "nvme" else 0
+    ds = generate(s.zero_stage, s.zero_offload, s.nvme_path, precision, largest)
+    return ds, Decision(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")

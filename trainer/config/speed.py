@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.config.decision import Decision
+from trainer.config.precision import computes_in_half
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
@@ -221,7 +222,7 @@ def _flash_problem(attn: str, hw: Hardware, precision: str) -> str | None:
                     "use TRAIN_ATTN=sdpa (or auto), or an image built with flash-attn")  # fmt: skip
         if not hw.ampere_or_newer:
             return f"TRAIN_ATTN=flash_attention_2 needs an Ampere or newer GPU; this is {hw.describe()}; use sdpa"
-    if precision == "fp32":
+    if not computes_in_half(precision):
         return f"TRAIN_ATTN={attn} works in fp16/bf16 only; set TRAIN_PRECISION=bf16 or use sdpa"
     return None
 

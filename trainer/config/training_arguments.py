@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
-from trainer.config import speed
+from trainer.config import precision, speed
 from trainer.config.decisions import Decision, Decisions
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import fsdp_checkpoints_activations, fsdp_wrap_class, uses_fsdp
 from trainer.data.mix import eval_set_names
 from trainer.errors import ConfigError
-from trainer.precision import autocast_precision
 from trainer.trackers.environment import run_name
 
 if TYPE_CHECKING:
@@ -88,7 +87,6 @@ def derived_training_arguments(
 ) -> dict[str, Any]:
     """TrainingArguments kwargs from TRAIN_* and the decisions (before TRAIN_ARGS)."""
     fields = transformers_names.training_argument_fields()
-    precision = autocast_precision(decisions.precision.value)  # fp8: bf16 autocast around the float8 matmuls
     optim = decisions.optim.value
     args: dict[str, Any] = {
         "output_dir": s.output_dir,
@@ -110,8 +108,7 @@ def derived_training_arguments(
         "run_name": run_name(s.output_dir),  # the trackers' run name (trainer.trackers)
         "seed": s.seed,
         "full_determinism": s.deterministic,
-        "bf16": precision == "bf16",
-        "fp16": precision == "fp16",
+        **precision.training_arguments(decisions.precision.value),
         "tf32": decisions.tf32.value if hw.is_gpu else None,
         "optim": "adamw_torch" if optim in ("deepspeed", transformers_names.APEX_FUSED) else optim,
         "dataloader_num_workers": s.num_workers,

@@ -135,8 +135,8 @@ def training_prompts(records: PromptRecords, entries: list[MixEntry], seed: int
                           skipped=records.skipped, problems=records.problems)  # fmt: skip
     log_report(report, PROMPTS)
     names = {"sequences": "records", "sequences_used": "records_used", "trained_tokens": "prompts"}
-    sources = [{names.get(k, k): v for k, v in row.items()} for row in report["sources"]]
-    return drawn, {**{names.get(k, k): v for k, v in report.items()}, "sources": sources}
+    per_source = [{names.get(k, k): v for k, v in row.items()} for row in report["sources"]]
+    return drawn, {**{names.get(k, k): v for k, v in report.items()}, "sources": per_source}
 
 
 def _draw(blocks: int, take: int, rng: np.random.Generator) -> np.ndarray:

@@ -85,7 +85,9 @@ def iter_units(source: Any, text_field: str) -> Iterator[LineChunk | Columns]:
         yield from _saved_dataset(source.saved_dataset, text_field)
         return
     for path in source.files:
-        fmt = file_kind(path).format
+        kind = file_kind(path)
+        assert kind is not None, path  # discovery lists data files only
+        fmt = kind.format
         try:
             if fmt in ("text", "jsonl"):
                 yield from _line_chunks(path, fmt, file_layout(path, text_field) if fmt == "jsonl" else None)
@@ -258,8 +260,8 @@ def _columns_from_rows(rows: list[dict[str, Any]], text_field: str, origin: str,
     for row, where in zip(rows, wheres, strict=True):
         found = layout_of_record(row, text_field)
         if (layout in CHAT_LAYOUTS or found in CHAT_LAYOUTS) and found != layout:
-            bad.append(f"{where}: a {LAYOUT_NAMES.get(found, 'record without known fields')} record in a file of "
-                       f"{LAYOUT_NAMES.get(layout, 'other')} records; keep one layout per file")  # fmt: skip
+            bad.append(f"{where}: a {LAYOUT_NAMES.get(found or '', 'record without known fields')} record in a file of "
+                       f"{LAYOUT_NAMES.get(layout or '', 'other')} records; keep one layout per file")  # fmt: skip
             continue
         kept.append((row, where))
     if layout in CHAT_LAYOUTS:

@@ -288,14 +288,15 @@ class ShardWriter:
             self._start_mask()
         if self.has_mask and mask is None:
             mask = np.ones(len(ids), np.uint8)
+        written_mask = mask if self.has_mask else None
         start = 0
         while start < len(ids):
             if not self.shards or self.shards[-1] == self.shard_tokens:
                 self._next_shard()
             take = min(len(ids) - start, self.shard_tokens - self.shards[-1])
             self._files["tokens"].write(ids[start : start + take].astype(self.dtype, copy=False).tobytes())
-            if self.has_mask:
-                self._files["mask"].write(mask[start : start + take].tobytes())
+            if written_mask is not None:
+                self._files["mask"].write(written_mask[start : start + take].tobytes())
             self.shards[-1] += take
             start += take
 
@@ -369,7 +370,8 @@ class Tally:
     """What the preparation saw besides tokens: records, records without text, malformed lines (bounded)."""
 
     def __init__(self, max_bad_lines: int, variable: str = "TRAIN_DATA") -> None:
-        self.allowed, self.bad_lines, self.records, self.without_text = max_bad_lines, [], 0, 0
+        self.allowed, self.records, self.without_text = max_bad_lines, 0, 0
+        self.bad_lines: list[str] = []
         self.variable = variable
         self.worker_rss = 0
 

@@ -75,7 +75,7 @@ def load_tasks(tasks: list[str], include_path: str | None, fetching: bool = Fals
 
 
 def run_tasks(loaded: Any, tasks: Tasks, limit: float | None, num_fewshot: int | None, batch_size: int
-              ) -> dict[str, dict[str, float]]:  # fmt: skip
+              ) -> dict[str, dict[str, float | None]]:  # fmt: skip
     """{task: {metric: value}} from lm-eval's simple_evaluate on the loaded model (its weights, tokenizer, adapter)
     for the tasks `load_tasks` found (their data from the cache it filled)."""
     from lm_eval import simple_evaluate
@@ -84,7 +84,7 @@ def run_tasks(loaded: Any, tasks: Tasks, limit: float | None, num_fewshot: int |
     model = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch_size)
     out = simple_evaluate(model=model, tasks=tasks.names, limit=limit, num_fewshot=num_fewshot, log_samples=False,
                           task_manager=tasks.manager)  # fmt: skip
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, float | None]] = {}  # each task's metrics, and its samples (None: not reported)
     for task, metrics in (out or {}).get("results", {}).items():
         results[task] = {name.removesuffix(",none"): value for name, value in metrics.items()
                          if isinstance(value, int | float) and not isinstance(value, bool)}  # fmt: skip

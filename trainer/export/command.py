@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.config.precision import DTYPE_NAMES
 from trainer.errors import EXIT_CRASH, EXIT_OK, ConfigError
 from trainer.hub.weights import DIVERGED_HINT, check_weights, first_nonfinite
-from trainer.precision import DTYPE_NAMES
 
 log = logging.getLogger("trainer")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
@@ -44,11 +44,16 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base", help="the LoRA base model (a folder or org/name@revision) instead of the recorded one"
     )
+    from trainer.export.options import add_quant_arguments
+
+    add_quant_arguments(parser)
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from trainer.errors import Interrupted, raise_on_stop_signals
+    from trainer.export.options import quant_request
+    from trainer.export.quant import QualityLoss
     from trainer.export.verify import ExportMismatch
     from trainer.logs import setup_logging
     from trainer.output_lock import lock_beside
@@ -58,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     lock_beside(out, "export", f"export OUT={out}")  # two exports into one OUT would share one staging folder
     try:
-        out = export(Path(args.src), out, args.adapter_only, args.dtype, args.base)
+        out = export(Path(args.src), out, args.adapter_only, args.dtype, args.base, quant=quant_request(args))
     except Interrupted:
         print(f"export interrupted: {out} was not written (nothing published; the staging folder is removed)",
               file=sys.stderr)  # fmt: skip
@@ -66,6 +71,10 @@ def main(args: argparse.Namespace) -> int:
     except ExportMismatch as exc:
         print(f"error: export not verified: {exc}", flush=True)
         log.error("export not verified: %s", exc)
+        return EXIT_CRASH
+    except QualityLoss as exc:
+        print(f"error: export not published: quality gate failed: {exc}", flush=True)
+        log.error("export not published (%s removed): quality gate failed: %s", out, exc)
         return EXIT_CRASH
     print(f"exported {out}")
     return EXIT_OK
@@ -79,12 +88,15 @@ def _check_out(out: Path, replace: bool) -> None:
 
 
 def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto", base: str | None = None,
-           replace: bool = False) -> Path:  # fmt: skip
-    """Build, write, verify and publish OUT (see the module docstring); returns OUT."""
+           replace: bool = False, quant: Any = None) -> Path:  # fmt: skip
+    """Build, write, verify and publish OUT (see the module docstring); returns OUT. `quant` (a QuantRequest):
+    the quantized files, made and gated in the staging folder before it is published (trainer/export/quant.py)."""
+    from trainer.export import quant as quantized
     from trainer.export.source import resolve_source
 
     source = resolve_source(src, adapter_only)
     _check_out(out, replace)
+    plan = quantized.plan_request(quant, source, adapter_only)
     for folder in (source.folder, source.adapter):  # a damaged file or a diverged run's NaN: exit 2, naming it
         if folder is not None:
             check_weights(folder, f"export {src}")
@@ -93,6 +105,8 @@ def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto"
     staging.mkdir(parents=True)
     try:
         _build(source, staging, adapter_only, dtype, base, out.name)
+        if plan is not None:
+            quantized.produce(plan, staging, out.name, source.run)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -11,13 +11,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trainer.config.precision import compute_dtype_name
 from trainer.config.presets import MODEL_PRESETS
 from trainer.config.run_record import RunRecord
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 from trainer.export.source import Source
 from trainer.hub.ids import HubRef, parse_model_id
-from trainer.precision import compute_dtype_name
 
 log = logging.getLogger("trainer")
 
@@ -68,6 +68,8 @@ def base_folder(source: Source, override: str | None, command: str = "export",
 def _adapter_base(source: Source) -> str | None:
     import json
 
+    if source.adapter is None:
+        return None
     try:
         return json.loads((source.adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
     except (OSError, ValueError, TypeError):

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint_record import damage, has_record, holds_full_model
+from trainer.config.precision import DTYPE_NAMES
 from trainer.errors import ConfigError
-from trainer.precision import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from trainer.config.run_record import RunRecord
@@ -109,7 +109,7 @@ def _from_folder(folder: Path, command: str) -> Plan:
         raise ConfigError(f"{command} {folder}: {problem}; copy it again, or use another checkpoint of the run")
     if source.kind == ADAPTER:
         base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
-        folders = (source.folder, source.adapter, Path(base))
+        folders = (source.folder, *([source.adapter] if source.adapter else []), Path(base))
         return Plan(base, source.adapter, folders, f"{source.folder} (LoRA adapter on {how})", run_dir=source.run_dir,
                     run=source.run, folder=source.folder, step=source.step,
                     base_dtype=merge.run_dtype_name(source),

@@ -1,5 +1,5 @@
-"""Upload a model folder to the Hub: `python -m trainer push SRC org/name[@branch]`, and TRAIN_PUSH_TO_HUB at the end
-of a successful run (trainer/run/train.py calls push_after_run).
+"""Upload a model folder to the Hub: for `python -m trainer push SRC org/name[@branch]` (trainer/push_command.py), and
+TRAIN_PUSH_TO_HUB at the end of a successful run (trainer/export/publish.py).
 
 Through huggingface_hub (create_repo, create_branch, upload_folder). The token is huggingface_hub's own: HF_TOKEN,
 else the file HF_TOKEN_PATH names; trainkit never writes it anywhere. The repository is created private unless
@@ -11,16 +11,14 @@ commits, the later one its head.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from trainer.errors import EXIT_OK, ConfigError
+from trainer.errors import ConfigError
 from trainer.hub.ids import HubRef, parse_model_id
 from trainer.hub.weights import check_weights
 from trainer.secrets import mask_url_credentials
@@ -30,43 +28,6 @@ PUSH_FAILED_MARKER = "push_failed"  # OUTPUT_DIR/push_failed: a multi-process ru
 OFFLINE_VALUES = ("1", "true", "yes", "on")
 NO_TOKEN = ("no Hub token: set HF_TOKEN (a token with write access, from {endpoint}/settings/tokens) or HF_TOKEN_PATH "
             "(a file holding it)")  # fmt: skip
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    """`push`'s arguments, on the parser trainer/__main__.py made for it (trainer/commands.py)."""
-    parser.description = (
-        "Upload SRC to the Hub repository REPO (org/name or org/name@branch), created private unless "
-        "--public. SRC is a model folder (e.g. what `python -m trainer export` wrote) or a run folder (its export/, "
-        "else its final/). Token: HF_TOKEN or HF_TOKEN_PATH."
-    )
-    parser.add_argument("src", metavar="SRC", help="a model folder or a run folder")
-    parser.add_argument("repo", metavar="REPO", help="org/name[@branch]")
-    parser.add_argument("--public", action="store_true", help="create the repository public (default: private)")
-    parser.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    from trainer.errors import Interrupted, raise_on_stop_signals
-
-    raise_on_stop_signals()  # SIGTERM as Ctrl-C: a message and 128+N, not a bare kill
-    folder = model_folder(Path(args.src))
-    try:
-        url = push_folder(folder, args.repo, private=not args.public, variable="push")
-    except Interrupted:
-        print(f"push interrupted: the upload is one commit, so {args.repo} holds all of {folder} or none of it; run "
-              "the push again to be sure it is there", file=sys.stderr)  # fmt: skip
-        raise
-    print(f"pushed {folder} to {url}")
-    return EXIT_OK
-
-
-def model_folder(src: Path) -> Path:
-    """The folder to upload: SRC itself when it holds a model, else a run folder's export/ or final/."""
-    for candidate in (src, src / "export", src / "final"):
-        if (candidate / "config.json").is_file() or (candidate / "adapter_config.json").is_file():
-            return candidate
-    raise ConfigError(f"push {src}: no model there (no config.json or adapter_config.json in it, its export/ or its "
-                      "final/); give a model folder or a run folder")  # fmt: skip
 
 
 def offline_refusal(variable: str) -> str | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainer.config.precision import compute_dtype_name
 from trainer.config.presets import PRESET_MAX_POSITIONS, PRESET_ROPE_THETA, PRESETS
-from trainer.precision import compute_dtype_name
 
 if TYPE_CHECKING:
     from transformers import LlamaConfig

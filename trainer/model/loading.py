@@ -43,7 +43,7 @@ class Weights:
 
 @dataclass(frozen=True)
 class LoadHow:
-    """How to load it. Dtypes are named as trainer.precision names them (float32, bfloat16, float16)."""
+    """How to load it. Dtypes are named as trainer.config.precision names them (float32, bfloat16, float16)."""
 
     dtype: str | None = "float32"  # the weights' dtype; "auto": as saved; None: Transformers' own default
     quant: str = "none"  # bitsandbytes: none, 8bit, 4bit

@@ -1,6 +1,6 @@
 """bitsandbytes: the one BitsAndBytesConfig, for training (QLoRA) and for `generate`/`eval --quant`.
 
-The 4-bit compute dtype is the run's (trainer.precision) when one is given; otherwise bf16 where this machine
+The 4-bit compute dtype is the run's (trainer.config.precision) when one is given; otherwise bf16 where this machine
 computes it natively (trainer.compat's rule: emulated bf16, as on a T4 or V100, does not count), else fp16.
 """
 

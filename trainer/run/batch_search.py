@@ -83,7 +83,7 @@ def memory_probe(
     given."""
     import torch
 
-    from trainer.precision import compute_dtype
+    from trainer.config.precision import compute_dtype
 
     dtype = compute_dtype(precision)
     run = model if forward is None else forward

@@ -114,9 +114,10 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
 def divergence_guard(cfg: RunConfig) -> DivergenceGuard:
     """TRAIN_ON_NAN's guard; the logged loss only where fp16's scaler skips non-finite steps itself or DeepSpeed
     keeps the gradients (trainer.run.divergence)."""
+    from trainer.config.precision import scales_loss
     from trainer.run.divergence import DivergenceGuard
 
-    loss_only = cfg.decisions.precision.value == "fp16" or bool(cfg.decisions.deepspeed.value)
+    loss_only = scales_loss(cfg.decisions.precision.value) or bool(cfg.decisions.deepspeed.value)
     return DivergenceGuard(cfg.settings.on_nan, watch_gradients=not loss_only)
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.config.precision import compute_dtype_name, float8_matmuls
 from trainer.config.presets import is_preset
 from trainer.config.sharding import uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
@@ -19,7 +20,6 @@ from trainer.model.build import base_weights_dtype
 from trainer.model.float8 import convert_to_fp8
 from trainer.model.loading import LoadHow, Weights, load
 from trainer.model.packed_attention import implementation, isolate_records
-from trainer.precision import compute_dtype_name
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -89,7 +89,7 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
         isolate_records(model, attn)  # use_cache off; attention never crosses packed records
     if s.lora:
         model = apply_lora(model, s)
-    if cfg.decisions.precision.value == "fp8":  # before compile and the batch search: both see the float8 layers
+    if float8_matmuls(cfg.decisions.precision.value):  # before compile and the batch search: both see the float8 layers
         convert_to_fp8(model)
     compile_model(cfg, model)
     log_parameter_counts(model)

@@ -63,7 +63,8 @@ def _wandb(run_dir: Path, run: dict[str, str], metrics: dict[str, float], step: 
     import wandb
 
     mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-    resumed = wandb.init(id=run["run_id"], project=run.get("project"), resume="allow", dir=str(run_dir), mode=mode)
+    resumed = wandb.init(id=run["run_id"], project=run.get("project"), resume="allow", dir=str(run_dir),
+                         mode=mode)  # type: ignore[arg-type]  # WANDB_MODE is the user's string; wandb checks it
     try:
         resumed.summary.update({PREFIX + name: value for name, value in metrics.items()})
         resumed.summary[PREFIX + "step"] = step

@@ -1,0 +1,251 @@
+"""`python -m trainer export --quant`: the tiny preset trained for real, converted by llama.cpp's own converter,
+quantized by its quantizer, loaded and scored in llama.cpp (llama-cpp-python), gated against the export.
+
+llama.cpp is built once per machine (scripts/setup_llama_cpp.py caches the wheel and the converter; the `llama_cpp`
+module fixture runs it, which is seconds when built). One trained run serves every test of the file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REPO, base_env
+from hub_support import run_env
+from waiting import wait_for
+
+SCRIPT = REPO / "scripts" / "setup_llama_cpp.py"
+
+
+@pytest.fixture(scope="module")
+def llama_cpp() -> Path:
+    """llama.cpp's converter folder (the package built and installed once: scripts/setup_llama_cpp.py)."""
+    result = subprocess.run([PYTHON, str(SCRIPT)], capture_output=True, text=True, timeout=3600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
+    """The tiny preset trained on the embedded corpus: enough steps that it predicts bytes far better than chance."""
+    root = tmp_path_factory.mktemp("quant-run")
+    env = run_env(root, max_steps=60, save_steps=60, seq_len=64, batch_size=4, lr=0.003)
+    result = run_trainer([], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+def _export(run_trainer, run: Path, out: Path, llama_cpp: Path, *args: str):
+    env = {**run_env(run), "TRAINKIT_LLAMA_CPP": str(llama_cpp)}
+    return run_trainer(["export", str(run / "output"), str(out), *args], env=env, timeout=900)
+
+
+def _perplexity_by_hand(path: Path, tokenizer_folder: Path, text: str, context: int, windows: int) -> float:
+    """The report's perplexity again, from the file alone: llama.cpp's logits for the tokenizer's ids."""
+    import numpy as np
+    from llama_cpp import Llama
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tokenizer_folder)(text, add_special_tokens=False)["input_ids"]
+    model = Llama(model_path=str(path), n_ctx=context, n_batch=context, n_ubatch=context, logits_all=True,
+                  verbose=False, n_threads=1)  # fmt: skip
+    nll = []
+    for w in range(windows):
+        chunk = ids[w * context:(w + 1) * context]
+        model.reset()
+        model.eval(chunk)
+        logits = np.asarray(model.scores[: context - 1], dtype=np.float64)
+        logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+        nll += (logz - logits[np.arange(context - 1), chunk[1:]]).tolist()
+    model.close()
+    return math.exp(sum(nll) / len(nll))
+
+
+def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_trainer, tiny_run, llama_cpp,
+                                                                       tmp_path) -> None:  # fmt: skip
+    out = tmp_path / "out"
+    result = _export(run_trainer, tiny_run, out, llama_cpp, "--quant", "f16", "--quant", "q8_0", "--quant", "q4_k_m")
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((out / "quant_report.json").read_text())
+    rows = {r["type"]: r for r in report["types"]}
+    print(json.dumps(report, indent=1))  # the numbers docs/running.md quotes
+    assert list(rows) == ["f16", "q8_0", "q4_k_m"]
+    text = report["eval_text"]
+    assert "corpus.txt" in text["origin"] and "not held out" in text["origin"]
+    for kind, row in rows.items():
+        assert row["pass"] and row["tokenizer_agrees"], row
+        assert (out / row["file"]).is_file() and row["bytes"] == (out / row["file"]).stat().st_size
+        assert row["runtime"].startswith("llama.cpp (llama-cpp-python ")
+        modelfile = (out / row["modelfile"]["file"]).read_text()
+        assert modelfile.startswith(f"FROM ./{Path(row['file']).name}\n") and 'PARAMETER stop "<|eos|>"' in modelfile
+        corpus = Path(text["path"]).read_bytes()
+        tail = corpus[-64 * 1024:]
+        tail = tail[tail.find(b"\n") + 1:].decode()
+        ppl = _perplexity_by_hand(out / row["file"], out, tail, text["context"], text["windows"])
+        assert ppl == pytest.approx(row["perplexity"], rel=1e-6), kind  # the report is what the file computes
+    assert report["reference"]["perplexity"] < 200  # learned: chance over 259 byte tokens is 259
+    assert rows["f16"]["ratio"] == pytest.approx(1, abs=0.002) and rows["f16"]["agreement"] > 0.99
+    assert rows["q8_0"]["ratio"] == pytest.approx(1, abs=0.01) and rows["q8_0"]["agreement"] > 0.97
+    assert rows["q4_k_m"]["increase_pct"] <= 5 and rows["q4_k_m"]["agreement"] > 0.8
+    assert rows["q4_k_m"]["bytes"] < rows["q8_0"]["bytes"] < rows["f16"]["bytes"]
+    card = (out / "README.md").read_text()
+    assert "## Quantized files" in card and "| q4_k_m | `gguf/out.q4_k_m.gguf` |" in card
+    assert not (out / ".gguf-work").exists() and not list(tmp_path.glob(".tmp-export-*"))
+
+
+def test_a_broken_conversion_fails_the_gate_with_exit_1_and_publishes_nothing(run_trainer, run_python, tiny_run,
+                                                                            llama_cpp, tmp_path) -> None:  # fmt: skip
+    out = tmp_path / "broken"
+    env = {**run_env(tiny_run), "TRAINKIT_LLAMA_CPP": str(llama_cpp), "PYTHONPATH": str(REPO)}  # a script's own dir
+    # comes first on its sys.path, not the repository's
+    argv = ["tests/trainer/broken_gguf.py", "output_norm.weight", "-1", "export", str(tiny_run / "output"), str(out),
+            "--quant", "q8_0"]  # fmt: skip
+    result = run_python(argv, env=env, timeout=900)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert "scaled output_norm.weight by -1.0" in result.stderr
+    assert "quality gate failed: q8_0: perplexity" in result.stdout and "threshold 1%" in result.stdout
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and not list(tmp_path.glob(".tmp-export-*")) and not list(tmp_path.glob(".*.lock"))
+    # --allow-quality-loss publishes it, and the report says it failed
+    result = run_python([*argv, "--allow-quality-loss"], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((out / "quant_report.json").read_text())
+    assert report["allow_quality_loss"] and not report["types"][0]["pass"]
+    assert "| q8_0 |" in (out / "README.md").read_text() and "| NO |" in (out / "README.md").read_text()
+
+
+def test_quant_mistakes_exit_2_naming_them_and_sigterm_leaves_nothing(run_trainer, tiny_run, llama_cpp,
+                                                                     tmp_path) -> None:  # fmt: skip
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from trainer.tokenizer import byte_level_tokenizer
+
+    out, short = tmp_path / "out", tmp_path / "short.txt"
+    short.write_text("Too short for one window.")
+    cases = {
+        ("--quant", "q9_z"): "export --quant q9_z: unknown type; GGUF types: f32, f16",
+        ("--quant", "w4a16"): "compressed-tensors types need llmcompressor",
+        ("--quant", "q8_0", "--eval-data", str(short)): "has 25 tokens, fewer than the context of 64",
+    }  # fmt: skip
+    for args, message in cases.items():
+        result = _export(run_trainer, tiny_run, out, llama_cpp, *args)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr and not out.exists() and not list(tmp_path.glob(".tmp-export-*"))
+    opt = tmp_path / "opt"  # an architecture llama.cpp's converter lacks: refused before any work
+    OPTForCausalLM(OPTConfig(vocab_size=259, hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=2,
+                             word_embed_proj_dim=32)).save_pretrained(opt)  # fmt: skip
+    byte_level_tokenizer().save_pretrained(opt)
+    env = {**base_env(), "TRAINKIT_LLAMA_CPP": str(llama_cpp)}
+    result = run_trainer(["export", str(opt), str(out), "--quant", "q4_k_m", "--eval-data", str(REPO / "README.md")],
+                         env=env, timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "llama.cpp's converter (llama.cpp (llama-cpp-python 0.3.36)) cannot take" in result.stderr
+    assert "the architecture OPTForCausalLM" in result.stderr and not out.exists()
+    # SIGTERM while the quantized files are being made: exit 143, no OUT, no staging folder
+    staging = tmp_path / ".tmp-export-out"
+    err = tmp_path / "err"
+    full_env = {**base_env(), **run_env(tiny_run), "TRAINKIT_LLAMA_CPP": str(llama_cpp)}
+    with err.open("w") as sink:
+        proc = subprocess.Popen([PYTHON, "-m", "trainer", "export", str(tiny_run / "output"), str(out), "--quant",
+                                 "q8_0"], cwd=REPO, env=full_env, stdout=subprocess.DEVNULL, stderr=sink,
+                                start_new_session=True)  # fmt: skip
+    wait_for(lambda: (staging / ".gguf-work").is_dir(), 600, "the converter's work folder", interval=0.01, proc=proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, err.read_text()[-3000:]
+    assert "export interrupted" in err.read_text() and "Traceback" not in err.read_text()
+    assert not out.exists() and not staging.exists()
+
+
+def _go_render(template: str, messages: list[dict[str, str]]) -> str:
+    """Go's text/template, for the constructs the Modelfile's template uses (range over .Messages with $last, if / else
+    if / end on eq, ne and and, .Content, string literals, `{{-` trimming): Ollama's renderer is Go, not here."""
+    import re
+
+    parts = re.split(r"(\{\{-?\s*.*?\s*-?\}\})", template)
+    for n, part in enumerate(parts):  # trimming is the template text's, before anything runs
+        if part.startswith("{{-") and n:
+            parts[n - 1] = parts[n - 1].rstrip()
+        if part.endswith("-}}") and n + 1 < len(parts):
+            parts[n + 1] = parts[n + 1].lstrip()
+    out: list[str] = []
+
+    def run(start: int, message: dict[str, str] | None, last: bool, emit: bool) -> int:
+        i = start
+        while i < len(parts):
+            part = parts[i]
+            if not part.startswith("{{"):
+                if emit:
+                    out.append(part)
+                i += 1
+                continue
+            action = part.strip("{}-").strip()
+            if action == "end" or action.startswith("else"):
+                return i
+            if action.startswith("range"):
+                for n, each in enumerate(messages):
+                    end = run(i + 1, each, n == len(messages) - 1, emit)
+                i = end + 1 if messages else _skip(i + 1)
+            elif action.startswith("$last :="):
+                i += 1
+            elif action.startswith("if"):
+                i = _branch(i, message, last, emit)
+            elif action == ".Content":
+                out.append(message["content"] if emit and message else "")
+                i += 1
+            elif action.startswith('"'):
+                out.append(json.loads(action) if emit else "")
+                i += 1
+            else:
+                raise AssertionError(f"unexpected action {action!r}")
+        return i
+
+    def test(cond: str, message: dict[str, str], last: bool) -> bool:
+        if cond.startswith("and $last"):
+            return last and message["role"] != re.search(r'ne \.Role "(\w+)"', cond).group(1)
+        return message["role"] == re.fullmatch(r'eq \.Role "(\w+)"', cond).group(1)
+
+    def _branch(i: int, message: dict[str, str], last: bool, emit: bool) -> int:
+        taken = False
+        cond = parts[i].strip("{}-").strip().removeprefix("if ")
+        while True:
+            now = emit and not taken and test(cond, message, last)
+            i = run(i + 1, message, last, now)
+            taken = taken or now
+            action = parts[i].strip("{}-").strip()
+            if action == "end":
+                return i + 1
+            cond = action.removeprefix("else if ")
+
+    def _skip(i: int) -> int:
+        return run(i, None, False, False) + 1
+
+    run(0, None, False, True)
+    return "".join(out)
+
+
+def test_the_modelfile_renders_the_chat_templates_prompt() -> None:
+    """The Modelfile's Go template renders a conversation as apply_chat_template does (a conversation other than
+    the one it was checked against when written); stop tokens are eos and the end of an assistant turn."""
+    from trainer.data.chat import BUILTIN_TEMPLATES
+    from trainer.export.modelfile import chat_template, modelfile
+    from trainer.tokenizer import byte_level_tokenizer
+
+    tokenizer = byte_level_tokenizer()
+    tokenizer.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
+    conversation = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi {{ there }}"},
+                    {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye."}]  # fmt: skip
+    expected = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    template = chat_template(tokenizer)
+    assert template is not None
+    text, templated = modelfile("m.q8_0.gguf", tokenizer)
+    go = text.split('TEMPLATE """', 1)[1].split('"""', 1)[0]
+    assert templated and _go_render(go, conversation) == expected == template.render(conversation)
+    assert _go_render(go, conversation[:3]) == tokenizer.apply_chat_template(conversation[:3], tokenize=False)
+    assert text.startswith("FROM ./m.q8_0.gguf\n")
+    assert 'PARAMETER stop "<|eos|>"' in text and 'PARAMETER stop "<|im_end|>"' in text
+    plain = byte_level_tokenizer()  # no chat template: no TEMPLATE, the eos still stops
+    assert modelfile("m.gguf", plain) == ('FROM ./m.gguf\nPARAMETER stop "<|eos|>"\n', False)

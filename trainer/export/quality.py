@@ -1,0 +1,165 @@
+"""What a quantized export costs, measured where it runs: perplexity and greedy agreement on one text.
+
+The text is, in order: `--eval-data FILE`, the run's eval set (TRAIN_EVAL_DATA, a local file), the tail of the run's
+training data (TRAIN_DATA, a local file: named so in the report, since the run trained on it). It is tokenized once
+by the export's tokenizer, cut into windows of the context (the run's TRAIN_SEQ_LEN, at most the model's positions),
+at most MAX_WINDOWS of them, and each window is scored by the reference (the unquantized export, in Transformers,
+float32) and by each quantized file in its own runtime. Per window: the next-token negative log-likelihood at every
+position but the last, and whether both put their top logit on the same token. Perplexity is exp(mean nll).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import ConfigError
+
+MAX_WINDOWS = 16
+TAIL_BYTES = 64 * 1024  # of the training data, when it is the text
+
+
+@dataclass(frozen=True)
+class EvalText:
+    text: str
+    origin: str  # what it is, for the report
+    path: Path
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Scores:
+    nll: list[float]  # per scored position
+    top: list[int]  # the top token per scored position
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(sum(self.nll) / len(self.nll))
+
+    def agreement(self, other: Scores) -> float:
+        return sum(a == b for a, b in zip(self.top, other.top, strict=True)) / len(self.top)
+
+
+def _record_text(record: Any) -> str:
+    if isinstance(record, str):
+        return record
+    if not isinstance(record, dict):
+        return ""
+    if isinstance(record.get("text"), str):
+        return str(record["text"])
+    messages = record.get("messages") or record.get("conversations")
+    if isinstance(messages, list):
+        return "\n".join(str(m.get("content") or m.get("value") or "") for m in messages if isinstance(m, dict))
+    return "\n".join(str(record[k]) for k in ("prompt", "completion") if isinstance(record.get(k), str))
+
+
+def read_text(path: Path, what: str, tail: bool = False) -> str:
+    """A .txt/.md file's text, or a .jsonl/.json file's records' text (text, messages, prompt + completion)."""
+    if not path.is_file():
+        raise ConfigError(f"export {what}: {path} is not a file; give --eval-data FILE (.txt, .jsonl or .json)")
+    raw = path.read_bytes()
+    if tail and len(raw) > TAIL_BYTES:
+        raw = raw[-TAIL_BYTES:]
+        raw = raw[raw.find(b"\n") + 1:]  # whole lines only
+    data = raw.decode("utf-8", errors="replace")
+    if path.suffix in (".jsonl", ".json"):
+        lines = [data] if path.suffix == ".json" else data.splitlines()
+        records: list[Any] = []
+        for line in lines:
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            records += value if isinstance(value, list) else [value]
+        return "\n\n".join(t for t in map(_record_text, records) if t)
+    if path.suffix in (".txt", ".md", ""):
+        return data
+    raise ConfigError(f"export {what}: {path} is a {path.suffix} file; the quality gate reads .txt, .md, .jsonl or "
+                      ".json: give --eval-data FILE")  # fmt: skip
+
+
+def eval_text(eval_data: str | None, run: Any) -> EvalText:
+    """The text the gate scores on (module docstring): --eval-data, else the run's eval set, else its data's tail."""
+    if eval_data:
+        path = Path(eval_data)
+        return EvalText(read_text(path, f"--eval-data {eval_data}"), f"--eval-data {path.name}", path)
+    from trainer.data.discovery import EMBEDDED_CORPUS
+
+    settings = run.settings if run is not None else None
+    data = str(getattr(settings, "data", "") or "")
+    if data and not Path(data).is_file() and not (Path(data).is_dir() and any(Path(data).iterdir())):
+        data = str(EMBEDDED_CORPUS)  # what the run trained on when TRAIN_DATA is missing or empty
+    for name, value, tail in (("TRAIN_EVAL_DATA", getattr(settings, "eval_data", None), False),
+                              ("TRAIN_DATA", data, True)):  # fmt: skip
+        if value and Path(str(value)).is_file():
+            what = "the run's eval set" if not tail else "the tail of the run's training data (not held out)"
+            path = Path(str(value))
+            return EvalText(read_text(path, f"{name}={value}", tail), f"{what} {name}={path.name}", path)
+    raise ConfigError("export --quant: no text to measure the quality on: the run names no local TRAIN_EVAL_DATA or "
+                      "TRAIN_DATA file; give --eval-data FILE (.txt, .jsonl or .json)")  # fmt: skip
+
+
+def windows(ids: list[int], context: int, origin: str) -> list[list[int]]:
+    """`ids` cut into whole windows of `context` tokens (at most MAX_WINDOWS); exit 2 when not even one fits."""
+    if len(ids) < context:
+        raise ConfigError(f"export --quant: the eval text ({origin}) has {len(ids)} tokens, fewer than the context of "
+                          f"{context} the gate scores in; give a longer --eval-data FILE or a smaller "
+                          "--eval-context N")  # fmt: skip
+    count = min(len(ids) // context, MAX_WINDOWS)
+    return [ids[i * context:(i + 1) * context] for i in range(count)]
+
+
+def add_window(scores: Scores, logits: Any, ids: list[int]) -> None:
+    """One window's next-token nll and top token at every position but the last, from its logits (positions x
+    vocabulary, numpy), appended to `scores` (windows are scored one at a time: a large vocabulary's logits for
+    every window would not fit)."""
+    import numpy as np
+
+    values = np.asarray(logits, dtype=np.float64)[: len(ids) - 1]
+    shifted = values - values.max(axis=1, keepdims=True)
+    logz = np.log(np.exp(shifted).sum(axis=1))
+    targets = np.asarray(ids[1:])
+    scores.nll.extend((logz - shifted[np.arange(len(targets)), targets]).tolist())
+    scores.top.extend(values.argmax(axis=1).tolist())
+
+
+def transformers_scores(folder: Path, chunks: list[list[int]]) -> Scores:
+    """The unquantized export's scores, in Transformers, float32 (the reference)."""
+    import torch
+
+    from trainer.model.loading import LoadHow, Weights, load
+
+    model = load(Weights(folder=str(folder)), LoadHow(dtype="float32"))
+    model.eval()
+    scores = Scores([], [])
+    with torch.no_grad():
+        for ids in chunks:
+            add_window(scores, model(input_ids=torch.tensor([ids])).logits[0].float().numpy(), ids)
+    return scores
+
+
+def llama_cpp_run(path: Path, chunks: list[list[int]], text: str, threads: int) -> tuple[list[int], Scores]:
+    """A GGUF file in llama.cpp (llama-cpp-python): its own ids for `text` (its vocabulary, no bos: to hold against
+    the tokenizer's), and its scores, fed the same token ids as the reference."""
+    from llama_cpp import Llama
+
+    context = len(chunks[0])
+    model = Llama(model_path=str(path), n_ctx=context, n_batch=context, n_ubatch=context, logits_all=True,
+                  n_threads=threads, verbose=False)  # fmt: skip
+    scores = Scores([], [])
+    try:
+        tokens = list(model.tokenize(text.encode(), add_bos=False, special=False))
+        for ids in chunks:
+            model.reset()
+            model.eval(ids)
+            add_window(scores, model.scores[: len(ids)], ids)
+    finally:
+        model.close()
+    return tokens, scores

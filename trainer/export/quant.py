@@ -1,0 +1,190 @@
+"""`export --quant TYPE` (repeatable): quantized files beside the verified export, each gated on measured quality.
+
+Planned before any work (`plan`): every type known, the tools installed, the converter able to take the model's
+architecture and tokenizer (when SRC holds config.json; a LoRA checkpoint's base is checked by the conversion itself,
+before anything is published), the eval text found. Made after the full-precision export is written and verified in
+the staging folder (`produce`): one conversion, one quantization per type, each file scored in llama.cpp against the
+export in Transformers (trainer/export/quality.py), an Ollama Modelfile beside it, OUT/quant_report.json and a table
+in the model card. A type over its threshold raises QualityLoss (exit 1, the staging folder removed) unless
+--allow-quality-loss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import ConfigError
+from trainer.export import gguf, quality
+
+log = logging.getLogger("trainer")
+REPORT = "quant_report.json"
+GGUF_DIR = "gguf"
+COMPRESSED_TYPES = ("fp8", "w4a16")  # llmcompressor's compressed-tensors: not in this build (see docs/running.md)
+# Largest perplexity increase (percent over the unquantized export) each type may cost by default: bounds, not
+# measurements. On the tiny preset f16 cost 0.0002 %, q8_0 0.011 %, q4_k_m 0.031 % (docs/running.md's export section);
+# q8_0's 1 % is the issue's bound, the rest were chosen (f16 half of it, fewer bits more); no larger model was measured.
+MAX_PPL_INCREASE = {"f32": 0.1, "f16": 0.5, "bf16": 2.0, "q8_0": 1.0, "q6_k": 5.0, "q5_k_m": 5.0, "q5_k_s": 5.0,
+                    "q5_0": 5.0, "q5_1": 5.0, "q4_k_m": 5.0, "q4_k_s": 10.0, "q4_0": 10.0, "q4_1": 10.0,
+                    "iq4_nl": 10.0, "q3_k_l": 25.0, "q3_k_m": 25.0, "q3_k_s": 25.0, "q2_k": 50.0}  # fmt: skip
+
+
+class QualityLoss(Exception):
+    """A quantized file costs more than its threshold: exit 1, nothing published."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    types: list[str]
+    tools: gguf.Tools
+    text: quality.EvalText
+    max_increase: float | None  # --max-ppl-increase, for every type
+    allow_loss: bool
+    context: int | None  # --eval-context
+
+
+def plan(types: list[str], source: Any, max_increase: float | None, allow_loss: bool, eval_data: str | None,
+         context: int | None) -> Plan | None:  # fmt: skip
+    """What `--quant` asks, checked before any work (module docstring); None without --quant."""
+    if not types:
+        return None
+    wanted = list(dict.fromkeys(t.lower() for t in types))
+    unknown = [t for t in wanted if t not in gguf.GGUF_TYPES and t not in COMPRESSED_TYPES]
+    if unknown:
+        raise ConfigError(f"export --quant {','.join(unknown)}: unknown type; GGUF types: "
+                          f"{', '.join(gguf.GGUF_TYPES)}; compressed-tensors: "
+                          f"{', '.join(COMPRESSED_TYPES)}")  # fmt: skip
+    compressed = [t for t in wanted if t in COMPRESSED_TYPES]
+    if compressed:
+        raise ConfigError(f"export --quant {','.join(compressed)}: compressed-tensors types need llmcompressor, "
+                          "which this trainkit does not install (its pins ask for transformers <= 5.17, the images "
+                          "ship 5.23); export a GGUF type instead")  # fmt: skip
+    if max_increase is not None and not max_increase > 0:
+        raise ConfigError(f"export --max-ppl-increase {max_increase}: give a percentage above 0")
+    tools = gguf.tools(wanted)
+    if (source.folder / "config.json").is_file():
+        gguf.check_convertible(tools, source.folder)
+    return Plan(wanted, tools, quality.eval_text(eval_data, source.run), max_increase, allow_loss, context)
+
+
+def plan_request(request: Any, source: Any, adapter_only: bool) -> Plan | None:
+    """`plan` for export's QuantRequest (trainer/export/options.py); None without one."""
+    if request is None or not request.types:
+        return None
+    if adapter_only:
+        raise ConfigError("export --adapter-only --quant: a quantized file needs the merged model; drop one of them")
+    return plan(request.types, source, request.max_ppl_increase, request.allow_quality_loss, request.eval_data,
+                request.eval_context)  # fmt: skip
+
+
+def _context(plan: Plan, staging: Path, run: Any) -> int:
+    positions = json.loads((staging / "config.json").read_text()).get("max_position_embeddings") or 2048
+    wanted = plan.context or (run.settings.seq_len if run is not None else 512)
+    return int(min(wanted, positions))
+
+
+def _threads() -> int:
+    return int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)) or 1)
+
+
+def produce(plan: Plan, staging: Path, name: str, run: Any) -> dict[str, Any]:
+    """The quantized files in staging/gguf/, scored and written down; QualityLoss when one fails its gate."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(staging))
+    ids = list(tokenizer(plan.text.text, add_special_tokens=False)["input_ids"])
+    context = _context(plan, staging, run)
+    chunks = quality.windows(ids, context, plan.text.origin)
+    log.info("export: scoring on %s: %d windows of %d tokens (sha256 %s)", plan.text.origin, len(chunks), context,
+             plan.text.sha256[:12])  # fmt: skip
+    reference = quality.transformers_scores(staging, chunks)
+    work, folder = staging / ".gguf-work", staging / GGUF_DIR
+    work.mkdir()
+    folder.mkdir()
+    config = json.loads((staging / "config.json").read_text())
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    source = gguf.convert(plan.tools, staging, work / f"{name}.{gguf.SOURCE_TYPE.get(dtype, 'f32')}.gguf", dtype, name)
+    rows = []
+    for kind in plan.types:
+        path = gguf.quantize(plan.tools, source, folder / f"{name}.{kind}.gguf", kind)
+        rows.append(_score(plan, kind, path, reference, chunks, ids, staging))
+        text, templated = _modelfile(path, tokenizer)
+        (folder / f"{name}.{kind}.Modelfile").write_text(text)
+        rows[-1]["modelfile"] = {"file": f"{GGUF_DIR}/{name}.{kind}.Modelfile", "chat_template": templated}
+    shutil.rmtree(work)
+    report = {"eval_text": {"origin": plan.text.origin, "path": str(plan.text.path), "sha256": plan.text.sha256,
+                            "tokens": len(chunks) * context, "windows": len(chunks), "context": context},
+              "reference": {"runtime": "transformers (float32, CPU)", "perplexity": reference.perplexity},
+              "types": rows, "allow_quality_loss": plan.allow_loss}  # fmt: skip
+    (staging / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+    with (staging / "README.md").open("a") as card:
+        card.write("\n".join(card_section(report)) + "\n")
+    failed = [r for r in rows if not r["pass"]]
+    if failed and not plan.allow_loss:
+        raise QualityLoss("; ".join(_failure(r) for r in failed))
+    for row in failed:
+        log.warning("export: %s published although over its threshold (--allow-quality-loss): %s", row["type"],
+                    _failure(row))  # fmt: skip
+    return report
+
+
+def _modelfile(path: Path, tokenizer: Any) -> tuple[str, bool]:
+    from trainer.export.modelfile import modelfile
+
+    return modelfile(path.name, tokenizer)
+
+
+def _score(plan: Plan, kind: str, path: Path, reference: quality.Scores, chunks: list[list[int]], ids: list[int],
+           staging: Path) -> dict[str, Any]:  # fmt: skip
+    threshold = plan.max_increase if plan.max_increase is not None else MAX_PPL_INCREASE[kind]
+    row: dict[str, Any] = {"type": kind, "file": f"{GGUF_DIR}/{path.name}", "bytes": path.stat().st_size,
+                           "runtime": plan.tools.runtime, "max_ppl_increase_pct": threshold}  # fmt: skip
+    tokens, scores = quality.llama_cpp_run(path, chunks, plan.text.text, _threads())
+    row["tokenizer_agrees"] = tokens == ids
+    if not row["tokenizer_agrees"]:
+        pairs = enumerate(zip(tokens, ids, strict=False))
+        first = next((i for i, (a, b) in pairs if a != b), min(len(tokens), len(ids)))
+        row.update(perplexity=None, ratio=None, agreement=None, increase_pct=None, **{"pass": False})
+        row["problem"] = (f"llama.cpp tokenizes the eval text differently from the export's tokenizer (first at "
+                          f"token {first}: {tokens[first:first + 5]} against {ids[first:first + 5]})")  # fmt: skip
+        return row
+    ratio = scores.perplexity / reference.perplexity
+    row.update(perplexity=scores.perplexity, reference_perplexity=reference.perplexity, ratio=ratio,
+               increase_pct=(ratio - 1) * 100, agreement=scores.agreement(reference))  # fmt: skip
+    row["pass"] = row["increase_pct"] <= threshold
+    log.info("export: %s %.1f MB: perplexity %.4f against %.4f (ratio %.4f), top-token agreement %.4f: %s", kind,
+             row["bytes"] / 1e6, scores.perplexity, reference.perplexity, ratio, row["agreement"],
+             "pass" if row["pass"] else f"over the {threshold:g}% threshold")  # fmt: skip
+    return row
+
+
+def _failure(row: dict[str, Any]) -> str:
+    if row.get("problem"):
+        return f"{row['type']}: {row['problem']}"
+    return (f"{row['type']}: perplexity {row['perplexity']:.4f} against the export's {row['reference_perplexity']:.4f}"
+            f" (+{row['increase_pct']:.2f}%, threshold {row['max_ppl_increase_pct']:g}%; top-token agreement "
+            f"{row['agreement']:.3f}); raise it with --max-ppl-increase PCT or publish anyway with "
+            "--allow-quality-loss")  # fmt: skip
+
+
+def card_section(report: dict[str, Any]) -> list[str]:
+    """## Quantized files: the gate's table for the model card."""
+    text = report["eval_text"]
+    lines = ["", "## Quantized files", "",
+             f"Scored on {text['origin']} (sha256 `{text['sha256']}`, {text['windows']} windows of {text['context']} "
+             f"tokens) against this export in {report['reference']['runtime']}: perplexity "
+             f"{report['reference']['perplexity']:.4f}.", "",
+             "| type | file | size | runtime | perplexity | ratio | top-token agreement | threshold | pass |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in report["types"]:
+        ppl = f"{r['perplexity']:.4f}" if r.get("perplexity") else "-"
+        ratio = f"{r['ratio']:.4f}" if r.get("ratio") else "-"
+        agree = f"{r['agreement']:.4f}" if r.get("agreement") is not None else "-"
+        lines.append(f"| {r['type']} | `{r['file']}` | {r['bytes'] / 1e6:.2f} MB | {r['runtime']} | {ppl} | {ratio} "
+                     f"| {agree} | +{r['max_ppl_increase_pct']:g}% | {'yes' if r['pass'] else 'NO'} |")  # fmt: skip
+    return lines
