@@ -15,11 +15,15 @@ The first command, in this order (`--only a,b` picks parts of either):
   static      B: A's batch set, no search in the process: the static graph alone (A ~ B: item 1 holds)
   capped      C: three quarters of A's batch: whether per-token speed rises further from the allocator's limit
   whole       D: C's batch with the whole model compiled (TRAIN_COMPILE_SCOPE=model)
-  bf16_act    E: bf16 activations at C's batch (not built yet: reported as such)
   profile     F: TRAIN_PROFILE=1 on the fastest of A-D: GEMM, attention, elementwise, optimizer, idle ms per step
-The second command: gputests (tests/gpu), vocab (A at the 128k vocabulary: the 1b-128k preset), fp8 (bf16 and
-TRAIN_PRECISION=fp8 at A's batch, compiled: speed, bf16-equivalent MFU, the loss of the same steps; torchao's wheel
-is carried), chat (records vs stream packing), techniques (the 125m technique table relative to fp32).
+(E, bf16 activations, is dropped: no measurement gives it a reason, and its design changes what checkpoints hold.)
+The second command, one `--only` call per part (SECOND_CALLS: each under a 10-minute call): gputests (tests/gpu),
+vocab (A at the 128k vocabulary, the 1b-128k preset, with the full loss and with the chunked one: tokens/s, peak
+memory, the batch each search chose), fp8 (bf16 and TRAIN_PRECISION=fp8 at A's batch, compiled: speed,
+bf16-equivalent MFU, the loss of the same steps; torchao's wheel is carried), fp8_vocab (bf16 and fp8, both with the
+chunked loss, at 128k rows and the chunked row's batch), chat (records vs stream packing), techniques and
+techniques2 (the 125m technique table relative to fp32, in two calls). Every trainer row also records the memory
+prediction (decisions.memory, trainer.config.memory_fit) against its measured peak (gpu_support.memory_prediction).
 Each trainer run is a `python -m trainer.launch train` subprocess with its own output folder (trainer.bench.runner);
 medians over the steps after the warm-up, no checkpoint written while measuring. Each part appends one JSON line
 per result to --out as it ends and prints one line; the table of every line in --out is printed last. The dry run
@@ -48,6 +52,7 @@ from benchmarks.gpu_support import (
     import_profile,
     importable,
     machine_facts,
+    memory_prediction,
     read_json,
     short,
     table,
@@ -57,14 +62,18 @@ from benchmarks.gpu_support import (
     write_conversations,
 )
 
-FIRST = ("imports", "gemm", "defaults", "static", "capped", "whole", "bf16_act", "profile")
-SECOND = ("gputests", "vocab", "fp8", "chat", "techniques")
+FIRST = ("imports", "gemm", "defaults", "static", "capped", "whole", "profile")
+SECOND = ("gputests", "vocab", "fp8", "fp8_vocab", "chat", "techniques", "techniques2")
 PARTS = FIRST + SECOND
 LLAMA_32_VOCAB = 128_256
 VOCAB_PRESET = "1b-128k"  # trainer/config/presets.py: 1b with Llama-3.2-1B's vocabulary
 FP8_MFU = "mfu is bf16-equivalent: the model's FLOPs over the GPU's dense bf16 peak, as for bf16"
+# The technique table in two parts of at most 7 rows (each row a few 125m steps), so each fits a 10-minute call; the
+# second part's rows are relative to the first's fp32 (the table reads the last fp32 line in --out).
 TECHNIQUES = ("fp32", "bf16", "tf32", "adamw_torch_fused", "adamw_bnb_8bit", "grad_accum", "grad_ckpt", "compile",
               "eager", "flash_attention_2", "zero2_offload", "lora", "qlora")  # fmt: skip
+TECHNIQUES_SPLIT = 7
+RECORDED_DECISIONS = ("batch_size", "grad_accum", "compile", "precision", "attn", "optim", "packing", "cross_entropy")
 
 
 @dataclass(frozen=True)
@@ -93,6 +102,7 @@ class Driver:
         self.out, self.work, self.sizes, self.dry = out, work, sizes, dry
         self.measured: dict[str, tuple[float, dict[str, str], float | None]] = {}  # name: tokens/s, env, step s
         self.batch = 0
+        self.compiles: bool | None = None
         work.mkdir(parents=True, exist_ok=True)
 
     def emit(self, part: str, name: str, **values: Any) -> None:
@@ -133,7 +143,7 @@ class Driver:
             m = s.gemm_n if name.startswith("reference") else s.gemm_tokens
             a = torch.randn(m, k, device=where, dtype=dtype)
             b = torch.randn(k, n, device=where, dtype=dtype)
-            seconds = timed(lambda a=a, b=b: a @ b, where)
+            seconds = timed(lambda a=a, b=b: a @ b, where, repeat=3 if self.dry else 20)  # a CPU's figure is plumbing
             self.emit(
                 "gemm",
                 f"{name}: {m}x{k} @ {k}x{n}",
@@ -145,7 +155,7 @@ class Driver:
             del a, b
         src = torch.empty(s.copy_bytes, dtype=torch.uint8, device=where)
         dst = torch.empty_like(src)
-        seconds = timed(lambda: dst.copy_(src), where)
+        seconds = timed(lambda: dst.copy_(src), where, repeat=3 if self.dry else 20)
         self.emit("gemm", f"copy {s.copy_bytes >> 20} MiB", gb_per_s=2 * src.numel() / seconds / 1e9, ms=seconds * 1e3)
 
     def defaults(self) -> None:
@@ -163,11 +173,6 @@ class Driver:
         env = {**self.capped_env(), "TRAIN_COMPILE": "1", "TRAIN_COMPILE_SCOPE": "model"}
         self.row("whole", "D whole-model compile", env, "C's batch, the whole model's forward compiled")
 
-    def bf16_act(self) -> None:
-        self.emit("bf16_act", "E bf16 activations", status="skipped",
-                  reason="not built: the residual stream in bf16 on fp32 master weights (issue 49 item 5; "
-                         "docs/benchmarks.md, 'bf16 activations') has no setting yet")  # fmt: skip
-
     def profile(self) -> None:
         best = max(self.measured, key=lambda k: self.measured[k][0]) if self.measured else None
         _speed, env, step_s = self.measured[best] if best else (0.0, self.long_run_env()[0], None)
@@ -178,11 +183,11 @@ class Driver:
 
     def gputests(self) -> None:
         started = time.monotonic()
-        command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-x", "-p", "no:cacheprovider"]
+        command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-rfE", "-p", "no:cacheprovider"]
         command += ["--collect-only"] if self.dry else []
         try:
             proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=540)
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-40:]  # -rfE names every failure
             self.emit("gputests", "tests/gpu", status="ok" if proc.returncode in (0, 5) else "failed",
                       rc=proc.returncode, wall_s=round(time.monotonic() - started, 1),
                       summary=tail[-1] if tail else "", tail=tail)  # fmt: skip
@@ -190,9 +195,12 @@ class Driver:
             self.emit("gputests", "tests/gpu", status="timeout", wall_s=540)
 
     def vocab(self) -> None:
-        """A at Llama-3.2-1B's vocabulary: the 1b-128k preset (1b's shape with 128,256 embedding rows)."""
-        env = {**self.long_run_env()[0], "TRAIN_MODEL": VOCAB_PRESET}
-        self.row("vocab", f"A at {LLAMA_32_VOCAB} rows ({VOCAB_PRESET})", env, "the defaults, the real vocabulary")
+        """A at Llama-3.2-1B's vocabulary (the 1b-128k preset: 1b's shape with 128,256 rows), each with its own search:
+        Transformers' loss on the whole logits against the chunked loss (what auto picks there)."""
+        for loss in ("full", "chunked"):
+            env = {**self.long_run_env()[0], "TRAIN_MODEL": VOCAB_PRESET, "TRAIN_CROSS_ENTROPY": loss}
+            self.row("vocab", f"A at {LLAMA_32_VOCAB} rows, {loss} loss", env,
+                     f"the defaults at the real vocabulary, TRAIN_CROSS_ENTROPY={loss}: the batch its search chose")
 
     def fp8(self) -> None:
         """FP8 against bf16 at one batch (A's), both compiled: tokens/s, MFU (bf16-equivalent for fp8) and the mean
@@ -205,6 +213,16 @@ class Driver:
         self.row("fp8", "TRAIN_PRECISION=fp8", {**base, "TRAIN_PRECISION": "fp8"}, f"{FP8_MFU}; loss against bf16's")
         if self.dry:
             self.fp8_conversion()
+
+    def fp8_vocab(self) -> None:
+        """bf16 and FP8 at 128k rows, both with the chunked loss, compiled, at the batch the vocab part's chunked row
+        chose (no search): what FP8 gains where the LM head and the loss weigh as in Llama-3.2-1B."""
+        batch = self.batch_of("vocab", f"A at {LLAMA_32_VOCAB} rows, chunked loss")
+        base = {**self.long_run_env()[0], "TRAIN_MODEL": VOCAB_PRESET, "TRAIN_CROSS_ENTROPY": "chunked",
+                "TRAIN_COMPILE": "1", "TRAIN_AUTO_BATCH": "0", "TRAIN_BATCH_SIZE": str(batch)}  # fmt: skip
+        for precision in ("bf16", "fp8"):
+            self.row("fp8_vocab", f"{precision} at {LLAMA_32_VOCAB} rows, chunked loss, batch {batch}",
+                     {**base, "TRAIN_PRECISION": precision}, f"{FP8_MFU}" if precision == "fp8" else "fp8's reference")
 
     def fp8_conversion(self) -> None:
         from transformers import AutoModelForCausalLM
@@ -230,6 +248,12 @@ class Driver:
             self.row("chat", f"chat {packing}", env, steps=self.sizes.tech_steps)
 
     def techniques(self) -> None:
+        self.technique_rows("techniques", TECHNIQUES[:TECHNIQUES_SPLIT])
+
+    def techniques2(self) -> None:
+        self.technique_rows("techniques2", TECHNIQUES[TECHNIQUES_SPLIT:])
+
+    def technique_rows(self, part: str, names: tuple[str, ...]) -> None:
         from trainer.bench.catalogue import BASELINE_ENV, catalogue
         from trainer.bench.session import grad_accum_env
 
@@ -237,16 +261,16 @@ class Driver:
         rows = {row.name: dict(row.env) for row in catalogue()}
         base = {**BASELINE_ENV, "TRAIN_MODEL": s.tech_model, "TRAIN_SEQ_LEN": str(s.seq_len),
                 "TRAIN_BATCH_SIZE": str(s.tech_batch)}  # fmt: skip
-        for name in TECHNIQUES:
+        for name in names:
             env = {**base, **rows.get(name, {})}
             if name == "grad_accum":
                 env.update(grad_accum_env(s.tech_batch))
             if name == "adamw_bnb_8bit" and not importable("bitsandbytes"):
-                self.emit("techniques", name, status="skipped", reason="bitsandbytes is not importable here")
+                self.emit(part, name, status="skipped", reason="bitsandbytes is not importable here")
                 continue
             if name in ("lora", "qlora"):
                 env["TRAIN_MODEL"] = str(self.preset_folder(s.tech_model))
-            self.row("techniques", name, env, "fp32 baseline plus this row", steps=s.tech_steps)
+            self.row(part, name, env, "fp32 baseline plus this row", steps=s.tech_steps)
 
     # ---- rows ---------------------------------------------------------------------------------------------------
 
@@ -270,8 +294,10 @@ class Driver:
         except ConfigError as exc:
             self.emit(part, name, status="skipped", reason=str(exc)[:500], env=env)
             return
-        picked = {k: decisions[k]["value"] for k in ("batch_size", "compile", "precision", "attn") if k in decisions}
-        self.emit(part, name, status="checked", **picked, env=env,
+        keys = ("batch_size", "compile", "precision", "attn", "cross_entropy")
+        picked = {k: decisions[k]["value"] for k in keys if k in decisions}
+        predicted = memory_prediction(decisions.get("memory", {}).get("value"))
+        self.emit(part, name, status="checked", **picked, **predicted, env=env,
                   note=f"dry run: settings resolved and checked, not trained; {note}")  # fmt: skip
 
     def train(self, part: str, name: str, env: dict[str, str], warmup: int, steps: int, note: str = "",
@@ -297,13 +323,15 @@ class Driver:
             if part in ("defaults", "static", "capped", "whole"):
                 self.measured[name.split()[0]] = (m.tokens_per_s, env, m.step_time_s)
         if run is not None:
-            for key in ("batch_size", "grad_accum", "compile", "precision", "attn", "optim", "packing"):
+            for key in RECORDED_DECISIONS:
                 values[key] = getattr(run.decisions, key).value
             values["batch_reason"] = run.decisions.batch_size.reason
             self.batch = self.batch or (int(values["batch_size"]) if part == "defaults" else 0)
         if part == "profile":
             summary = read_json(folder / "summary-rank0.json")
             values["ms_per_step"] = time_by_kind(summary, kinds_of or values.get("step_time_s"))
+        predicted = run.decisions.memory.value if run is not None else None
+        values.update(memory_prediction(predicted, values.get("peak_mem_gib")))
         values.update(to_first_step_s=startup.get("to_first_step_s"), compile_s=startup.get("compile_s"),
                       phases_s=startup.get("phases_s"), env=env, logs=str(folder))  # fmt: skip
         self.emit(part, name, **values, **({"note": note} if note else {}))
@@ -314,22 +342,31 @@ class Driver:
     def long_run_env(self) -> tuple[dict[str, str], str]:
         """The defaults as a long run gets them: TRAIN_COMPILE=auto compiles only runs of 200 steps or more, so where
         it would compile a long run here, TRAIN_COMPILE=1 stands for it (as the bench's `auto` row does)."""
-        from trainer.bench.machine import machine
-
-        compiles = bool(machine().get("auto_compile"))  # probed in a child: no CUDA context held here
+        compiles = self.auto_compiles()
         note = ("TRAIN_COMPILE=1: what auto decides for a long run here" if compiles
                 else "TRAIN_COMPILE=auto leaves compile off here, as for a long run")  # fmt: skip
         env = {**self.defaults_env(), **({"TRAIN_COMPILE": "1"} if compiles else {})}
         return env, note + "; medians of the steps after the warm-up; no checkpoint is written in the measured steps"
 
+    def auto_compiles(self) -> bool:
+        """Whether auto compiles a long run here: probed once per call, in a child (no CUDA context held here)."""
+        if self.compiles is None:
+            from trainer.bench.machine import machine
+
+            self.compiles = bool(machine().get("auto_compile"))
+        return self.compiles
+
     def batch_of_a(self) -> int:
         """The batch A's search chose (its decision in run_config.json): this call's A, else the last A in --out (the
         first command's, for the second), else 8."""
-        if self.batch:
-            return self.batch
+        return self.batch or self.batch_of("defaults")
+
+    def batch_of(self, part: str, name: str | None = None) -> int:
+        """The batch of the last line of `part` (and `name`) in --out with one, of this kind of run (dry or not), else
+        8: a later call takes an earlier call's batch."""
         lines = self.out.read_text().splitlines() if self.out.exists() else []
-        found = [r for r in map(json.loads, lines) if r.get("part") == "defaults" and r.get("batch_size")
-                 and r.get("dry_run") == self.dry]  # fmt: skip
+        found = [r for r in map(json.loads, lines) if r.get("part") == part and r.get("batch_size")
+                 and r.get("dry_run") == self.dry and name in (None, r.get("name"))]  # fmt: skip
         return int(found[-1]["batch_size"]) if found else 8
 
     def capped_env(self) -> dict[str, str]:

@@ -177,15 +177,31 @@ def use_wheels(wheels: Path, argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "benchmarks.gpu_run", *argv])
 
 
-COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "mfu_basis", "loss", "peak_mem_gib", "to_first_step_s",
-           "compile_s", "tflops", "gb_per_s", "ms", "vs_fp32_speed", "vs_fp32_mem", "summary")  # fmt: skip
+# Each row's predicted peak beside its measured one: the prediction the run made of itself (its run record's
+# decisions.memory, trainer.config.memory_fit, at the batch it ran), or the checked row's resolved one. Its
+# predicted_allocated_bytes is what peak_mem_bytes measures (the peak less the framework's allowance).
+NOT_PREDICTED = "not predicted"
+
+
+def memory_prediction(predicted: dict[str, Any] | None, measured_gib: float | None = None) -> dict[str, Any]:
+    """The predicted peak (GiB) beside the measured one, and their ratio."""
+    if not predicted or predicted.get("predicted_allocated_bytes") is None:
+        return {"prediction": NOT_PREDICTED}
+    gib_predicted = gib(predicted["predicted_allocated_bytes"])
+    ratio = gib_predicted / measured_gib if gib_predicted and measured_gib else None
+    return {"prediction": "ok", "predicted_peak_gib": gib_predicted, "predicted_over_measured": ratio}
+
+
+COLUMNS = ("status", "batch_size", "tokens_per_s", "mfu", "mfu_basis", "loss", "peak_mem_gib", "predicted_peak_gib",
+           "to_first_step_s", "compile_s", "tflops", "gb_per_s", "ms", "vs_fp32_speed", "vs_fp32_mem",
+           "summary")  # fmt: skip
 
 
 def table(out: Path) -> str:
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     fp32 = next((r for r in reversed(records) if r["part"] == "techniques" and r["name"] == "fp32"), None)
     for r in records:
-        if r["part"] == "techniques" and fp32 and fp32.get("tokens_per_s") and r.get("tokens_per_s"):
+        if r["part"] in ("techniques", "techniques2") and fp32 and fp32.get("tokens_per_s") and r.get("tokens_per_s"):
             r["vs_fp32_speed"] = r["tokens_per_s"] / fp32["tokens_per_s"]
             if fp32.get("peak_mem_gib") and r.get("peak_mem_gib"):
                 r["vs_fp32_mem"] = r["peak_mem_gib"] / fp32["peak_mem_gib"]

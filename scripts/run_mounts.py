@@ -187,7 +187,22 @@ def read(folder: Path) -> dict[str, Any] | None:
         raise UserError(f"{path} cannot be read ({exc}): {FIX_RECORD}") from None
     if not isinstance(record, dict) or not isinstance(record.get("mounts"), dict):
         raise UserError(f"{path} is not run.py's record (it has no `mounts`): {FIX_RECORD}")
+    wrong = [f"`mounts` {target!r}: {_kind(host)} where a host path (text) goes"
+             for target, host in record["mounts"].items() if not isinstance(host, str) or not host]  # fmt: skip
+    if not isinstance(record.get("env_file"), (str, type(None))):
+        wrong.append(f"`env_file`: {_kind(record['env_file'])} where a path (text) or null goes")
+    image = record.get("image")
+    if image is not None and not (isinstance(image, dict) and all(
+            isinstance(image.get(k), (str, type(None))) for k in ("reference", "id"))):  # fmt: skip
+        wrong.append(f"`image`: {_kind(image)} where an object with a `reference` and an `id` (text) goes")
+    if wrong:
+        raise UserError(f"{path} holds a value of the wrong type: {'; '.join(wrong)}. {FIX_RECORD}")
     return record
+
+
+def _kind(value: Any) -> str:
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else (
+        "nothing" if value is None or value == "" else f"a {type(value).__name__} ({value!r})")  # fmt: skip
 
 
 def mount_again(folder: Path, args: argparse.Namespace, log: Callable[[str], None]) -> None:

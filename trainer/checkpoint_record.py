@@ -181,9 +181,12 @@ def unreadable_state(folder: Path) -> str | None:
 
 
 def recorded_batch_size(folder: Path) -> int | None:
-    """The per-device batch the checkpoint trained with (None when it does not say)."""
-    value = _state(folder).get("train_batch_size")
-    return int(value) if value else None
+    """The per-device batch the checkpoint trained with (None when it does not say, or is gone: rotated away)."""
+    try:
+        value = _state(folder).get("train_batch_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 # ---- which folders are checkpoints ---------------------------------------------------------------------------------
@@ -221,6 +224,8 @@ def newest_sound_checkpoint(output_dir: str | Path, on_damaged: Callable[[Path, 
         problem = damage(folder)
         if problem is None:
             return folder
+        if not folder.is_dir():  # rotated away by the run that owns the folder while this looked: not damage
+            continue
         if on_damaged is not None:
             on_damaged(folder, problem)
     return None
@@ -261,7 +266,11 @@ def damage(folder: Path) -> str | None:
             return f"{path} is missing"
         if size != entry.get("size"):
             return f"{path} has {size} bytes, the checkpoint was saved with {entry.get('size')}"
-        if "sha256" in entry and _sha256(path) != entry["sha256"]:
+        try:
+            changed = "sha256" in entry and _sha256(path) != entry["sha256"]
+        except OSError:
+            return f"{path} is missing"
+        if changed:
             return f"{path} differs from what was saved (sha256)"
     return None
 

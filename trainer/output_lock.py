@@ -97,9 +97,16 @@ class OutputLock:
         self._fd = None
 
 
+_HELD: dict[Path, OutputLock] = {}  # the run's lock, once per process: a second fd's close would release it
+
+
 def acquire_output_lock(output_dir: str | Path) -> OutputLock:
-    """Lock `output_dir` for this run, or exit 2 (ConfigError) naming the run that holds it."""
-    lock = OutputLock(output_dir).acquire()
+    """Lock `output_dir` for this run, or exit 2 (ConfigError) naming the run that holds it; a lock this process
+    already holds is returned as it is."""
+    key = Path(output_dir).absolute()
+    if key in _HELD and _HELD[key]._fd is not None:
+        return _HELD[key]
+    lock = _HELD[key] = OutputLock(output_dir).acquire()
     atexit.register(lock.release)
     log.info("output lock: %s holds %s", _describe(_holder()), lock.path)
     return lock

@@ -44,6 +44,7 @@ def collect(
     build_file: Path = BUILD_FILE,
     previous: Mapping[str, Any] | None = None,
     online: Mapping[str, Any] | None = None,
+    memory: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The provenance of the run in this process (secrets masked); `previous`: the data entries an earlier start
     recorded in the same output folder (a restart does not hash unchanged files again)."""
@@ -59,6 +60,8 @@ def collect(
         "chat_template_hash": template_hash or None,
         "seed": seed,
         **({"online_rl": dict(online)} if online else {}),  # each reward file's sha256, the generation engine
+        # the peak GPU memory predicted before the model loaded, by part (trainer.config.memory), for the GPU above
+        **({"memory_prediction": dict(memory)} if memory else {}),
     }
     return mask_secrets(json.loads(json.dumps(record, default=str)))
 
@@ -74,11 +77,13 @@ def write(folder: Path, record: Mapping[str, Any]) -> Path:
 
 
 def record_run(folder: Path, data_files: Iterable[Path], hub: Mapping[str, Any], template_hash: str,
-               seed: int, online: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+               seed: int, online: Mapping[str, Any] | None = None,
+               memory: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
     """Collect this run's provenance and write it into `folder` (the run's one call)."""
     earlier = (read(folder) or {}).get("data")
     previous = earlier if isinstance(earlier, dict) else None
-    return write(folder, collect(data_files, hub, template_hash, seed, previous=previous, online=online))
+    return write(folder, collect(data_files, hub, template_hash, seed, previous=previous, online=online,
+                                 memory=memory))
 
 
 def read(folder: Path) -> dict[str, Any] | None:

@@ -1,7 +1,12 @@
 """The one rule for which variables, flags and values hold secrets, and the masking built on it.
 
-A secret is the value of a variable or flag whose name says so (HF_TOKEN, --hub_token), or a value shaped like
-one whatever its name (an hf_... token, the user:password of a URL such as HF_ENDPOINT=https://u:p@mirror).
+A secret is a value shaped like one whatever its name (an hf_... token, the user:password of a URL such as
+HF_ENDPOINT=https://u:p@mirror, a secret flag's value in a command line), or a credential-shaped value of a variable or
+flag whose name says it holds one: a word of the name is TOKEN, KEY, SECRET, PASSWORD, ... (HF_TOKEN, WANDB_API_KEY,
+--hub_token), not a word that merely contains one (RL_MAX_NEW_TOKENS, TOKENIZERS_PARALLELISM, `tokenizers`). What
+the value is decides too: a number, a boolean (not text) or a version is never a credential, so no setting
+(TRAIN_RL_MAX_NEW_TOKENS=6) and no library version is masked in a record (run_config.json, provenance.json, a
+checkpoint's record).
 Used by the trainer (run_config.json, logs, the TRAIN_ARGS check), the launcher (the command it prints) and the
 host scripts (run.py's log, cluster.py's Kubernetes Secret and Slurm secrets file). Torch-free and docker-free.
 """
@@ -12,20 +17,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-# Names that contain a secret word but hold no secret (token counts, tokenizer switches): shown as they are.
-NOT_SECRET = frozenset(
-    {
-        "TOKENIZERS_PARALLELISM",
-        "AVERAGE_TOKENS_ACROSS_DEVICES",
-        "INCLUDE_NUM_INPUT_TOKENS_SEEN",
-        "TOKENS_PER_S",
-        "INCLUDE_TOKENS_PER_SECOND",
-        "LEFT_OUT_TOKENS_PER_EPOCH",
-        "TRAIN_RL_MAX_NEW_TOKENS",  # masked, a GRPO run could not be reproduced from its run_config.json
-        "MAX_NEW_TOKENS",
-    }
-)
+SECRET_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "CREDENTIALS"})
+_VERSION_RE = re.compile(r"v?\d+(\.\d+)+((a|b|rc|\.?dev|\.?post)\d*)*(\+[\w.]+)?")  # 0.22.1, 2.13.0+cpu, 1.2rc1
 MASK = "***"
 _HF_TOKEN_RE = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
 _URL_CREDENTIALS_RE = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")  # https://user:password@host
@@ -42,9 +35,16 @@ def mask_value(text: str) -> str:
 
 
 def is_secret_name(name: str) -> bool:
-    """True for a variable name (HF_TOKEN) or a flag (--hub-token, --hub_token=x) that holds a secret."""
+    """True for a variable name (HF_TOKEN) or a flag (--hub-token, --hub_token=x) that says it holds a secret: one of
+    its words (split at _ and -) is a secret word."""
     upper = name.split("=", 1)[0].upper().lstrip("-").replace("-", "_")
-    return upper not in NOT_SECRET and any(word in upper for word in SECRET_WORDS)
+    return any(word in SECRET_WORDS for word in upper.split("_"))
+
+
+def could_be_credential(value: Any) -> bool:
+    """False for what no credential is: nothing, a number or a boolean (not text), blank text, a version (`0.22.1`,
+    `2.13.0+cpu`)."""
+    return isinstance(value, str) and bool(value.strip()) and not _VERSION_RE.fullmatch(value.strip())
 
 
 def is_secret_value(text: str) -> bool:
@@ -56,8 +56,8 @@ def is_secret_value(text: str) -> bool:
 
 
 def holds_secret(name: str, value: str) -> bool:
-    """The one rule: a variable is secret by its name or by its value."""
-    return is_secret_name(name) or is_secret_value(value)
+    """The one rule: a variable holds a secret by its value, or by its name where the value could be a credential."""
+    return (is_secret_name(name) and could_be_credential(value)) or is_secret_value(value)
 
 
 def mask_args(args: Sequence[str]) -> list[str]:
@@ -87,7 +87,7 @@ def mask_secrets(data: Any, key: str = "") -> Any:
         return {k: mask_secrets(v, str(k)) for k, v in data.items()}
     if isinstance(data, list):
         return [mask_secrets(v, key) for v in data]
-    if is_secret_name(key) and data not in (None, "", False):
+    if is_secret_name(key) and could_be_credential(data):
         return MASK
     if isinstance(data, str):
         if "--" in data or _HF_TOKEN_RE.search(data):

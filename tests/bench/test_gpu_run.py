@@ -22,6 +22,8 @@ def test_both_commands_parse_to_their_parts_in_order() -> None:
     assert parse(["--out", "gpu_run.jsonl"]).parts == list(FIRST)
     assert parse(["--plan", "second", "--out", "gpu_run.jsonl"]).parts == list(SECOND)
     assert FIRST[:3] == ("imports", "gemm", "defaults") and FIRST[-1] == "profile"
+    assert "bf16_act" not in PARTS  # row E dropped: no measurement gives bf16 activations a reason
+    assert {"vocab", "fp8", "fp8_vocab", "techniques", "techniques2"} <= set(SECOND)
 
 
 def test_the_128k_preset_is_1b_at_llama_3_2s_vocabulary() -> None:
@@ -61,18 +63,20 @@ def test_the_whole_dry_run(tmp_path: Path) -> None:
     (b,), (c,), (d,) = by_part["static"], by_part["capped"], by_part["whole"]
     assert (b["status"], b["batch_size"], c["status"], c["batch_size"]) == ("checked", 8, "checked", 6), (b, c)
     assert d["status"] == "checked" and d["compile"] is True and d["env"]["TRAIN_COMPILE_SCOPE"] == "model", d
-    assert status["E bf16 activations"] == "skipped"
     assert_fp8_part(by_part["fp8"], batch=8)
-    assert status["A at 128256 rows (1b-128k)"] == "checked", by_part["vocab"]
+    assert_vocab_parts(by_part["vocab"], by_part["fp8_vocab"])
     (f,) = by_part["profile"]
     assert f["status"] == "ok" and f["env"]["TRAIN_PROFILE"] == "1", f
     kinds = f["ms_per_step"]
     assert set(kinds) == {"gemm", "attention", "elementwise", "optimizer", "idle"} and kinds["gemm"] > 0, f
     assert kinds["idle"] is None  # a CPU's operators are no device's idle time
     assert status["chat records"] == status["chat stream"] == "checked", records
-    assert [r["name"] for r in by_part["techniques"]] == list(TECHNIQUES)
-    assert status["fp32"] == status["lora"] == "checked" and {r["status"] for r in by_part["techniques"]} <= {
-        "checked", "skipped"}  # fmt: skip
+    techniques = by_part["techniques"] + by_part["techniques2"]
+    assert [r["name"] for r in techniques] == list(TECHNIQUES) and len(by_part["techniques2"]) == 6
+    assert status["fp32"] == status["lora"] == "checked" and {r["status"] for r in techniques} <= {"checked", "skipped"}
+    # every row checked or trained records its memory prediction beside it (trainer.config.memory_fit's, as resolved)
+    rows = [r for r in records if r.get("status") in ("ok", "checked") and "env" in r]
+    assert rows and all(r["prediction"] == "ok" and r["predicted_peak_gib"] > 0 for r in rows), rows
     assert status["tests/gpu"] == "ok", by_part["gputests"]
     table = proc.stdout[proc.stdout.index("| part | name |") :]
     assert table.count("\n| ") == len(records)  # one row per line of --out, printed last
@@ -88,6 +92,23 @@ def assert_fp8_part(records: list[dict], batch: int) -> None:
     assert fp8["env"] == {**bf16["env"], "TRAIN_PRECISION": "fp8"}  # the same run but the precision
     conversion = by_name["conversion of tiny"]
     assert conversion["status"] == "ok" and conversion["converted"] == 28 and conversion["lm_head"] == "Linear"
+
+
+def assert_vocab_parts(vocab: list[dict], fp8_vocab: list[dict]) -> None:
+    """1b-128k with the full and the chunked loss, each with its own search; bf16 and fp8 with the chunked loss at the
+    chunked row's batch (fp8 refused on a CPU with the trainer's message)."""
+    by_name = {r["name"]: r for r in vocab + fp8_vocab}
+    full, chunked = by_name["A at 128256 rows, full loss"], by_name["A at 128256 rows, chunked loss"]
+    assert (full["status"], full["cross_entropy"], chunked["status"], chunked["cross_entropy"]) == (
+        "checked", "full", "checked", "chunked")  # fmt: skip
+    assert full["env"]["TRAIN_MODEL"] == chunked["env"]["TRAIN_MODEL"] == "1b-128k"
+    batch = chunked["batch_size"]
+    bf16, fp8 = by_name[f"bf16 at 128256 rows, chunked loss, batch {batch}"], by_name[
+        f"fp8 at 128256 rows, chunked loss, batch {batch}"]  # fmt: skip
+    assert (bf16["status"], bf16["precision"], bf16["cross_entropy"], bf16["compile"]) == ("checked", "bf16",
+                                                                                            "chunked", True)
+    assert fp8["status"] == "skipped" and "needs a GPU with FP8 tensor cores" in fp8["reason"], fp8
+    assert fp8["env"] == {**bf16["env"], "TRAIN_PRECISION": "fp8"}
 
 
 def test_the_fp8_part_alone_takes_a_batch_from_the_first_commands_results(tmp_path: Path) -> None:

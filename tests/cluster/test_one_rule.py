@@ -64,6 +64,11 @@ def test_the_secret_rule_and_its_exceptions() -> None:
     mirror = {"HF_ENDPOINT": "https://user:pa55@mirror.example/hf", "TRAIN_DATA": "hf://datasets/org/name@v1/en"}
     assert mask_secrets(mirror) == {"HF_ENDPOINT": "https://***@mirror.example/hf", "TRAIN_DATA": mirror["TRAIN_DATA"]}
     assert mask_args(["--endpoint", "http://u:p@h/x"]) == ["--endpoint", "http://***@h/x"]
+    # by what the value is (issue 59): a record's field or a library named like a secret word keeps its number or
+    # version; a credential-shaped value under a secret name is masked, whatever its characters
+    record = {"rl_max_new_tokens": 6, "tokenizers": "0.22.1", "torch": "2.13.0+cpu", "tokenizer": "/models/tok",
+              "HF_TOKEN": "12345678", "api_key": "0.5abc", "--hub_token": ""}  # fmt: skip
+    assert mask_secrets(record) == {**record, "HF_TOKEN": "***", "api_key": "***"}
 
 
 def test_run_py_shows_values_that_merely_contain_a_secret_word() -> None:

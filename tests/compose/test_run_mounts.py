@@ -110,3 +110,20 @@ def test_reproduce_names_a_recorded_folder_that_is_gone_and_the_option_that_repl
     assert_user_error(result, f"the run mounted {corpora} at /data (recorded in {tmp_path / 'output' / RECORD_FILE}); "
                       "it is gone: restore it, or give --data PATH instead")  # fmt: skip
     assert "Docker" not in result.stderr  # said before the engine is asked anything
+
+
+def test_reproduce_refuses_a_hand_edited_record_with_a_value_of_the_wrong_type(tmp_path: Path) -> None:
+    """A list where a mount's host path or the env file goes (issue 59): exit 2 naming the field, as not-JSON does;
+    before the fix, a TypeError traceback (exit 1)."""
+    corpora = tmp_path / "corpora"
+    corpora.mkdir()
+    folder = recorded_run(tmp_path, corpora)
+    record = json.loads((folder / RECORD_FILE).read_text())
+    for field, edit, expected in (
+        ("mounts", {**record["mounts"], "/data": [str(corpora)]}, "`mounts` '/data': a list where a host path"),
+        ("env_file", [str(tmp_path / ".env")], "`env_file`: a list where a path (text) or null goes"),
+        ("image", "trainkit:latest-cpu", "`image`: a str ('trainkit:latest-cpu') where an object"),
+    ):
+        (folder / RECORD_FILE).write_text(json.dumps({**record, field: edit}))
+        result = run_py("reproduce", "output", cwd=tmp_path)
+        assert_user_error(result, f"{folder / RECORD_FILE} holds a value of the wrong type: {expected}")

@@ -48,7 +48,7 @@ def main() -> None:
     model, device = tiny_model_on_standin(24)
     compile_layers(model, settings.compile_backend, settings.compile_mode)
     found, how = search_batch(model, settings, torch.device("cpu"), "fp32", 1 << 20, 64, None, True, device,
-                              memory_limit(device))  # fmt: skip
+                              memory_limit(device), settings.batch_size)  # fmt: skip
     result = {"batch": found.batch, "probes": found.probes, "how": how, "search_graphs": list(GRAPHS),
               "grads_left": any(p.grad is not None for p in model.parameters()),
               "probes_peak": peak_memory_bytes()}  # fmt: skip

@@ -31,6 +31,11 @@ IN_A_VENV = sys.prefix != sys.base_prefix
 PYTHON = sys.executable if IN_A_VENV or not VENV_PYTHON.exists() else str(VENV_PYTHON)
 
 RunTrainer = Callable[..., subprocess.CompletedProcess]
+# The CPU instruction path (MKL, oneDNN, ATen) the trainer computes on: passed through, so that the suite runs on
+# another one as a whole (`MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 pytest ...`:
+# an AVX2-only machine's results on an AVX-512 one); AVX2 names that path for the tests that train on it on purpose.
+ISA_VARIABLES = ("MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+AVX2 = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 def base_env(home: Path | None = None) -> dict[str, str]:
@@ -44,6 +49,7 @@ def base_env(home: Path | None = None) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
+        **{name: os.environ[name] for name in ISA_VARIABLES if name in os.environ},
     }
     if home is not None:
         env["HOME"] = str(home)

@@ -80,6 +80,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_COMPILE_BACKEND": "inductor",
             "TRAIN_COMPILE_MODE": "reduce-overhead",
             "TRAIN_ATTN": "eager",
+            "TRAIN_CROSS_ENTROPY": "chunked",
             "TRAIN_LORA": "1",
             "TRAIN_LORA_R": "4",
             "TRAIN_LORA_ALPHA": "8",
@@ -99,6 +100,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
             "TRAIN_ARGS": "--weight_decay 0.1 --lr_scheduler_type cosine --learning_rate 0.002",
             "TRAIN_DETERMINISTIC": "1",
             "TRAIN_PROFILE": "1",
+            "TRAIN_MEMORY_CHECK": "off",
             "TRAIN_NPROC_PER_NODE": "1",
             "TRAIN_MAX_RESTARTS": "5",
             "TRAIN_RDZV_TIMEOUT": "60",
@@ -137,6 +139,7 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
                 "TRAIN_PREF_MAX_PROMPT_LEN": "16"},
         "grpo": {"TRAIN_DATA": str(root / "prompts.jsonl"), "TRAIN_METHOD": "grpo", "TRAIN_REWARD": "exact,length:0.5",
                  "TRAIN_RL_GENERATIONS": "2", "TRAIN_RL_MAX_NEW_TOKENS": "12", "TRAIN_RL_TEMPERATURE": "0.7",
+                 "TRAIN_RL_REWARD_TIMEOUT": "30",
                  "TRAIN_RL_BETA": "0.04", "TRAIN_RL_LOSS": "dr_grpo", "TRAIN_LORA": "1", "TRAIN_BATCH_SIZE": "4",
                  "TRAIN_ARGS": "--top_p 0.9"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
@@ -250,6 +253,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_RL_GENERATIONS", "grpo", lambda c: c["training_arguments"]["num_generations"] == 2),
     ("TRAIN_RL_MAX_NEW_TOKENS", "grpo", lambda c: c["training_arguments"]["max_completion_length"] == 12),
     ("TRAIN_RL_TEMPERATURE", "grpo", lambda c: c["training_arguments"]["temperature"] == 0.7),
+    ("TRAIN_RL_REWARD_TIMEOUT", "grpo", lambda c: c["settings"]["TRAIN_RL_REWARD_TIMEOUT"]["value"] == 30),
     ("TRAIN_RL_BETA", "grpo", lambda c: c["training_arguments"]["beta"] == 0.04
      and c["decisions"]["reference"]["value"] == "frozen adapter"),
     ("TRAIN_RL_LOSS", "grpo", lambda c: c["training_arguments"]["loss_type"] == "dr_grpo"
@@ -351,6 +355,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
         lambda c: c["training_arguments"]["use_liger_kernel"] is False
         and c["decisions"]["liger"] == {"value": False, "reason": "auto: off (no GPU)"},
     ),
+    ("TRAIN_CROSS_ENTROPY", "full", lambda c: c["decisions"]["cross_entropy"]["value"] == "chunked"
+     and c["decisions"]["cross_entropy"]["reason"].startswith("set by TRAIN_CROSS_ENTROPY")),
     ("TRAIN_LORA", "full", lambda c: c["decisions"]["lora"]["value"] is True),
     ("TRAIN_LORA_R", "model", lambda c: c["rank"] == 4),
     ("TRAIN_LORA_ALPHA", "model", lambda c: c["scaling"] == 8 / 4),
@@ -384,6 +390,7 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ),
     ("TRAIN_DETERMINISTIC", "full", lambda c: c["training_arguments"]["full_determinism"] is True),
     ("TRAIN_PROFILE", "full", lambda c: c["decisions"]["profile"]["value"] is True),
+    ("TRAIN_MEMORY_CHECK", "full", lambda c: "TRAIN_MEMORY_CHECK=off" in c["decisions"]["memory"]["reason"]),
     ("TRAIN_MEMORY_SNAPSHOT", "defaults", lambda c: c["decisions"]["memory_snapshot"]["value"] is False),
     ("TRAIN_NPROC_PER_NODE", "full", lambda c: c["decisions"]["nproc_per_node"]["value"] == 1),
     ("TRAIN_MAX_RESTARTS", "launch", lambda c: c["max-restarts"] == "5"),

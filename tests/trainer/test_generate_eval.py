@@ -16,23 +16,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, REPO, base_env, run_trainer
+from conftest import PYTHON, REPO, base_env, run_python, run_trainer
+from memorize import MARGIN, MARGINS, MEMORIZE, PAIRS, chat_line, other_path, write_pairs
 from waiting import wait_for
 from wandb_files import wandb_records
 
 from trainer.errors import EXIT_SIGTERM
 
-PAIRS = [("What is the capital of France?", "Paris."), ("Name a primary color.", "Blue."),
-         ("What is 2+2?", "Four."), ("Who wrote Hamlet?", "Shakespeare.")]  # fmt: skip
-# The cheapest recipe found that makes greedy decoding give every answer back (tiny preset, CPU).
-MEMORIZE = {"TRAIN_MODEL": "tiny", "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_SEQ_LEN": "128", "TRAIN_BATCH_SIZE": "4",
-            "TRAIN_MAX_STEPS": "60", "TRAIN_LR": "0.005", "TRAIN_SAVE_STEPS": "60", "TRAIN_LOG_STEPS": "20",
-            "TRAIN_SEED": "1"}  # fmt: skip
+STEPS = int(MEMORIZE["TRAIN_MAX_STEPS"])
 OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
-
-
-def chat_line(question: str, answer: str) -> str:
-    return json.dumps({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +33,7 @@ def memorized(tmp_path_factory: pytest.TempPathFactory) -> Path:
     them there (TRAIN_EVAL_GENERATE), tracked by TensorBoard, W&B (offline) and MLflow (its file store); final/
     exported to root/export."""
     root = tmp_path_factory.mktemp("memorized")
-    (root / "chat.jsonl").write_text("".join(chat_line(q, a) + "\n" for q, a in PAIRS))
+    write_pairs(root / "chat.jsonl")
     env = {**MEMORIZE, "HOME": str(root), "HF_HOME": str(root / "hf"), "TRAIN_OUTPUT_DIR": str(root / "out"),
            "TRAIN_DATA": str(root / "chat.jsonl"), "TRAIN_EVAL_DATA": str(root / "chat.jsonl"),
            "TRAIN_EVAL_GENERATE": "4", "TRAIN_REPORT_TO": "tensorboard,wandb,mlflow"}  # fmt: skip (W&B offline)
@@ -54,6 +46,31 @@ def memorized(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def margins(folder: Path, env: dict[str, str] | None = None) -> list[float]:
+    """Each pair's margin in `folder`'s model (memorize.MARGINS), computed on the instruction path `env` names."""
+    result = run_python(["-c", MARGINS, str(folder), json.dumps(PAIRS)], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_the_answers_are_memorized_with_a_margin_on_this_and_the_other_instruction_path(memorized: Path,
+                                                                                      tmp_path: Path) -> None:
+    """Every answer token beats the runner-up by MARGIN logits, teacher-forced: greedy decoding gives each answer
+    back with room to spare, here and trained on the other instruction path (AVX2 on an AVX-512 machine; issue 59:
+    the recipe tuned here memorized three pairs of four on an AVX2-only CPU). No tracker, eval or export: the
+    cheapest run of the recipe."""
+    here = margins(memorized / "out" / "final")
+    other = other_path()
+    data = write_pairs(tmp_path / "chat.jsonl")
+    env = {**MEMORIZE, **other, "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
+           "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "TRAIN_DATA": str(data)}  # fmt: skip
+    result = run_trainer([], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    there = margins(tmp_path / "out" / "final", other)
+    print(f"margins here {[round(m, 3) for m in here]}, on {other} {[round(m, 3) for m in there]}")
+    assert min(here) > MARGIN and min(there) > MARGIN, (here, there)
 
 
 def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized: Path, tmp_path: Path) -> None:
@@ -69,7 +86,8 @@ def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized
     assert [a["response"] for a in answers] == [a for _, a in PAIRS]
     assert [a["id"] for a in answers] == [0, 1, 2, 3] and all(a["messages"] for a in answers)  # input kept
     assert len({a["prompt_tokens"] for a in answers}) == 4  # four prompt lengths, left-padded together
-    result = run_trainer(["generate", str(out / "checkpoint-60"), "--input", str(prompts), "--output", str(single),
+    checkpoint = out / f"checkpoint-{STEPS}"
+    result = run_trainer(["generate", str(checkpoint), "--input", str(prompts), "--output", str(single),
                           "--batch-size", "1"])  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert _lines(single) == answers  # same text, same token counts
@@ -80,20 +98,20 @@ def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized
 
 
 def test_eval_generate_answers_the_eval_set_at_each_evaluation(memorized: Path) -> None:
-    """TRAIN_EVAL_GENERATE=4: at the run's evaluation (step 60) the answers are the memorized ones, in
+    """TRAIN_EVAL_GENERATE=4: at the run's evaluation (its last step) the answers are the memorized ones, in
     samples.jsonl (strict JSON) and TensorBoard's text tab."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = memorized / "out"
     rows = [json.loads(line, parse_constant=pytest.fail) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["where"]) for r in rows] == [(60, f"{memorized / 'chat.jsonl'}:{n}") for n in range(1, 5)]
+    assert [(r["step"], r["where"]) for r in rows] == [(STEPS, f"{memorized / 'chat.jsonl'}:{n}") for n in range(1, 5)]
     assert [r["response"] for r in rows] == [r["reference"] for r in rows] == [a for _, a in PAIRS]
     assert rows[0]["messages"] == [{"role": "user", "content": PAIRS[0][0]}] and rows[0]["completion_tokens"] > 0
     (events,) = (out / "runs").rglob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events), size_guidance={"tensors": 0})
     accumulator.Reload()
     (text,) = accumulator.Tensors("eval/samples/text_summary")
-    assert text.step == 60
+    assert text.step == STEPS
     assert "| user: Who wrote Hamlet? | Shakespeare. | Shakespeare. |" in text.tensor_proto.string_val[0].decode()
 
 
@@ -147,17 +165,17 @@ def _recorded_in_the_run(out: Path, own: dict) -> None:
     from trainer.export.source import resolve_source
 
     line = [json.loads(row) for row in (out / "evals.jsonl").read_text().splitlines()][-1]  # this test's eval
-    assert line["folder"] == "final" and line["step"] == 60 and line["metrics"]["exact_match"] == 1.0
+    assert line["folder"] == "final" and line["step"] == STEPS and line["metrics"]["exact_match"] == 1.0
     assert line["metrics"]["loss"] == own["loss"] and ["exact_match", "1.0000"] in line["rows"]
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     run_id = json.loads((out / "trackers.json").read_text())["trackers"]["mlflow"]["run_id"]
     history = MlflowClient((out / "mlruns").as_uri()).get_metric_history(run_id, "eval_results/exact_match")
-    assert (60, 1.0) in [(m.step, m.value) for m in history]
+    assert (STEPS, 1.0) in [(m.step, m.value) for m in history]
     wandb_id = json.loads((out / "trackers.json").read_text())["trackers"]["wandb"]["run_id"]
     halves = sorted((out / "wandb").glob(f"offline-run-*-{wandb_id}"))  # the training's, then each eval's
     summaries = {item.key: json.loads(item.value_json) for run in halves for record in wandb_records(run)
                  if record.WhichOneof("record_type") == "summary" for item in record.summary.update}  # fmt: skip
-    assert summaries["eval_results/step"] == 60 and summaries["eval_results/exact_match"] == 1.0
+    assert summaries["eval_results/step"] == STEPS and summaries["eval_results/exact_match"] == 1.0
     card = model_card(resolve_source(out / "final"), "memorized", None, False)
     assert "## Evaluation" in card and "| exact_match | 1.0000 |" in card and f"| loss | {own['loss']:.4f} |" in card
 

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from conftest import REPO
 from train_runs import assert_same_weights, finish, logged_steps, start, train_env
 from waiting import wait_for
 
+from trainer.checkpoint_record import newest_sound_checkpoint
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
 from trainer.config.parse import parse_settings
@@ -50,6 +52,14 @@ def wrong_arity(completions):
 
 
 def needs_solution(prompts, completions, solution):
+    return [0.0] * len(completions)
+
+
+def hangs(prompts, completions, trainer_state, **columns):
+    if trainer_state.global_step >= 2:
+        import time
+
+        time.sleep(3600)
     return [0.0] * len(completions)
 '''
 
@@ -319,3 +329,79 @@ def test_a_mix_of_prompt_files_is_drawn_by_weight(tmp_path: Path, run_trainer) -
     assert "is in the mix twice" in refused, refused
     assert "TRAIN_DATA mix also for grpo/rloo" in problems(tmp_path, [GOOD], TRAIN_METHOD="dpo",
                                                             TRAIN_DATA=env["TRAIN_DATA"])  # fmt: skip
+
+
+def test_mistakes_of_issue_59_are_named_before_training(tmp_path: Path, files: tuple[Path, Path], grpo_run: Path
+                                                        ) -> None:  # fmt: skip
+    """Each exited 0 before: a reward's column that some record lacks (named by file:line, with the columns the
+    records do have; a mix's second source too), a blank user turn, a causal LM given as the reward model."""
+    lacking = problems(tmp_path, [{"prompt": "a"}, *[GOOD] * 7])
+    assert f"exact reads each record's `answer`, which {tmp_path / 'data.jsonl'}:1 lacks (1 of 8 records" in lacking
+    assert "the records' columns: answer)" in lacking, lacking
+    word = problems(tmp_path, [{"prompt": "a", "word": "x"}, GOOD], TRAIN_REWARD=f"{files[1]}:not_a_number")
+    assert f"not_a_number reads each record's `word`, which {tmp_path / 'data.jsonl'}:2 lacks" in word, word
+    second = tmp_path / "second.jsonl"
+    second.write_text(json.dumps({"prompt": "b", "solution": "y"}) + "\n")
+    mix = problems(tmp_path, [GOOD], TRAIN_DATA=f"{files[0]}:1,{second}:1")
+    assert f"which {second}:1 lacks (1 of 33 records of TRAIN_DATA" in mix and "answer, solution, word" in mix, mix
+    system = {"role": "system", "content": "s"}
+    for turns in ([{"role": "user", "content": ""}], [system, {"role": "user", "content": " "}]):
+        blank = problems(tmp_path, [{"messages": turns, "answer": "x"}])
+        assert f"data.jsonl:1: message {len(turns)}, the user's turn, is empty" in blank, blank
+    causal = problems(tmp_path, [GOOD], TRAIN_REWARD=str(grpo_run / "final"))
+    assert f"{grpo_run / 'final'} holds LlamaForCausalLM (a causal language model" in causal
+    assert "not a sequence classifier with one score" in causal, causal
+
+
+def test_a_changed_max_new_tokens_is_refused_on_resume(grpo_run: Path, files: tuple[Path, Path], tmp_path: Path
+                                                       ) -> None:  # fmt: skip
+    """The checkpoint records rl_max_new_tokens as it was (the secret rule masked it as *** for the TOKEN in its
+    name, so a change resumed silently)."""
+    from trainer.config.resume import decide
+
+    env = grpo_env(tmp_path / "out", files, "lowercase_share", resume=grpo_run / "checkpoint-6", rl_max_new_tokens=12)
+    with pytest.raises(ConfigError) as caught:
+        decide(parse_settings({k: v for k, v in env.items() if k.startswith("TRAIN_")}))
+    assert "TRAIN_RL_MAX_NEW_TOKENS was 8, now 12" in caught.value.message, caught.value.message
+
+
+def test_prompts_past_the_context_and_qlora_on_the_cpu(files: tuple[Path, Path], tmp_path: Path) -> None:
+    """A prompt of 2,300 tokens for the tiny preset's 2,048 positions: exit 2 naming its file:line before the model
+    loads (it trained before, with only Transformers' notice); TRAIN_QUANT=4bit trains on the CPU (exit 1 before:
+    the loader asked for GPU 0)."""
+    long = tmp_path / "long.jsonl"
+    long.write_text("".join(json.dumps({"prompt": p, "answer": "a"}) + "\n" for p in ("say a:", "x" * 2300, "say b:")))
+    code, err = finish(start(grpo_env(tmp_path / "long", (long, files[1]), "lowercase_share", max_steps=1)))
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    assert f"the prompt at {long}:2 is 2300 tokens; with TRAIN_RL_MAX_NEW_TOKENS=8 it exceeds the model's context of " \
+           "2048 tokens (1 of 3 prompts do" in err and "model loaded" not in err, err[-3000:]  # fmt: skip
+    out = tmp_path / "qlora"
+    code, err = finish(start(grpo_env(out, files, "lowercase_share", max_steps=1, quant="4bit", lora=1)))
+    assert code == 0, err[-3000:]
+    assert "4bit quantized on cpu" in err and logged_steps(out) == [1]
+
+
+def test_a_reward_that_hangs_is_bounded_by_its_time_limit_and_by_a_stop(files: tuple[Path, Path], tmp_path: Path
+                                                                       ) -> None:  # fmt: skip
+    """A reward call past TRAIN_RL_REWARD_TIMEOUT fails as a raising one does (exit 2, named); SIGTERM while a reward
+    hangs (in step 3) ends the run within the grace (it waited for the step forever before), exit 143, naming the
+    reward, checkpoint-2 whole."""
+    from trainer.config.online import rewards
+    from trainer.run.rewards import STOP_GRACE_S, Reward, RewardFailed, _imported
+
+    spec = rewards(f"{files[1]}:hangs").specs[0]
+    reward = Reward(spec, _imported(spec), frozenset({"word", "answer"}), timeout=0.5)
+    state = type("State", (), {"global_step": 2})()
+    with pytest.raises(RewardFailed, match=r"'hangs' in .* did not return within TRAIN_RL_REWARD_TIMEOUT=0.5 s"):
+        reward(["p"], ["c"], trainer_state=state, trainkit_record=["prompts.jsonl:1"])
+
+    out = tmp_path / "out"
+    proc = start(grpo_env(out, files, "hangs", max_steps=6, save_steps=1))
+    wait_for(lambda: (out / "checkpoint-2").is_dir(), 600, "checkpoint-2", proc=proc)
+    time.sleep(3)  # step 3: generating, then scoring with the reward that hangs
+    os.killpg(proc.pid, signal.SIGTERM)
+    began = time.monotonic()
+    code, err = finish(proc, timeout=STOP_GRACE_S + 120)
+    assert code == 143 and time.monotonic() - began < STOP_GRACE_S + 60, err[-3000:]
+    assert f"reward function 'hangs' in {files[1]} did not return within 30 s of SIGTERM" in err, err[-3000:]
+    assert newest_sound_checkpoint(out) == out / "checkpoint-2" and not (out / "checkpoint-3").exists()

@@ -7,9 +7,14 @@ token in TRAIN_ARGS (--hub_token) is refused with exit 2 before anything is writ
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from train_runs import finish, start, train_env
+
+from trainer.checkpoint_record import COMPLETE_MARKER, read_record
+from trainer.secrets import MASK
 
 TOKEN = "hf_argsToken1234567890"
 NAMED = "hf_envToken0987654321"
@@ -45,3 +50,22 @@ def test_no_output_file_holds_a_secret(tmp_path: Path) -> None:
                                "final/training_args.bin"]  # fmt: skip
     assert files_holding(out, (TOKEN, NAMED, PASSWORD, WANDB)) == {}
     assert not [s for s in (NAMED, PASSWORD, WANDB) if s in err]
+    # every record the run wrote masks the secrets alone: no setting (rl_max_new_tokens, a "TOKEN" in its name) and
+    # no library version (tokenizers) hidden (issue 59)
+    markers = [p.relative_to(out).as_posix() for p in out.rglob(COMPLETE_MARKER)]
+    records = ["run_config.json", "provenance.json", *markers]
+    assert len(records) == 5, records  # checkpoint-1, checkpoint-2 and final/ each hold one
+    for name in records:
+        masked = [where for where, value in _leaves(json.loads((out / name).read_text())) if MASK in str(value)]
+        assert all(re.search(r"HF_TOKEN|HF_ENDPOINT|WANDB_API_KEY", where) for where in masked), (name, masked)
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert re.fullmatch(r"\d+\.\d+.*", provenance["distributions"]["tokenizers"])
+    assert read_record(out / "checkpoint-2").settings["rl_max_new_tokens"] == 256  # the default, as it is
+
+
+def _leaves(data: object, where: str = "") -> list[tuple[str, object]]:
+    if isinstance(data, dict):
+        return [leaf for k, v in data.items() for leaf in _leaves(v, f"{where}/{k}")]
+    if isinstance(data, list):
+        return [leaf for v in data for leaf in _leaves(v, where)]
+    return [(where, data)]

@@ -63,3 +63,16 @@ def test_fsdp_in_one_process_runs_as_a_world_of_one(run_trainer, trainer_env, te
     assert (output / "checkpoint-2" / "trainkit_complete").is_file()
     assert (output / "final" / "config.json").is_file()
 
+
+
+def test_qlora_trains_on_the_cpu(run_trainer, trainer_env, text_file):
+    """TRAIN_QUANT=4bit with LoRA on a machine without a GPU: bitsandbytes' CPU backend quantizes the base (before
+    issue 59 the loader asked for GPU 0: exit 1, `Cannot access accelerator device when none is available`)."""
+    output = Path(trainer_env["TRAIN_OUTPUT_DIR"])
+    env = {**trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_QUANT": "4bit", "TRAIN_LORA": "1",
+           "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2", "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "2",
+           "TRAIN_LOG_STEPS": "1"}  # fmt: skip
+    result = run_trainer([], env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "4bit quantized on cpu" in result.stderr
+    assert [r["step"] for r in _metrics(output)] == [1, 2] and (output / "final").is_dir()

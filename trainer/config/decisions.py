@@ -66,6 +66,10 @@ class Decisions:
     chat_template: Decision[str] = field(default_factory=lambda: Decision("none", "no conversations"))
     method: Decision[str] = field(default_factory=lambda: Decision("sft", "TRAIN_METHOD=sft"))  # config.methods
     reference: Decision[str] = field(default_factory=lambda: Decision("none", "TRAIN_METHOD=sft"))
+    # full or chunked (trainer.model.chunked_loss); a record written before it had the full loss
+    cross_entropy: Decision[str] = field(default_factory=lambda: Decision("full", "Transformers' loss"))
+    # the predicted peak GPU memory per process and its parts in bytes (config.memory_fit); None: not predicted
+    memory: Decision[Any] = field(default_factory=lambda: Decision(None, "not predicted"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -265,7 +269,11 @@ def decide_all(
         "grad_accum": speed.decide_grad_accum(s),
         "nproc_per_node": decide(decide_nproc, s, hw, fallback=_decide(1, "refused")),
         "compile": decide(speed.decide_compile, s, hw, ds, import_heavy, fallback=_decide(False, "refused")),
-        "liger": decide(speed.decide_liger, s, hw, model.value, fallback=_decide(False, "refused")),
+        "liger": (liger := decide(speed.decide_liger, s, hw, model.value, fallback=_decide(False, "refused"))),
+        "cross_entropy": decide(
+            speed.decide_cross_entropy, s, ds, liger.value, model.value, _tokenizer_folder(inputs),
+            fallback=_decide("full", "refused"),
+        ),
         "non_blocking": speed.decide_non_blocking(hw, pin_memory.value),
         "nan_inf_filter": speed.decide_nan_inf_filter(hw),
         "quant": decide(decide_quant, s, hw, fallback=_decide("none", "refused")),
@@ -286,6 +294,11 @@ def decide_all(
     if problems:
         raise ConfigError(*problems)
     return Decisions(**parts), ds, alloc_value
+
+
+def _tokenizer_folder(inputs: Inputs) -> str | None:
+    """The tokenizer's folder when TRAIN_TOKENIZER names one (a preset's rows follow it), else None."""
+    return inputs.tokenizer_folder if inputs.settings.tokenizer else None
 
 
 def _chat_report(inputs: Inputs) -> dict[str, tuple[str, str]]:

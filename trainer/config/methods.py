@@ -172,7 +172,9 @@ def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
         if found:
             problems.append(found)
         elif method_of(s).family == "online":
-            problems += (inputs.prompts if key == "data" else inputs.eval_prompts).problems
+            records = inputs.prompts if key == "data" else inputs.eval_prompts
+            problems += records.problems or _online().missing_column_problems(s.reward, records.rows,
+                                                                              records.wheres, source.variable)
         elif is_preference(s):
             problems += records_of(inputs, key).problems
     return problems

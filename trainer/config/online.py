@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -23,9 +24,12 @@ from trainer.methods import names, of, spoken
 
 BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
-              *VLLM_OPTIONS)  # fmt: skip
+              "rl_reward_timeout", *VLLM_OPTIONS)  # fmt: skip
 # TRAIN_RL_* option -> the methods it applies to (the others apply to every online method)
 OPTION_METHODS = {"rl_loss": names("online", option="rl_loss")}
+# What TRL passes every reward function; any other parameter is a column of the data
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+ANSWER_READERS = ("exact", "contains", "math")  # the built-ins that read each record's `answer`
 
 
 @dataclass(frozen=True)
@@ -132,10 +136,32 @@ def reward_problems(value: str) -> list[str]:
     for spec in rewards(value).specs:
         if spec.kind == "function":
             problems += _function_problems(spec)
-        elif spec.kind == "model" and not (Path(spec.path) / "config.json").is_file():
-            problems.append(f"TRAIN_REWARD: {spec.path} holds no config.json; a reward model folder is what "
-                            "TRAIN_METHOD=reward writes (its final/)")  # fmt: skip
+        elif spec.kind == "model":
+            problems += _reward_model_problems(Path(spec.path))
     return problems
+
+
+def _reward_model_problems(folder: Path) -> list[str]:
+    """A reward model folder must hold a sequence classifier with one score (config.json read, no weights)."""
+    fix = "a reward model folder is what TRAIN_METHOD=reward writes (its final/)"
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        return [f"TRAIN_REWARD: {folder} holds no config.json; {fix}"]
+    except (OSError, ValueError) as exc:
+        return [f"TRAIN_REWARD: {folder}/config.json does not read as JSON ({exc}); {fix}"]
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    names = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
+    labels = config.get("id2label") if isinstance(config, dict) else None
+    scores = config.get("num_labels", len(labels) if isinstance(labels, dict) else 2) if isinstance(config, dict) else 0
+    if not any(a.endswith("ForSequenceClassification") for a in names):
+        what = ", ".join(names) or "no architecture"
+        kind = " (a causal language model: it writes text, it gives no score)" if any(
+            a.endswith("ForCausalLM") for a in names) else ""  # fmt: skip
+        return [f"TRAIN_REWARD: {folder} holds {what}{kind}, not a sequence classifier with one score; {fix}"]
+    if scores != 1:
+        return [f"TRAIN_REWARD: {folder} holds a sequence classifier with {scores} labels, not one score; {fix}"]
+    return []
 
 
 def reward_stack_problems(s: TrainSettings) -> list[str]:
@@ -164,6 +190,44 @@ def _function_problems(spec: RewardSpec) -> list[str]:
         return [f"TRAIN_REWARD: {spec.text}: {path} defines no {spec.function!r} at its top level (it defines: "
                 f"{', '.join(functions[:8])})"]  # fmt: skip
     return []
+
+
+def reward_columns(spec: RewardSpec) -> list[str]:
+    """The data columns a reward reads from every record: `answer` for exact/contains/math; a user function's
+    parameters that are not TRL's arguments and have no default (read with ast: nothing runs)."""
+    if spec.kind in ANSWER_READERS:
+        return ["answer"]
+    if spec.kind != "function":
+        return []
+    try:
+        tree = ast.parse(Path(spec.path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == spec.function:
+            plain = [*node.args.posonlyargs, *node.args.args]
+            required = plain[: len(plain) - len(node.args.defaults)]
+            required += [a for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True) if d is None]
+            return [a.arg for a in required if a.arg not in TRL_ARGUMENTS]
+    return []
+
+
+def missing_column_problems(value: str, rows: list[dict[str, Any]], wheres: list[str], variable: str) -> list[str]:
+    """Each reward's columns against every prompt record: a record without one is named (file:line), with how many
+    lack it and the columns the records have, before anything is trained."""
+    have = sorted({k for row in rows for k in row if k != "prompt"})
+    problems = []
+    for spec in rewards(value).specs:
+        for column in reward_columns(spec):
+            lacking = [where for row, where in zip(rows, wheres, strict=True) if column not in row]
+            if lacking:
+                problems.append(
+                    f"TRAIN_REWARD: {spec.text} reads each record's `{column}`, which {lacking[0]} lacks "
+                    f"({len(lacking)} of {len(rows)} records of {variable} lack it; the records' columns: "
+                    f"{', '.join(have) or 'none'}); give every record its `{column}`, or leave {spec.text} out of "
+                    "TRAIN_REWARD"
+                )
+    return problems
 
 
 def reward_identity(value: str) -> str:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from trainer.config.decisions import ALLOC_CONF, ALLOC_CONF_DEFAULT, decide_all
 from trainer.config.inputs import Inputs
+from trainer.config.memory_fit import check, memory_decision
 from trainer.config.methods import method_arguments
 from trainer.config.run_config import RunConfig
 from trainer.config.schema import TrainSettings
@@ -23,6 +24,7 @@ def resolve(
     hardware: Hardware | None = None,
     environ: Mapping[str, str] | None = None,
     import_heavy: bool = True,
+    memory_check: bool = True,
 ) -> RunConfig:
     """Decide every `auto` for this machine and build TrainingArguments kwargs; ConfigError if it cannot work here.
 
@@ -30,7 +32,8 @@ def resolve(
     bare settings, they are resolved here.
 
     `import_heavy=False` skips what needs transformers/torch (TRAIN_ARGS parsing, compile backend listing): for
-    unit tests of the decision logic on a described machine.
+    unit tests of the decision logic on a described machine. `memory_check=False`: a GPU run predicted not to fit
+    (trainer.config.memory_fit) is resolved rather than refused, for `doctor --memory` to report.
     """
     from trainer.machine import hardware as hardware_module
 
@@ -41,7 +44,11 @@ def resolve(
     derived = derived_training_arguments(inputs.settings, hw, decisions, ds) | method_arguments(inputs.settings)
     arguments, args_decision = apply_user_arguments(inputs.settings, derived, parse=import_heavy)
     decisions = dataclasses.replace(decisions, args=args_decision)
-    return RunConfig(inputs, hw, decisions, arguments, ds, env={ALLOC_CONF: alloc_value})
+    cfg = RunConfig(inputs, hw, decisions, arguments, ds, env={ALLOC_CONF: alloc_value})
+    cfg = dataclasses.replace(cfg, decisions=dataclasses.replace(decisions, memory=memory_decision(cfg)))
+    if memory_check:
+        check(cfg)  # a GPU run predicted not to fit exits 2 here, before any model is loaded
+    return cfg
 
 
 def apply_process_defaults(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:

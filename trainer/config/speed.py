@@ -1,4 +1,5 @@
-"""The fast path's decisions: torch.compile, the micro-batch search, attention, Liger kernels and host-device syncs.
+"""The fast path's decisions: torch.compile, the micro-batch search, attention, Liger kernels, the cross-entropy
+(whole or chunked logits) and host-device syncs.
 
 Each `auto` here is on only where it pays on this machine, and its reason says why (or why not). What is chosen by
 measurement is kept in the two tables below, filled from the bench on that GPU generation (docs/benchmarks.md);
@@ -316,6 +317,88 @@ def decide_liger(s: TrainSettings, hw: Hardware, model_folder: str | None = None
     if not installed:
         return Decision(False, f"auto: off (measured faster on {generation} GPUs, but liger-kernel is not installed)")
     return Decision(True, f"auto: measured faster on {generation} GPUs (docs/benchmarks.md)")
+
+
+# ---- the cross-entropy ----------------------------------------------------------------------------------------
+
+# From this many vocabulary rows `auto` computes the loss in chunks (trainer.model.chunked_loss): the whole logits of a
+# micro-batch ([positions, rows], upcast to fp32) then outweigh the model's other activations and decide the batch.
+CHUNKED_MIN_VOCAB = 32_768
+CHUNK_POSITIONS = 4096  # positions per chunk of the chunked loss: at 128k rows, one chunk's fp32 logits are 2 GiB
+# Model types whose causal LM forward is exactly decoder -> lm_head -> Transformers' loss (no logit scaling or
+# soft-capping, no auxiliary loss): the chunked loss computes what their forward computes.
+CHUNKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def vocab_rows(model_folder: str, tokenizer_folder: str | None = None) -> int | None:
+    """The LM head's rows: a preset's own (else its tokenizer's, at least), a folder's config.json vocab_size; None
+    when unknown (a byte-level preset: a few hundred rows)."""
+    import json
+
+    if is_preset(model_folder):
+        from trainer.config.presets import PRESETS
+
+        rows = PRESETS[model_folder].vocab or None
+        if tokenizer_folder and tokenizer_folder != model_folder:
+            rows = max(rows or 0, _tokenizer_rows(Path(tokenizer_folder)) or 0) or None
+        return rows
+    try:
+        return int(json.loads((Path(model_folder) / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _tokenizer_rows(folder: Path) -> int | None:
+    import json
+
+    try:
+        data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        return len(data["model"]["vocab"]) + len(data.get("added_tokens") or [])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _chunked_problem(s: TrainSettings, ds: dict[str, Any] | None, liger: bool, model_type: str) -> str | None:
+    """Why the chunked loss cannot stand in for this run's loss (None when it can)."""
+    if s.method != "sft":
+        return f"TRAIN_METHOD={s.method}: TRL computes its loss from the logits"
+    if liger:
+        return "Liger's fused linear cross-entropy computes the loss (TRAIN_LIGER)"
+    stage = (ds or {}).get("zero_optimization", {}).get("stage", s.zero_stage)
+    if stage == 3 or s.fsdp != "none":
+        sharder = f"TRAIN_FSDP={s.fsdp}" if s.fsdp != "none" else "ZeRO-3"
+        return f"{sharder} shards the LM head's weight, which it reads whole"
+    if model_type not in CHUNKED_MODEL_TYPES:
+        return (f"the model's type {model_type!r} is not one whose head it knows "
+                f"({', '.join(sorted(CHUNKED_MODEL_TYPES))})")  # fmt: skip
+    if s.lora and "lm_head" in s.lora_targets:
+        return "TRAIN_LORA_TARGETS puts an adapter on the LM head"
+    return None
+
+
+def decide_cross_entropy(s: TrainSettings, ds: dict[str, Any] | None, liger: bool, model_folder: str,
+                         tokenizer_folder: str | None = None) -> Decision:  # fmt: skip
+    """full (Transformers' loss on the whole logits) or chunked (trainer.model.chunked_loss)."""
+    if s.cross_entropy == "full":
+        return Decision("full", "set by TRAIN_CROSS_ENTROPY: Transformers' loss on the whole logits")
+    model_type = "llama" if is_preset(model_folder) else _model_type(Path(model_folder))
+    problem = _chunked_problem(s, ds, liger, model_type)
+    how = ("logits made a chunk of trained positions at a time and made again in the backward (one more LM-head "
+           "matmul a step): the whole logits are never held")  # fmt: skip
+    if s.cross_entropy == "chunked":
+        if problem:
+            raise ConfigError(f"TRAIN_CROSS_ENTROPY=chunked: {problem}; set TRAIN_CROSS_ENTROPY=full (or auto)")
+        return Decision("chunked", f"set by TRAIN_CROSS_ENTROPY: {how}")
+    if problem:
+        return Decision("full", f"auto: full ({problem})")
+    rows = vocab_rows(model_folder, tokenizer_folder)
+    if rows is None or rows < CHUNKED_MIN_VOCAB:
+        size = f"a {rows:,}-row vocabulary" if rows else "a small vocabulary"
+        return Decision("full", f"auto: full ({size}: its logits weigh little next to the model's activations; "
+                                f"chunked from {CHUNKED_MIN_VOCAB:,} rows)")  # fmt: skip
+    return Decision("chunked", f"auto: chunked (a {rows:,}-row vocabulary, >= {CHUNKED_MIN_VOCAB:,}: a micro-batch's "
+                               f"whole logits would decide the batch; {how}; its speed against the full loss is not "
+                               "measured on a GPU yet, docs/benchmarks.md)")  # fmt: skip
 
 
 # ---- host-device syncs --------------------------------------------------------------------------------------------

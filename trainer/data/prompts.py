@@ -123,6 +123,8 @@ def _prompt(value: Any) -> Any:
         if not isinstance(item, dict) or item.get("role") not in ROLES or not isinstance(item.get("content"), str):
             raise BadPrompt(f"message {n} must be an object with a role ({', '.join(ROLES)}) and its text in "
                             "'content'")  # fmt: skip
+        if item["role"] == "user" and not item["content"].strip():
+            raise BadPrompt(f"message {n}, the user's turn, is empty; a prompt asks the model something")
         messages.append({"role": item["role"], "content": item["content"]})
     if messages[-1]["role"] != "user":
         raise BadPrompt(f"the conversation ends on a {messages[-1]['role']} turn; a prompt ends on the user's turn "

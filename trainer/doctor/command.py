@@ -49,6 +49,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         "exit 2 with the reasons when the configured run cannot work here."
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--memory", action="store_true",
+                        help="will the configured run fit in GPU memory: the predicted peak per process, its parts, "
+                             "and the cheapest changes that would fit (docs/running.md, 'Will it fit?')")
+    parser.add_argument("--gpu", metavar="NAME|SIZE",
+                        help="with --memory: plan for another GPU: a name (H100-80GB, A100-40GB, L40S, RTX-4090, "
+                             "...) or a size (24GiB, 80GB)")
     parser.set_defaults(func=main)
 
 
@@ -116,6 +122,10 @@ def print_table(probes: list[Probe]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.memory or args.gpu:
+        from trainer.doctor import memory
+
+        return memory.main(args)
     probes = collect()
     if args.json:
         print(json.dumps(to_json(probes), indent=2, default=str))

@@ -20,6 +20,7 @@ items carry none. Training never needs a KV cache, so use_cache is off; the mode
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -99,14 +100,27 @@ def record_mask(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-def collator_for(attn: str) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+def collator_for(attn: str, count_trained: bool = False) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
     """The training DataLoader's collator: Transformers' default one; for flash-attention, packed records in one row
-    with the varlen kernel's metadata (on transformers 5; 4.x's flash-attention 2 reads them from position ids)."""
+    with the varlen kernel's metadata (on transformers 5; 4.x's flash-attention 2 reads them from position ids).
+    `count_trained`: each batch also carries how many positions it trains, counted on the host, for the chunked
+    loss (trainer.model.chunked_loss), which then selects them without a host-device sync."""
     from transformers import default_data_collator
 
-    if attn not in FLASH_FAMILY:
-        return default_data_collator
-    return varlen_collator if stack().transformers_5 else one_row_collator
+    collate = default_data_collator
+    if attn in FLASH_FAMILY:
+        collate = varlen_collator if stack().transformers_5 else one_row_collator
+    return functools.partial(_with_trained_count, collate) if count_trained else collate
+
+
+def _with_trained_count(collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                        features: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    from trainer.model.chunked_loss import TRAINED_KEY, trained_count
+
+    batch = collate(features)
+    if "labels" in batch:
+        batch[TRAINED_KEY] = trained_count(batch["labels"])
+    return batch
 
 
 def one_row_collator(features: list[dict[str, Any]]) -> dict[str, Any]:

@@ -101,9 +101,13 @@ class Search:
         )
 
 
-def line_predicts(peaks: Mapping[int, int], limit: int) -> int | None:
-    """The largest size whose peak the line through the two largest probed sizes keeps at most `limit`; None with
-    fewer than two sizes, or a line that does not rise."""
+def line_predicts(peaks: Mapping[int, int], limit: int, slope: int = 0) -> int | None:
+    """The largest size whose peak the line through the two largest probed sizes keeps at most `limit`; with one
+    size probed, the line through it at `slope` bytes per size (the memory prediction's); None with fewer sizes, or
+    a line that does not rise."""
+    if len(peaks) == 1 and slope > 0:
+        (size,) = peaks
+        return size + (limit - peaks[size]) // slope
     if len(peaks) < 2:
         return None
     small, large = sorted(peaks)[-2:]
@@ -113,11 +117,13 @@ def line_predicts(peaks: Mapping[int, int], limit: int) -> int | None:
     return large + int((limit - peaks[large]) // per_size)
 
 
-def search_predicted(probe: Probe, start: int, ceiling: int, limit: int) -> Search:
+def search_predicted(probe: Probe, start: int, ceiling: int, limit: int, slope: int = 0) -> Search:
     """The largest size in 1..ceiling whose probe fits with a peak of at most `limit`, assuming a size under the
     limit means every smaller one is, and that the peak is about linear in the size. A probe at the size the line
     predicts that lands under the limit ends the search (the prediction confirmed); `probe` is called with one size
-    at a time, the same sequence wherever it returns the same verdicts."""
+    at a time, the same sequence wherever it returns the same verdicts. `slope`: the predicted bytes per size (the
+    memory prediction's, trainer.config.memory), which draws the line from the first probe: started at the
+    predicted largest size, one probe confirms it, two where the prediction was off."""
     found, peaks = Search(limit=limit), {}
     good, bad = 0, ceiling + 1
     size, predicted = max(1, min(start, ceiling)), False
@@ -130,7 +136,7 @@ def search_predicted(probe: Probe, start: int, ceiling: int, limit: int) -> Sear
         good, bad = (size, bad) if under else (good, size)
         if (under and predicted) or bad - good <= 1:
             break
-        line = line_predicts(peaks, limit)
+        line = line_predicts(peaks, limit, slope)
         if line is not None and line <= good:
             break  # the line puts the next size over the limit
         predicted = line is not None and (line < bad or bad > ceiling)

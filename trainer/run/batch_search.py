@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.config.memory import Plan
+from trainer.config.memory_fit import largest_batch, memory_decision, plan_of
 from trainer.run.batch_fit import (
     GIB,
     HEADROOM,
@@ -186,6 +188,8 @@ def search_batch(
     compiled: bool,
     memory: DeviceMemory,
     limit: int,
+    start: int,
+    slope: int = 0,
 ) -> tuple[Search, str]:
     """The search over `model` as it trains (compiled when `compiled`), and how it was probed (for the reason).
     A compiled probe that fails for another reason than memory gives way to the eager model, and says why. After a
@@ -196,7 +200,7 @@ def search_batch(
     probe = functools.partial(memory_probe, model, settings.seq_len, vocab, device, precision, reserve, memory)
 
     def search(probing: Probe) -> Search:
-        return search_predicted(agreed(probing, group), settings.batch_size, ceiling, limit)
+        return search_predicted(agreed(probing, group), start, ceiling, limit, slope)
 
     if not compiled:
         return search(probe()), "probed eager (TRAIN_COMPILE off)"
@@ -231,9 +235,11 @@ def choose_batch(
     group: ProcessGroup | None,
     effective: int | None = None,
     compiled: bool = False,
+    plan: Plan | None = None,
 ) -> Decision[int]:
     """The Decision for the per-device batch (at most `effective` when given); `model` is moved to args.device
-    (where Trainer would put it)."""
+    (where Trainer would put it). The search starts from the largest batch `plan`'s memory prediction keeps under
+    the limit (trainer.config.memory_fit), else from TRAIN_BATCH_SIZE."""
     from trainer.config.decisions import Decision
     from trainer.errors import ConfigError
 
@@ -251,8 +257,15 @@ def choose_batch(
     model.train()
     limit = agreed_limit(memory_limit(memory), group)
     reserve = optimizer_state_bytes(model, args.world_size)
+    if plan is not None and args.device.type != "cuda":
+        plan = None  # the prediction is in a GPU's bytes (a stand-in device for tests counts its own)
+    start, slope = largest_batch(plan, limit, ceiling) if plan is not None else (settings.batch_size, 0)
+    log.info("auto batch: starting from %d (%s)", start, "the memory prediction's largest batch under the limit"
+             if plan is not None else "TRAIN_BATCH_SIZE")  # fmt: skip
     found, how = search_batch(model, settings, args.device, precision, reserve, ceiling, group, compiled, memory,
-                              limit)  # fmt: skip
+                              limit, start, slope)  # fmt: skip
+    if plan is not None:
+        how += f"; started from the memory prediction's largest batch, {start}"
     if checkpointing:
         model.gradient_checkpointing_disable()  # Trainer switches it on again from TrainingArguments
     if found.batch == 0:
@@ -364,6 +377,14 @@ def searched_or_cached(cfg: RunConfig, args: TrainingArguments, model: Module, s
     return decision
 
 
+def predicted_plan(cfg: RunConfig) -> Plan | None:
+    """The run's memory plan (trainer.config.memory_fit), None where its model's shape cannot be read."""
+    try:
+        return plan_of(cfg)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def split_effective(effective: int, largest: int) -> tuple[int, int]:
     """(micro-batch, accumulation steps) whose product is `effective`, with the largest micro-batch <= `largest`."""
     micro = next(size for size in range(max(1, min(largest, effective)), 0, -1) if effective % size == 0)
@@ -396,8 +417,10 @@ def apply_auto_batch(
         precision = cfg.decisions.precision.value
         group = control_group(args.world_size)
         ceiling = batch_ceiling(blocks, args.world_size, effective)
+        plan = predicted_plan(cfg)
+        compiled = cfg.decisions.compile.value
         decision = searched_or_cached(cfg, args, model, lambda: choose_batch(
-            model, args, s, precision, blocks, group, effective, cfg.decisions.compile.value), ceiling)  # fmt: skip
+            model, args, s, precision, blocks, group, effective, compiled, plan), ceiling)  # fmt: skip
     reset_peak_memory()  # the probes' peak is not the training steps' (peak_mem_bytes)
     micro, accum = split_effective(effective, decision.value) if effective else (decision.value, s.grad_accum)
     if effective:
@@ -412,4 +435,5 @@ def apply_auto_batch(
              "" if effective else "; TRAIN_BATCH_SIZE was not set, so the search chose it")  # fmt: skip
     args.per_device_train_batch_size = micro
     args.gradient_accumulation_steps = accum
-    return dataclasses.replace(cfg.decisions, batch_size=decision, grad_accum=accum_decision)
+    decisions = dataclasses.replace(cfg.decisions, batch_size=decision, grad_accum=accum_decision)
+    return dataclasses.replace(decisions, memory=memory_decision(dataclasses.replace(cfg, decisions=decisions)))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -18,11 +20,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(_args: argparse.Namespace) -> int:
     from trainer import config
-    from trainer.errors import EXIT_CRASH, EXIT_DIVERGED, EXIT_USER, ConfigError, record_outcome
+    from trainer.errors import EXIT_CRASH, EXIT_DIVERGED, EXIT_USER, ConfigError, Interrupted, record_outcome
 
     code = EXIT_CRASH  # what a traceback ends with
+    undo_lock: Callable[[], None] = lambda: None  # noqa: E731
     try:
         config.apply_process_defaults()  # before torch is imported
+        undo_lock = _lock_before_reading()
         inputs = config.load_inputs()
         settings = inputs.settings
         from trainer.run.divergence import retried_after_divergence
@@ -36,7 +40,43 @@ def main(_args: argparse.Namespace) -> int:
         code = run(cfg)
     except ConfigError:
         code = EXIT_USER
+        undo_lock()
+        raise
+    except Interrupted as exc:  # a stop that could not finish its step (a reward that does not return)
+        code = exc.exit_code
         raise
     finally:
         code = record_outcome(code)  # for the launcher: a stop is told from a crash (trainer.launch.supervise)
     return code
+
+
+def _lock_before_reading() -> Callable[[], None]:
+    """The writing process (rank 0) takes TRAIN_OUTPUT_DIR's lock before anything reads the folder (the checks, the
+    resume decision, the recorded batch, the divergence record): a second run is refused before it looks at
+    checkpoints the first one rotates away. A folder it cannot create is left to the checks, which name it. Returns
+    what undoes it for a run refused by a mistake: the lock released, and the lock file and the folder removed where
+    this run made them, so that a mistake leaves nothing behind."""
+    import os
+
+    from trainer.config import parse_settings
+    from trainer.output_lock import LOCK_NAME, acquire_output_lock
+
+    if os.environ.get("RANK", "0") != "0":
+        return lambda: None
+    out = Path(parse_settings().output_dir)
+    new_folder, new_file = not out.exists(), not (out / LOCK_NAME).exists()
+    try:
+        lock = acquire_output_lock(out)
+    except OSError:
+        return lambda: None
+
+    def undo() -> None:
+        lock.release()
+        if new_file:
+            with contextlib.suppress(OSError):
+                lock.path.unlink()
+        if new_folder:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only when empty
+
+    return undo

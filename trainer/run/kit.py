@@ -70,7 +70,8 @@ class Setup:
 
     def callbacks(self, model: Module, record: RunRecord) -> list[Any]:
         """Every method's callbacks, the record's second write at the first timed step included."""
-        return callbacks(self.cfg, model, self.stop, self.clock, record_writer(record, self.args))
+        return callbacks(self.cfg, model, self.stop, self.clock, record_writer(record, self.args),
+                         record.decisions.memory.value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,9 @@ class Prepared:
 
 
 def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupClock,
-              write_record: Callable[[Startup | None], None]) -> list[Any]:  # fmt: skip
+              write_record: Callable[[Startup | None], None], memory: dict[str, Any] | None = None) -> list[Any]:
+    """The run's callbacks; `memory`: the memory prediction the run's record holds (trainer.config.memory_fit), whose
+    allocator share metrics.jsonl logs beside the measured peak on a GPU."""
     from trainer.machine.peaks import this_gpu_peak_flops
     from trainer.run.checkpoint import steps_from_settings
     from trainer.run.metrics import MetricsCallback, flops_per_token
@@ -98,7 +101,8 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
         StopOnSignal(stop),
         steps_from_settings(),
         StartupCallback(clock, write_record, compiled=cfg.decisions.compile.value),
-        MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops()),
+        MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops(),
+                        memory["predicted_allocated_bytes"] if cfg.hardware.is_gpu and memory else None),
     ]
     if s.profile:
         from trainer.run.profiling import ProfilerCallback

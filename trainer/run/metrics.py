@@ -1,7 +1,7 @@
 """metrics.jsonl: one JSON object per logging step, written by the main process only.
 
 Keys (a contract; benchmarks read them): step, epoch, loss, lr, grad_norm, tokens_per_s,
-samples_per_s, step_time_s, peak_mem_bytes, mfu, time.
+samples_per_s, step_time_s, peak_mem_bytes, predicted_peak_mem_bytes, mfu, time.
 
 - step_time_s: mean wall time of the optimizer steps since the previous log line, measured between
   consecutive step ends (data loading included, checkpoint saves excluded).
@@ -10,6 +10,9 @@ samples_per_s, step_time_s, peak_mem_bytes, mfu, time.
   as the training data's share of it (meta.json's packing statistics); so is the MFU computed from it.
 - peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU; the peak of
   the training steps: the statistics are reset after the batch search and after each evaluation.
+- predicted_peak_mem_bytes: on GPUs, the allocator's peak the memory prediction gave for this run's batch before the
+  model loaded (trainer.config.memory: its parts less the framework's allowance), beside the measured
+  peak_mem_bytes, so the prediction's error is known per GPU and stack; null on CPU.
 - mfu: model FLOPs utilization on known GPUs, null on CPU and unknown GPUs. FLOPs per token are
   6 x N (N = parameters taking part in matmuls: all but the input embedding) + 12 x layers x hidden x
   seq_len (attention scores, PaLM appendix B), divided by the dense bf16/fp16 peak of the GPU.
@@ -50,6 +53,7 @@ METRIC_KEYS = (
     "samples_per_s",
     "step_time_s",
     "peak_mem_bytes",
+    "predicted_peak_mem_bytes",
     "mfu",
     "time",
 )
@@ -151,8 +155,10 @@ def finite_float(x: Any) -> float | None:
 class MetricsCallback(TrainerCallback):
     """Appends one line to metrics.jsonl per logging step (rank 0 only)."""
 
-    def __init__(self, path: Path, seq_len: int, flops_per_token: float, peak_flops: float | None) -> None:
+    def __init__(self, path: Path, seq_len: int, flops_per_token: float, peak_flops: float | None,
+                 predicted_peak: int | None = None) -> None:  # fmt: skip
         self.path = path
+        self.predicted_peak = predicted_peak
         self.seq_len = seq_len
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
@@ -209,6 +215,7 @@ class MetricsCallback(TrainerCallback):
             "samples_per_s": samples_per_s,
             "step_time_s": step_time,
             "peak_mem_bytes": peak_memory_bytes(),
+            "predicted_peak_mem_bytes": self.predicted_peak,
             "mfu": mfu,
             "time": time.time(),
             **method_metrics(logs),

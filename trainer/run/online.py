@@ -34,6 +34,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
 
     cfg, args = setup.cfg, setup.args
     rows = training_rows(cfg)
+    check_prompt_lengths(cfg, setup.tokenizer, rows)
     rewards = reward_functions(cfg, rows)
     model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
     record = kit.learned(setup.start, args, cfg.decisions, len(rows))
@@ -59,11 +60,46 @@ def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     if not records.rows:
         raise ConfigError(f"TRAIN_DATA: no prompt to train on ({len(records.skipped)} records skipped)")
     rows = [{**row, WHERE: where} for row, where in zip(records.rows, records.wheres, strict=True)]
-    columns = sorted(k for k in rows[0] if k not in ("prompt", WHERE))
+    columns = sorted({k for row in rows for k in row} - {"prompt", WHERE})
     log.info("data: %d prompts (%s) for TRAIN_METHOD=%s; columns given to the rewards: %s", len(rows),
              "messages, rendered with the chat template" if records.chat else "text", s.method,
              ", ".join(columns) or "none")  # fmt: skip
     return rows
+
+
+def check_prompt_lengths(cfg: RunConfig, tokenizer: Any, rows: list[dict[str, Any]]) -> None:
+    """Every prompt, as the model is given it, with TRAIN_RL_MAX_NEW_TOKENS after it, must fit the model's context:
+    one that does not is refused (exit 2) naming its file:line, before the model loads (as `generate` refuses it)."""
+    import json
+    from pathlib import Path
+
+    from trainer.config.presets import is_preset
+    from trainer.config.rope import context_length, readable_model_config
+    from trainer.data.prompts import rendered
+
+    s = cfg.settings
+    config = readable_model_config(s)
+    if config is None and not is_preset(s.model):
+        try:
+            config = json.loads((Path(str(cfg.decisions.model.value)) / "config.json").read_text())
+        except (OSError, ValueError):
+            return
+    limit = context_length(config) if isinstance(config, dict) and s.rope_scaling == "none" else None
+    if not limit:
+        return
+    texts = [rendered(tokenizer, row["prompt"]) for row in rows]
+    chat = isinstance(rows[0]["prompt"], list)
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=not chat)["input_ids"]]
+    over = [(n, where) for n, where in zip(lengths, (row[WHERE] for row in rows), strict=True)
+            if n + s.rl_max_new_tokens > limit]  # fmt: skip
+    if over:
+        longest = max(n for n, _ in over)
+        raise ConfigError(
+            f"TRAIN_DATA: the prompt at {over[0][1]} is {over[0][0]} tokens; with TRAIN_RL_MAX_NEW_TOKENS="
+            f"{s.rl_max_new_tokens} it exceeds the model's context of {limit} tokens ({len(over)} of {len(rows)} "
+            f"prompts do, the longest {longest} tokens). Such prompts are refused, not cut: shorten them or leave "
+            "them out, or lower TRAIN_RL_MAX_NEW_TOKENS"
+        )
 
 
 def reward_functions(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[Any]:
@@ -71,8 +107,8 @@ def reward_functions(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[Any]:
     from trainer.run.rewards import build_rewards
 
     s = cfg.settings
-    columns = frozenset(k for k in rows[0] if k not in ("prompt", WHERE))
-    rewards = build_rewards(cfg.inputs.rewards, columns, s.rl_max_new_tokens)
+    columns = frozenset({k for row in rows for k in row} - {"prompt", WHERE})
+    rewards = build_rewards(cfg.inputs.rewards, columns, s.rl_max_new_tokens, s.rl_reward_timeout)
     names = [getattr(r, "__name__", r) for r in rewards]
     log.info("rewards: %s (weights %s), each logged as rewards/NAME/mean", ", ".join(map(str, names)),
              cfg.training_arguments.get("reward_weights"))  # fmt: skip

@@ -11,25 +11,75 @@ never a traceback from inside TRL; the last checkpoint stays as it was.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import inspect
+import logging
 import re
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.config.online import Rewards, RewardSpec
+from trainer.config.online import TRL_ARGUMENTS, Rewards, RewardSpec
 from trainer.data.prompts import WHERE
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, Interrupted
 from trainer.run.metrics import finite_float
 
-TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+log = logging.getLogger("trainer")
+STOP_GRACE_S = 30.0  # how long a reward call may go on after SIGTERM/SIGINT before the run stops without it
 
 
 class RewardFailed(ConfigError):
     """A reward function failed in training (exit 2, named)."""
+
+
+class _TimeUp(BaseException):
+    """Raised inside a reward call by the alarm (a BaseException: the user's `except Exception` does not eat it)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[list[int]]:
+    """Interrupt the call in this block after `seconds` (0: never) and STOP_GRACE_S after a SIGTERM/SIGINT, with
+    _TimeUp; yields a list that holds the stop signal's number when a stop cut it short. The stop is passed on to
+    the handler before (trainer.run.signals.GracefulStop, which logs it). Main thread only (signals): elsewhere the
+    call runs unbounded."""
+    from trainer.run.signals import requested_signal
+
+    stopped: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped
+        return
+    if requested_signal() is not None:  # the stop came before this call: it too gets the grace alone
+        stopped.append(requested_signal() or 0)
+        seconds = min(seconds or STOP_GRACE_S, STOP_GRACE_S)
+
+    def alarm(_signum: int, _frame: Any) -> None:
+        raise _TimeUp
+
+    def stop(signum: int, frame: Any) -> None:
+        previous = before.get(signal.Signals(signum))
+        if callable(previous):
+            previous(signum, frame)
+        stopped.append(signum)
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        if not left or left > STOP_GRACE_S:
+            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE_S)
+
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    old_alarm = signal.signal(signal.SIGALRM, alarm)
+    if seconds:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield stopped
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_alarm)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def normalised(text: str) -> str:
@@ -95,8 +145,9 @@ def length_reward(budget: int) -> Any:
 class Reward:
     """One reward function as TRL calls it, guarded (see the module docstring). `__name__` is what TRL logs."""
 
-    def __init__(self, spec: RewardSpec, function: Callable[..., Any], columns: frozenset[str]) -> None:
-        self.spec, self.function, self.__name__ = spec, function, spec.name
+    def __init__(self, spec: RewardSpec, function: Callable[..., Any], columns: frozenset[str], timeout: float = 0
+                 ) -> None:  # fmt: skip
+        self.spec, self.function, self.__name__, self.timeout = spec, function, spec.name, timeout
         self.takes_any = any(p.kind is p.VAR_KEYWORD for p in _parameters(function))
         self.accepted = {p.name for p in _parameters(function)}
         self.columns = columns
@@ -107,7 +158,17 @@ class Reward:
         if not self.takes_any:
             given = {k: v for k, v in given.items() if k in self.accepted}
         try:
-            values = self.function(**given)
+            with _time_limit(self.timeout) as stopped:
+                values = self.function(**given)
+        except _TimeUp:
+            if stopped:
+                log.error("%s did not return within %g s of %s (on the record at %s, first of this batch): "
+                          "stopping without finishing the step; the last checkpoint is as it was", self._who(),
+                          STOP_GRACE_S, signal.Signals(stopped[0]).name, wheres[0])  # fmt: skip
+                raise Interrupted(stopped[0]) from None
+            raise RewardFailed(f"{self._who()} did not return within TRAIN_RL_REWARD_TIMEOUT={self.timeout:g} s (on "
+                               f"the record at {wheres[0]}, first of this batch); make it faster, or raise the "
+                               f"limit; {self._fix()}") from None  # fmt: skip
         except Exception as exc:  # the user's code: any error ends the run, named
             raise RewardFailed(f"{self._who()} raised {type(exc).__name__}: {exc} (on the record at {wheres[0]}, "
                                f"first of this batch; {self._fix()})") from None  # fmt: skip
@@ -158,9 +219,10 @@ def _parameters(function: Callable[..., Any]) -> list[inspect.Parameter]:
     return list(inspect.signature(function).parameters.values())
 
 
-def build_rewards(rewards: Rewards, columns: frozenset[str], max_new_tokens: int) -> list[Any]:
-    """TRAIN_REWARD as TRL's reward_funcs: Reward objects, and a reward model folder's model; ConfigError (exit 2)
-    naming a function that cannot be imported or called with TRL's arguments and the data's columns."""
+def build_rewards(rewards: Rewards, columns: frozenset[str], max_new_tokens: int, timeout: float = 0) -> list[Any]:
+    """TRAIN_REWARD as TRL's reward_funcs: Reward objects (each call limited to `timeout` seconds, 0: none), and a
+    reward model folder's model; ConfigError (exit 2) naming a function that cannot be imported or called with TRL's
+    arguments and the data's columns."""
     out: list[Any] = []
     for spec in rewards.specs:
         if spec.kind == "model":
@@ -168,7 +230,7 @@ def build_rewards(rewards: Rewards, columns: frozenset[str], max_new_tokens: int
             continue
         function = _function(spec, max_new_tokens)
         _check_signature(spec, function, columns)
-        out.append(Reward(spec, function, columns))
+        out.append(Reward(spec, function, columns, timeout))
     return out
 
 

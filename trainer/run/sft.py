@@ -34,7 +34,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared | None:
         args=args,
         train_dataset=dataset,
         eval_dataset=eval_dataset,
-        data_collator=collator_for(cfg.decisions.attn.value),
+        data_collator=collator_for(cfg.decisions.attn.value, cfg.decisions.cross_entropy.value == "chunked"),
         processing_class=tokenizer,
         callbacks=setup.callbacks(model, record),
         **kit.optimizer_override(cfg, args),

@@ -44,6 +44,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
+_REQUESTED: list[int] = []  # the stop signal this process received, for code that cannot finish its step alone
+
+
+def requested_signal() -> int | None:
+    """The SIGTERM/SIGINT a GracefulStop of this process received (None: none): trainer.run.rewards bounds a reward
+    call that would otherwise keep the step, and so the stop, from ever finishing."""
+    return _REQUESTED[0] if _REQUESTED else None
 
 
 class GracefulStop:
@@ -67,6 +74,7 @@ class GracefulStop:
         name = signal.Signals(signum).name
         if self.signum is None:
             self.signum = signum
+            _REQUESTED.append(signum)
             log.warning("%s received: finishing the current step, then writing a checkpoint and stopping", name)
         else:
             log.warning(

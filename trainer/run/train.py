@@ -148,7 +148,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: StartupClock
         return _interrupted(stop, None)
     trainer, record = prepared.trainer, prepared.record
     if args.should_save:  # what made this run (trainer.provenance): the libraries it imported are all loaded now
-        _record_provenance(cfg, tokenizer, prepared.provenance)
+        _record_provenance(cfg, tokenizer, prepared.provenance, prepared.record.decisions.memory.value)
     trainer.checkpoint_record = run_record(s, cfg.hub, batch_record(plan, args))  # read back by config.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
@@ -199,8 +199,10 @@ def _family(cfg: RunConfig) -> Family:
     return cast(Family, importlib.import_module(f"trainer.run.{of(cfg.settings.method).family}"))
 
 
-def _record_provenance(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, method: dict[str, Any] | None) -> None:
-    """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed."""
+def _record_provenance(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, method: dict[str, Any] | None,
+                       memory: dict[str, Any] | None) -> None:  # fmt: skip
+    """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed, the
+    memory prediction (`memory`: decisions.memory's value)."""
     from trainer.data.chat import template_hash
     from trainer.data.mix import mix_file
     from trainer.provenance import record_run
@@ -208,7 +210,7 @@ def _record_provenance(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, metho
     s, inputs = cfg.settings, cfg.inputs
     data_files = [*mix_file(s.data), *inputs.data.identity_files(),
                   *(inputs.eval_data.identity_files() if s.eval_data else [])]  # fmt: skip
-    record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, method)
+    record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, method, memory)
 
 
 def _prepare_compile(cfg: RunConfig) -> RunConfig:

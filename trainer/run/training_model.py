@@ -17,6 +17,7 @@ from trainer.config.sharding import uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
 from trainer.model.adapters import apply_lora
 from trainer.model.build import base_weights_dtype
+from trainer.model.chunked_loss import install_chunked_loss
 from trainer.model.float8 import convert_to_fp8
 from trainer.model.loading import LoadHow, Weights, load
 from trainer.model.packed_attention import implementation, isolate_records
@@ -53,8 +54,12 @@ def load_how(cfg: RunConfig, score_head: bool = False, packed: bool = True) -> L
 
 def _placement(cfg: RunConfig, quant: str, sharded: bool) -> str | int | None:
     """A quantized model goes to this rank's GPU, except under FSDP, which places (and shards) it itself (ZeRO-3
-    with quantization is refused at configuration time); other weights are read straight onto build_device's GPU."""
+    with quantization is refused at configuration time), and on a machine without one to the CPU (bitsandbytes'
+    CPU backend: a GPU index there ended the run in Transformers' loader); other weights are read straight onto
+    build_device's GPU."""
     if quant != "none":
+        if not cfg.hardware.is_gpu:
+            return "cpu"  # decisions.decide_quant checked that bitsandbytes quantizes on the CPU
         return None if sharded else int(os.environ.get("LOCAL_RANK", "0"))
     device = build_device(cfg)
     return str(device) if device.type == "cuda" else None
@@ -91,6 +96,8 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
         model = apply_lora(model, s)
     if float8_matmuls(cfg.decisions.precision.value):  # before compile and the batch search: both see the float8 layers
         convert_to_fp8(model)
+    if cfg.decisions.cross_entropy.value == "chunked":  # the loss from the head's weight, a chunk at a time
+        install_chunked_loss(model)
     compile_model(cfg, model)
     log_parameter_counts(model)
     return model

@@ -26,6 +26,13 @@ class MemorySettings(BaseModel):
         "", "memory", "Path to a DeepSpeed JSON config; wins over the generated one.",
         on_resume=FREE,
     )
+    memory_check: Literal["auto", "off"] = setting(
+        "auto", "memory",
+        "Will it fit? Before a GPU run loads its model, its peak GPU memory is predicted (docs/running.md, 'Will it "
+        "fit?'); auto: a run predicted over the GPU's memory by more than the prediction's error exits 2, naming "
+        "the cheapest changes predicted to fit. off: run anyway. `python -m trainer doctor --memory` shows it.",
+        on_resume=FREE,
+    )
     fsdp: Literal["none", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = setting(
         "none", "memory", "PyTorch FSDP sharding strategy (with auto-wrap of decoder layers).",
         on_resume=FIXED,

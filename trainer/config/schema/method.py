@@ -62,6 +62,10 @@ class MethodSettings(BaseModel):
         256, "method", "grpo/rloo: the longest completion, in tokens.", ge=1, on_resume=DATA
     )
     rl_temperature: float = setting(1.0, "method", "grpo/rloo: the sampling temperature.", gt=0, on_resume=DATA)
+    rl_reward_timeout: float = setting(
+        600.0, "method", "grpo/rloo: seconds one call of a reward function (a batch of completions) may take; past "
+        "it the run ends with exit 2 naming the function, as a reward that raises does. 0: no limit.", ge=0,
+        on_resume=FREE)  # fmt: skip
     rl_beta: float = setting(
         0.0, "method", "grpo/rloo: the KL coefficient against the starting model; 0 (TRL GRPO's default): no KL term "
         "and no reference model held.", ge=0, on_resume=FIXED)  # fmt: skip

@@ -40,3 +40,9 @@ class SpeedSettings(BaseModel):
         "use_liger_kernel; needs liger-kernel and a GPU. auto: on where measured faster (none yet: off).",
         on_resume=FREE,
     )
+    cross_entropy: Literal["auto", "full", "chunked"] = setting(
+        "auto", "speed", "The loss. full: Transformers' cross-entropy on the whole logits; chunked: logits made a "
+        "chunk of trained positions at a time and again in the backward, never whole (SFT on llama, mistral, qwen2 "
+        "and qwen3 heads). auto: chunked from a 32,768-row vocabulary, unless Liger computes the loss.",
+        on_resume=FREE,
+    )

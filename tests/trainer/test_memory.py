@@ -1,0 +1,273 @@
+"""Will it fit? (issue 57): the predicted GPU memory (trainer/config/memory.py) checked part by part against real
+tensors on the CPU, and the verdicts it leads to.
+
+- weights, gradients and optimizer state: the bytes of the real tensors of the model the run builds
+  (trainer.run.training_model.build_model) and of the optimizer Transformers makes for TRAIN_OPTIM after one step,
+  for the tiny and 125m presets: fp32 and bf16, full and LoRA, AdamW and bitsandbytes' 8-bit AdamW (it runs on the
+  CPU here);
+- activations: what autograd saves in a forward pass of the tiny preset (saved-tensor hooks on the real tensors),
+  at two lengths and two batches, fp32 and bf16 autocast, with and without checkpointing, within 15%;
+- `doctor --memory --gpu 24GiB` for the 1b preset (predicted, never built) at 64 x 4096 and 1 x 512, its --json;
+- a GPU run predicted not to fit on a described GPU is refused at resolve, before any model loads.
+ZeRO's shards are checked by the shard rule only (two DeepSpeed processes per case cost too much here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import base_env
+
+from trainer import config
+from trainer.config.memory import (
+    Plan,
+    activation_parts,
+    autocast_copy_bytes,
+    gradient_bytes,
+    logits_bytes,
+    optimizer_bytes,
+    predict,
+    preset_shape,
+    weights_bytes,
+)
+from trainer.config.memory_fit import plan_of
+from trainer.config.speed import CHUNK_POSITIONS
+from trainer.errors import ConfigError
+from trainer.machine.hardware import Hardware
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+CASES = [
+    ("tiny", {"TRAIN_PRECISION": "fp32"}),
+    ("tiny", {"TRAIN_PRECISION": "bf16"}),
+    ("tiny", {"TRAIN_PRECISION": "fp32", "TRAIN_OPTIM": "adamw_bnb_8bit"}),
+    ("tiny", {"TRAIN_PRECISION": "bf16", "TRAIN_LORA": "1"}),
+    ("tiny", {"TRAIN_PRECISION": "fp32", "TRAIN_LORA": "1", "TRAIN_OPTIM": "adamw_bnb_8bit"}),
+    ("125m", {"TRAIN_PRECISION": "bf16"}),
+    ("125m", {"TRAIN_PRECISION": "bf16", "TRAIN_LORA": "1", "TRAIN_OPTIM": "adamw_bnb_8bit"}),
+]
+
+
+def resolved(model: str, **env: str) -> config.RunConfig:
+    return config.resolve(config.parse_settings({"TRAIN_MODEL": model, **env}), environ={})
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages of `tensors` (a state shared between parameters counted once)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def real_bytes(cfg: config.RunConfig) -> dict[str, int]:
+    """The built model's weights, its gradients after a backward pass and Transformers' optimizer's state after a
+    step, in bytes."""
+    from transformers import Trainer, TrainingArguments
+
+    from trainer.run.training_model import build_model
+    from trainer.tokenizer import byte_level_tokenizer
+
+    model = build_model(cfg, byte_level_tokenizer())
+    ids = torch.randint(0, 259, (1, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    args = TrainingArguments(output_dir="unused", optim=cfg.decisions.optim.value, report_to=[], use_cpu=True)
+    optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    optimizer = optimizer_class(trained, **kwargs)
+    optimizer.step()
+    state = [v for entry in optimizer.state.values() for v in entry.values() if torch.is_tensor(v)]
+    return {"weights": storage_bytes(list(model.parameters())),
+            "gradients": storage_bytes([p.grad for p in trained if p.grad is not None]),
+            "optimizer": storage_bytes(state)}  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "env"), CASES, ids=lambda v: v if isinstance(v, str) else "-".join(v.values()))
+def test_weights_gradients_and_optimizer_state_are_the_bytes_of_the_real_tensors(model: str, env: dict) -> None:
+    cfg = resolved(model, **env)
+    plan = plan_of(cfg)
+    predicted = {"weights": weights_bytes(plan), "gradients": gradient_bytes(plan), "optimizer": optimizer_bytes(plan)}
+    assert predicted == real_bytes(cfg)
+
+
+def test_zero_and_fsdp_shard_by_their_rule_across_processes() -> None:
+    """ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 the weights too; FSDP full_shard all."""
+    full = {stage: predict(Plan(preset_shape("125m"), 1, 512, zero_stage=stage)).parts for stage in (1, 2, 3)}
+    for stage in (1, 2, 3):
+        two = predict(Plan(preset_shape("125m"), 1, 512, zero_stage=stage, processes=2)).parts
+        assert two["optimizer"] == full[stage]["optimizer"] // 2
+        assert two["gradients"] == full[stage]["gradients"] // (2 if stage >= 2 else 1)
+        assert two["weights"] == full[stage]["weights"] // (2 if stage == 3 else 1)
+    fsdp = predict(Plan(preset_shape("125m"), 1, 512, fsdp="full_shard", processes=4)).parts
+    alone = predict(Plan(preset_shape("125m"), 1, 512)).parts
+    assert [fsdp[k] for k in ("weights", "gradients", "optimizer")] == [
+        alone[k] // 4 for k in ("weights", "gradients", "optimizer")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    from trainer.run.training_model import build_model
+    from trainer.tokenizer import byte_level_tokenizer
+
+    cfg = resolved("tiny", TRAIN_PRECISION="fp32")
+    return build_model(cfg, byte_level_tokenizer())
+
+
+def measured_saved(model: Any, batch: int, seq: int, checkpointing: bool, precision: str) -> int:
+    """Bytes autograd saves for the backward pass in a real forward pass (saved-tensor hooks; parameters left out)."""
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+    model.train()
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in parameters:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, 259, (batch, seq))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(saved.values())
+
+
+def predicted_saved(plan: Plan) -> int:
+    """The prediction's share of what the forward pass saves: the activations it keeps, the log-softmax of the loss
+    (a quarter of the logits part in fp32, two sevenths in mixed precision), autocast's weight copies (the LM head's
+    alone under checkpointing: the layers' are recast while recomputing)."""
+    kept, _recomputed = activation_parts(plan)
+    log_softmax = plan.batch * plan.seq_len * plan.shape.vocab * 4
+    copies = autocast_copy_bytes(plan)
+    if plan.grad_ckpt and copies:
+        copies = plan.shape.embedding() * 2
+    assert log_softmax < logits_bytes(plan)
+    return kept + log_softmax + copies
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_activations_are_within_15_percent_of_the_saved_tensors_and_grow_as_they_do(
+    tiny: Any, precision: str, checkpointing: bool
+) -> None:
+    figures = {}
+    for batch, seq in [(1, 128), (2, 128), (1, 256), (2, 256)]:
+        measured = measured_saved(tiny, batch, seq, checkpointing, precision)
+        plan = Plan(preset_shape("tiny"), batch, seq, precision=precision, grad_ckpt=checkpointing)
+        figures[(batch, seq)] = (predicted_saved(plan), measured)
+        assert abs(figures[(batch, seq)][0] - measured) <= 0.15 * measured, figures
+    for (batch, seq), (predicted, measured) in figures.items():  # twice the tokens: about twice the bytes, both
+        if (batch * 2, seq) in figures:
+            assert figures[(batch * 2, seq)][0] > predicted and figures[(batch * 2, seq)][1] > measured
+        if (batch, seq * 2) in figures:
+            assert figures[(batch, seq * 2)][0] > predicted and figures[(batch, seq * 2)][1] > measured
+
+
+def doctor(tmp_path: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**base_env(), "PYTHONPATH": str(REPO), "TRAIN_OUTPUT_DIR": str(tmp_path / "o"), **env}
+    return subprocess.run([sys.executable, "-m", "trainer", "doctor", "--memory", *extra], cwd=REPO, env=environ,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_doctor_says_1b_at_64_by_4096_does_not_fit_24gib_and_names_changes_that_do(tmp_path: Path) -> None:
+    big = {"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "64", "TRAIN_SEQ_LEN": "4096"}
+    shown = doctor(tmp_path, "--gpu", "24GiB", **big)
+    assert shown.returncode == 2, shown.stderr[-2000:]
+    assert "Does not fit" in shown.stdout and "Changes predicted to fit:" in shown.stdout
+    assert "Traceback" not in shown.stderr
+    report = json.loads(doctor(tmp_path, "--gpu", "24GiB", "--json", **big).stdout)
+    assert report["fits"] is False and report["device_bytes"] == 24 * GIB
+    assert sum(report["parts"].values()) == report["predicted_peak_bytes"] > 24 * GIB
+    assert report["headroom_bytes"] == 24 * GIB - report["predicted_peak_bytes"]
+    assert report["changes"] and all(c["predicted_peak_bytes"] < 24 * GIB for c in report["changes"])
+    assert any("TRAIN_GRAD_CKPT=1" in c["settings"] for c in report["changes"])
+    small = doctor(tmp_path, "--gpu", "24GiB", "--json", TRAIN_MODEL="1b", TRAIN_BATCH_SIZE="1", TRAIN_SEQ_LEN="512")
+    assert small.returncode == 0, small.stderr[-2000:]
+    fits = json.loads(small.stdout)
+    assert fits["fits"] is True and fits["changes"] == []
+    assert sum(fits["parts"].values()) == fits["predicted_peak_bytes"] < 24 * GIB
+    unknown = doctor(tmp_path, "--gpu", "Voodoo5")
+    assert unknown.returncode == 2 and "unknown GPU 'Voodoo5'" in unknown.stderr and "24GiB" in unknown.stderr
+
+
+GPU_24 = Hardware(device="cuda", gpu_count=1, gpu_name="RTX-4090", capability=(8, 9), total_memory_bytes=24 * GIB,
+                  bf16=True, tf32=True, libraries={"triton": True, "tensorboard": True})  # fmt: skip
+
+
+def test_a_gpu_run_predicted_not_to_fit_is_refused_before_the_model_loads() -> None:
+    big = {"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "64", "TRAIN_SEQ_LEN": "4096", "TRAIN_AUTO_BATCH": "0"}
+    settings = config.parse_settings(big)
+    with pytest.raises(ConfigError) as err:  # resolve runs before the run builds or loads any model
+        config.resolve(settings, GPU_24, environ={}, import_heavy=False)
+    message = str(err.value)
+    assert "predicted not to fit in GPU memory" in message and "of the RTX-4090" in message
+    assert "TRAIN_GRAD_CKPT=1" in message and "TRAIN_MEMORY_CHECK=off" in message
+    anyway = config.parse_settings({**big, "TRAIN_MEMORY_CHECK": "off"})
+    allowed = config.resolve(anyway, GPU_24, environ={}, import_heavy=False)
+    assert allowed.decisions.memory.value["predicted_peak_bytes"] > 24 * GIB
+    assert "TRAIN_MEMORY_CHECK=off" in allowed.decisions.memory.reason
+    searched = config.parse_settings({**big, "TRAIN_AUTO_BATCH": "1", "TRAIN_SEQ_LEN": "512"})
+    assert config.resolve(searched, GPU_24, environ={}, import_heavy=False)  # the search can go down to a batch of 1
+    small = config.parse_settings({"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "1", "TRAIN_SEQ_LEN": "512"})
+    fits = config.resolve(small, GPU_24, environ={}, import_heavy=False)
+    assert fits.decisions.memory.value["predicted_peak_bytes"] < 24 * GIB
+    assert fits.decisions.memory.value["device_bytes"] == 24 * GIB
+
+
+@pytest.mark.parametrize("error", [0.0, 0.03, -0.03, 0.1, -0.1])
+@pytest.mark.parametrize(("model", "seq"), [("1b", 2048), ("125m", 512)])
+def test_the_batch_search_started_from_the_prediction_ends_in_at_most_two_probes(model: str, seq: int,
+                                                                                 error: float) -> None:  # fmt: skip
+    """The search (trainer/run/batch_fit.py) on a device whose peaks are the prediction off by `error`: started at
+    the predicted largest batch with the predicted bytes per sequence, it confirms it in one probe where the
+    prediction is right, and ends on a batch that fits within 2% of the largest in two where it is off."""
+    from trainer.config.memory_fit import largest_batch
+    from trainer.run.batch_fit import Probed, search_predicted
+
+    def peak(batch: int) -> int:
+        return int(predict(Plan(preset_shape(model), batch, seq)).allocated * (1 + error))
+
+    def probe(batch: int) -> Probed:
+        return Probed(peak(batch) <= 80 * GIB, peak(batch) if peak(batch) <= 80 * GIB else 0)
+
+    limit = 70 * GIB
+    start, slope = largest_batch(Plan(preset_shape(model), 8, seq), limit, 4096)
+    found = search_predicted(probe, start, 4096, limit, slope)
+    largest = max(b for b in range(1, 4097) if peak(b) <= limit)
+    assert len(found.probes) <= (1 if error == 0 else 2), found.probes
+    assert 0.98 * largest <= found.batch <= largest and peak(found.batch) <= limit
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_grouped_query_attention_saves_k_and_v_at_their_own_heads(precision: str) -> None:
+    """The 1b preset's layout (8 kv heads for 32 query heads) in small: SDPA without a mask takes grouped k and v as
+    they are, so they are saved at the kv heads' size; the prediction counts them so (within 64 bytes: the loss's
+    scalars)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.config.memory import Shape
+    from trainer.model.packed_attention import implementation
+
+    llama = LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+    llama._attn_implementation = implementation("sdpa")
+    model = LlamaForCausalLM(llama)
+    plan = Plan(Shape(256, 2, 8, 2, 688, 320, tied=True), 2, 128, precision=precision)
+    assert abs(predicted_saved(plan) - measured_saved(model, 2, 128, False, precision)) <= 64
+
+
+def test_the_chunked_loss_holds_one_chunk_of_logits_in_the_prediction() -> None:
+    """TRAIN_CROSS_ENTROPY=chunked (auto at 128k rows) reaches the prediction: one chunk of positions' logits is held,
+    not the micro-batch's."""
+    full = plan_of(resolved("1b-128k", TRAIN_CROSS_ENTROPY="full", TRAIN_SEQ_LEN="2048", TRAIN_BATCH_SIZE="4"))
+    chunked = plan_of(resolved("1b-128k", TRAIN_CROSS_ENTROPY="chunked", TRAIN_SEQ_LEN="2048", TRAIN_BATCH_SIZE="4"))
+    assert full.loss_chunk_tokens == 0 and chunked.loss_chunk_tokens == CHUNK_POSITIONS
+    held = predict(chunked).parts["logits_and_loss"]
+    assert held * (4 * 2048 // CHUNK_POSITIONS) == predict(full).parts["logits_and_loss"]

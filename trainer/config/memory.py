@@ -1,0 +1,348 @@
+"""Will it fit? The predicted peak GPU memory of a run, part by part, from its resolved configuration: torch-free and
+before any model is built or loaded, so a 1b run is planned on a laptop (`python -m trainer doctor --memory`) and a
+GPU run predicted not to fit exits 2 before it loads the model (trainer/config/memory_fit.py).
+
+Where each part comes from (`SOURCES`, shown beside each figure):
+- weights, gradients, optimizer state: the parameter count of the model's shape (a preset's, or a model folder's
+  config.json) times the bytes per value the run holds them in (fp32 master weights for full fine-tuning, the
+  compute dtype for a frozen LoRA base, bitsandbytes' 4-bit and 8-bit layouts, AdamW's two fp32 states, 8-bit
+  AdamW's blockwise layout), sharded by ZeRO/FSDP across the processes, moved off the GPU by offload. Tested equal
+  to the bytes of the real tensors of the built model and optimizer (tests/trainer/test_memory.py).
+- activations: what autograd saves for the backward pass, per token and per layer, in the layout of the Llama
+  decoder as Transformers runs it: counted from the tensors saved-tensor hooks see on the real model on the CPU
+  (fp32 and bf16 autocast), within 15% of a measurement at two batch sizes and two lengths (the test).
+- logits and loss: the vocabulary-wide tensors of the loss (logits, their fp32 copy, log-softmax, its gradient).
+- method extras: DPO's reference model and its pairs, GRPO's generation KV cache.
+- framework: the CUDA context, cuBLAS workspaces and allocator fragmentation: an allowance, not measured (no GPU
+  here); the allocator's peak (`peak_mem_bytes`) leaves it out, so `allocated_bytes` is what it is compared with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from trainer.config.presets import PRESETS
+from trainer.methods import of
+
+MIB = 1 << 20
+CONTEXT_BYTES = 512 * MIB  # CUDA context and cuBLAS/cuDNN workspaces: an allowance, not measured here
+FRAGMENTATION = 0.05  # of the allocated peak, for the caching allocator's rounding and fragmentation: an allowance
+BYTE_VOCAB = 259  # trainer/tokenizer.py's byte-level tokenizer: 256 bytes + bos, eos, pad
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BNB_BLOCK, BNB_MIN_8BIT = 256, 4096  # bitsandbytes' 8-bit optimizers: blockwise absmax, small tensors kept fp32
+NF4_BLOCK, NF4_NESTED = 64, 256  # bitsandbytes 4-bit: absmax per 64 weights, double-quantized in blocks of 256
+
+SOURCES = {
+    "weights": "parameter count x bytes held (config shape; tested on the built model)",
+    "gradients": "trainable parameters x their dtype, sharded by ZeRO-2/3 or FSDP (tested on real gradients)",
+    "optimizer": "the optimizer's state layout per trainable parameter (tested on the real optimizer's state)",
+    "activations": "tensors autograd saves per token and layer, counted on the real model with saved-tensor hooks",
+    "autocast_copies": "autocast's compute-dtype copies of fp32 linear weights, saved for the backward pass",
+    "logits_and_loss": "tokens x vocabulary: logits, their fp32 copy, log-softmax and its gradient",
+    "method_extras": "reference model / pairs (preference methods), generation KV cache (online RL)",
+    "framework": "CUDA context, workspaces, allocator fragmentation: an allowance, unmeasured",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama-like decoder's shape: what the parameter count and the activations follow."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    head_dim: int = 0
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """A decoder layer's linear layers: name -> (in_features, out_features)."""
+        h, q, kv, i = self.hidden, self.heads * self.dim, self.kv_heads * self.dim, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
+                "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
+
+    def layer_linear(self) -> int:
+        return sum(a * b for a, b in self.linears().values())
+
+    def embedding(self) -> int:
+        return self.vocab * self.hidden
+
+    def norms(self) -> int:
+        return (2 * self.layers + 1) * self.hidden
+
+    def total(self) -> int:
+        """Every parameter: embeddings, the layers' linears and norms, the final norm, an untied LM head."""
+        return self.embedding() * (1 if self.tied else 2) + self.layers * self.layer_linear() + self.norms()
+
+    def tensors(self) -> int:
+        """How many parameter tensors: per layer 7 linears and 2 norms, the embedding, final norm, LM head."""
+        return self.layers * 9 + 2 + (0 if self.tied else 1)
+
+
+def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
+    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64)."""
+    p = PRESETS[name]
+    rows = (max(vocab, p.vocab) + 63) // 64 * 64
+    return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024)
+
+
+def folder_shape(folder: str | Path) -> Shape:
+    """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma: the same field names)."""
+    c = json.loads((Path(folder) / "config.json").read_text())
+    c = c.get("text_config", c)
+    heads = int(c["num_attention_heads"])
+    return Shape(int(c["hidden_size"]), int(c["num_hidden_layers"]), heads, int(c.get("num_key_value_heads") or heads),
+                 int(c["intermediate_size"]), int(c["vocab_size"]), bool(c.get("tie_word_embeddings", False)),
+                 int(c.get("head_dim") or 0))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every memory-relevant decision of a run (from its RunConfig: `plan_of`), one micro-batch of `batch` x
+    `seq_len` tokens per process."""
+
+    shape: Shape
+    batch: int
+    seq_len: int
+    precision: str = "bf16"  # fp32, bf16, fp16, fp8 (trainer.precision)
+    grad_accum: int = 1
+    lora: bool = False
+    lora_r: int = 16
+    lora_targets: tuple[str, ...] = LINEARS
+    quant: str = "none"
+    optim: str = "adamw_torch_fused"
+    zero_stage: int = 0
+    zero_offload: str = "none"
+    fsdp: str = "none"
+    processes: int = 1
+    grad_ckpt: bool = False
+    attn: str = "sdpa"
+    record_mask: bool = False  # packed records kept apart by a mask (trainer.model.packed_attention): SDPA repeats k, v
+    method: str = "sft"
+    reference: str = "none"
+    rl_new_tokens: int = 0
+    loss_chunk_tokens: int = 0  # TRAIN_CROSS_ENTROPY=chunked: positions per chunk of logits (0: all at once)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predicted peak of one process, its parts (bytes, in `SOURCES`' order) and the plan it was made for."""
+
+    plan: Plan
+    parts: dict[str, int]
+
+    @property
+    def peak(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def allocated(self) -> int:
+        """What the allocator's peak (peak_mem_bytes, torch.cuda.max_memory_allocated) is compared with."""
+        return self.peak - self.parts["framework"]
+
+
+def adapter_params(plan: Plan) -> tuple[int, int]:
+    """(parameters, tensors) of the LoRA adapters: A (r x in) and B (out x r) per targeted linear of every layer."""
+    linears = plan.shape.linears()
+    targets = [name for name in plan.lora_targets if name in linears]
+    per_layer = sum(plan.lora_r * (linears[n][0] + linears[n][1]) for n in targets)
+    return plan.shape.layers * per_layer, plan.shape.layers * 2 * len(targets)
+
+
+def trainable(plan: Plan) -> tuple[int, int]:
+    """(trainable parameters, their tensors)."""
+    return adapter_params(plan) if plan.lora else (plan.shape.total(), plan.shape.tensors())
+
+
+def shards(plan: Plan, what: str) -> int:
+    """How many processes share `what` (weights, gradients, optimizer) under ZeRO or FSDP."""
+    n = max(plan.processes, 1)
+    if plan.fsdp in ("full_shard", "hybrid_shard"):
+        return n
+    if plan.fsdp == "shard_grad_op":
+        return 1 if what == "weights" else n
+    stage_needed = {"optimizer": 1, "gradients": 2, "weights": 3}[what]
+    return n if plan.zero_stage >= stage_needed else 1
+
+
+def quantized_linear_bytes(plan: Plan) -> int:
+    """bitsandbytes' weights of the decoder's linears: 4-bit NF4 with double-quantized absmax, or int8 with an fp32
+    scale per output row. The embeddings, norms and LM head stay in the compute dtype."""
+    s = plan.shape
+    n = s.layers * s.layer_linear()
+    if plan.quant == "4bit":
+        blocks = math.ceil(n / NF4_BLOCK)
+        return n // 2 + blocks + math.ceil(blocks / NF4_NESTED) * 4
+    return n + s.layers * sum(out for _, out in s.linears().values()) * 4
+
+
+def weights_bytes(plan: Plan) -> int:
+    s, c = plan.shape, plan.compute_bytes
+    if plan.quant != "none":
+        other = s.total() - s.layers * s.layer_linear()
+        base = quantized_linear_bytes(plan) + other * c
+    elif plan.lora:  # a frozen base, read in the compute dtype (fp32 under FSDP: one flat dtype with the adapters)
+        base = s.total() * (4 if plan.fsdp != "none" else c)
+    elif plan.zero_stage:  # DeepSpeed keeps the model in the compute dtype; its fp32 master copy is optimizer state
+        base = s.total() * c
+    else:  # fp32 master weights, autocast computes in the compute dtype
+        base = s.total() * 4
+    adapters = adapter_params(plan)[0] * 4 if plan.lora else 0
+    return (base + adapters) // shards(plan, "weights")
+
+
+def gradient_bytes(plan: Plan) -> int:
+    params, _ = trainable(plan)
+    width = plan.compute_bytes if plan.zero_stage and not plan.lora else 4
+    return params * width // shards(plan, "gradients")
+
+
+def bnb_8bit_state(numel: int) -> int:
+    """bitsandbytes' 8-bit Adam state of one tensor: two uint8 states and two fp32 absmax per 256-value block, or
+    two fp32 states under 4096 values (its min_8bit_size)."""
+    if numel < BNB_MIN_8BIT:
+        return numel * 8
+    return numel * 2 + 2 * math.ceil(numel / BNB_BLOCK) * 4
+
+
+def tensor_sizes(plan: Plan) -> list[int]:
+    """The numel of every trainable tensor (the 8-bit layout is per tensor)."""
+    s = plan.shape
+    if plan.lora:
+        linears = s.linears()
+        per = [size for n in plan.lora_targets if n in linears for size in (plan.lora_r * linears[n][0],
+                                                                             plan.lora_r * linears[n][1])]
+        return per * s.layers
+    layer = [a * b for a, b in s.linears().values()] + [s.hidden, s.hidden]
+    return layer * s.layers + [s.embedding(), s.hidden] + ([] if s.tied else [s.embedding()])
+
+
+def optimizer_bytes(plan: Plan) -> int:
+    params, tensors = trainable(plan)
+    name = plan.optim
+    if name == "deepspeed" or plan.zero_offload != "none":
+        return 0 if plan.zero_offload != "none" else params * 12 // shards(plan, "optimizer")
+    if "8bit" in name:
+        sizes = tensor_sizes(plan)
+        state = sum(bnb_8bit_state(n) for n in sizes)
+        state += 2 * BNB_BLOCK * 4 if max(sizes) >= BNB_MIN_8BIT else 0  # its two quantization maps, shared
+    elif name.startswith("sgd"):
+        state = 0
+    elif name.startswith("adafactor"):
+        state = params // max(plan.shape.hidden, 1) * 8 + tensors * 4  # factored rows and columns
+    else:  # AdamW and the like: exp_avg and exp_avg_sq in the parameter's dtype (fp32), a step count per tensor
+        state = params * 8 + tensors * 4
+    if plan.zero_stage:  # DeepSpeed's fp32 master copy of the weights it updates
+        state += params * 4
+    return state // shards(plan, "optimizer")
+
+
+def rows(plan: Plan) -> int:
+    """Sequences one forward pass carries: the batch, twice it for pair methods."""
+    method = of(plan.method)
+    paired = method.data == "pairs" and not method.unpaired  # chosen and rejected as one batch of twice the rows
+    return plan.batch * (2 if paired else 1)
+
+
+def seq_tokens(plan: Plan) -> int:
+    return plan.seq_len + plan.rl_new_tokens
+
+
+def layer_bytes_per_token(plan: Plan) -> int:
+    """What one decoder layer saves for the backward pass per token (Transformers' Llama layer, counted on the real
+    model): fp32 runs save 6 hidden-sized tensors (norm inputs and outputs, attention output and its projection's
+    input), attention's q, k, v, output and log-sum-exp, and 4 intermediate-sized MLP tensors; under autocast 4 of
+    the hidden-sized stay fp32 (RMSNorm computes in fp32) and 5 compute-dtype copies feed the linears."""
+    s, c = plan.shape, plan.compute_bytes
+    # SDPA takes grouped k, v as they are without a mask (Transformers' use_gqa_in_sdpa); with one, and eager, see
+    # them repeated to every head; flash-attention never repeats them
+    repeated = plan.attn == "eager" or (plan.record_mask and not plan.attn.startswith("flash"))
+    attention = (2 * s.heads + 2 * (s.heads if repeated else s.kv_heads)) * s.dim
+    scores = s.heads * seq_tokens(plan) * (4 + c) if plan.attn == "eager" else 0  # softmax and its cast
+    hidden = 6 * s.hidden * 4 if c == 4 else 4 * s.hidden * 4 + 5 * s.hidden * c
+    return hidden + attention * c + 4 * s.intermediate * c + (2 + s.heads) * 4 + scores
+
+
+def head_bytes_per_token(plan: Plan) -> int:
+    """Saved after the last layer per token: the final norm's input and output, the LM head's input, the labels."""
+    s, c = plan.shape, plan.compute_bytes
+    return (2 * s.hidden * 4 + s.hidden * c if c != 4 else 3 * s.hidden * 4) + 4 + 16
+
+
+def activation_parts(plan: Plan) -> tuple[int, int]:
+    """(saved by the forward pass, recomputed at once in the backward pass) for one micro-batch. With checkpointing
+    each layer keeps only its input; the backward pass recomputes one layer at a time."""
+    s = plan.shape
+    tokens = rows(plan) * seq_tokens(plan)
+    rotary = seq_tokens(plan) * 2 * s.dim * 4  # cos and sin, per position
+    rotary += rows(plan) * seq_tokens(plan) ** 2 if plan.record_mask else 0  # a boolean mask per sequence
+    head = tokens * head_bytes_per_token(plan)
+    layer = tokens * layer_bytes_per_token(plan)
+    if plan.grad_ckpt:
+        return s.layers * tokens * s.hidden * 4 + head, layer + rotary
+    return s.layers * layer + rotary + head, 0
+
+
+def autocast_copy_bytes(plan: Plan) -> int:
+    """Autocast's compute-dtype copies of fp32 linear weights, kept by the forward for the backward pass (one layer
+    at a time under checkpointing)."""
+    s = plan.shape
+    if plan.compute_bytes == 4:
+        return 0
+    if plan.lora:  # the base is already in the compute dtype; the fp32 adapters are cast
+        return adapter_params(plan)[0] * 2
+    layers = 1 if plan.grad_ckpt else s.layers
+    return (layers * s.layer_linear() + s.embedding()) * 2 // shards(plan, "weights")
+
+
+def logits_bytes(plan: Plan) -> int:
+    """The loss over the vocabulary: logits in the compute dtype, their fp32 copy (mixed precision), the fp32
+    log-softmax and its gradient. The chunked cross-entropy (`loss_chunk_tokens`) holds one chunk's worth."""
+    tokens = rows(plan) * seq_tokens(plan)
+    held = min(tokens, plan.loss_chunk_tokens) if plan.loss_chunk_tokens else tokens
+    per_element = plan.compute_bytes + (4 if plan.compute_bytes != 4 else 0) + 4 + 4
+    return held * plan.shape.vocab * per_element
+
+
+def method_bytes(plan: Plan) -> int:
+    """A reference model (a frozen copy, or the starting adapter) and its logits; GRPO's KV cache while generating."""
+    s, c = plan.shape, plan.compute_bytes
+    extra = 0
+    if plan.reference == "frozen copy":
+        extra += replace(plan, lora=False, zero_stage=0).shape.total() * (4 if not plan.lora else c)
+    elif plan.reference == "frozen adapter":
+        extra += adapter_params(plan)[0] * 4
+    if plan.reference in ("frozen copy", "frozen adapter"):
+        extra += rows(plan) * seq_tokens(plan) * s.vocab * c
+    if plan.rl_new_tokens:
+        extra += plan.batch * seq_tokens(plan) * 2 * s.layers * s.kv_heads * s.dim * c
+    return extra
+
+
+def predict(plan: Plan) -> Prediction:
+    saved, recomputed = activation_parts(plan)
+    parts = {
+        "weights": weights_bytes(plan),
+        "gradients": gradient_bytes(plan),
+        "optimizer": optimizer_bytes(plan),
+        "activations": saved + recomputed,
+        "autocast_copies": autocast_copy_bytes(plan),
+        "logits_and_loss": logits_bytes(plan),
+        "method_extras": method_bytes(plan),
+    }
+    parts["framework"] = CONTEXT_BYTES + int(FRAGMENTATION * sum(parts.values()))
+    return Prediction(plan, parts)
