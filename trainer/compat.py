@@ -63,8 +63,10 @@ class Stack:
 
     @property
     def checkpointing_name(self) -> str:
-        """TrainingArguments' activation checkpointing flag: renamed from gradient_checkpointing in transformers 5."""
-        return "activation_checkpointing" if self.transformers_5 else "gradient_checkpointing"
+        """TrainingArguments' activation checkpointing flag: renamed from gradient_checkpointing in transformers 5.18
+        (5.17, the CPU RL venv's, vLLM 0.31's bound, has the old name; read from both wheels' training_args.py)."""
+        new = self.transformers is None or self.transformers >= (5, 18)
+        return "activation_checkpointing" if new else "gradient_checkpointing"
 
     @property
     def fsdp2(self) -> bool:

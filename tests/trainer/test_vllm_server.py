@@ -1,7 +1,7 @@
-"""TRAIN_RL_ENGINE=vllm (TRL's server mode): the version rule on real version strings, the rows of
-images/versions.toml, the configuration check of this stack, and the TRL fields the engine sets.
+"""TRAIN_RL_ENGINE=vllm: the version rule on real version strings, the rows of images/versions.toml, the
+configuration check of this stack, and the TRL fields the engine sets.
 
-No vLLM, GPU or server here: what runs with one is unproven (docs/running.md, 'Online RL').
+No vLLM in this venv: the engine runs for real in the CPU RL venv (test_vllm_engine.py, bash tests/rl/run.sh).
 """
 
 from __future__ import annotations
@@ -66,10 +66,12 @@ def test_vllm_engine_exits_2_before_torch_naming_the_stack(tmp_path: Path, run_t
     result = run_trainer(["config"], env=env, python_args=["-X", "importtime"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "TRAIN_RL_ENGINE=vllm: this stack (torch" in result.stderr and "has no vLLM installed" in result.stderr
-    assert "needs TRAIN_RL_VLLM_URL" in result.stderr and "torch" not in imported_modules(result.stderr)
-    env.update(TRAIN_RL_ENGINE="transformers", TRAIN_RL_VLLM_URL="http://vllm:8000")
+    assert "TRAIN_MODEL=tiny: vLLM loads the policy from a model folder" in result.stderr
+    assert "torch" not in imported_modules(result.stderr)
+    env.update(TRAIN_RL_ENGINE="transformers", TRAIN_RL_VLLM_URL="http://vllm:8000", TRAIN_RL_VLLM_TIMEOUT="60")
     result = run_trainer(["config"], env=env)
-    assert result.returncode == 2 and "TRAIN_RL_VLLM_URL is for TRAIN_RL_ENGINE=vllm, not transformers" in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "TRAIN_RL_VLLM_URL, TRAIN_RL_VLLM_TIMEOUT: for TRAIN_RL_ENGINE=vllm, not transformers" in result.stderr
 
 
 def test_the_engine_sets_trls_server_mode_fields() -> None:
@@ -83,7 +85,10 @@ def test_the_engine_sets_trls_server_mode_fields() -> None:
                                "TRAIN_RL_VLLM_URL": "http://vllm:8000", "TRAIN_DATA": "/data"})  # fmt: skip
     args = method_arguments(settings)
     assert (args["use_vllm"], args["vllm_mode"], args["vllm_server_base_url"]) == (True, "server", "http://vllm:8000")
-    assert set(args) <= {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert args["vllm_server_timeout"] == 300 and set(args) <= {f.name for f in dataclasses.fields(GRPOConfig)}
+    colocate = method_arguments(settings.model_copy(update={"rl_vllm_url": ""}))
+    assert (colocate["vllm_mode"], colocate["vllm_gpu_memory_utilization"]) == ("colocate", 0.3)
+    assert set(colocate) <= {f.name for f in dataclasses.fields(GRPOConfig)}
     assert method_arguments(settings.model_copy(update={"rl_engine": "transformers"}))["use_vllm"] is False
 
 

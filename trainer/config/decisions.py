@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
 from trainer.compat import FSDP2_RESHARD
-from trainer.config import deepspeed, methods, precision, speed
+from trainer.config import deepspeed, methods, precision, rl_engine, speed
 from trainer.config.decision import Decision
 from trainer.config.inputs import Inputs
 from trainer.config.presets import is_preset
@@ -290,6 +290,7 @@ def decide_all(
         "method": methods.decide_method(s),
         "reference": methods.decide_reference(s),
     }
+    problems += rl_engine.hardware_problems(s, hw.is_gpu)
     if problems:
         raise ConfigError(*problems)
     return Decisions(**parts), ds, alloc_value

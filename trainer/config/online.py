@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.decision import Decision
+from trainer.config.rl_engine import VLLM_OPTIONS, engine_arguments, engine_problems
 from trainer.config.schema import TrainSettings
 from trainer.data.mix import split_weight
 from trainer.methods import names, of, spoken
 
 BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
-              "rl_vllm_url", "rl_reward_timeout")  # fmt: skip
+              "rl_reward_timeout", *VLLM_OPTIONS)  # fmt: skip
 # TRAIN_RL_* option -> the methods it applies to (the others apply to every online method)
 OPTION_METHODS = {"rl_loss": names("online", option="rl_loss")}
 # What TRL passes every reward function; any other parameter is a column of the data
@@ -279,25 +280,6 @@ def option_problems(s: TrainSettings) -> list[str]:
     return problems
 
 
-def engine_problems(s: TrainSettings) -> list[str]:
-    """TRAIN_RL_ENGINE=vllm: TRL's server mode, which needs the server's URL and vLLM in this process too
-    (trainer/vllm_compat.py); refused naming the row where its stack cannot."""
-    if s.rl_engine != "vllm":
-        return [f"TRAIN_RL_VLLM_URL is for TRAIN_RL_ENGINE=vllm, not {s.rl_engine}; remove it"] * bool(s.rl_vllm_url)
-    from trainer.compat import stack
-    from trainer.vllm_compat import installed_problem
-
-    problems = []
-    cannot = installed_problem(stack().describe())
-    if cannot:
-        problems.append(f"TRAIN_RL_ENGINE=vllm: {cannot}. Use TRAIN_RL_ENGINE=transformers (generation inside the "
-                        "training process); docs/running.md, 'Online RL', says what each row runs")  # fmt: skip
-    if not s.rl_vllm_url:
-        problems.append("TRAIN_RL_ENGINE=vllm needs TRAIN_RL_VLLM_URL, the generation server's address (compose's "
-                        "`vllm` service: http://vllm:8000)")  # fmt: skip
-    return problems
-
-
 def _is_preset(model: str) -> bool:
     from trainer.config.presets import is_preset
 
@@ -334,7 +316,7 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         "max_completion_length": s.rl_max_new_tokens,
         "temperature": s.rl_temperature,
         "beta": s.rl_beta,
-        "use_vllm": s.rl_engine == "vllm",
+        **engine_arguments(s),
         "reward_weights": [spec.weight for spec in rewards(s.reward).specs],
         "log_completions": False,  # trainkit logs the rewards; TRL's table needs rich/pandas output of its own
         # A DataLoader iterator draws its workers' base seed from torch's global generator, which also samples the
@@ -343,8 +325,6 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         # both runs draw at the same step.
         "dataloader_persistent_workers": False,
     }
-    if s.rl_engine == "vllm":
-        args.update(vllm_mode="server", vllm_server_base_url=s.rl_vllm_url)
     if "rl_loss" in of(s.method).options:
         args["loss_type"] = "dapo" if s.rl_loss == "auto" else s.rl_loss
     return args

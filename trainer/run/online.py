@@ -3,7 +3,8 @@
 The prompts are the records the checks read (trainer.config.Inputs.prompts), each row carrying its file:line for the
 reward functions' errors (trainer.run.rewards takes it off again before a user function sees the columns). The
 policy is SFT's model (preset or folder, LoRA applied) with Transformers' own attention (it generates, with left
-padding); Transformers' generate makes the completions inside this process. The trainer is made atomic
+padding); Transformers' generate makes the completions inside this process, or vLLM (TRAIN_RL_ENGINE=vllm:
+trainer.run.vllm_engine). The trainer is made atomic
 (trainer.run.checkpoint.atomic_trainer): checkpoints, final/, SIGTERM stops, resume and metrics.jsonl are SFT's.
 """
 
@@ -125,11 +126,14 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
     """TRL's trainer for cfg.settings.method with atomic checkpoints, ready for `train`."""
     from datasets import Dataset
 
+    from trainer.run import vllm_engine
     from trainer.run.checkpoint import atomic_trainer
     from trainer.run.rollout_timing import timed_generation
 
-    where = ("Transformers' generate in this process" if cfg.settings.rl_engine == "transformers" else
-             f"the vLLM server at {cfg.settings.rl_vllm_url} (TRL's server mode)")  # fmt: skip
+    s = cfg.settings
+    where = ("Transformers' generate in this process" if s.rl_engine == "transformers" else
+             f"the vLLM server at {s.rl_vllm_url} (TRL's server mode)" if s.rl_vllm_url else
+             f"vLLM in this process (TRL's colocate mode, TRAIN_RL_VLLM_MEMORY={s.rl_vllm_memory:g})")  # fmt: skip
     log.info(
         "generation: %s, %d completions per prompt, at most %d new tokens, temperature %g",
         where,
@@ -140,18 +144,25 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
     log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return atomic_trainer(timed_generation(trainer_class(cfg.settings.method)))(
-        model=model,
-        reward_funcs=rewards,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
+    vllm_engine.prepare(s)
+    with vllm_engine.building(s):
+        trainer = atomic_trainer(timed_generation(trainer_class(s.method)))(
+            model=model,
+            reward_funcs=rewards,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
+    vllm_engine.after_build(trainer, s)
+    return trainer
 
 
 def generation_provenance(engine: str = "transformers") -> dict[str, Any]:
-    """What generated the completions, for provenance.json (vllm: the client's vLLM in this process)."""
-    from trainer.vllm_compat import installed
+    """What generated the completions, for provenance.json (vllm: the vLLM in this process, and its distribution)."""
+    from trainer.vllm_compat import installed, installed_vllm
 
-    return {"engine": engine, "version": installed(engine)}
+    if engine != "vllm":
+        return {"engine": engine, "version": installed(engine)}
+    found = installed_vllm()
+    return {"engine": engine, "version": found[1] if found else None, "distribution": found[0] if found else None}

@@ -73,7 +73,17 @@ class MethodSettings(BaseModel):
         "auto", "method", "grpo: TRL's GRPO loss_type. auto: dapo (TRL's default).", on_resume=FIXED)  # fmt: skip
     rl_engine: Literal["transformers", "vllm"] = setting(
         "transformers", "method", "grpo/rloo: what generates the completions. transformers: generate inside the "
-        "training process (every stack). vllm: TRL's server mode on TRAIN_RL_VLLM_URL (docs/running.md).",
+        "training process (every stack). vllm: vLLM, in the training process (colocate) or on TRAIN_RL_VLLM_URL "
+        "(server), where the stack has a vLLM TRL supports (docs/running.md, 'Online RL').",
         on_resume=DATA)  # fmt: skip
     rl_vllm_url: str = setting("", "method", "TRAIN_RL_ENGINE=vllm: the generation server, e.g. http://vllm:8000 "
-                          "(compose's `vllm` service).", on_resume=FREE)  # fmt: skip
+                               "(compose's `vllm` service; TRL's server mode, a CUDA device). Empty: vLLM runs in the "
+                               "training process (TRL's colocate mode).", on_resume=FREE)  # fmt: skip
+    rl_vllm_memory: float = setting(
+        0.3, "method", "TRAIN_RL_ENGINE=vllm in colocate mode: the share of the device's memory vLLM takes for its "
+        "weights and KV cache (TRL's vllm_gpu_memory_utilization; on the CPU a share of the host's memory).",
+        gt=0, le=1, on_resume=FREE)  # fmt: skip
+    rl_vllm_timeout: float = setting(
+        300, "method", "TRAIN_RL_ENGINE=vllm in server mode: seconds the server may take for one call (the checks "
+        "at start, a generation, a weight sync; TRL's retries included); past it the run ends with exit 2 naming the "
+        "server, its last checkpoint kept.", gt=0, on_resume=FREE)  # fmt: skip
