@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,8 +66,8 @@ class Change:
 
     settings: str
     cost: int
-    applies: Any  # Plan -> bool
-    apply: Any  # Plan -> Plan
+    applies: Callable[[Plan], bool]
+    apply: Callable[[Plan], Plan]
     note: str = ""
 
 

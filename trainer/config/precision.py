@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.config.decision import Decision
 from trainer.errors import ConfigError
+from trainer.methods import of
 
 if TYPE_CHECKING:
     import torch
@@ -103,7 +104,7 @@ def _fp8_problem(s: TrainSettings, hw: Hardware) -> str | None:
     other = [name for name, on in (("DeepSpeed", s.zero_stage > 0 or bool(s.deepspeed_config)),
                                    (f"TRAIN_FSDP={s.fsdp}", s.fsdp != "none"), ("TRAIN_LORA=1", s.lora),
                                    (f"TRAIN_QUANT={s.quant}", s.quant != "none"),
-                                   (f"TRAIN_METHOD={s.method}", s.method != "sft")) if on]  # fmt: skip
+                                   (f"TRAIN_METHOD={s.method}", of(s.method).family != "sft")) if on]  # fmt: skip
     if other:
         return f"TRAIN_PRECISION=fp8 is built for SFT of the whole model, not with {other[0]}; {instead}"
     return None

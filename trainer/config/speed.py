@@ -19,6 +19,7 @@ from trainer.config.precision import computes_in_half
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
+from trainer.methods import of
 
 if TYPE_CHECKING:
     from trainer.machine.hardware import Hardware
@@ -360,7 +361,7 @@ def _tokenizer_rows(folder: Path) -> int | None:
 
 def _chunked_problem(s: TrainSettings, ds: dict[str, Any] | None, liger: bool, model_type: str) -> str | None:
     """Why the chunked loss cannot stand in for this run's loss (None when it can)."""
-    if s.method != "sft":
+    if of(s.method).needs_trl:
         return f"TRAIN_METHOD={s.method}: TRL computes its loss from the logits"
     if liger:
         return "Liger's fused linear cross-entropy computes the loss (TRAIN_LIGER)"

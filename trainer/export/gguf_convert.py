@@ -21,10 +21,26 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 UNSUPPORTED_EXIT = 3
 BYTE_LEVEL_PRE = "gpt-2"
+
+
+class _GGUFWriter(Protocol):
+    """What set_vocab_gpt2 calls of the converter's gguf.GGUFWriter."""
+
+    def add_token_merges(self, merges: list[str]) -> None: ...
+
+
+class _TextModel(Protocol):
+    """What the byte-level additions read of the converter's TextModel (an instance)."""
+
+    dir_model: Path
+    gguf_writer: _GGUFWriter
 
 
 def _is_byte_level(model_dir: Path) -> bool:
@@ -39,10 +55,10 @@ def _teach_byte_level(base: Any) -> None:  # the converter's TextModel class
 
     plain_pre, plain_gpt2 = base.get_vocab_base_pre, base._set_vocab_gpt2
 
-    def get_vocab_base_pre(self: Any, tokenizer: Any) -> str:
+    def get_vocab_base_pre(self: _TextModel, tokenizer: PreTrainedTokenizerBase) -> str:
         return BYTE_LEVEL_PRE if _is_byte_level(self.dir_model) else str(plain_pre(self, tokenizer))
 
-    def set_vocab_gpt2(self: Any) -> None:
+    def set_vocab_gpt2(self: _TextModel) -> None:
         plain_gpt2(self)
         if _is_byte_level(self.dir_model):
             self.gguf_writer.add_token_merges([f"{BOS} {EOS}"])

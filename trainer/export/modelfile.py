@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MARK = "\x00trainkit-content\x00"
 ROLES = ("system", "user", "assistant")
@@ -46,7 +49,7 @@ def _split(rendered: str) -> tuple[str, str] | None:
     return tuple(rendered.split(MARK)) if rendered.count(MARK) == 1 else None  # type: ignore[return-value]
 
 
-def chat_template(tokenizer: Any) -> ChatTemplate | None:
+def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate | None:
     """The tokenizer's chat template as pieces, when it has one and the pieces reproduce it on SAMPLE."""
     if not getattr(tokenizer, "chat_template", None):
         return None
@@ -68,7 +71,7 @@ def chat_template(tokenizer: Any) -> ChatTemplate | None:
     return found
 
 
-def stop_tokens(tokenizer: Any, template: ChatTemplate | None) -> list[str]:
+def stop_tokens(tokenizer: PreTrainedTokenizerBase, template: ChatTemplate | None) -> list[str]:
     """The eos token, and the end of an assistant turn where the template marks one (e.g. <|im_end|>)."""
     stops = [str(tokenizer.eos_token)] if getattr(tokenizer, "eos_token", None) else []
     if template is not None:
@@ -78,7 +81,7 @@ def stop_tokens(tokenizer: Any, template: ChatTemplate | None) -> list[str]:
     return stops
 
 
-def modelfile(gguf_name: str, tokenizer: Any) -> tuple[str, bool]:
+def modelfile(gguf_name: str, tokenizer: PreTrainedTokenizerBase) -> tuple[str, bool]:
     """(the Modelfile's text, whether it carries the chat template)."""
     template = chat_template(tokenizer)
     lines = [f"FROM ./{gguf_name}"]

@@ -15,9 +15,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from trainer.config.run_record import RunRecord
 
 MAX_WINDOWS = 16
 TAIL_BYTES = 64 * 1024  # of the training data, when it is the text
@@ -47,7 +52,7 @@ class Scores:
         return sum(a == b for a, b in zip(self.top, other.top, strict=True)) / len(self.top)
 
 
-def _record_text(record: Any) -> str:
+def _record_text(record: object) -> str:
     if isinstance(record, str):
         return record
     if not isinstance(record, dict):
@@ -85,7 +90,7 @@ def read_text(path: Path, what: str, tail: bool = False) -> str:
                       ".json: give --eval-data FILE")  # fmt: skip
 
 
-def eval_text(eval_data: str | None, run: Any) -> EvalText:
+def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
     """The text the gate scores on (module docstring): --eval-data, else the run's eval set, else its data's tail."""
     if eval_data:
         path = Path(eval_data)
@@ -116,7 +121,7 @@ def windows(ids: list[int], context: int, origin: str) -> list[list[int]]:
     return [ids[i * context:(i + 1) * context] for i in range(count)]
 
 
-def add_window(scores: Scores, logits: Any, ids: list[int]) -> None:
+def add_window(scores: Scores, logits: ArrayLike, ids: list[int]) -> None:
     """One window's next-token nll and top token at every position but the last, from its logits (positions x
     vocabulary, numpy), appended to `scores` (windows are scored one at a time: a large vocabulary's logits for
     every window would not fit)."""

@@ -17,10 +17,17 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import ConfigError
 from trainer.export import gguf, quality
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trainer.config.run_record import RunRecord
+    from trainer.export.options import QuantRequest
+    from trainer.export.source import Source
 
 log = logging.getLogger("trainer")
 REPORT = "quant_report.json"
@@ -48,7 +55,7 @@ class Plan:
     context: int | None  # --eval-context
 
 
-def plan(types: list[str], source: Any, max_increase: float | None, allow_loss: bool, eval_data: str | None,
+def plan(types: list[str], source: Source, max_increase: float | None, allow_loss: bool, eval_data: str | None,
          context: int | None) -> Plan | None:  # fmt: skip
     """What `--quant` asks, checked before any work (module docstring); None without --quant."""
     if not types:
@@ -72,7 +79,7 @@ def plan(types: list[str], source: Any, max_increase: float | None, allow_loss: 
     return Plan(wanted, tools, quality.eval_text(eval_data, source.run), max_increase, allow_loss, context)
 
 
-def plan_request(request: Any, source: Any, adapter_only: bool) -> Plan | None:
+def plan_request(request: QuantRequest | None, source: Source, adapter_only: bool) -> Plan | None:
     """`plan` for export's QuantRequest (trainer/export/options.py); None without one."""
     if request is None or not request.types:
         return None
@@ -82,7 +89,7 @@ def plan_request(request: Any, source: Any, adapter_only: bool) -> Plan | None:
                 request.eval_context)  # fmt: skip
 
 
-def _context(plan: Plan, staging: Path, run: Any) -> int:
+def _context(plan: Plan, staging: Path, run: RunRecord | None) -> int:
     positions = json.loads((staging / "config.json").read_text()).get("max_position_embeddings") or 2048
     wanted = plan.context or (run.settings.seq_len if run is not None else 512)
     return int(min(wanted, positions))
@@ -92,7 +99,7 @@ def _threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)) or 1)
 
 
-def produce(plan: Plan, staging: Path, name: str, run: Any) -> dict[str, Any]:
+def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None) -> dict[str, Any]:
     """The quantized files in staging/gguf/, scored and written down; QualityLoss when one fails its gate."""
     from transformers import AutoTokenizer
 
@@ -133,7 +140,7 @@ def produce(plan: Plan, staging: Path, name: str, run: Any) -> dict[str, Any]:
     return report
 
 
-def _modelfile(path: Path, tokenizer: Any) -> tuple[str, bool]:
+def _modelfile(path: Path, tokenizer: PreTrainedTokenizerBase) -> tuple[str, bool]:
     from trainer.export.modelfile import modelfile
 
     return modelfile(path.name, tokenizer)

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import logging
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.config.speed import CHUNK_POSITIONS, CHUNKED_MODEL_TYPES
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
+    from transformers import PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 log = logging.getLogger("trainer")
 
@@ -49,7 +54,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     made one chunk at a time in the forward and again in the backward; only log-sum-exp (one float per row) is kept."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+    def forward(ctx: FunctionCtx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 chunk: int) -> torch.Tensor:  # fmt: skip
         dtype = _compute_dtype(hidden.device, weight.dtype)
         h, w = hidden.to(dtype), weight.to(dtype)
@@ -69,7 +74,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: FunctionCtx, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         h, w, targets, lse = ctx.saved_tensors
         want_hidden, want_weight = ctx.needs
         grad_h = torch.empty_like(h) if want_hidden else None
@@ -136,7 +141,7 @@ def chunked_causal_lm_loss(
     return total / num_items_in_batch
 
 
-def head_problem(model: Any) -> str | None:
+def head_problem(model: PreTrainedModel) -> str | None:
     """Why the chunked loss cannot stand in for this model's loss (None when it can)."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in CHUNKED_MODEL_TYPES:
@@ -148,7 +153,7 @@ def head_problem(model: Any) -> str | None:
     return None
 
 
-def install_chunked_loss(model: Any, chunk: int = CHUNK_POSITIONS) -> Any:
+def install_chunked_loss(model: torch.nn.Module, chunk: int = CHUNK_POSITIONS) -> PreTrainedModel:
     """Replace the forward of the causal LM under any PEFT wrapper: with labels, its loss is the chunked one and it
     returns no logits (the Trainer asks only the loss: prediction_loss_only); without labels, the model's own
     forward. Returns the model whose forward was replaced."""
@@ -170,8 +175,8 @@ def install_chunked_loss(model: Any, chunk: int = CHUNK_POSITIONS) -> Any:
     return base
 
 
-def _chunked_forward(model: Any, labels: torch.Tensor, trained: int | None, chunk: int,
-                     kwargs: dict[str, Any]) -> Any:  # fmt: skip
+def _chunked_forward(model: PreTrainedModel, labels: torch.Tensor, trained: int | None, chunk: int,
+                     kwargs: dict[str, Any]) -> CausalLMOutputWithPast:  # fmt: skip
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     num_items = kwargs.pop("num_items_in_batch", None)

@@ -196,7 +196,7 @@ class MetricsCallback(TrainerCallback):
         append_line(self.path, json_line(self.record(args, state, logs)))
         self._step_times.clear()
 
-    def record(self, args: Any, state: Any, logs: dict[str, Any]) -> dict[str, Any]:
+    def record(self, args: TrainingArguments, state: TrainerState, logs: dict[str, Any]) -> dict[str, Any]:
         step_time = sum(self._step_times) / len(self._step_times) if self._step_times else None
         batch = state.train_batch_size or args.per_device_train_batch_size
         samples = batch * args.gradient_accumulation_steps * max(args.world_size, 1)
@@ -222,7 +222,7 @@ class MetricsCallback(TrainerCallback):
         }
 
 
-def useful_token_share(dataset: Any) -> float:
+def useful_token_share(dataset: object) -> float:
     """The share of the training sequences' tokens that are not padding, from the packed data's statistics (a
     held-out split's training part reads its whole dataset's); 1.0 where the data says nothing of padding."""
     base = getattr(dataset, "dataset", dataset)

@@ -22,6 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from trainer.config.online import TRL_ARGUMENTS, Rewards, RewardSpec
@@ -31,6 +32,8 @@ from trainer.run.metrics import finite_float
 
 log = logging.getLogger("trainer")
 STOP_GRACE_S = 30.0  # how long a reward call may go on after SIGTERM/SIGINT before the run stops without it
+# A prompt or a completion as TRL hands it to a reward: text, or for conversational data a list of messages.
+Conversational = str | list[dict[str, object]]
 
 
 class RewardFailed(ConfigError):
@@ -57,10 +60,10 @@ def _time_limit(seconds: float) -> Iterator[list[int]]:
         stopped.append(requested_signal() or 0)
         seconds = min(seconds or STOP_GRACE_S, STOP_GRACE_S)
 
-    def alarm(_signum: int, _frame: Any) -> None:
+    def alarm(_signum: int, _frame: FrameType | None) -> None:
         raise _TimeUp
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         previous = before.get(signal.Signals(signum))
         if callable(previous):
             previous(signum, frame)
@@ -87,24 +90,27 @@ def normalised(text: str) -> str:
     return " ".join(text.split()).lower()
 
 
-def text_of(completion: Any) -> str:
+def text_of(completion: Conversational) -> str:
     """A completion's text: TRL gives text, or for conversational prompts a list holding the assistant message."""
     if isinstance(completion, list):
         return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
     return str(completion)
 
 
-def exact(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
+def exact(prompts: list[Conversational], completions: list[Conversational], answer: list[object], **_: object
+          ) -> list[float]:  # fmt: skip
     """1 where the completion, normalised, equals the record's `answer`, else 0."""
     return [float(normalised(text_of(c)) == normalised(str(a))) for c, a in zip(completions, answer, strict=True)]
 
 
-def contains(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
+def contains(prompts: list[Conversational], completions: list[Conversational], answer: list[object], **_: object
+             ) -> list[float]:  # fmt: skip
     """1 where the record's `answer`, normalised, appears in the normalised completion, else 0."""
     return [float(normalised(str(a)) in normalised(text_of(c))) for c, a in zip(completions, answer, strict=True)]
 
 
-def math(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
+def math(prompts: list[Conversational], completions: list[Conversational], answer: list[object], **_: object
+         ) -> list[float]:  # fmt: skip
     """1 where the completion's final answer equals the record's `answer` as mathematics (math-verify: LaTeX,
     \\boxed{}, fractions, decimals, expressions: 1/2 = 0.5 = \\frac{1}{2}), else 0. An answer that holds no
     mathematics raises (the record is named)."""
@@ -127,7 +133,7 @@ def _gold(answer: str) -> Any:
 def regex_reward(pattern: str) -> Any:
     compiled = re.compile(pattern)
 
-    def regex(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
+    def regex(prompts: list[Conversational], completions: list[Conversational], **_: object) -> list[float]:
         """1 where the pattern matches the completion (re.search), else 0."""
         return [float(compiled.search(text_of(c)) is not None) for c in completions]
 
@@ -135,7 +141,8 @@ def regex_reward(pattern: str) -> Any:
 
 
 def length_reward(budget: int) -> Any:
-    def length(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float]:
+    def length(prompts: list[Conversational], completions: list[Conversational], completion_ids: list[list[int]],
+               **_: object) -> list[float]:  # fmt: skip
         """0 up to `budget` completion tokens, then down to -1 at twice the budget (and below no further)."""
         return [-min(1.0, max(0, len(ids) - budget) / budget) for ids in completion_ids]
 
@@ -208,7 +215,7 @@ class Reward:
         return "check the records' columns it reads"
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     """A reward as a finite float: a number (not a bool, a string or another object float() would parse), else None."""
     if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "__float__")):
         return None

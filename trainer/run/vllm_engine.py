@@ -24,20 +24,40 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar
 
 from trainer.errors import EXIT_USER, ConfigError, record_outcome
+
+if TYPE_CHECKING:
+    import requests
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from trainer.config.schema import TrainSettings
 
 log = logging.getLogger("trainer")
 # A watchdog's grace past the HTTP timeout: a request that times out raises in the run first, with its own message.
 WATCHDOG_GRACE_S = 5.0
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class HTTPSession(Protocol):
+    """What bound_session replaces of a requests.Session (TRL's VLLMClient.session)."""
+
+    request: Callable[..., requests.Response]
+
+
+class VLLMTrainer(Protocol):
+    """What this layer reads of TRL's online trainer (GRPOTrainer, RLOOTrainer) built with use_vllm."""
+
+    vllm_generation: VLLMGeneration
 
 
 class ServerFailed(ConfigError):
     """The vLLM server did not do what the run needs (exit 2, no traceback)."""
 
 
-def prepare(settings: Any) -> None:
+def prepare(settings: TrainSettings) -> None:
     """Before TRL builds vLLM: the in-process engine for colocate mode; the server checked for server mode."""
     if settings.rl_engine != "vllm":
         return
@@ -101,11 +121,11 @@ def _same_model(model: str, served: str) -> bool:
 # ---- server mode: every request and call bounded ---------------------------------------------------------------
 
 
-def bound_session(session: Any, timeout: float) -> None:
+def bound_session(session: HTTPSession, timeout: float) -> None:
     """Every request of a requests.Session without its own timeout gets `timeout` seconds."""
     request = session.request
 
-    def bounded(method: str, url: str, **kwargs: Any) -> Any:
+    def bounded(method: str, url: str, **kwargs: Any) -> requests.Response:
         kwargs.setdefault("timeout", timeout)
         return request(method, url, **kwargs)
 
@@ -139,11 +159,11 @@ def _exit_now(message: str) -> None:
     os._exit(record_outcome(EXIT_USER))
 
 
-def bounded_call(fn: Callable[..., Any], what: str, url: str, timeout: float) -> Callable[..., Any]:
+def bounded_call(fn: Callable[P, R], what: str, url: str, timeout: float) -> Callable[P, R]:
     """`fn` under the watchdog, its HTTP failures turned into ServerFailed naming the server and `what`."""
     import requests
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
         with watchdog(what, url, timeout):
             try:
                 return fn(*args, **kwargs)
@@ -157,7 +177,7 @@ def bounded_call(fn: Callable[..., Any], what: str, url: str, timeout: float) ->
     return call
 
 
-def bound_server_mode(trainer: Any, url: str, timeout: float) -> None:
+def bound_server_mode(trainer: VLLMTrainer, url: str, timeout: float) -> None:
     """TRL's server-mode client of a built trainer, bounded: its requests, each generation, each weight sync."""
     generation = trainer.vllm_generation
     client = getattr(generation, "vllm_client", None)
@@ -168,7 +188,7 @@ def bound_server_mode(trainer: Any, url: str, timeout: float) -> None:
 
 
 @contextmanager
-def building(settings: Any) -> Iterator[None]:
+def building(settings: TrainSettings) -> Iterator[None]:
     """Around TRL's trainer construction, which connects to the server (server mode) and joins its NCCL group."""
     if settings.rl_engine != "vllm" or not settings.rl_vllm_url:
         yield
@@ -178,7 +198,7 @@ def building(settings: Any) -> Iterator[None]:
         yield
 
 
-def after_build(trainer: Any, settings: Any) -> None:
+def after_build(trainer: VLLMTrainer, settings: TrainSettings) -> None:
     if settings.rl_engine != "vllm":
         return
     if settings.rl_vllm_url:
@@ -190,7 +210,7 @@ def after_build(trainer: Any, settings: Any) -> None:
 # ---- colocate mode on vLLM's CPU build ------------------------------------------------------------------------
 
 
-def reload_on_cpu(generation: Any) -> None:
+def reload_on_cpu(generation: VLLMGeneration) -> None:
     """On vLLM's CPU build, TRL 1.16's colocate sync (each tensor through the vLLM model's `load_weights`) fails
     after the first: vLLM's CPU backend repacks the linear layers' weights for its kernels once they are loaded, and
     the repacked parameters have no `weight_loader`. vLLM's own in-place reload (the model runner's
