@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 command -v python3 >/dev/null || { echo "quickstart needs python3 (3.10 or newer): install it, then run this again" >&2; exit 1; }
 bash scripts/setup_docker.sh
 VENV=${TRAINKIT_HOST_VENV:-.venv-host}
-if ! "$VENV/bin/python" -c 'import docker, rich, pydantic_settings, dotenv, hostlist, compose' 2>/dev/null; then
+if ! "$VENV/bin/python" -c 'import docker, rich, pydantic_settings, dotenv, hostlist, compose, packaging' 2>/dev/null; then
   echo "== preparing the host tools in $VENV (docker SDK, rich, compose v2; no torch)"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q -e '.[host]'
