@@ -200,6 +200,16 @@ def check_transformer_engine() -> str:
     return "loads transformer_engine.pytorch"
 
 
+def check_gguf_export() -> str:
+    """`export --quant q8_0` of a two-layer model, converted, quantized and scored in llama.cpp inside the image
+    (images/verify_gguf.py, in its own interpreter)."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "verify_gguf.py")],
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise Failed((proc.stderr.strip().splitlines() or ["no output"])[-1])
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, str]]:
     """(name, check or None when skipped, skip reason) for every claim in the manifest."""
     checks: list[tuple[str, Callable[[], str] | None, str]] = [
@@ -220,6 +230,8 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
             checks.append((piece, None, claim.get("reason", "")))
         elif piece == "transformer_engine":
             checks.append((piece, check_transformer_engine, ""))
+        elif piece == "llama_cpp":
+            checks.append((piece, check_gguf_export, ""))
         else:
             modules = EXTENSION_MODULES.get(piece, [piece])
             checks.append((piece, lambda modules=modules: check_modules(modules), ""))
@@ -247,7 +259,7 @@ def check_trl_vllm() -> str:
 def versions() -> dict[str, str]:
     found = {}
     for package in ("torch", "transformers", "accelerate", "datasets", "peft", "bitsandbytes", "deepspeed",
-                    "flash-attn", "apex", "dumb-init", "trl", "vllm", "trainkit"):  # fmt: skip
+                    "flash-attn", "apex", "dumb-init", "trl", "vllm", "llama-cpp-python", "trainkit"):  # fmt: skip
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[package] = importlib.metadata.version(package)
     import torch

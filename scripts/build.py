@@ -297,6 +297,8 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
     print(f"  apex:    {matrix.apex['repo']}@{matrix.apex['ref']} (only if the base lacks working fused kernels)")
     print("  tags:    " + ", ".join(plan.tags))
     print(f"  vllm:    TRAIN_RL_ENGINE=vllm {vllm_server_mode(plan, matrix)}")
+    print(f"  gguf:    export --quant through llama-cpp-python {matrix.llama_cpp['version']} (its converter, quantizer "
+          "and runtime), unless the base's Python or NumPy is below what its converter needs: decided in the build")
     for note in plan.notes:
         print(f"  note:    {note}")
 
@@ -353,6 +355,8 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
         "org.trainkit.arch-list": plan.arch_list or "none",
         "org.trainkit.apex-ref": matrix.apex["ref"],
         "org.trainkit.vllm-server-mode": vllm_server_mode(plan, matrix),
+        # the build's verdict replaces this (scripts/image_labels.py's gguf_export, from the llama_cpp claim)
+        "org.trainkit.gguf-export": f"planned: llama-cpp-python {matrix.llama_cpp['version']}",
         "org.trainkit.row": RL_ROW if plan.rl else (plan.cuda or "cpu"),
     }
     out.update({f"org.trainkit.pin.{pkg}": version for pkg, version in plan.pins.items()})
@@ -384,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"built {', '.join(plan.tags)} ({record['image']['id'][:19]}) in {record['durations']['total_s']:.0f} s;"
               f" record: {record['record_path']}")
+        llama = record.get("llama_cpp", {})
+        print(f"llama.cpp: {llama.get('source') or 'skipped: ' + llama.get('reason', '')}; host wheel: "
+              f"{llama.get('host_wheel')}")
         for digest in record.get("pushed", {}).values():
             print(f"pushed {digest}")
         if args.save:

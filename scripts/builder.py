@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from standin_base import ensure_standin_base
 STEP = re.compile(r"^#\d+ \[(?P<name>[^\]]+)\] (?P<what>.*)$")
 console = Console(stderr=True)
 RECORDS_DIR = ROOT / "build" / "records"
+HOST_WHEEL = ROOT / "images" / "host-wheel"  # the context folder the Dockerfile's llama.cpp step reads a wheel from
 
 
 class Progress:
@@ -107,6 +109,27 @@ def build_record(labels: dict[str, str]) -> dict[str, str]:
     return {"TRAINKIT_BUILD": json.dumps(kept, sort_keys=True)}
 
 
+def stage_host_wheel(plan, matrix: Matrix) -> str:
+    """For the CPU flavor, the host's llama-cpp-python wheel of [llama_cpp]'s pins (scripts/setup_llama_cpp.py's
+    cache) into images/host-wheel/, where the build takes it when it matches the image (same Python, Debian, machine:
+    the CPU base is the host's kind); other builds get the folder empty, so their layer's cache key stays put."""
+    from setup_llama_cpp import default_cache, wheel_folder
+
+    for old in HOST_WHEEL.iterdir():
+        if old.name != "README.md":
+            old.unlink()
+    if plan.flavor != "cpu":
+        return "none placed (only the CPU flavor takes the host's wheel)"
+    folder = wheel_folder(default_cache() / matrix.llama_cpp["version"], matrix.llama_cpp["cmake_args"])
+    stamp = folder / "build.json"
+    if not stamp.is_file():
+        return f"none placed (no wheel in {folder}: scripts/setup_llama_cpp.py makes one)"
+    wheel = folder / json.loads(stamp.read_text())["wheel"]
+    for path in (wheel, stamp):
+        shutil.copy2(path, HOST_WHEEL / path.name)
+    return f"placed {wheel.name} from {folder}"
+
+
 def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None, make_labels: Callable) -> dict:
     """Build, verify and record one plan; return the record."""
     client = connect()
@@ -129,6 +152,7 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         except UserError as exc:
             raise BuildError(str(exc)) from None
     t_base = time.monotonic() - t0
+    host_wheel = stage_host_wheel(plan, matrix)
     labels = make_labels(plan, matrix, base["digest"] or base["id"])
     if base["from"]:  # a local base's name says nothing once the image is published: keep where it came from
         labels[BASE_FROM_LABEL] = base["from"]
@@ -166,6 +190,8 @@ def build_image(plan, matrix: Matrix, args: argparse.Namespace, ca: Path | None,
         "manifest": inside["manifest"],
         "checks": inside["checks"],
         "vllm_server_mode": inside.get("vllm_server_mode", "unknown"),
+        # which path the llama.cpp step took (the host's wheel or the sdist compiled) and the wheel's sha256
+        "llama_cpp": {**inside["manifest"].get("extensions", {}).get("llama_cpp", {}), "host_wheel": host_wheel},
         "skipped": skipped_pieces(inside["manifest"]),
         "durations": {
             "base_s": round(t_base, 1),

@@ -23,6 +23,7 @@ from errors import UserError
 
 PIN = "org.trainkit.pin."
 APEX = "org.trainkit.apex-ref"
+GGUF = "org.trainkit.gguf-export"  # export --quant's GGUF types: accepted (llama.cpp in the image) or refused, why
 FOREIGN = ("com.docker.compose.",)  # labels our builder's tools add, which say nothing about the image
 METADATA_STEP = re.compile(r"^(/bin/sh -c #\(nop\) )?(ENV|LABEL|ARG|CMD|ENTRYPOINT|SHELL|USER|EXPOSE|VOLUME|"
                            r"STOPSIGNAL|HEALTHCHECK|ONBUILD|MAINTAINER)\b")  # fmt: skip
@@ -54,7 +55,19 @@ def truthful(planned: dict[str, str], inside: dict) -> dict[str, str]:
         out[APEX] = f"base image's apex {installed.get('apex', '(version unknown)')}"
     elif apex.get("status") != "built":
         out.pop(APEX, None)
+    out[GGUF] = gguf_export(extensions.get("llama_cpp"))
     return out
+
+
+def gguf_export(claim: dict | None) -> str:
+    """The label of export --quant's GGUF types, from the build manifest's llama_cpp claim (images/verify.py proved
+    it by exporting a two-layer model to q8_0 inside the image)."""
+    if not claim:
+        return "refused: this image was built without llama.cpp (no llama_cpp claim in its build manifest)"
+    if claim.get("status") == "skipped":
+        return f"refused: {claim.get('reason', '')}"
+    return (f"accepted: GGUF types through llama.cpp (llama-cpp-python {claim.get('version')}: converter, quantizer, "
+            "runtime), proven in the build by exporting a two-layer model to q8_0 and scoring it in llama.cpp")
 
 
 def _history(client: docker.DockerClient, image_id: str, layers: int) -> list[dict]:

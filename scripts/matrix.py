@@ -200,6 +200,7 @@ class Matrix:
     sha256: dict[str, str] = field(default_factory=dict)  # downloaded file name -> its recorded sha256
     vllm: VllmServer | None = None
     rl: Entry | None = None  # the online-RL row: the trainer on NVIDIA's vLLM image
+    llama_cpp: dict = field(default_factory=dict)  # [llama_cpp]: export --quant's llama.cpp, in every image that can
 
     def entry(self, cuda: str) -> Entry:
         """The entry for CUDA `cuda` (X.Y), or a UserError listing the supported ones."""
@@ -274,6 +275,7 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
         sha256=dict(data.get("sha256", {})),
         vllm=VllmServer(**data["vllm"]) if "vllm" in data else None,
         rl=_rl_entry(data["rl"], data.get("vllm", {}), defaults, path) if "rl" in data else None,
+        llama_cpp=dict(data.get("llama_cpp", {})),
     )
 
 
@@ -370,6 +372,9 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     args["APEX_REF"] = matrix.apex["ref"]
     args["FLASH_ATTN_WHEEL_URL"] = matrix.flash_attn_wheel_url
     args["ARTIFACT_SHA256"] = " ".join(f"{name}={digest}" for name, digest in sorted(matrix.sha256.items()))
+    llama = matrix.llama_cpp  # read by scripts/setup_llama_cpp.py --pins-from-env inside the build
+    args.update(LLAMA_CPP_VERSION=llama["version"], LLAMA_CPP_SHA256=llama["sdist_sha256"],
+                LLAMA_CPP_CMAKE_ARGS=llama["cmake_args"], LLAMA_CPP_REQUIRES=" ".join(llama["requires"]))  # fmt: skip
     return args
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import docker
 import pytest
+import tomllib
 from compose_support import (
     GID,
     RUN_PY,
@@ -218,3 +219,28 @@ def test_config_and_diff_run_in_the_image(run_project, cpu_image, engine_memlock
     (run_project / "output" / "a").mkdir()  # no provenance.json: diff's own refusal, from inside the image
     result = run_py(*base_args(cpu_image, engine_memlock), "diff", "/output/a", "/output/a", cwd=run_project)
     assert_user_error(result, "/output/a/provenance.json is missing")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_export_quant_runs_llama_cpp_in_the_image(run_project, cpu_image, engine_memlock):
+    """issue 56's in-image form: a run trained by run.py, then `run.py export /output /output/gguf --quant q8_0 --quant
+    q4_k_m`: run.py passes export's options through, and the image's own llama.cpp (its converter in
+    TRAINKIT_LLAMA_CPP, the llama_cpp binding) converts, quantizes and scores, on the run's own data."""
+    args = base_args(cpu_image, engine_memlock)
+    result = run_py(*args, "train", cwd=run_project, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    quant = ["--quant", "q8_0", "--quant", "q4_k_m"]
+    result = run_py(*args, "export", "/output", "/output/gguf", *quant, cwd=run_project, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = run_project / "output" / "gguf"
+    report = json.loads((out / "quant_report.json").read_text())
+    version = tomllib.loads((RUN_PY.parents[1] / "images" / "versions.toml").read_text())["llama_cpp"]["version"]
+    assert [row["type"] for row in report["types"]] == ["q8_0", "q4_k_m"]
+    for row in report["types"]:
+        assert row["pass"] and row["tokenizer_agrees"], row
+        assert row["runtime"] == f"llama.cpp (llama-cpp-python {version})"
+        assert (out / row["file"]).stat().st_size == row["bytes"]
+        assert (out / row["modelfile"]["file"]).read_text().startswith(f"FROM ./{Path(row['file']).name}\n")
+    assert report["eval_text"]["path"] == "/data/corpus.txt"  # the run's data, as the container saw it
+    assert_owned_by_user(run_project / "output")
