@@ -50,8 +50,10 @@ def _sdist(python: str, cache: Path, version: str, digest: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     requirement = folder / "requirement.txt"
     requirement.write_text(f"llama-cpp-python=={version} --hash=sha256:{digest}\n")
-    _pip(python, "download", "-q", "--no-deps", "--no-binary", ":all:", "--require-hashes", "-r", str(requirement),
-         "-d", str(folder))  # fmt: skip
+    # --no-binary for this package only: with :all:, pip would build the metadata step's own build requirements
+    # (scikit-build-core, hatchling, ...) from their sdists too, level after level
+    _pip(python, "download", "-q", "--no-deps", "--no-binary", "llama-cpp-python", "--require-hashes", "-r",
+         str(requirement), "-d", str(folder))  # fmt: skip
     return folder / f"llama_cpp_python-{version}.tar.gz"
 
 
