@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -226,7 +227,9 @@ def test_config_and_diff_run_in_the_image(run_project, cpu_image, engine_memlock
 def test_export_quant_runs_llama_cpp_in_the_image(run_project, cpu_image, engine_memlock):
     """issue 56's in-image form: a run trained by run.py, then `run.py export /output /output/gguf --quant q8_0 --quant
     q4_k_m`: run.py passes export's options through, and the image's own llama.cpp (its converter in
-    TRAINKIT_LLAMA_CPP, the llama_cpp binding) converts, quantizes and scores, on the run's own data."""
+    TRAINKIT_LLAMA_CPP, the llama_cpp binding) converts, quantizes and scores. As after quickstart: no ./data, so the
+    run trains on the embedded corpus, and the gate scores on its tail."""
+    shutil.rmtree(run_project / "data")
     args = base_args(cpu_image, engine_memlock)
     result = run_py(*args, "train", cwd=run_project, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -242,5 +245,6 @@ def test_export_quant_runs_llama_cpp_in_the_image(run_project, cpu_image, engine
         assert row["runtime"] == f"llama.cpp (llama-cpp-python {version})"
         assert (out / row["file"]).stat().st_size == row["bytes"]
         assert (out / row["modelfile"]["file"]).read_text().startswith(f"FROM ./{Path(row['file']).name}\n")
-    assert report["eval_text"]["path"] == "/data/corpus.txt"  # the run's data, as the container saw it
+    assert report["eval_text"]["origin"].startswith("the tail of the run's training data")
+    assert report["eval_text"]["path"].startswith("/opt/trainkit/trainer/")  # the embedded corpus, in the image
     assert_owned_by_user(run_project / "output")
