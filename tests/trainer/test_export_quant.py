@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -269,6 +270,20 @@ def test_quant_mistakes_exit_2_naming_them_and_sigterm_leaves_nothing(run_traine
     assert proc.wait(timeout=120) == 143, err.read_text()[-3000:]
     assert "export interrupted" in err.read_text() and "Traceback" not in err.read_text()
     assert not out.exists() and not staging.exists()
+    # SIGTERM to export alone while llmcompressor's child works: exit 143, the child ended, nothing left
+    with err.open("w") as sink:
+        proc = subprocess.Popen([PYTHON, "-m", "trainer", "export", str(tiny_run / "output"), str(out), "--quant",
+                                 "fp8"], cwd=REPO, env={**full_env, "TRAINKIT_LLMCOMPRESSOR": str(overlay)},
+                                stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)  # fmt: skip
+    job = staging / ".compress-work" / "job.json"
+    wait_for(job.is_file, 600, "llmcompressor's job file", interval=0.01, proc=proc)
+    time.sleep(2)  # the child is importing or compressing
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, err.read_text()[-3000:]
+    assert "export interrupted" in err.read_text() and "Traceback" not in err.read_text()
+    assert not out.exists() and not staging.exists()
+    alive = subprocess.run(["pgrep", "-f", f"compress_run {job}"], capture_output=True, text=True, check=False)
+    assert alive.stdout == "", alive.stdout
 
 
 def _go_render(template: str, messages: list[dict[str, str]]) -> str:
