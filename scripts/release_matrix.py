@@ -1,8 +1,8 @@
 """The release pipeline's job matrix, generated from images/versions.toml (run through scripts/generate.py).
 
 .github/workflows/release.yml builds one row per job: on a tag every CUDA row of the matrix and the online-RL row
-(`build.py --rl`), nightly (or by hand) the default row. Both lists live in generated blocks of the workflow, so a row added to versions.toml is released
-without editing the workflow by hand.
+(`build.py --rl`), nightly (or by hand) the default row. Both lists live in generated blocks of the workflow, so a
+row added to versions.toml is released without editing the workflow by hand.
 """
 
 from __future__ import annotations

@@ -192,18 +192,18 @@ def test_reproduce_gives_the_same_rewards_and_losses_and_refuses_a_changed_rewar
 
 def test_a_resumed_epoch_gets_the_uninterrupted_runs_prompt_order() -> None:
     """TRL's own sampler (GRPOTrainer._get_train_sampler: RepeatSampler, seeded once, one permutation per epoch) under
-    trainer.run.prompt_order: an uninterrupted sequence of epochs keeps TRL's order, and a new sampler (a resumed
+    trainer.run.online_resume: an uninterrupted sequence of epochs keeps TRL's order, and a new sampler (a resumed
     process) told `set_epoch(2)`, as Transformers' Trainer tells it, gives epoch 2's order, not epoch 0's (TRL's
     alone would; a resume from checkpoint-8 of test_vllm_engine.py's run trains its second epoch, it failed so)."""
     from types import SimpleNamespace
 
     from trl import GRPOTrainer
 
-    from trainer.run.prompt_order import resumable_prompt_order
+    from trainer.run.online_resume import resumable_online
 
     class Base:  # the attributes GRPOTrainer._get_train_sampler reads; the method itself is TRL's
         _get_train_sampler = GRPOTrainer._get_train_sampler
-        train_dataset = list(range(32))
+        train_dataset = tuple(range(32))
         num_generations, num_iterations, shuffle_dataset = 4, 1, True
         args = SimpleNamespace(generation_batch_size=16, steps_per_generation=1, seed=7)
 
@@ -212,7 +212,7 @@ def test_a_resumed_epoch_gets_the_uninterrupted_runs_prompt_order() -> None:
 
     trl_order = epochs(Base()._get_train_sampler(), 3)
     assert trl_order[0] != trl_order[2]
-    resumable = resumable_prompt_order(Base)
+    resumable = resumable_online(Base)
     uninterrupted = resumable()._get_train_sampler()
     seen = []
     for epoch in range(3):

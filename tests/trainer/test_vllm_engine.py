@@ -98,7 +98,7 @@ def test_reproduce_and_a_resumed_run_give_the_same_rewards(
     """`reproduce --steps 8` trains the run again from the start, a new vLLM engine as the run's was: the same losses
     and per-step rewards. The run's folder as it stood after its middle checkpoint (checkpoint-8, the end of the first
     of its two epochs; the later steps removed) continues from it to step 16 in a new process with a new vLLM engine:
-    the uninterrupted run's per-step rewards, completions and final weights. Before trainer.run.prompt_order the
+    the uninterrupted run's per-step rewards, completions and final weights. Before trainer.run.online_resume the
     second epoch ran on the first epoch's prompt order (step 9: 0.875 against 0.75); vLLM samples from the process's
     torch generator, which the checkpoint restores."""
     again = tmp_path / "again"
