@@ -64,8 +64,8 @@ def hangs(prompts, completions, trainer_state, **columns):
 '''
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", name="files")  # also test_online_rl_resume.py's (imported there)
+def files_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(prompts.jsonl: 32 text prompts with `word` and `answer` columns, an epoch of 8 steps; rewards.py)."""
     folder = tmp_path_factory.mktemp("rl")
     rows = [{"prompt": f"say {WORDS[i % len(WORDS)]}:", "word": WORDS[i % len(WORDS)], "answer": "a"}
@@ -188,42 +188,6 @@ def test_reproduce_gives_the_same_rewards_and_losses_and_refuses_a_changed_rewar
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert f"the reward file {reward} changed" in refused.stderr and "--allow-changed-data" in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # nothing staged: refused before training
-
-
-def test_a_resumed_epoch_gets_the_uninterrupted_runs_prompt_order() -> None:
-    """TRL's own sampler (GRPOTrainer._get_train_sampler: RepeatSampler, seeded once, one permutation per epoch) under
-    trainer.run.online_resume: an uninterrupted sequence of epochs keeps TRL's order, and a new sampler (a resumed
-    process) told `set_epoch(2)`, as Transformers' Trainer tells it, gives epoch 2's order, not epoch 0's (TRL's
-    alone would; a resume from checkpoint-8 of test_vllm_engine.py's run trains its second epoch, it failed so)."""
-    from types import SimpleNamespace
-
-    from trl import GRPOTrainer
-
-    from trainer.run.online_resume import resumable_online
-
-    class Base:  # the attributes GRPOTrainer._get_train_sampler reads; the method itself is TRL's
-        _get_train_sampler = GRPOTrainer._get_train_sampler
-        train_dataset = tuple(range(32))
-        num_generations, num_iterations, shuffle_dataset = 4, 1, True
-        args = SimpleNamespace(generation_batch_size=16, steps_per_generation=1, seed=7)
-
-    def epochs(sampler: object, count: int) -> list[list[int]]:
-        return [list(sampler) for _ in range(count)]  # type: ignore[call-overload]
-
-    trl_order = epochs(Base()._get_train_sampler(), 3)
-    assert trl_order[0] != trl_order[2]
-    resumable = resumable_online(Base)
-    uninterrupted = resumable()._get_train_sampler()
-    seen = []
-    for epoch in range(3):
-        uninterrupted.set_epoch(epoch)
-        seen.append(list(uninterrupted))
-    assert seen == trl_order
-    resumed = resumable()._get_train_sampler()
-    resumed.set_epoch(2)
-    assert list(resumed) == trl_order[2]
-    resumed.set_epoch(1)  # back: the order of epoch 1 again
-    assert list(resumed) == trl_order[1]
 
 
 def test_a_changed_reward_file_is_refused_on_resume(files: tuple[Path, Path], tmp_path: Path) -> None:
