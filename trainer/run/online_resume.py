@@ -56,18 +56,25 @@ def resumable_online(base: type) -> type:
 
                 logs = {key: list(value) if isinstance(value, deque) else {k: list(v) for k, v in value.items()}
                         for key, value in getattr(self, "_logs", {}).items()}  # fmt: skip
-                torch.save({"step": self._step, "buffered_inputs": self._buffered_inputs, "logs": logs},
-                           self._buffer_file(output_dir))  # fmt: skip
+                torch.save({"step": self._step, "buffered_inputs": self._buffered_inputs, "logs": logs,
+                            "layout": self._layout()}, self._buffer_file(output_dir))  # fmt: skip
+
+        def _layout(self) -> list[int]:
+            """What the buffer's slicing depends on: a resume on another process count or accumulation (trainkit's
+            reshard) generates anew on every process alike instead of taking a part cut for another layout."""
+            return [self.args.world_size, self.args.gradient_accumulation_steps, self.args.steps_per_generation]
 
         def _load_rng_state(self, checkpoint: str | None) -> None:
             super()._load_rng_state(checkpoint)
             if checkpoint is None:
                 return
             path = self._buffer_file(checkpoint)
+            kept = None
             if os.path.isfile(path):
                 import torch
 
                 kept = torch.load(path, weights_only=True)
+            if kept is not None and kept.get("layout") == self._layout():
                 self._step, self._buffered_inputs = kept["step"], kept["buffered_inputs"]
                 for key, value in kept["logs"].items():  # the block's completions, for samples.jsonl
                     shown = self._logs[key]
@@ -75,7 +82,7 @@ def resumable_online(base: type) -> type:
                                           [(shown[k], v) for k, v in value.items()]):  # fmt: skip
                         target.clear()
                         target.extend(items)
-            else:  # the checkpoint ends a block: the next step generates, counted as the uninterrupted run counts
+            else:  # the checkpoint ends a block (or another layout): the next step generates, counted from the step
                 self._step = self.state.global_step * self.args.gradient_accumulation_steps
 
     ResumableOnline.__name__ = ResumableOnline.__qualname__ = f"Resumable{base.__name__}"
