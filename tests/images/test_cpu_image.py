@@ -70,6 +70,13 @@ def test_build_record_holds_versions_read_inside_the_image(cpu_image: str, docke
     assert "CPU build" in skipped["flash_attn"] and "CPU build" in skipped["apex"]
     assert "deepspeed:fused_adam" in skipped
     assert all(c["status"] in ("ok", "skipped") for c in record["checks"])
+    # llama.cpp for export --quant (issue 56): proven in the build (a two-layer model exported to q8_0 and scored in
+    # llama.cpp), the wheel's sha256 and the path the build took recorded, the label saying the row carries it
+    assert next(c for c in record["checks"] if c["name"] == "llama_cpp")["status"] == "ok"
+    llama = record["llama_cpp"]
+    assert llama["status"] == "built" and len(llama["wheel_sha256"]) == 64
+    assert llama["source"].startswith(("taken, not compiled: the prebuilt wheel", "compiled from the sdist in"))
+    assert record["labels"]["org.trainkit.gguf-export"].startswith("accepted: GGUF types through llama.cpp")
 
 
 def test_manifest_claims_hold_inside_the_image(cpu_image: str, docker_client) -> None:
