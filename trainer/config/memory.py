@@ -7,7 +7,9 @@ Where each part comes from (`SOURCES`, shown beside each figure):
   config.json) times the bytes per value the run holds them in (fp32 master weights for full fine-tuning, the
   compute dtype for a frozen LoRA base, bitsandbytes' 4-bit and 8-bit layouts, AdamW's two fp32 states, 8-bit
   AdamW's blockwise layout), sharded by ZeRO/FSDP across the processes, moved off the GPU by offload. Tested equal
-  to the bytes of the real tensors of the built model and optimizer (tests/trainer/test_memory.py).
+  to the bytes of the real tensors of the built model and optimizer (tests/trainer/test_memory.py); under ZeRO,
+  DeepSpeed's own layout per rank (trainer/config/memory_zero.py), tested equal to the real partitions of two
+  DeepSpeed processes (tests/trainer/test_memory_zero.py).
 - activations: what autograd saves for the backward pass, per token and per layer, in the layout of the Llama
   decoder as Transformers runs it: counted from the tensors saved-tensor hooks see on the real model on the CPU
   (fp32 and bf16 autocast), within 15% of a measurement at two batch sizes and two lengths (the test).
@@ -24,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trainer.config.memory_zero import Held, stage_1_2, stage_3
 from trainer.config.presets import PRESETS
 from trainer.methods import of
 
@@ -190,15 +193,35 @@ def quantized_linear_bytes(plan: Plan) -> int:
     return n + s.layers * sum(out for _, out in s.linears().values()) * 4
 
 
+def optimizer_groups(plan: Plan) -> tuple[list[list[int]], list[int]]:
+    """The trainable tensors' sizes in the model's order, as Transformers' optimizer groups (with weight decay; then
+    without: the norms), and the frozen tensors' sizes."""
+    s = plan.shape
+    decay = [s.embedding()] + [a * b for a, b in s.linears().values()] * s.layers + ([] if s.tied else [s.embedding()])
+    norms = [s.hidden] * (2 * s.layers + 1)
+    return ([tensor_sizes(plan)], decay + norms) if plan.lora else ([decay, norms], [])
+
+
+def zero_ranks(plan: Plan) -> list[Held] | None:
+    """What each process holds under DeepSpeed ZeRO (elements; trainer/config/memory_zero.py), None without it."""
+    if not plan.zero_stage or plan.fsdp != "none":
+        return None
+    groups, frozen = optimizer_groups(plan)
+    if plan.zero_stage == 3:
+        return stage_3(groups, frozen, plan.processes, plan.shape.hidden)
+    return stage_1_2(groups, frozen, plan.processes)
+
+
 def weights_bytes(plan: Plan) -> int:
     s, c = plan.shape, plan.compute_bytes
+    ranks = zero_ranks(plan)
+    if ranks and plan.quant == "none":  # DeepSpeed holds the model in the compute dtype, flat or partitioned
+        return max(h.weights for h in ranks) * c
     if plan.quant != "none":
         other = s.total() - s.layers * s.layer_linear()
         base = quantized_linear_bytes(plan) + other * c
     elif plan.lora:  # a frozen base, read in the compute dtype (fp32 under FSDP: one flat dtype with the adapters)
         base = s.total() * (4 if plan.fsdp != "none" else c)
-    elif plan.zero_stage:  # DeepSpeed keeps the model in the compute dtype; its fp32 master copy is optimizer state
-        base = s.total() * c
     else:  # fp32 master weights, autocast computes in the compute dtype
         base = s.total() * 4
     adapters = adapter_params(plan)[0] * 4 if plan.lora else 0
@@ -206,8 +229,13 @@ def weights_bytes(plan: Plan) -> int:
 
 
 def gradient_bytes(plan: Plan) -> int:
+    """ZeRO-1's backward holds every whole gradient until its reduction at the end (measured: most of them at once);
+    ZeRO-2/3 hold only what their partition needs (memory_zero)."""
     params, _ = trainable(plan)
-    width = plan.compute_bytes if plan.zero_stage and not plan.lora else 4
+    ranks = zero_ranks(plan)
+    if ranks and plan.zero_stage >= 2:
+        return max(h.gradients for h in ranks) * plan.compute_bytes
+    width = plan.compute_bytes if plan.zero_stage else 4
     return params * width // shards(plan, "gradients")
 
 
@@ -234,8 +262,13 @@ def tensor_sizes(plan: Plan) -> list[int]:
 def optimizer_bytes(plan: Plan) -> int:
     params, tensors = trainable(plan)
     name = plan.optim
-    if name == "deepspeed" or plan.zero_offload != "none":
-        return 0 if plan.zero_offload != "none" else params * 12 // shards(plan, "optimizer")
+    if plan.zero_offload != "none":
+        return 0
+    ranks = zero_ranks(plan)
+    adam = not ("8bit" in name or name.startswith(("sgd", "adafactor")))
+    if ranks and adam:  # the fp32 master partition, exp_avg and exp_avg_sq shaped like it, a step count per group
+        worst = max(ranks, key=lambda h: h.master)
+        return worst.master * 12 + worst.groups * 4
     if "8bit" in name:
         sizes = tensor_sizes(plan)
         state = sum(bnb_8bit_state(n) for n in sizes)
