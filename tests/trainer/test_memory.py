@@ -6,7 +6,8 @@ tensors on the CPU, and the verdicts it leads to.
   for the tiny and 125m presets: fp32 and bf16, full and LoRA, AdamW and bitsandbytes' 8-bit AdamW (it runs on the
   CPU here);
 - activations: what autograd saves in a forward pass of the tiny preset (saved-tensor hooks on the real tensors),
-  at two lengths and two batches, fp32 and bf16 autocast, with and without checkpointing, within 15%;
+  at two lengths and two batches, fp32 and bf16 autocast, with and without checkpointing, within 15%; the same for
+  LoRA and QLoRA (4-bit on bitsandbytes' CPU backend);
 - `doctor --memory --gpu 24GiB` for the 1b preset (predicted, never built) at 64 x 4096 and 1 x 512, its --json;
 - a GPU run predicted not to fit on a described GPU is refused at resolve, before any model loads.
 ZeRO-1/2/3 against two real DeepSpeed processes: tests/trainer/test_memory_zero.py."""
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from trainer import config
 from trainer.config.memory import (
     Plan,
     activation_parts,
+    autocast_copies,
     autocast_copy_bytes,
     gradient_bytes,
     logits_bytes,
@@ -139,9 +142,7 @@ def predicted_saved(plan: Plan) -> int:
     alone under checkpointing: the layers' are recast while recomputing)."""
     kept, _recomputed = activation_parts(plan)
     log_softmax = plan.batch * plan.seq_len * plan.shape.vocab * 4
-    copies = autocast_copy_bytes(plan)
-    if plan.grad_ckpt and copies:
-        copies = plan.shape.embedding() * 2
+    copies = autocast_copies(plan)[0] if plan.grad_ckpt else autocast_copy_bytes(plan)
     assert log_softmax < logits_bytes(plan)
     return kept + log_softmax + copies
 
@@ -162,6 +163,35 @@ def test_activations_are_within_15_percent_of_the_saved_tensors_and_grow_as_they
             assert figures[(batch * 2, seq)][0] > predicted and figures[(batch * 2, seq)][1] > measured
         if (batch, seq * 2) in figures:
             assert figures[(batch, seq * 2)][0] > predicted and figures[(batch, seq * 2)][1] > measured
+
+
+ADAPTERS = [("lora", "fp32", "0"), ("lora", "bf16", "0"), ("lora", "bf16", "1"), ("qlora", "bf16", "0"),
+            ("qlora", "bf16", "1")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("adapter", "precision", "checkpointing"), ADAPTERS, ids=lambda v: v)
+def test_lora_and_qlora_activations_are_within_15_percent_of_the_saved_tensors(
+    adapter: str, precision: str, checkpointing: str
+) -> None:
+    """The run's own LoRA (PEFT, TRAIN_LORA_DROPOUT's default) and QLoRA (bitsandbytes' 4-bit base on its CPU
+    backend) models of the tiny preset, at two sizes. The CPU's dropout keeps float noise where CUDA's fused kernel
+    keeps a 1-byte mask: the prediction is told the CPU's (dropout_mask_bytes=4)."""
+    from trainer.run.training_model import build_model
+    from trainer.tokenizer import byte_level_tokenizer
+
+    quant = {"TRAIN_QUANT": "4bit"} if adapter == "qlora" else {}
+    cfg = resolved("tiny", TRAIN_LORA="1", TRAIN_PRECISION=precision, TRAIN_GRAD_CKPT=checkpointing, **quant)
+    model = build_model(cfg, byte_level_tokenizer())
+    plan = replace(plan_of(cfg), dropout_mask_bytes=4)
+    assert plan.lora and plan.quant == ("4bit" if quant else "none") and plan.lora_dropout > 0
+    figures = {}
+    for batch, seq in [(1, 128), (2, 256)]:
+        measured = measured_saved(model, batch, seq, checkpointing == "1", precision)
+        figures[(batch, seq)] = (predicted_saved(replace(plan, batch=batch, seq_len=seq)), measured)
+    print(f"{adapter} {precision} checkpointing={checkpointing}: (predicted, measured) bytes {figures}")
+    for predicted, measured in figures.values():
+        assert abs(predicted - measured) <= 0.15 * measured, figures
+    assert figures[(2, 256)][0] > figures[(1, 128)][0] and figures[(2, 256)][1] > figures[(1, 128)][1]
 
 
 def doctor(tmp_path: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -121,6 +121,8 @@ class Plan:
     lora: bool = False
     lora_r: int = 16
     lora_targets: tuple[str, ...] = LINEARS
+    lora_dropout: float = 0.05
+    dropout_mask_bytes: int = 1  # per element: CUDA's fused dropout keeps a bool mask; the CPU's keeps float noise (4)
     quant: str = "none"
     optim: str = "adamw_torch_fused"
     zero_stage: int = 0
@@ -295,24 +297,65 @@ def seq_tokens(plan: Plan) -> int:
     return plan.seq_len + plan.rl_new_tokens
 
 
-def layer_bytes_per_token(plan: Plan) -> int:
-    """What one decoder layer saves for the backward pass per token (Transformers' Llama layer, counted on the real
-    model): fp32 runs save 6 hidden-sized tensors (norm inputs and outputs, attention output and its projection's
-    input), attention's q, k, v, output and log-sum-exp, and 4 intermediate-sized MLP tensors; under autocast 4 of
-    the hidden-sized stay fp32 (RMSNorm computes in fp32) and 5 compute-dtype copies feed the linears."""
+def attention_bytes_per_token(plan: Plan) -> int:
+    """Attention's saved q, k, v and output (in the compute dtype) and its fp32 log-sum-exp and the two norms' fp32
+    reciprocal roots, per token; eager attention's scores too."""
     s, c = plan.shape, plan.compute_bytes
     # SDPA takes grouped k, v as they are without a mask (Transformers' use_gqa_in_sdpa); with one, and eager, see
     # them repeated to every head; flash-attention never repeats them
     repeated = plan.attn == "eager" or (plan.record_mask and not plan.attn.startswith("flash"))
     attention = (2 * s.heads + 2 * (s.heads if repeated else s.kv_heads)) * s.dim
     scores = s.heads * seq_tokens(plan) * (4 + c) if plan.attn == "eager" else 0  # softmax and its cast
+    return attention * c + (2 + s.heads) * 4 + scores
+
+
+def layer_bytes_per_token(plan: Plan) -> int:
+    """What one decoder layer saves for the backward pass per token (Transformers' Llama layer, counted on the real
+    model): fp32 runs save 6 hidden-sized tensors (norm inputs and outputs, attention output and its projection's
+    input), attention's q, k, v, output and log-sum-exp, and 4 intermediate-sized MLP tensors; under autocast 4 of
+    the hidden-sized stay fp32 (RMSNorm computes in fp32) and 5 compute-dtype copies feed the linears."""
+    if plan.lora:
+        return lora_layer_bytes_per_token(plan)
+    s, c = plan.shape, plan.compute_bytes
     hidden = 6 * s.hidden * 4 if c == 4 else 4 * s.hidden * 4 + 5 * s.hidden * c
-    return hidden + attention * c + 4 * s.intermediate * c + (2 + s.heads) * 4 + scores
+    return hidden + 4 * s.intermediate * c + attention_bytes_per_token(plan)
+
+
+def lora_layer_bytes_per_token(plan: Plan) -> int:
+    """A LoRA layer (counted on the real model with PEFT's adapters): the frozen base saves no linear's input, only
+    one fp32 norm input, attention's tensors and the MLP's gate, its activation and up (fp32 under QLoRA:
+    bitsandbytes' 4-bit matmul answers in its fp32 input's dtype). Each targeted linear adds its dropout's mask and
+    output (PEFT casts the input to the adapters' fp32 first; autocast keeps a compute-dtype copy for A), and A's
+    output (r values); without dropout the adapters read the inputs the layer has (one copy per input in fp32, one
+    cast per adapter under autocast)."""
+    s, c = plan.shape, plan.compute_bytes
+    mlp = 3 * s.intermediate * (4 if plan.quant != "none" else c)
+    linears = s.linears()
+    targets = [name for name in plan.lora_targets if name in linears]
+    adapters = 0
+    for name in targets:
+        width = linears[name][0]
+        adapters += plan.lora_r * c + width * (plan.dropout_mask_bytes + c if plan.lora_dropout else 0)
+    if not plan.lora_dropout and c == 4:  # q, k, v read one input, gate and up another
+        shared = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+        adapters += sum({shared.get(n, n): linears[n][0] for n in targets}.values()) * 4
+    elif not plan.lora_dropout:
+        adapters += sum(linears[n][0] for n in targets) * c
+    return s.hidden * 4 + mlp + adapters + attention_bytes_per_token(plan)
+
+
+def residual_bytes(plan: Plan) -> int:
+    """The residual stream's bytes per value (what checkpointing keeps per layer): fp32 under fp32 master weights,
+    the compute dtype's on a LoRA base held in it, fp32 on QLoRA's base (PEFT's prepare_model_for_kbit_training)."""
+    return plan.compute_bytes if plan.lora and plan.quant == "none" else 4
 
 
 def head_bytes_per_token(plan: Plan) -> int:
-    """Saved after the last layer per token: the final norm's input and output, the LM head's input, the labels."""
+    """Saved after the last layer per token: the final norm's input and output, the LM head's input, the labels (a
+    frozen norm and LM head save only the norm's fp32 input)."""
     s, c = plan.shape, plan.compute_bytes
+    if plan.lora:
+        return s.hidden * 4 + 4 + 16
     return (2 * s.hidden * 4 + s.hidden * c if c != 4 else 3 * s.hidden * 4) + 4 + 16
 
 
@@ -326,20 +369,29 @@ def activation_parts(plan: Plan) -> tuple[int, int]:
     head = tokens * head_bytes_per_token(plan)
     layer = tokens * layer_bytes_per_token(plan)
     if plan.grad_ckpt:
-        return s.layers * tokens * s.hidden * 4 + head, layer + rotary
+        return s.layers * tokens * s.hidden * residual_bytes(plan) + head, layer + rotary
     return s.layers * layer + rotary + head, 0
 
 
-def autocast_copy_bytes(plan: Plan) -> int:
-    """Autocast's compute-dtype copies of fp32 linear weights, kept by the forward for the backward pass (one layer
-    at a time under checkpointing)."""
+def autocast_copies(plan: Plan) -> tuple[int, int]:
+    """Autocast's compute-dtype copies of fp32 weights, kept by the forward for the backward pass: (kept through
+    the whole backward pass, recast one layer at a time under checkpointing). The LM head's is kept; the layers' are
+    recast while recomputing under checkpointing. A LoRA base is already in the compute dtype (its fp32 adapters are
+    cast), QLoRA's LM head is fp32 (PEFT's preparation) and cast."""
     s = plan.shape
     if plan.compute_bytes == 4:
-        return 0
-    if plan.lora:  # the base is already in the compute dtype; the fp32 adapters are cast
-        return adapter_params(plan)[0] * 2
-    layers = 1 if plan.grad_ckpt else s.layers
-    return (layers * s.layer_linear() + s.embedding()) * 2 // shards(plan, "weights")
+        return 0, 0
+    if plan.lora:
+        layers = adapter_params(plan)[0] * 2
+        head = s.embedding() * 2 if plan.quant != "none" else 0
+    else:
+        layers = s.layers * s.layer_linear() * 2 // shards(plan, "weights")
+        head = s.embedding() * 2 // shards(plan, "weights")
+    return (head, layers // s.layers) if plan.grad_ckpt else (head + layers, 0)
+
+
+def autocast_copy_bytes(plan: Plan) -> int:
+    return sum(autocast_copies(plan))
 
 
 def logits_bytes(plan: Plan) -> int:
