@@ -11,8 +11,9 @@ Where each part comes from (`SOURCES`, shown beside each figure):
   DeepSpeed's own layout per rank (trainer/config/memory_zero.py), tested equal to the real partitions of two
   DeepSpeed processes (tests/trainer/test_memory_zero.py).
 - activations: what autograd saves for the backward pass, per token and per layer, in the layout of the Llama
-  decoder as Transformers runs it: counted from the tensors saved-tensor hooks see on the real model on the CPU
-  (fp32 and bf16 autocast), within 15% of a measurement at two batch sizes and two lengths (the test).
+  decoder as Transformers runs it (with PEFT's adapters for LoRA and QLoRA): counted from the tensors saved-tensor
+  hooks see on the real model on the CPU (fp32 and bf16 autocast), within 15% of a measurement at two batch sizes
+  and two lengths (the test).
 - logits and loss: the vocabulary-wide tensors of the loss (logits, their fp32 copy, log-softmax, its gradient).
 - method extras: DPO's reference model and its pairs, GRPO's generation KV cache.
 - framework: the CUDA context, cuBLAS workspaces and allocator fragmentation: an allowance, not measured (no GPU
@@ -40,7 +41,7 @@ NF4_BLOCK, NF4_NESTED = 64, 256  # bitsandbytes 4-bit: absmax per 64 weights, do
 
 SOURCES = {
     "weights": "parameter count x bytes held (config shape; tested on the built model)",
-    "gradients": "trainable parameters x their dtype, sharded by ZeRO-2/3 or FSDP (tested on real gradients)",
+    "gradients": "trainable parameters x their dtype, DeepSpeed's partitions or FSDP's shards (tested on real ones)",
     "optimizer": "the optimizer's state layout per trainable parameter (tested on the real optimizer's state)",
     "activations": "tensors autograd saves per token and layer, counted on the real model with saved-tensor hooks",
     "autocast_copies": "autocast's compute-dtype copies of fp32 linear weights, saved for the backward pass",
