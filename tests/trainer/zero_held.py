@@ -1,11 +1,11 @@
 """A torchrun worker for tests/trainer/test_memory_zero.py: the trainer's own run (`python -m trainer train`, with the
-DeepSpeed config it generates for TRAIN_ZERO_STAGE) once per stage of $ZERO_HELD_STAGES, in one process per rank,
-with one more callback. It wraps the ZeRO optimizer's step and writes what this rank holds to
-$ZERO_HELD_DIR/zero<STAGE>-rank<RANK>.json: the gradients at the end of the backward pass (ZeRO-1/2, where DeepSpeed
-clears the parameters' .grad) and just before the step, and after the step the model's weights (ZeRO-1/2's flat
-buffers; ZeRO-3's parameter partitions and the small parameters it keeps whole), the fp32 master partitions and
-the optimizer's state. Bytes are those of the distinct storages (views into one flat buffer counted once), so
-DeepSpeed's alignment padding is in them."""
+DeepSpeed config it generates for TRAIN_ZERO_STAGE) once per STAGE/PRECISION of $ZERO_HELD_RUNS, in one process
+per rank, with one more callback. It wraps the ZeRO optimizer's step and writes what this rank holds to
+$ZERO_HELD_DIR/zero<STAGE>-<PRECISION>-rank<RANK>.json: the gradients at the end of the backward pass (ZeRO-1/2,
+where DeepSpeed clears the parameters' .grad) and just before the step, and after the step the model's weights
+(ZeRO-1/2's flat buffers; ZeRO-3's parameter partitions and the small parameters it keeps whole), the fp32 master
+partitions and the optimizer's state. Bytes are those of the distinct storages (views into one flat buffer counted
+once), so DeepSpeed's alignment padding is in them."""
 
 from __future__ import annotations
 
@@ -87,8 +87,7 @@ class HeldBytes(TrainerCallback):
             held["gradients"] = gradients(zero)
             result = real_step(*a, **k)
             held.update(held_after_step(zero, model))
-            name = f"zero{os.environ['TRAIN_ZERO_STAGE']}-rank{os.environ['RANK']}.json"
-            (Path(os.environ["ZERO_HELD_DIR"]) / name).write_text(json.dumps(held))
+            record(os.environ["TRAIN_ZERO_STAGE"], os.environ["TRAIN_PRECISION"]).write_text(json.dumps(held))
             return result
 
         zero.step = step
@@ -110,19 +109,25 @@ def with_held_bytes(*args: Any, **kwargs: Any) -> list[Any]:
     return [*original(*args, **kwargs), HeldBytes()]
 
 
-def run_stages(stages: list[str], output: Path) -> int:
-    """One trainer run per ZeRO stage in this process, each in its own output folder; Accelerate's process-wide
-    state is reset between them (the process group stays)."""
+def record(stage: str, precision: str) -> Path:
+    return Path(os.environ["ZERO_HELD_DIR"]) / f"zero{stage}-{precision}-rank{os.environ['RANK']}.json"
+
+
+def run_stages(runs: list[str], output: Path) -> int:
+    """One trainer run per STAGE/PRECISION of `runs` in this process, each in its own output folder; Accelerate's
+    process-wide state is reset between them (the process group stays)."""
     from accelerate.state import AcceleratorState, PartialState
 
-    for stage in stages:
-        os.environ.update(TRAIN_ZERO_STAGE=stage, TRAIN_OUTPUT_DIR=str(output / f"zero{stage}"))
+    for run in runs:
+        stage, precision = run.split("/")
+        os.environ.update(TRAIN_ZERO_STAGE=stage, TRAIN_PRECISION=precision,
+                          TRAIN_OUTPUT_DIR=str(output / f"zero{stage}-{precision}"))  # fmt: skip
         started = time.monotonic()
         code = main(["train"])
         if code:
             return code
-        record = Path(os.environ["ZERO_HELD_DIR"]) / f"zero{stage}-rank{os.environ['RANK']}.json"
-        record.write_text(json.dumps({**json.loads(record.read_text()), "seconds": time.monotonic() - started}))
+        held = record(stage, precision)
+        held.write_text(json.dumps({**json.loads(held.read_text()), "seconds": time.monotonic() - started}))
         AcceleratorState._reset_state(reset_partial_state=True)
         PartialState._reset_state()
     return 0
@@ -130,4 +135,4 @@ def run_stages(stages: list[str], output: Path) -> int:
 
 if __name__ == "__main__":
     kit.callbacks = with_held_bytes  # the run's own callbacks, this one added
-    sys.exit(run_stages(os.environ["ZERO_HELD_STAGES"].split(","), Path(os.environ["TRAIN_OUTPUT_DIR"])))
+    sys.exit(run_stages(os.environ["ZERO_HELD_RUNS"].split(","), Path(os.environ["TRAIN_OUTPUT_DIR"])))
