@@ -190,9 +190,10 @@ def quantized_linear_bytes(plan: Plan) -> int:
     scale per output row. The embeddings, norms and LM head stay in the compute dtype."""
     s = plan.shape
     n = s.layers * s.layer_linear()
-    if plan.quant == "4bit":
-        blocks = math.ceil(n / NF4_BLOCK)
-        return n // 2 + blocks + math.ceil(blocks / NF4_NESTED) * 4
+    if plan.quant == "4bit":  # per tensor: uint8 absmax per block, an fp32 absmax per block of those
+        sizes = [a * b for a, b in s.linears().values()] * s.layers
+        blocks = [math.ceil(size / NF4_BLOCK) for size in sizes]
+        return n // 2 + sum(blocks) + sum(math.ceil(b / NF4_NESTED) * 4 for b in blocks)
     return n + s.layers * sum(out for _, out in s.linears().values()) * 4
 
 
@@ -220,9 +221,9 @@ def weights_bytes(plan: Plan) -> int:
     ranks = zero_ranks(plan)
     if ranks and plan.quant == "none":  # DeepSpeed holds the model in the compute dtype, flat or partitioned
         return max(h.weights for h in ranks) * c
-    if plan.quant != "none":
+    if plan.quant != "none":  # under LoRA, PEFT's prepare_model_for_kbit_training makes the rest fp32
         other = s.total() - s.layers * s.layer_linear()
-        base = quantized_linear_bytes(plan) + other * c
+        base = quantized_linear_bytes(plan) + other * (4 if plan.lora else c)
     elif plan.lora:  # a frozen base, read in the compute dtype (fp32 under FSDP: one flat dtype with the adapters)
         base = s.total() * (4 if plan.fsdp != "none" else c)
     else:  # fp32 master weights, autocast computes in the compute dtype
