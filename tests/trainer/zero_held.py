@@ -1,11 +1,11 @@
 """A torchrun worker for tests/trainer/test_memory_zero.py: the trainer's own run (`python -m trainer train`, with the
-DeepSpeed config it generates for TRAIN_ZERO_STAGE) once per STAGE/PRECISION of $ZERO_HELD_RUNS, in one process
-per rank, with one more callback. It wraps the ZeRO optimizer's step and writes what this rank holds to
-$ZERO_HELD_DIR/zero<STAGE>-<PRECISION>-rank<RANK>.json: the gradients at the end of the backward pass (ZeRO-1/2,
-where DeepSpeed clears the parameters' .grad) and just before the step, and after the step the model's weights
-(ZeRO-1/2's flat buffers; ZeRO-3's parameter partitions and the small parameters it keeps whole), the fp32 master
-partitions and the optimizer's state. Bytes are those of the distinct storages (views into one flat buffer counted
-once), so DeepSpeed's alignment padding is in them."""
+DeepSpeed config it generates for TRAIN_ZERO_STAGE) once per STAGE/PRECISION[/MODEL FOLDER] of $ZERO_HELD_RUNS,
+in one process per rank, with one more callback. It wraps the ZeRO optimizer's step and writes what this rank holds
+to $ZERO_HELD_DIR/zero<STAGE>-<PRECISION>[-folder]-rank<RANK>.json: the gradients at the end of the backward pass
+(ZeRO-1/2, where DeepSpeed clears the parameters' .grad) and just before the step, and after the step the model's
+weights (ZeRO-1/2's flat buffers; ZeRO-3's parameter partitions and the small parameters it keeps whole), the fp32
+master partitions and the optimizer's state. Bytes are those of the distinct storages (views into one flat buffer
+counted once), so DeepSpeed's alignment padding is in them."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class HeldBytes(TrainerCallback):
             held["gradients"] = gradients(zero)
             result = real_step(*a, **k)
             held.update(held_after_step(zero, model))
-            record(os.environ["TRAIN_ZERO_STAGE"], os.environ["TRAIN_PRECISION"]).write_text(json.dumps(held))
+            record(os.environ["ZERO_HELD_RUN"]).write_text(json.dumps(held))
             return result
 
         zero.step = step
@@ -109,24 +109,34 @@ def with_held_bytes(*args: Any, **kwargs: Any) -> list[Any]:
     return [*original(*args, **kwargs), HeldBytes()]
 
 
-def record(stage: str, precision: str) -> Path:
-    return Path(os.environ["ZERO_HELD_DIR"]) / f"zero{stage}-{precision}-rank{os.environ['RANK']}.json"
+def run_name(run: str) -> str:
+    """zero<STAGE>-<PRECISION>[-folder] for a run STAGE/PRECISION[/MODEL FOLDER]."""
+    return "zero" + "-".join(run.split("/")[:2]) + ("-folder" if run.count("/") > 1 else "")
+
+
+def record(run: str) -> Path:
+    return Path(os.environ["ZERO_HELD_DIR"]) / f"{run_name(run)}-rank{os.environ['RANK']}.json"
 
 
 def run_stages(runs: list[str], output: Path) -> int:
-    """One trainer run per STAGE/PRECISION of `runs` in this process, each in its own output folder; Accelerate's
-    process-wide state is reset between them (the process group stays)."""
+    """One trainer run per STAGE/PRECISION[/MODEL FOLDER] of `runs` (TRAIN_MODEL's model, or that folder's) in this
+    process, each in its own output folder; Accelerate's process-wide state is reset between them (the process
+    group stays)."""
     from accelerate.state import AcceleratorState, PartialState
 
+    model = os.environ.get("TRAIN_MODEL")
     for run in runs:
-        stage, precision = run.split("/")
-        os.environ.update(TRAIN_ZERO_STAGE=stage, TRAIN_PRECISION=precision,
-                          TRAIN_OUTPUT_DIR=str(output / f"zero{stage}-{precision}"))  # fmt: skip
+        stage, precision, *folder = run.split("/", 2)
+        os.environ.update(TRAIN_ZERO_STAGE=stage, TRAIN_PRECISION=precision, ZERO_HELD_RUN=run,
+                          TRAIN_OUTPUT_DIR=str(output / run_name(run)))  # fmt: skip
+        os.environ.pop("TRAIN_MODEL", None)
+        if folder or model:
+            os.environ["TRAIN_MODEL"] = folder[0] if folder else str(model)
         started = time.monotonic()
         code = main(["train"])
         if code:
             return code
-        held = record(stage, precision)
+        held = record(run)
         held.write_text(json.dumps({**json.loads(held.read_text()), "seconds": time.monotonic() - started}))
         AcceleratorState._reset_state(reset_partial_state=True)
         PartialState._reset_state()
