@@ -155,7 +155,7 @@ ENV TRAINKIT_DRIVER_MIN=${TRAINKIT_DRIVER_MIN} TRAINKIT_DRIVER_FLOORS=${TRAINKIT
 COPY pyproject.toml /opt/trainkit/pyproject.toml
 COPY trainer/ /opt/trainkit/trainer/
 COPY entrypoints/ /opt/trainkit/entrypoints/
-COPY images/verify.py /opt/trainkit/images/verify.py
+COPY images/verify.py images/vllm_canary.py /opt/trainkit/images/
 RUN pip install --no-deps --no-build-isolation --no-cache-dir -e /opt/trainkit && \
     chmod 0755 /opt/trainkit/entrypoints/*.sh && \
     python /opt/trainkit-build/build_ext.py guard-torch

