@@ -1,5 +1,5 @@
 """Every file the Dockerfile copies from the build context is in it. .dockerignore is an allow-list, and a file left
-out of it fails only the build that reaches its COPY (the online-RL row's canary did, after a 13-minute stand-in build)."""
+out of it fails only the build that reaches its COPY (the online-RL canary did, after a 13-minute stand-in build)."""
 
 from __future__ import annotations
 
