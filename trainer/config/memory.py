@@ -7,10 +7,13 @@ Where each part comes from (`SOURCES`, shown beside each figure):
   config.json) times the bytes per value the run holds them in (fp32 master weights for full fine-tuning, the
   compute dtype for a frozen LoRA base, bitsandbytes' 4-bit and 8-bit layouts, AdamW's two fp32 states, 8-bit
   AdamW's blockwise layout), sharded by ZeRO/FSDP across the processes, moved off the GPU by offload. Tested equal
-  to the bytes of the real tensors of the built model and optimizer (tests/trainer/test_memory.py).
+  to the bytes of the real tensors of the built model and optimizer (tests/trainer/test_memory.py); under ZeRO,
+  DeepSpeed's own layout per rank (trainer/config/memory_zero.py), tested equal to the real partitions of two
+  DeepSpeed processes (tests/trainer/test_memory_zero.py).
 - activations: what autograd saves for the backward pass, per token and per layer, in the layout of the Llama
-  decoder as Transformers runs it: counted from the tensors saved-tensor hooks see on the real model on the CPU
-  (fp32 and bf16 autocast), within 15% of a measurement at two batch sizes and two lengths (the test).
+  decoder as Transformers runs it (with PEFT's adapters for LoRA and QLoRA): counted from the tensors saved-tensor
+  hooks see on the real model on the CPU (fp32 and bf16 autocast), within 15% of a measurement at two batch sizes
+  and two lengths (the test).
 - logits and loss: the vocabulary-wide tensors of the loss (logits, their fp32 copy, log-softmax, its gradient).
 - method extras: DPO's reference model and its pairs, GRPO's generation KV cache.
 - framework: the CUDA context, cuBLAS workspaces and allocator fragmentation: an allowance, not measured (no GPU
@@ -24,6 +27,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trainer.config.memory_zero import Held, stage_1_2, stage_3
 from trainer.config.presets import PRESETS
 from trainer.methods import of
 
@@ -37,7 +41,7 @@ NF4_BLOCK, NF4_NESTED = 64, 256  # bitsandbytes 4-bit: absmax per 64 weights, do
 
 SOURCES = {
     "weights": "parameter count x bytes held (config shape; tested on the built model)",
-    "gradients": "trainable parameters x their dtype, sharded by ZeRO-2/3 or FSDP (tested on real gradients)",
+    "gradients": "trainable parameters x their dtype, DeepSpeed's partitions or FSDP's shards (tested on real ones)",
     "optimizer": "the optimizer's state layout per trainable parameter (tested on the real optimizer's state)",
     "activations": "tensors autograd saves per token and layer, counted on the real model with saved-tensor hooks",
     "autocast_copies": "autocast's compute-dtype copies of fp32 linear weights, saved for the backward pass",
@@ -118,6 +122,8 @@ class Plan:
     lora: bool = False
     lora_r: int = 16
     lora_targets: tuple[str, ...] = LINEARS
+    lora_dropout: float = 0.05
+    dropout_mask_bytes: int = 1  # per element: CUDA's fused dropout keeps a bool mask; the CPU's keeps float noise (4)
     quant: str = "none"
     optim: str = "adamw_torch_fused"
     zero_stage: int = 0
@@ -184,21 +190,42 @@ def quantized_linear_bytes(plan: Plan) -> int:
     scale per output row. The embeddings, norms and LM head stay in the compute dtype."""
     s = plan.shape
     n = s.layers * s.layer_linear()
-    if plan.quant == "4bit":
-        blocks = math.ceil(n / NF4_BLOCK)
-        return n // 2 + blocks + math.ceil(blocks / NF4_NESTED) * 4
+    if plan.quant == "4bit":  # per tensor: uint8 absmax per block, an fp32 absmax per block of those
+        sizes = [a * b for a, b in s.linears().values()] * s.layers
+        blocks = [math.ceil(size / NF4_BLOCK) for size in sizes]
+        return n // 2 + sum(blocks) + sum(math.ceil(b / NF4_NESTED) * 4 for b in blocks)
     return n + s.layers * sum(out for _, out in s.linears().values()) * 4
+
+
+def optimizer_groups(plan: Plan) -> tuple[list[list[int]], list[int]]:
+    """The trainable tensors' sizes in the model's order, as Transformers' optimizer groups (with weight decay; then
+    without: the norms), and the frozen tensors' sizes."""
+    s = plan.shape
+    decay = [s.embedding()] + [a * b for a, b in s.linears().values()] * s.layers + ([] if s.tied else [s.embedding()])
+    norms = [s.hidden] * (2 * s.layers + 1)
+    return ([tensor_sizes(plan)], decay + norms) if plan.lora else ([decay, norms], [])
+
+
+def zero_ranks(plan: Plan) -> list[Held] | None:
+    """What each process holds under DeepSpeed ZeRO (elements; trainer/config/memory_zero.py), None without it."""
+    if not plan.zero_stage or plan.fsdp != "none":
+        return None
+    groups, frozen = optimizer_groups(plan)
+    if plan.zero_stage == 3:
+        return stage_3(groups, frozen, plan.processes, plan.shape.hidden)
+    return stage_1_2(groups, frozen, plan.processes)
 
 
 def weights_bytes(plan: Plan) -> int:
     s, c = plan.shape, plan.compute_bytes
-    if plan.quant != "none":
+    ranks = zero_ranks(plan)
+    if ranks and plan.quant == "none":  # DeepSpeed holds the model in the compute dtype, flat or partitioned
+        return max(h.weights for h in ranks) * c
+    if plan.quant != "none":  # under LoRA, PEFT's prepare_model_for_kbit_training makes the rest fp32
         other = s.total() - s.layers * s.layer_linear()
-        base = quantized_linear_bytes(plan) + other * c
+        base = quantized_linear_bytes(plan) + other * (4 if plan.lora else c)
     elif plan.lora:  # a frozen base, read in the compute dtype (fp32 under FSDP: one flat dtype with the adapters)
         base = s.total() * (4 if plan.fsdp != "none" else c)
-    elif plan.zero_stage:  # DeepSpeed keeps the model in the compute dtype; its fp32 master copy is optimizer state
-        base = s.total() * c
     else:  # fp32 master weights, autocast computes in the compute dtype
         base = s.total() * 4
     adapters = adapter_params(plan)[0] * 4 if plan.lora else 0
@@ -206,8 +233,13 @@ def weights_bytes(plan: Plan) -> int:
 
 
 def gradient_bytes(plan: Plan) -> int:
+    """ZeRO-1's backward holds every whole gradient until its reduction at the end (measured: most of them at once);
+    ZeRO-2/3 hold only what their partition needs (memory_zero)."""
     params, _ = trainable(plan)
-    width = plan.compute_bytes if plan.zero_stage and not plan.lora else 4
+    ranks = zero_ranks(plan)
+    if ranks and plan.zero_stage >= 2:
+        return max(h.gradients for h in ranks) * plan.compute_bytes
+    width = plan.compute_bytes if plan.zero_stage else 4
     return params * width // shards(plan, "gradients")
 
 
@@ -234,8 +266,13 @@ def tensor_sizes(plan: Plan) -> list[int]:
 def optimizer_bytes(plan: Plan) -> int:
     params, tensors = trainable(plan)
     name = plan.optim
-    if name == "deepspeed" or plan.zero_offload != "none":
-        return 0 if plan.zero_offload != "none" else params * 12 // shards(plan, "optimizer")
+    if plan.zero_offload != "none":
+        return 0
+    ranks = zero_ranks(plan)
+    adam = not ("8bit" in name or name.startswith(("sgd", "adafactor")))
+    if ranks and adam:  # the fp32 master partition, exp_avg and exp_avg_sq shaped like it, a step count per group
+        worst = max(ranks, key=lambda h: h.master)
+        return worst.master * 12 + worst.groups * 4
     if "8bit" in name:
         sizes = tensor_sizes(plan)
         state = sum(bnb_8bit_state(n) for n in sizes)
@@ -262,24 +299,65 @@ def seq_tokens(plan: Plan) -> int:
     return plan.seq_len + plan.rl_new_tokens
 
 
-def layer_bytes_per_token(plan: Plan) -> int:
-    """What one decoder layer saves for the backward pass per token (Transformers' Llama layer, counted on the real
-    model): fp32 runs save 6 hidden-sized tensors (norm inputs and outputs, attention output and its projection's
-    input), attention's q, k, v, output and log-sum-exp, and 4 intermediate-sized MLP tensors; under autocast 4 of
-    the hidden-sized stay fp32 (RMSNorm computes in fp32) and 5 compute-dtype copies feed the linears."""
+def attention_bytes_per_token(plan: Plan) -> int:
+    """Attention's saved q, k, v and output (in the compute dtype) and its fp32 log-sum-exp and the two norms' fp32
+    reciprocal roots, per token; eager attention's scores too."""
     s, c = plan.shape, plan.compute_bytes
     # SDPA takes grouped k, v as they are without a mask (Transformers' use_gqa_in_sdpa); with one, and eager, see
     # them repeated to every head; flash-attention never repeats them
     repeated = plan.attn == "eager" or (plan.record_mask and not plan.attn.startswith("flash"))
     attention = (2 * s.heads + 2 * (s.heads if repeated else s.kv_heads)) * s.dim
     scores = s.heads * seq_tokens(plan) * (4 + c) if plan.attn == "eager" else 0  # softmax and its cast
+    return attention * c + (2 + s.heads) * 4 + scores
+
+
+def layer_bytes_per_token(plan: Plan) -> int:
+    """What one decoder layer saves for the backward pass per token (Transformers' Llama layer, counted on the real
+    model): fp32 runs save 6 hidden-sized tensors (norm inputs and outputs, attention output and its projection's
+    input), attention's q, k, v, output and log-sum-exp, and 4 intermediate-sized MLP tensors; under autocast 4 of
+    the hidden-sized stay fp32 (RMSNorm computes in fp32) and 5 compute-dtype copies feed the linears."""
+    if plan.lora:
+        return lora_layer_bytes_per_token(plan)
+    s, c = plan.shape, plan.compute_bytes
     hidden = 6 * s.hidden * 4 if c == 4 else 4 * s.hidden * 4 + 5 * s.hidden * c
-    return hidden + attention * c + 4 * s.intermediate * c + (2 + s.heads) * 4 + scores
+    return hidden + 4 * s.intermediate * c + attention_bytes_per_token(plan)
+
+
+def lora_layer_bytes_per_token(plan: Plan) -> int:
+    """A LoRA layer (counted on the real model with PEFT's adapters): the frozen base saves no linear's input, only
+    one fp32 norm input, attention's tensors and the MLP's gate, its activation and up (fp32 under QLoRA:
+    bitsandbytes' 4-bit matmul answers in its fp32 input's dtype). Each targeted linear adds its dropout's mask and
+    output (PEFT casts the input to the adapters' fp32 first; autocast keeps a compute-dtype copy for A), and A's
+    output (r values); without dropout the adapters read the inputs the layer has (one copy per input in fp32, one
+    cast per adapter under autocast)."""
+    s, c = plan.shape, plan.compute_bytes
+    mlp = 3 * s.intermediate * (4 if plan.quant != "none" else c)
+    linears = s.linears()
+    targets = [name for name in plan.lora_targets if name in linears]
+    adapters = 0
+    for name in targets:
+        width = linears[name][0]
+        adapters += plan.lora_r * c + width * (plan.dropout_mask_bytes + c if plan.lora_dropout else 0)
+    if not plan.lora_dropout and c == 4:  # q, k, v read one input, gate and up another
+        shared = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+        adapters += sum({shared.get(n, n): linears[n][0] for n in targets}.values()) * 4
+    elif not plan.lora_dropout:
+        adapters += sum(linears[n][0] for n in targets) * c
+    return s.hidden * 4 + mlp + adapters + attention_bytes_per_token(plan)
+
+
+def residual_bytes(plan: Plan) -> int:
+    """The residual stream's bytes per value (what checkpointing keeps per layer): fp32 under fp32 master weights,
+    the compute dtype's on a LoRA base held in it, fp32 on QLoRA's base (PEFT's prepare_model_for_kbit_training)."""
+    return plan.compute_bytes if plan.lora and plan.quant == "none" else 4
 
 
 def head_bytes_per_token(plan: Plan) -> int:
-    """Saved after the last layer per token: the final norm's input and output, the LM head's input, the labels."""
+    """Saved after the last layer per token: the final norm's input and output, the LM head's input, the labels (a
+    frozen norm and LM head save only the norm's fp32 input)."""
     s, c = plan.shape, plan.compute_bytes
+    if plan.lora:
+        return s.hidden * 4 + 4 + 16
     return (2 * s.hidden * 4 + s.hidden * c if c != 4 else 3 * s.hidden * 4) + 4 + 16
 
 
@@ -293,20 +371,29 @@ def activation_parts(plan: Plan) -> tuple[int, int]:
     head = tokens * head_bytes_per_token(plan)
     layer = tokens * layer_bytes_per_token(plan)
     if plan.grad_ckpt:
-        return s.layers * tokens * s.hidden * 4 + head, layer + rotary
+        return s.layers * tokens * s.hidden * residual_bytes(plan) + head, layer + rotary
     return s.layers * layer + rotary + head, 0
 
 
-def autocast_copy_bytes(plan: Plan) -> int:
-    """Autocast's compute-dtype copies of fp32 linear weights, kept by the forward for the backward pass (one layer
-    at a time under checkpointing)."""
+def autocast_copies(plan: Plan) -> tuple[int, int]:
+    """Autocast's compute-dtype copies of fp32 weights, kept by the forward for the backward pass: (kept through
+    the whole backward pass, recast one layer at a time under checkpointing). The LM head's is kept; the layers' are
+    recast while recomputing under checkpointing. A LoRA base is already in the compute dtype (its fp32 adapters are
+    cast), QLoRA's LM head is fp32 (PEFT's preparation) and cast."""
     s = plan.shape
     if plan.compute_bytes == 4:
-        return 0
-    if plan.lora:  # the base is already in the compute dtype; the fp32 adapters are cast
-        return adapter_params(plan)[0] * 2
-    layers = 1 if plan.grad_ckpt else s.layers
-    return (layers * s.layer_linear() + s.embedding()) * 2 // shards(plan, "weights")
+        return 0, 0
+    if plan.lora:
+        layers = adapter_params(plan)[0] * 2
+        head = s.embedding() * 2 if plan.quant != "none" else 0
+    else:
+        layers = s.layers * s.layer_linear() * 2 // shards(plan, "weights")
+        head = s.embedding() * 2 // shards(plan, "weights")
+    return (head, layers // s.layers) if plan.grad_ckpt else (head + layers, 0)
+
+
+def autocast_copy_bytes(plan: Plan) -> int:
+    return sum(autocast_copies(plan))
 
 
 def logits_bytes(plan: Plan) -> int:

@@ -51,7 +51,8 @@ def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
     online = of(s.method).family == "online"
     return Plan(
         shape=shape_of(cfg), batch=batch or d.batch_size.value, seq_len=s.seq_len, precision=d.precision.value,
-        grad_accum=d.grad_accum.value, lora=s.lora, lora_r=s.lora_r, lora_targets=targets, quant=s.quant,
+        grad_accum=d.grad_accum.value, lora=s.lora, lora_r=s.lora_r, lora_targets=targets,
+        lora_dropout=s.lora_dropout, quant=s.quant,
         optim=d.optim.value, zero_stage=s.zero_stage, zero_offload=s.zero_offload if s.zero_stage else "none",
         fsdp=s.fsdp, processes=d.nproc_per_node.value, grad_ckpt=d.grad_ckpt.value, attn=d.attn.value,
         record_mask="records" in d.packing.value and not d.attn.value.startswith("flash"),
