@@ -48,9 +48,15 @@ $PY -m pip install -q $PINS "mlflow-tracing==$MLFLOW_VERSION" "Flask<4" "Flask-C
   "sqlalchemy>=1.4,<3" "graphene<4" "gunicorn<27" "huey>=2.5.4,<4" "cryptography>=43,<51" "aiohttp>=3.7,<4"
 $PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
 # `export --quant` (tests/trainer/test_export_quant.py): llama.cpp's converter and the llama_cpp binding, from the pinned
-# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after).
-log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached)"
-$PY scripts/setup_llama_cpp.py --python "$PY"
+# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after). Its compile runs
+# beside the rest of the set-up (downloads, the oldest row's venv, lint) and is waited for before the tests: the CPU
+# image's build takes its wheel (scripts/build.py --cpu) instead of compiling llama.cpp again.
+llama_log=build/test-logs/llama-cpp.log
+mkdir -p "$(dirname "$llama_log")"
+log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached), in the background ($llama_log)"
+$PY scripts/setup_llama_cpp.py --python "$PY" >"$llama_log" 2>&1 &
+llama_pid=$!
+trap 'kill -TERM "$llama_pid" 2>/dev/null || true' EXIT
 # `export --quant fp8/w4a16`: llmcompressor's pinned wheels (images/versions.toml's [llmcompressor]) into the overlay
 # ~/.cache/trainkit/llmcompressor/site (pip --target, no dependencies: about 64 MB, seconds cold, 0.2 s after).
 log "llmcompressor's overlay for export --quant fp8/w4a16 (scripts/setup_quant.py; installed once, cached)"
@@ -67,9 +73,16 @@ bash tests/oldest/setup.sh
 
 log "lint"
 .venv/bin/ruff check .
-.venv/bin/mypy   # the types of the torch-free core, model/ and generate/evaluate/export (pyproject's [tool.mypy] files)
 .venv/bin/hadolint Dockerfile
 .venv/bin/actionlint   # .github/workflows (the release pipeline)
+
+log "waiting for llama.cpp's set-up"
+if ! wait "$llama_pid"; then
+  cat "$llama_log"; echo "scripts/setup_llama_cpp.py failed (its output above)" >&2; exit 1
+fi
+tail -1 "$llama_log"
+# After the wait: llama.cpp's set-up installs its binding into .venv, which mypy reads.
+.venv/bin/mypy   # the types of the torch-free core, model/ and generate/evaluate/export (pyproject's [tool.mypy] files)
 
 export PATH="$ROOT/.venv/bin:$PATH"
 status=0

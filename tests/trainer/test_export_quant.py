@@ -375,3 +375,26 @@ def test_the_modelfile_renders_the_chat_templates_prompt() -> None:
     assert 'PARAMETER stop "<|eos|>"' in text and 'PARAMETER stop "<|im_end|>"' in text
     plain = byte_level_tokenizer()  # no chat template: no TEMPLATE, the eos still stops
     assert modelfile("m.gguf", plain) == ('FROM ./m.gguf\nPARAMETER stop "<|eos|>"\n', False)
+
+
+@pytest.mark.fast
+def test_a_run_on_a_data_folder_is_gated_on_its_last_text_files_tail_and_calibrated_on_its_head(tmp_path: Path) -> None:
+    """TRAIN_DATA a folder (quickstart's ./data at /data): the gate scores the tail of its last text file in the order
+    the run reads them, and w4a16 calibrates on the text before that tail, never on the same text."""
+    from types import SimpleNamespace
+
+    from trainer.export import compressed, quality
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"text": "first file"}) + "\n")
+    lines = [f"line {i} of the second file, long enough to pass the gate's tail" for i in range(3000)]
+    (folder / "b.txt").write_text("\n".join(lines) + "\n")
+    run = SimpleNamespace(settings=SimpleNamespace(data=str(folder), eval_data=None))
+    gate = quality.eval_text(None, run)  # type: ignore[arg-type]
+    calibration = compressed.calibration_text(None, run, ["w4a16"])  # type: ignore[arg-type]
+    assert gate.path == calibration.path == folder / "b.txt"
+    assert gate.text.rstrip().endswith(lines[-1]) and not calibration.text.rstrip().endswith(lines[-1])
+    assert calibration.text.startswith(lines[0]) and lines[0] not in gate.text
+    empty = SimpleNamespace(settings=SimpleNamespace(data=str(tmp_path / "nothing-here"), eval_data=None))
+    assert quality.eval_text(None, empty).path.name == "corpus.txt"  # type: ignore[arg-type]  # the embedded corpus

@@ -101,14 +101,9 @@ def calibration_text(calibration_data: str | None, run: RunRecord | None, types:
         path = Path(calibration_data)
         text = quality.read_text(path, f"--calibration-data {calibration_data}")
         return quality.EvalText(text, f"--calibration-data {path.name}", path)
-    from trainer.data.discovery import EMBEDDED_CORPUS
-
-    data = str(getattr(run.settings, "data", "") or "") if run is not None else ""
-    usable = bool(data) and (Path(data).is_file() or (Path(data).is_dir() and any(Path(data).iterdir())))
-    if run is not None and not usable:
-        data = str(EMBEDDED_CORPUS)  # what the run trained on when TRAIN_DATA is missing or empty
-    if not data or not Path(data).is_file():
-        why = "SRC is not a run's folder" if run is None else f"the run's TRAIN_DATA={data} is not a local file"
+    data = quality.run_data_file(run)
+    if not data:
+        why = "SRC is not a run's folder" if run is None else f"the run's TRAIN_DATA={run.settings.data} has no text"
         raise ConfigError(f"export --quant w4a16: GPTQ needs calibration text and {why}; give --calibration-data "
                           "FILE (.txt, .jsonl or .json: text like the model's own, not the text the gate scores "
                           "on)")  # fmt: skip

@@ -104,13 +104,9 @@ def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
     if eval_data:
         path = Path(eval_data)
         return EvalText(read_text(path, f"--eval-data {eval_data}"), f"--eval-data {path.name}", path)
-    from trainer.data.discovery import EMBEDDED_CORPUS
-
     settings = run.settings if run is not None else None
-    data = str(getattr(settings, "data", "") or "")
-    if data and not Path(data).is_file() and not (Path(data).is_dir() and any(Path(data).iterdir())):
-        data = str(EMBEDDED_CORPUS)  # what the run trained on when TRAIN_DATA is missing or empty
-    for name, value, tail in (("TRAIN_EVAL_DATA", getattr(settings, "eval_data", None), False),
+    data = run_data_file(run)
+    for name, value, tail in (("TRAIN_EVAL_DATA", _one_file(getattr(settings, "eval_data", None)), False),
                               ("TRAIN_DATA", data, True)):  # fmt: skip
         if value and Path(str(value)).is_file():
             what = "the run's eval set" if not tail else "the tail of the run's training data (not held out)"
@@ -119,6 +115,30 @@ def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
                             path)  # fmt: skip
     raise ConfigError("export --quant: no text to measure the quality on: the run names no local TRAIN_EVAL_DATA or "
                       "TRAIN_DATA file; give --eval-data FILE (.txt, .jsonl or .json)")  # fmt: skip
+
+
+def run_data_file(run: RunRecord | None) -> str | None:
+    """The file of the run's TRAIN_DATA the gate (its tail) and w4a16's calibration (its head) read: the embedded corpus
+    where the setting is missing or empty, as the run itself did."""
+    from trainer.data.discovery import EMBEDDED_CORPUS
+
+    if run is None:
+        return None
+    data = str(getattr(run.settings, "data", "") or "")
+    if not data or not (Path(data).is_file() or (Path(data).is_dir() and any(Path(data).iterdir()))):
+        return str(EMBEDDED_CORPUS)
+    return _one_file(data)
+
+
+def _one_file(spec: Any) -> str | None:
+    """A data setting as one file the gate can read: the file itself, or of a folder's or glob's data files (in the
+    order the run reads them) the last one in a text format read_text takes."""
+    if not spec or Path(str(spec)).is_file():
+        return spec
+    from trainer.data.discovery import discover
+
+    readable = [f for f in discover(str(spec)).files if f.suffix in (".txt", ".md", ".jsonl", ".json") and f.is_file()]
+    return str(readable[-1]) if readable else None
 
 
 def windows(ids: list[int], context: int, origin: str, limit: int = MAX_WINDOWS, what: str = "eval text",
