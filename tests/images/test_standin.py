@@ -114,7 +114,7 @@ def test_12_8_builds_datasets_5_2_over_the_bases_pyarrow_19_pin(standin_default:
     assert int(pyarrow.strip().split(".")[0]) >= 24
 
 
-def test_the_online_rl_standin_proves_trls_vllm_path_at_build_time(standin_row: str, standin_image: str,
+def test_the_vllm_row_passes_the_canary_at_build_time(standin_row: str, standin_image: str,
                                                                     docker_client) -> None:
     """The canary (images/vllm_canary.py) ran in the build's verify step and passed; the labels say what the row
     does; vLLM, its torch and transformers are the ones the row names."""
