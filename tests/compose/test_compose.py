@@ -192,6 +192,14 @@ def test_doctor_reports_json_and_fails_with_reasons(project, engine_memlock):
     assert report["config"]["ok"] is True
     assert report["deepspeed"]["ops"], "DeepSpeed's ops are listed"
 
+    # Will it fit? (issue 57) in the image, as `docker compose run --rm doctor doctor --memory` gives it.
+    big = ("-e", "TRAIN_MODEL=1b", "-e", "TRAIN_BATCH_SIZE=64", "-e", "TRAIN_SEQ_LEN=4096")
+    code, out, err = compose.run_once("doctor", "doctor", "--memory", "--json", "--gpu", "24GiB", options=big)
+    assert code == 2, out + err
+    memory = json.loads(out)
+    assert memory["fits"] is False and sum(memory["parts"].values()) == memory["predicted_peak_bytes"]
+    assert memory["changes"] and all(c["predicted_peak_bytes"] < 24 * 2**30 for c in memory["changes"])
+
     # Unwritable output and an impossible setting: non-zero, with one reason each.
     shutil.chown(folder / "output", 0, 0)
     code, out, _ = compose.run_once("doctor", "doctor", "--json", options=("-e", "TRAIN_ATTN=flash_attention_2"))
