@@ -104,15 +104,16 @@ def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
     if eval_data:
         path = Path(eval_data)
         return EvalText(read_text(path, f"--eval-data {eval_data}"), f"--eval-data {path.name}", path)
-    settings = run.settings if run is not None else None
-    data = run_data_file(run)
-    for name, value, tail in (("TRAIN_EVAL_DATA", _one_file(getattr(settings, "eval_data", None)), False),
-                              ("TRAIN_DATA", data, True)):  # fmt: skip
-        if value and Path(str(value)).is_file():
-            what = "the run's eval set" if not tail else "the tail of the run's training data (not held out)"
-            path = Path(str(value))
-            return EvalText(read_text(path, f"{name}={value}", "tail" if tail else "all"), f"{what} {name}={path.name}",
-                            path)  # fmt: skip
+    eval_set = _one_file(getattr(run.settings, "eval_data", None)) if run is not None else None
+    if eval_set and Path(eval_set).is_file():
+        path = Path(eval_set)
+        return EvalText(read_text(path, f"TRAIN_EVAL_DATA={eval_set}"),
+                        f"the run's eval set TRAIN_EVAL_DATA={path.name}", path)  # fmt: skip
+    data = run_data_file(run)  # only where the run has no eval set: a folder's files are scanned to find it
+    if data and Path(data).is_file():
+        path = Path(data)
+        return EvalText(read_text(path, f"TRAIN_DATA={data}", "tail"),
+                        f"the tail of the run's training data (not held out) TRAIN_DATA={path.name}", path)  # fmt: skip
     raise ConfigError("export --quant: no text to measure the quality on: the run names no local TRAIN_EVAL_DATA or "
                       "TRAIN_DATA file; give --eval-data FILE (.txt, .jsonl or .json)")  # fmt: skip
 
