@@ -4,8 +4,9 @@
 The job names the overlay (put first on sys.path before Transformers is imported: llmcompressor's pins), the written
 export, the gate's windows and one entry per type. Per type: the export loaded in its own dtype, quantized by oneshot
 (QuantizationModifier for a scheme without calibration, GPTQModifier with it), saved compressed with the tokenizer,
-then loaded back from the saved folder through Transformers' compressed-tensors loader and scored on the windows
-(trainer/export/quality.py's add_window: the reference's own rule). RESULT gets each type's nll and top tokens, the
+then loaded back from the saved folder through Transformers' compressed-tensors loader, scored on the windows
+(trainer/export/quality.py's transformers_scores: the reference's own rule) and asked the answer prompts
+(trainer/export/answers.py's transformers_answers, the same). RESULT gets each type's nll and top tokens, answers, the
 recipe, the layers kept unquantized and the seconds it took.
 """
 
@@ -48,32 +49,35 @@ def _compress(model: Any, entry: dict[str, Any]) -> tuple[str, list[str]]:
     return recipe, ignore
 
 
+def write(model: Any, tokenizer: Any, out: str) -> None:
+    """The compressed folder, as vLLM loads it (tests/trainer/broken_compressed.py damages it after this)."""
+    model.save_pretrained(out, save_compressed=True)
+    tokenizer.save_pretrained(out)
+
+
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
     sys.path.insert(0, job["overlay"])  # llmcompressor's Transformers and huggingface-hub before this environment's
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.export.quality import Scores, add_window
+    from trainer.export.answers import Job, transformers_answers
+    from trainer.export.quality import transformers_scores
 
     tokenizer = AutoTokenizer.from_pretrained(job["model"])
+    asking = Job(**{**job["answers"], "stops": tuple(job["answers"]["stops"])})
     found: dict[str, Any] = {}
     for entry in job["types"]:
         start = time.monotonic()
         model = AutoModelForCausalLM.from_pretrained(job["model"], dtype="auto")
         recipe, ignore = _compress(model, entry)
-        model.save_pretrained(entry["out"], save_compressed=True)
-        tokenizer.save_pretrained(entry["out"])
+        write(model, tokenizer, entry["out"])
         del model
-        quantized = AutoModelForCausalLM.from_pretrained(entry["out"])  # compressed-tensors decompresses it
-        quantized.eval()
-        scores = Scores([], [])
-        with torch.no_grad():
-            for ids in job["windows"]:
-                add_window(scores, quantized(input_ids=torch.tensor([ids])).logits[0].float().numpy(), ids)
+        quantized = AutoModelForCausalLM.from_pretrained(entry["out"]).eval()  # compressed-tensors decompresses it
+        scores = transformers_scores(quantized, job["windows"])
+        said = transformers_answers(quantized, asking)
         del quantized
-        found[entry["type"]] = {"nll": scores.nll, "top": scores.top, "recipe": recipe, "unquantized": ignore,
-                                "seconds": round(time.monotonic() - start, 1)}  # fmt: skip
+        found[entry["type"]] = {"nll": scores.nll, "top": scores.top, "answers": said, "recipe": recipe,
+                                "unquantized": ignore, "seconds": round(time.monotonic() - start, 1)}  # fmt: skip
     Path(argv[1]).write_text(json.dumps({"types": found}))
     return 0
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import ConfigError
-from trainer.export import quality
+from trainer.export import answers, quality
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,6 +46,9 @@ SCHEMES = {"fp8": "FP8_DYNAMIC", "w4a16": "W4A16"}
 GROUP_SIZE = 128  # w4a16's group (llmcompressor's W4A16 preset)
 CALIBRATION_WINDOWS = 128
 BATCH_TOKENS = 8192  # calibration tokens per forward pass (llmcompressor's cost is mostly per batch)
+# The child's command after the interpreter, given JOB and RESULT (tests/trainer/broken_compressed.py runs its own
+# wrapper of it instead, to damage a written folder).
+CHILD: tuple[str, ...] = ("-m", "trainer.export.compress_run")
 OVERLAY_ENV = "TRAINKIT_LLMCOMPRESSOR"
 STAMP = "TRAINKIT_PINS.json"  # written by scripts/setup_quant.py
 SETUP_HINT = ("install it with `python scripts/setup_quant.py` from a trainkit checkout, run by this environment's "
@@ -124,9 +127,13 @@ def _weights_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
+Made = tuple[dict[str, Any], quality.Scores, list[list[int]]]  # a type's report row, scores and answers
+
+
 def produce(plan: Plan, staging: Path, tokenizer: PreTrainedTokenizerBase, chunks: list[list[int]],
-            work: Path) -> list[tuple[dict[str, Any], quality.Scores]]:  # fmt: skip
-    """Each type's folder in staging/TYPE/, made and scored in the child process; (row, scores) per type."""
+            asking: answers.Job, work: Path) -> list[Made]:  # fmt: skip
+    """Each type's folder in staging/TYPE/, made and scored in the child process, and its answers to `asking`'s
+    prompts (trainer/export/answers.py); (row, scores, answers) per type."""
     context = len(chunks[0])
     calibration: list[list[int]] = []
     if plan.calibration is not None:
@@ -139,10 +146,10 @@ def produce(plan: Plan, staging: Path, tokenizer: PreTrainedTokenizerBase, chunk
              "group_size": GROUP_SIZE if kind == "w4a16" else 0} for kind in plan.types]  # fmt: skip
     job, result = work / "job.json", work / "result.json"
     job.write_text(json.dumps({"overlay": str(plan.tools.overlay), "model": str(staging), "windows": chunks,
-                               "types": jobs}))  # fmt: skip
+                               "answers": asking.to_json(), "types": jobs}))  # fmt: skip
     log.info("export: llmcompressor (%s) makes %s in a child process", plan.tools.maker, ", ".join(plan.types))
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "trainer.export.compress_run", str(job), str(result)],
+    done = subprocess.run([sys.executable, *CHILD, str(job), str(result)],
                           capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0 or not result.is_file():
         raise RuntimeError(f"llmcompressor's child process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
@@ -159,5 +166,5 @@ def produce(plan: Plan, staging: Path, tokenizer: PreTrainedTokenizerBase, chunk
             row["calibration"] = {"origin": plan.calibration.origin, "path": str(plan.calibration.path),
                                   "sha256": plan.calibration.sha256, "windows": len(calibration),
                                   "context": context}  # fmt: skip
-        rows.append((row, quality.Scores(made["nll"], made["top"])))
+        rows.append((row, quality.Scores(made["nll"], made["top"]), made["answers"]))
     return rows

@@ -34,6 +34,7 @@ class EvalText:
     text: str
     origin: str  # what it is, for the report
     path: Path
+    part: str = "all"  # of the file (read_text's `part`), for the answer prompts read from its records
 
     @property
     def sha256(self) -> str:
@@ -72,6 +73,15 @@ def read_text(path: Path, what: str, part: str = "all") -> str:
     lines): w4a16's calibration text, never the text the gate scores on."""
     if not path.is_file():
         raise ConfigError(f"export {what}: {path} is not a file; give --eval-data FILE (.txt, .jsonl or .json)")
+    if path.suffix in (".jsonl", ".json"):
+        return "\n\n".join(t for t in map(_record_text, records(path, part)) if t)
+    if path.suffix in (".txt", ".md", ""):
+        return _part(path, part)
+    raise ConfigError(f"export {what}: {path} is a {path.suffix} file; the quality gate reads .txt, .md, .jsonl or "
+                      ".json: give --eval-data FILE")  # fmt: skip
+
+
+def _part(path: Path, part: str) -> str:
     raw = path.read_bytes()
     start = 0
     if len(raw) > TAIL_BYTES:
@@ -82,21 +92,23 @@ def read_text(path: Path, what: str, part: str = "all") -> str:
     elif part == "head":
         raw = raw[: min(start, HEAD_BYTES)]
         raw = raw[: raw.rfind(b"\n") + 1] if len(raw) < start else raw
-    data = raw.decode("utf-8", errors="replace")
-    if path.suffix in (".jsonl", ".json"):
-        lines = [data] if path.suffix == ".json" else data.splitlines()
-        records: list[Any] = []
-        for line in lines:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            records += value if isinstance(value, list) else [value]
-        return "\n\n".join(t for t in map(_record_text, records) if t)
-    if path.suffix in (".txt", ".md", ""):
-        return data
-    raise ConfigError(f"export {what}: {path} is a {path.suffix} file; the quality gate reads .txt, .md, .jsonl or "
-                      ".json: give --eval-data FILE")  # fmt: skip
+    return raw.decode("utf-8", errors="replace")
+
+
+def records(path: Path, part: str = "all") -> list[Any]:
+    """The JSON records of `part` of a .jsonl/.json file (read_text's parts; lines that are not JSON passed over);
+    none for another kind of file."""
+    if path.suffix not in (".jsonl", ".json"):
+        return []
+    data = _part(path, part)
+    found: list[Any] = []
+    for line in [data] if path.suffix == ".json" else data.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        found += value if isinstance(value, list) else [value]
+    return found
 
 
 def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
@@ -113,7 +125,8 @@ def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
     if data and Path(data).is_file():
         path = Path(data)
         return EvalText(read_text(path, f"TRAIN_DATA={data}", "tail"),
-                        f"the tail of the run's training data (not held out) TRAIN_DATA={path.name}", path)  # fmt: skip
+                        f"the tail of the run's training data (not held out) TRAIN_DATA={path.name}", path,
+                        "tail")  # fmt: skip
     raise ConfigError("export --quant: no text to measure the quality on: the run names no local TRAIN_EVAL_DATA or "
                       "TRAIN_DATA file; give --eval-data FILE (.txt, .jsonl or .json)")  # fmt: skip
 
@@ -177,14 +190,17 @@ def add_window(scores: Scores, logits: ArrayLike, ids: list[int]) -> None:
     scores.top.extend(values.argmax(axis=1).tolist())
 
 
-def transformers_scores(folder: Path, chunks: list[list[int]]) -> Scores:
-    """The unquantized export's scores, in Transformers, float32 (the reference)."""
-    import torch
-
+def reference_model(folder: Path) -> Any:
+    """The unquantized export in Transformers, float32: the reference every quantized artifact is held against."""
     from trainer.model.loading import LoadHow, Weights, load
 
-    model = load(Weights(folder=str(folder)), LoadHow(dtype="float32"))
-    model.eval()
+    return load(Weights(folder=str(folder)), LoadHow(dtype="float32")).eval()
+
+
+def transformers_scores(model: Any, chunks: list[list[int]]) -> Scores:
+    """A Transformers model's scores on the windows (the reference's; the compressed folders' in their child)."""
+    import torch
+
     scores = Scores([], [])
     with torch.no_grad():
         for ids in chunks:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import provenance
 from trainer.errors import ConfigError
-from trainer.export import compressed, gguf, quality
+from trainer.export import answers, compressed, gguf, quality
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,6 +44,15 @@ MAX_PPL_INCREASE = {"f32": 0.1, "f16": 0.5, "bf16": 2.0, "q8_0": 1.0, "q6_k": 5.
                     "fp8": 2.0, "w4a16": 10.0}  # fmt: skip
 # fp8 and w4a16 are bounds too, as bf16's and q4_0's: on the tiny preset fp8 cost -0.014 % and w4a16 +0.004 % (its
 # down_proj unquantized; docs/running.md's export section).
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The unquantized export's figures every artifact is held against (Transformers, float32)."""
+
+    scores: quality.Scores
+    job: answers.Job  # the answer prompts (trainer/export/answers.py)
+    answers: list[list[int]]
 
 
 class QualityLoss(Exception):
@@ -93,10 +102,23 @@ def plan_request(request: QuantRequest | None, source: Source, adapter_only: boo
                 request.eval_context, request.calibration_data)  # fmt: skip
 
 
+def _positions(staging: Path) -> int:
+    return int(json.loads((staging / "config.json").read_text()).get("max_position_embeddings") or 2048)
+
+
 def _context(plan: Plan, staging: Path, run: RunRecord | None) -> int:
-    positions = json.loads((staging / "config.json").read_text()).get("max_position_embeddings") or 2048
     wanted = plan.context or (run.settings.seq_len if run is not None else 512)
-    return int(min(wanted, positions))
+    return int(min(wanted, _positions(staging)))
+
+
+def _reference(staging: Path, chunks: list[list[int]], tokenizer: PreTrainedTokenizerBase, text: quality.EvalText
+               ) -> Reference:  # fmt: skip
+    model = quality.reference_model(staging)
+    job = answers.job(tokenizer, text, _positions(staging))
+    reference = Reference(quality.transformers_scores(model, chunks), job, answers.transformers_answers(model, job))
+    log.info("export: answer agreement: %s", f"{len(job.prompts)} prompts ({job.origin}), at most {job.tokens} "
+             "greedy tokens each" if not job.none else f"not measured: {job.none}")  # fmt: skip
+    return reference
 
 
 def _threads() -> int:
@@ -113,20 +135,22 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None, run_dir
     chunks = quality.windows(ids, context, plan.text.origin)
     log.info("export: scoring on %s: %d windows of %d tokens (sha256 %s)", plan.text.origin, len(chunks), context,
              plan.text.sha256[:12])  # fmt: skip
-    reference = quality.transformers_scores(staging, chunks)
+    reference = _reference(staging, chunks, tokenizer, plan.text)
     rows: dict[str, dict[str, Any]] = {}
     if plan.tools is not None:
         rows.update(_gguf_rows(plan, plan.tools, staging, name, tokenizer, reference, chunks, ids))
     if plan.compressed is not None:
         work = staging / ".compress-work"
         work.mkdir()
-        for row, scores in compressed.produce(plan.compressed, staging, tokenizer, chunks, work):
-            rows[row["type"]] = _judged(plan, row, scores, reference)
+        for row, scores, said in compressed.produce(plan.compressed, staging, tokenizer, chunks, reference.job, work):
+            row["answer_agreement"] = answers.agreement(reference.answers, said, reference.job)
+            rows[row["type"]] = _judged(plan, row, scores, reference.scores)
         shutil.rmtree(work)
     text = {"origin": plan.text.origin, "path": str(plan.text.path), "sha256": plan.text.sha256,
             "tokens": len(chunks) * context, "windows": len(chunks), "context": context}  # fmt: skip
     report: dict[str, Any] = {"eval_text": text, "reference": {"runtime": "transformers (float32, CPU)",
-                                                               "perplexity": reference.perplexity},
+                                                               "perplexity": reference.scores.perplexity},
+                              "answers": answers.summary(reference.job, reference.answers),
                               "types": [rows[kind] for kind in plan.types], "allow_quality_loss": plan.allow_loss}
     (staging / REPORT).write_text(json.dumps(report, indent=1) + "\n")
     with (staging / "README.md").open("a") as card:
@@ -143,7 +167,7 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None, run_dir
 
 
 def _gguf_rows(plan: Plan, tools: gguf.Tools, staging: Path, name: str, tokenizer: PreTrainedTokenizerBase,
-               reference: quality.Scores, chunks: list[list[int]], ids: list[int]) -> dict[str, Any]:  # fmt: skip
+               reference: Reference, chunks: list[list[int]], ids: list[int]) -> dict[str, Any]:  # fmt: skip
     work, folder = staging / ".gguf-work", staging / GGUF_DIR
     work.mkdir()
     folder.mkdir()
@@ -166,7 +190,7 @@ def _gguf_rows(plan: Plan, tools: gguf.Tools, staging: Path, name: str, tokenize
 def _figures(report: dict[str, Any], staging: Path) -> dict[str, Any]:
     """What provenance keeps of the report: per type its file's sha256 (a folder's weights') and the gate's figures."""
     keep = ("type", "file", "bytes", "runtime", "made_by", "perplexity", "reference_perplexity", "ratio",
-            "agreement", "max_ppl_increase_pct", "pass")  # fmt: skip
+            "agreement", "answer_agreement", "max_ppl_increase_pct", "pass")  # fmt: skip
     types = []
     for row in report["types"]:
         path = staging / row["file"]
@@ -184,11 +208,13 @@ def _modelfile(path: Path, tokenizer: PreTrainedTokenizerBase) -> tuple[str, boo
     return modelfile(path.name, tokenizer)
 
 
-def _score(plan: Plan, tools: gguf.Tools, kind: str, path: Path, reference: quality.Scores, chunks: list[list[int]],
+def _score(plan: Plan, tools: gguf.Tools, kind: str, path: Path, reference: Reference, chunks: list[list[int]],
            ids: list[int]) -> dict[str, Any]:  # fmt: skip
     row: dict[str, Any] = {"type": kind, "file": f"{GGUF_DIR}/{path.name}", "bytes": path.stat().st_size,
                            "runtime": tools.runtime}  # fmt: skip
     tokens, scores = quality.llama_cpp_run(path, chunks, plan.text.text, _threads())
+    said = answers.llama_cpp_answers(path, reference.job, _threads())
+    row["answer_agreement"] = answers.agreement(reference.answers, said, reference.job)
     row["tokenizer_agrees"] = tokens == ids
     if not row["tokenizer_agrees"]:
         pairs = enumerate(zip(tokens, ids, strict=False))
@@ -198,7 +224,7 @@ def _score(plan: Plan, tools: gguf.Tools, kind: str, path: Path, reference: qual
         row["problem"] = (f"llama.cpp tokenizes the eval text differently from the export's tokenizer (first at "
                           f"token {first}: {tokens[first:first + 5]} against {ids[first:first + 5]})")  # fmt: skip
         return row
-    return _judged(plan, row, scores, reference)
+    return _judged(plan, row, scores, reference.scores)
 
 
 def _threshold(plan: Plan, kind: str) -> float:
@@ -223,6 +249,14 @@ def _failure(row: dict[str, Any]) -> str:
             "--allow-quality-loss")  # fmt: skip
 
 
+def _answers_note(found: dict[str, Any]) -> str:
+    if not found["measured"]:
+        return f"Answers agreeing: not measured ({found['why']})."
+    return (f"Answers agreeing: of {len(found['prompts'])} prompts ({found['origin']}), those whose first "
+            f"{found['tokens']} greedy answer tokens equal this export's, and the mean length of the prefix they "
+            "share; reported, not gated (one flipped token changes every token after it).")
+
+
 def card_section(report: dict[str, Any]) -> list[str]:
     """## Quantized files: the gate's table for the model card."""
     text = report["eval_text"]
@@ -230,14 +264,16 @@ def card_section(report: dict[str, Any]) -> list[str]:
              f"Scored on {text['origin']} (sha256 `{text['sha256']}`, {text['windows']} windows of {text['context']} "
              f"tokens) against this export in {report['reference']['runtime']}: perplexity "
              f"{report['reference']['perplexity']:.4f}.", "",
-             "| type | file | size | runtime | perplexity | ratio | top-token agreement | threshold | pass |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| type | file | size | runtime | perplexity | ratio | top-token agreement | answers agreeing | threshold "
+             "| pass |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in report["types"]:
         ppl = f"{r['perplexity']:.4f}" if r.get("perplexity") else "-"
         ratio = f"{r['ratio']:.4f}" if r.get("ratio") else "-"
         agree = f"{r['agreement']:.4f}" if r.get("agreement") is not None else "-"
         lines.append(f"| {r['type']} | `{r['file']}` | {r['bytes'] / 1e6:.2f} MB | {r['runtime']} | {ppl} | {ratio} "
-                     f"| {agree} | +{r['max_ppl_increase_pct']:g}% | {'yes' if r['pass'] else 'NO'} |")  # fmt: skip
+                     f"| {agree} | {answers.cell(r)} | +{r['max_ppl_increase_pct']:g}% | "
+                     f"{'yes' if r['pass'] else 'NO'} |")  # fmt: skip
+    lines += ["", _answers_note(report["answers"])]
     made = [r for r in report["types"] if r.get("made_by")]
     if made:
         lines += ["", "The compressed-tensors folders (for vLLM and SGLang) were scored on the CPU, where their GPU "

@@ -1,0 +1,52 @@
+"""`python tests/trainer/broken_compressed.py TENSOR FACTOR ARGS...`: `python -m trainer ARGS...` whose llmcompressor
+child (trainer/export/compressed.py's CHILD) is this file again, which runs the real child
+(trainer/export/compress_run.py) with one tensor of each written compressed-tensors folder scaled by FACTOR after
+llmcompressor saved it, before it is loaded back and scored: a compressed export broken the way a wrong tensor would
+break it. Everything else is the real export."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+CHILD_FLAG = "--child"
+
+
+def scale(folder: Path, tensor: str, factor: float) -> None:
+    """`tensor` in the folder's safetensors file scaled in place (the file's metadata kept)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = folder / "model.safetensors"
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    assert tensor in tensors, f"no tensor {tensor} in {path}"
+    tensors[tensor] = tensors[tensor] * factor
+    save_file(tensors, str(path), metadata)
+    print(f"broken_compressed: scaled {tensor} by {factor} in {folder.name}/{path.name}", file=sys.stderr)
+
+
+def child(tensor: str, factor: float, argv: list[str]) -> int:
+    from trainer.export import compress_run
+
+    real_write = compress_run.write
+
+    def write_then_scale(model: Any, tokenizer: Any, out: str) -> None:
+        real_write(model, tokenizer, out)
+        scale(Path(out), tensor, factor)
+
+    compress_run.write = write_then_scale
+    return compress_run.main(argv)
+
+
+if sys.argv[1] == CHILD_FLAG:  # the child: llmcompressor's overlay goes on sys.path in compress_run.main
+    sys.exit(child(sys.argv[2], float(sys.argv[3]), sys.argv[4:]))
+
+import trainer.export.compressed as compressed  # noqa: E402
+from trainer.__main__ import main  # noqa: E402
+
+compressed.CHILD = (str(Path(__file__).resolve()), CHILD_FLAG, sys.argv[1], sys.argv[2])
+sys.argv = ["trainer", *sys.argv[3:]]
+sys.exit(main())
