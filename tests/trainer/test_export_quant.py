@@ -5,7 +5,8 @@ loader.
 
 llama.cpp is built once per machine (scripts/setup_llama_cpp.py caches the wheel and the converter; the `llama_cpp`
 module fixture runs it, which is seconds when built), llmcompressor's overlay installed once (scripts/setup_quant.py,
-the `overlay` fixture). One trained run serves every test of the file."""
+the `overlay` fixture). One trained run serves every test of the file; it carries the built-in chatml template
+(TRAIN_CHAT_TEMPLATE) so that the report's answer agreement (trainer/export/answers.py) is measured on it."""
 
 from __future__ import annotations
 
@@ -46,9 +47,10 @@ def overlay() -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
-    """The tiny preset trained on the embedded corpus: enough steps that it predicts bytes far better than chance."""
+    """The tiny preset trained on the embedded corpus: enough steps that it predicts bytes far better than chance;
+    its tokenizer saved with the chatml template (plain text is trained as it is)."""
     root = tmp_path_factory.mktemp("quant-run")
-    env = run_env(root, max_steps=60, save_steps=60, seq_len=64, batch_size=4, lr=0.003)
+    env = run_env(root, max_steps=60, save_steps=60, seq_len=64, batch_size=4, lr=0.003, chat_template="chatml")
     result = run_trainer([], env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return root
@@ -81,6 +83,31 @@ def _perplexity_by_hand(path: Path, tokenizer_folder: Path, text: str, context: 
     return math.exp(sum(nll) / len(nll))
 
 
+def _llama_cpp_greedy_by_hand(path: Path, prompt: list[int], tokens: int, stops: list[int]) -> list[int]:
+    """llama.cpp's own greedy sampler (temperature 0) from the prompt ids: the answer the report holds for the file."""
+    from llama_cpp import Llama
+
+    model = Llama(model_path=str(path), n_ctx=len(prompt) + tokens, verbose=False, n_threads=1)
+    answer: list[int] = []
+    for token in model.generate(prompt, temp=0.0):
+        answer.append(int(token))
+        if len(answer) == tokens or token in stops:
+            break
+    model.close()
+    return answer
+
+
+def _transformers_greedy_by_hand(folder: Path, prompts: list[list[int]], tokens: int, stops: list[int]) -> list:
+    """Transformers' own generate, greedy, from the prompt ids: the reference's answers."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    how = GenerationConfig(do_sample=False, max_new_tokens=tokens, eos_token_id=stops, pad_token_id=stops[0])
+    with torch.no_grad():
+        return [model.generate(torch.tensor([p]), generation_config=how)[0, len(p):].tolist() for p in prompts]
+
+
 def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_trainer, tiny_run, llama_cpp,
                                                                        tmp_path) -> None:  # fmt: skip
     out = tmp_path / "out"
@@ -108,18 +135,36 @@ def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_train
     assert rows["q8_0"]["ratio"] == pytest.approx(1, abs=0.01) and rows["q8_0"]["agreement"] > 0.97
     assert rows["q4_k_m"]["increase_pct"] <= 5 and rows["q4_k_m"]["agreement"] > 0.8
     assert rows["q4_k_m"]["bytes"] < rows["q8_0"]["bytes"] < rows["f16"]["bytes"]
+    # the answer agreement: the fixed prompts (the corpus is not chat data), reported and not gated
+    found = report["answers"]
+    assert found["measured"] and not found["gates"] and found["origin"] == "trainkit's fixed prompts"
+    assert len(found["prompt_ids"]) == len(found["reference_answers"]) == 4 and found["tokens"] == 16
+    assert found["stop_ids"] == [257]  # <|eos|>; chatml's <|im_end|> is 10 byte tokens, not one
+    assert _transformers_greedy_by_hand(out, found["prompt_ids"], 16, [257]) == found["reference_answers"]
+    for kind, row in rows.items():
+        agreement = row["answer_agreement"]
+        assert agreement["prompts"] == 4 and agreement["tokens"] == 16, (kind, agreement)
+        assert agreement["answers"][0] == _llama_cpp_greedy_by_hand(out / row["file"], found["prompt_ids"][0], 16,
+                                                                    [257]), kind  # fmt: skip
+    print({k: (r["answer_agreement"]["agree"], r["answer_agreement"]["mean_prefix"]) for k, r in rows.items()})
+    assert rows["f16"]["answer_agreement"]["agree"] >= 0.5 and rows["q8_0"]["answer_agreement"]["agree"] >= 0.5
     card = (out / "README.md").read_text()
     assert "## Quantized files" in card and "| q4_k_m | `gguf/out.q4_k_m.gguf` |" in card
+    assert "answers agreeing" in card and "reported, not gated" in card
     assert not (out / ".gguf-work").exists() and not list(tmp_path.glob(".tmp-export-*"))
 
 
-# The report's perplexity again, by hand, from each written folder in llmcompressor's environment: loaded through
-# Transformers' compressed-tensors loader, every targeted layer holding its scheme, on the same windows.
+# The report's perplexity and answers again, by hand, from each written folder in llmcompressor's environment: loaded
+# through Transformers' compressed-tensors loader, every targeted layer holding its scheme, on the same windows; the
+# answers by Transformers' own greedy generate from the report's prompt ids.
 BY_HAND = """
 import json, math, sys
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 out, tail, context, windows = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+asked = json.loads(sys.argv[5])
+how = GenerationConfig(do_sample=False, max_new_tokens=asked["tokens"], eos_token_id=asked["stop_ids"],
+                       pad_token_id=asked["stop_ids"][0])
 ids = AutoTokenizer.from_pretrained(out)(open(tail).read(), add_special_tokens=False)["input_ids"]
 found = {}
 for kind in ("fp8", "w4a16"):
@@ -132,7 +177,10 @@ for kind in ("fp8", "w4a16"):
             nll += (-logp[torch.arange(context - 1), torch.tensor(chunk[1:])]).tolist()
     schemes = {n: str(m.quantization_scheme.weights.type) + str(m.quantization_scheme.weights.num_bits)
                for n, m in model.named_modules() if getattr(m, "quantization_scheme", None) is not None}
-    found[kind] = {"perplexity": math.exp(sum(nll) / len(nll)), "schemes": schemes}
+    with torch.no_grad():
+        answers = [model.generate(torch.tensor([p]), generation_config=how)[0, len(p):].tolist()
+                   for p in asked["prompt_ids"]]
+    found[kind] = {"perplexity": math.exp(sum(nll) / len(nll)), "schemes": schemes, "answers": answers}
 print(json.dumps(found))
 """
 
@@ -170,17 +218,24 @@ def test_tiny_exports_fp8_and_w4a16_that_load_through_compressed_tensors(run_tra
     assert abs(rows["fp8"]["increase_pct"]) < 0.5 and rows["fp8"]["agreement"] > 0.98
     assert abs(rows["w4a16"]["increase_pct"]) < 1 and rows["w4a16"]["agreement"] > 0.98
     assert rows["fp8"]["bytes"] < rows["w4a16"]["bytes"] < (out / "model.safetensors").stat().st_size
+    assert report["answers"]["origin"] == "trainkit's fixed prompts" and not report["answers"]["gates"]
+    print({k: (r["answer_agreement"]["agree"], r["answer_agreement"]["mean_prefix"]) for k, r in rows.items()})
+    for kind, row in rows.items():
+        assert row["answer_agreement"]["prompts"] == 4 and row["answer_agreement"]["tokens"] == 16, kind
+        assert row["answer_agreement"]["agree"] >= 0.5, (kind, row["answer_agreement"])
     text = report["eval_text"]
     tail = tmp_path / "tail.txt"
     raw = Path(text["path"]).read_bytes()[-64 * 1024:]
     tail.write_bytes(raw[raw.find(b"\n") + 1:])
     env = {**base_env(), "PYTHONPATH": str(overlay)}
-    result = subprocess.run([PYTHON, "-c", BY_HAND, str(out), str(tail), str(text["context"]), str(text["windows"])],
-                            capture_output=True, text=True, env=env, timeout=600, check=False)  # fmt: skip
+    asked = json.dumps(report["answers"])
+    result = subprocess.run([PYTHON, "-c", BY_HAND, str(out), str(tail), str(text["context"]), str(text["windows"]),
+                             asked], capture_output=True, text=True, env=env, timeout=600, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     by_hand = json.loads(result.stdout.strip().splitlines()[-1])
     for kind in rows:
         assert by_hand[kind]["perplexity"] == pytest.approx(rows[kind]["perplexity"], rel=1e-6), kind
+        assert by_hand[kind]["answers"] == rows[kind]["answer_agreement"]["answers"], kind
     assert set(by_hand["fp8"]["schemes"].values()) == {"float8"} and len(by_hand["fp8"]["schemes"]) == 28
     assert set(by_hand["w4a16"]["schemes"].values()) == {"int4"} and len(by_hand["w4a16"]["schemes"]) == 24
     # provenance: the run's record and each type's figures and files
@@ -188,6 +243,7 @@ def test_tiny_exports_fp8_and_w4a16_that_load_through_compressed_tensors(run_tra
     assert record["seed"] is not None and "distributions" in record
     quantized = {r["type"]: r for r in record["export"]["quantized"]["types"]}
     assert set(quantized) == {"fp8", "w4a16"} and quantized["w4a16"]["ratio"] == rows["w4a16"]["ratio"]
+    assert quantized["fp8"]["answer_agreement"] == rows["fp8"]["answer_agreement"]
     assert quantized["fp8"]["sha256"] == {"fp8/model.safetensors": hashlib.sha256(
         (out / "fp8" / "model.safetensors").read_bytes()).hexdigest()}  # fmt: skip
     card = (out / "README.md").read_text()
@@ -214,6 +270,23 @@ def test_a_broken_conversion_fails_the_gate_with_exit_1_and_publishes_nothing(ru
     report = json.loads((out / "quant_report.json").read_text())
     assert report["allow_quality_loss"] and not report["types"][0]["pass"]
     assert "| q8_0 |" in (out / "README.md").read_text() and "| NO |" in (out / "README.md").read_text()
+
+
+def test_a_broken_compressed_folder_fails_the_gate_with_exit_1_and_publishes_nothing(run_python, tiny_run, overlay,
+                                                                                    tmp_path) -> None:  # fmt: skip
+    """fp8's written folder with its final norm negated (after llmcompressor saved it, before it is loaded back):
+    exit 1 naming the type, the numbers and the threshold; no OUT, no staging folder. --allow-quality-loss publishing
+    a failed type is the same code for every type (the broken conversion's test covers it)."""
+    out = tmp_path / "broken"
+    env = {**run_env(tiny_run), "TRAINKIT_LLMCOMPRESSOR": str(overlay), "PYTHONPATH": str(REPO)}
+    argv = ["tests/trainer/broken_compressed.py", "model.norm.weight", "-1", "export", str(tiny_run / "output"),
+            str(out), "--quant", "fp8"]  # fmt: skip
+    result = run_python(argv, env=env, timeout=900)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert "broken_compressed: scaled model.norm.weight by -1.0 in fp8/model.safetensors" in result.stderr
+    assert "quality gate failed: fp8: perplexity" in result.stdout and "threshold 2%" in result.stdout, result.stdout
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and not list(tmp_path.glob(".tmp-export-*")) and not list(tmp_path.glob(".*.lock"))
 
 
 def test_quant_mistakes_exit_2_naming_them_and_sigterm_leaves_nothing(run_trainer, tiny_run, llama_cpp, overlay,
@@ -402,3 +475,58 @@ def test_a_run_on_a_data_folder_is_gated_on_its_last_text_files_tail_and_calibra
     assert scored.origin == "the run's eval set TRAIN_EVAL_DATA=a.jsonl"
     empty = SimpleNamespace(settings=SimpleNamespace(data=str(tmp_path / "nothing-here"), eval_data=None))
     assert quality.eval_text(None, empty).path.name == "corpus.txt"  # type: ignore[arg-type]  # the embedded corpus
+
+
+@pytest.mark.fast
+def test_the_answer_prompts_are_the_chat_datas_first_user_turns_else_fixed_and_none_without_a_template(
+        tmp_path: Path) -> None:  # fmt: skip
+    """trainer/export/answers.py's prompts: the first user turn of each conversation of the gate's text (messages,
+    ShareGPT, conversational prompt/completion; text records and turns too long passed over), else the fixed ones;
+    without a chat template none, saying why, in the report and the card."""
+    from trainer.data.chat import BUILTIN_TEMPLATES
+    from trainer.export import answers, quality
+    from trainer.export.quant import card_section
+    from trainer.tokenizer import byte_level_tokenizer
+
+    data = tmp_path / "eval.jsonl"
+    rows = [{"text": "plain text"}, {"messages": [{"role": "system", "content": "Be brief."},
+                                                  {"role": "user", "content": "Hi there"},
+                                                  {"role": "assistant", "content": "Hello."}]},
+            {"messages": [{"role": "user", "content": "x" * 300}, {"role": "assistant", "content": "long"}]},
+            {"conversations": [{"from": "human", "value": "Sup"}, {"from": "gpt", "value": "Yo."}]},
+            {"prompt": [{"role": "user", "content": "Two plus two?"}], "completion": [{"role": "assistant",
+                                                                                        "content": "Four."}]},
+            {"messages": [{"role": "user", "content": "Fourth"}, {"role": "assistant", "content": "x"}]},
+            {"messages": [{"role": "user", "content": "Fifth"}, {"role": "assistant", "content": "x"}]}]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenizer = byte_level_tokenizer()
+    text = quality.EvalText(quality.read_text(data, "test"), "the run's eval set TRAIN_EVAL_DATA=eval.jsonl", data)
+    none = answers.job(tokenizer, text, 2048)
+    assert none.none == "the export's tokenizer has no chat template, so it has no answers to compare"
+    assert answers.agreement([], answers.llama_cpp_answers("unused.gguf", none, 1), none) == {
+        "measured": False, "why": none.none}  # fmt: skip
+    tokenizer.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
+    job = answers.job(tokenizer, text, 2048)
+    assert job.texts == ["Hi there", "Sup", "Two plus two?", "Fourth"] and job.stops == (257,)
+    assert job.origin == "the first user turns of the run's eval set TRAIN_EVAL_DATA=eval.jsonl"
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Sup"}], tokenize=False,
+                                             add_generation_prompt=True)  # fmt: skip
+    assert job.prompts[1] == list(rendered.encode()) and rendered.endswith("<|im_start|>assistant\n")
+    plain = quality.EvalText("x", "corpus", REPO / "trainer" / "assets" / "corpus.txt", "tail")
+    fixed = answers.job(tokenizer, plain, 2048)
+    assert fixed.texts == list(answers.FIXED_PROMPTS) and fixed.origin == "trainkit's fixed prompts"
+    assert answers.job(tokenizer, plain, 40).none == "no prompt fits in 24 tokens with the chat template"
+    ref = [[1, 2, 3], [4, 5, 257], [6, 7, 8], [9, 9, 9]]
+    found = answers.agreement(ref, [[1, 2, 3], [4, 5, 6], [6, 7, 0], [9, 9, 9]], job)
+    assert found == {"measured": True, "prompts": 4, "tokens": 16, "agree": 0.5, "mean_prefix": 2.5,
+                     "answers": [[1, 2, 3], [4, 5, 6], [6, 7, 0], [9, 9, 9]]}  # fmt: skip
+    report = {"eval_text": {"origin": "o", "sha256": "s", "windows": 1, "context": 64},
+              "reference": {"runtime": "r", "perplexity": 2.0}, "answers": answers.summary(none, []),
+              "types": [{"type": "q8_0", "file": "gguf/m.gguf", "bytes": 1e6, "runtime": "llama.cpp",
+                         "perplexity": 2.0, "ratio": 1.0, "agreement": 1.0, "max_ppl_increase_pct": 1.0,
+                         "pass": True, "answer_agreement": answers.agreement([], [], none)}]}  # fmt: skip
+    card = "\n".join(card_section(report))
+    assert "| 1.0000 | - | +1% | yes |" in card and f"Answers agreeing: not measured ({none.none})." in card
+    report["answers"] = answers.summary(job, ref)
+    report["types"][0]["answer_agreement"] = found
+    assert "| 1.0000 | 2/4 (prefix 2.5 of 16) | +1% | yes |" in "\n".join(card_section(report))
