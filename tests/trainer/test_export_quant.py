@@ -146,8 +146,9 @@ def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_train
         assert agreement["prompts"] == 4 and agreement["tokens"] == 16, (kind, agreement)
         assert agreement["answers"][0] == _llama_cpp_greedy_by_hand(out / row["file"], found["prompt_ids"][0], 16,
                                                                     [257]), kind  # fmt: skip
-    print({k: (r["answer_agreement"]["agree"], r["answer_agreement"]["mean_prefix"]) for k, r in rows.items()})
-    assert rows["f16"]["answer_agreement"]["agree"] >= 0.5 and rows["q8_0"]["answer_agreement"]["agree"] >= 0.5
+    # measured (docs/running.md): every type 4 of 4 prompts, all 16 tokens (the tiny model answers "the the the ...")
+    assert rows["f16"]["answer_agreement"]["agree"] >= 0.75 and rows["q8_0"]["answer_agreement"]["agree"] >= 0.75
+    assert rows["q4_k_m"]["answer_agreement"]["agree"] >= 0.5
     card = (out / "README.md").read_text()
     assert "## Quantized files" in card and "| q4_k_m | `gguf/out.q4_k_m.gguf` |" in card
     assert "answers agreeing" in card and "reported, not gated" in card
@@ -219,8 +220,7 @@ def test_tiny_exports_fp8_and_w4a16_that_load_through_compressed_tensors(run_tra
     assert abs(rows["w4a16"]["increase_pct"]) < 1 and rows["w4a16"]["agreement"] > 0.98
     assert rows["fp8"]["bytes"] < rows["w4a16"]["bytes"] < (out / "model.safetensors").stat().st_size
     assert report["answers"]["origin"] == "trainkit's fixed prompts" and not report["answers"]["gates"]
-    print({k: (r["answer_agreement"]["agree"], r["answer_agreement"]["mean_prefix"]) for k, r in rows.items()})
-    for kind, row in rows.items():
+    for kind, row in rows.items():  # measured: both 4 of 4 prompts, all 16 tokens
         assert row["answer_agreement"]["prompts"] == 4 and row["answer_agreement"]["tokens"] == 16, kind
         assert row["answer_agreement"]["agree"] >= 0.5, (kind, row["answer_agreement"])
     text = report["eval_text"]
@@ -269,6 +269,9 @@ def test_a_broken_conversion_fails_the_gate_with_exit_1_and_publishes_nothing(ru
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((out / "quant_report.json").read_text())
     assert report["allow_quality_loss"] and not report["types"][0]["pass"]
+    # its answers turn at the first token on every prompt (measured: 0 of 4 agree, prefix 0.0): the figure can fail
+    broken = report["types"][0]["answer_agreement"]
+    assert broken["prompts"] == 4 and broken["agree"] == 0 and broken["mean_prefix"] < 1, broken
     assert "| q8_0 |" in (out / "README.md").read_text() and "| NO |" in (out / "README.md").read_text()
 
 
