@@ -97,6 +97,16 @@ def _llama_cpp_greedy_by_hand(path: Path, prompt: list[int], tokens: int, stops:
     return answer
 
 
+def _prompt_ids(folder: Path, prompts: list[str]) -> list[list[int]]:
+    """The report's prompts rendered by the exported tokenizer's chat template, as a user of the export would."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                    add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+            for p in prompts]  # fmt: skip
+
+
 def _transformers_greedy_by_hand(folder: Path, prompts: list[list[int]], tokens: int, stops: list[int]) -> list:
     """Transformers' own generate, greedy, from the prompt ids: the reference's answers."""
     import torch
@@ -138,14 +148,14 @@ def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_train
     # the answer agreement: the fixed prompts (the corpus is not chat data), reported and not gated
     found = report["answers"]
     assert found["measured"] and not found["gates"] and found["origin"] == "trainkit's fixed prompts"
-    assert len(found["prompt_ids"]) == len(found["reference_answers"]) == 4 and found["tokens"] == 16
+    assert len(found["prompts"]) == len(found["reference_answers"]) == 4 and found["tokens"] == 16
     assert found["stop_ids"] == [257]  # <|eos|>; chatml's <|im_end|> is 10 byte tokens, not one
-    assert _transformers_greedy_by_hand(out, found["prompt_ids"], 16, [257]) == found["reference_answers"]
+    prompt_ids = _prompt_ids(out, found["prompts"])
+    assert _transformers_greedy_by_hand(out, prompt_ids, 16, [257]) == found["reference_answers"]
     for kind, row in rows.items():
         agreement = row["answer_agreement"]
         assert agreement["prompts"] == 4 and agreement["tokens"] == 16, (kind, agreement)
-        assert agreement["answers"][0] == _llama_cpp_greedy_by_hand(out / row["file"], found["prompt_ids"][0], 16,
-                                                                    [257]), kind  # fmt: skip
+        assert agreement["answers"][0] == _llama_cpp_greedy_by_hand(out / row["file"], prompt_ids[0], 16, [257]), kind
     # measured (docs/running.md): every type 4 of 4 prompts, all 16 tokens (the tiny model answers "the the the ...")
     assert rows["f16"]["answer_agreement"]["agree"] >= 0.75 and rows["q8_0"]["answer_agreement"]["agree"] >= 0.75
     assert rows["q4_k_m"]["answer_agreement"]["agree"] >= 0.5
@@ -157,16 +167,20 @@ def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_train
 
 # The report's perplexity and answers again, by hand, from each written folder in llmcompressor's environment: loaded
 # through Transformers' compressed-tensors loader, every targeted layer holding its scheme, on the same windows; the
-# answers by Transformers' own greedy generate from the report's prompt ids.
+# answers by Transformers' own greedy generate from the report's prompts, rendered by the folder's own tokenizer.
 BY_HAND = """
 import json, math, sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 out, tail, context, windows = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 asked = json.loads(sys.argv[5])
+tokenizer = AutoTokenizer.from_pretrained(out)
+rendered = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in asked["prompts"]]
+prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in rendered]
 how = GenerationConfig(do_sample=False, max_new_tokens=asked["tokens"], eos_token_id=asked["stop_ids"],
                        pad_token_id=asked["stop_ids"][0])
-ids = AutoTokenizer.from_pretrained(out)(open(tail).read(), add_special_tokens=False)["input_ids"]
+ids = tokenizer(open(tail).read(), add_special_tokens=False)["input_ids"]
 found = {}
 for kind in ("fp8", "w4a16"):
     model = AutoModelForCausalLM.from_pretrained(f"{out}/{kind}").eval()
@@ -180,7 +194,7 @@ for kind in ("fp8", "w4a16"):
                for n, m in model.named_modules() if getattr(m, "quantization_scheme", None) is not None}
     with torch.no_grad():
         answers = [model.generate(torch.tensor([p]), generation_config=how)[0, len(p):].tolist()
-                   for p in asked["prompt_ids"]]
+                   for p in prompt_ids]
     found[kind] = {"perplexity": math.exp(sum(nll) / len(nll)), "schemes": schemes, "answers": answers}
 print(json.dumps(found))
 """

@@ -190,9 +190,8 @@ def summary(job: Job, reference: list[list[int]]) -> dict[str, Any]:
     """The report's account of the prompts (module docstring) and the reference's answers, or why there are none."""
     if job.none:
         return {"measured": False, "why": job.none, "gates": False}
-    return {"measured": True, "origin": job.origin, "prompts": job.texts, "prompt_ids": job.prompts,
-            "tokens": job.tokens, "stop_ids": list(job.stops), "reference_answers": reference,
-            "gates": False}  # fmt: skip
+    return {"measured": True, "origin": job.origin, "prompts": job.texts, "tokens": job.tokens,
+            "stop_ids": list(job.stops), "reference_answers": reference, "gates": False}  # fmt: skip
 
 
 def cell(row: dict[str, Any]) -> str:
