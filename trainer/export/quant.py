@@ -234,8 +234,9 @@ def _threshold(plan: Plan, kind: str) -> float:
 def _judged(plan: Plan, row: dict[str, Any], scores: quality.Scores, reference: quality.Scores) -> dict[str, Any]:
     threshold = row["max_ppl_increase_pct"] = _threshold(plan, row["type"])
     quality.judge(row, scores, reference, threshold)
-    log.info("export: %s %.1f MB: perplexity %.4f against %.4f (ratio %.4f), top-token agreement %.4f: %s",
-             row["type"], row["bytes"] / 1e6, row["perplexity"], reference.perplexity, row["ratio"], row["agreement"],
+    log.info("export: %s %.1f MB: perplexity %.4f against %.4f (ratio %.4f), top-token agreement %.4f, answers "
+             "agreeing %s: %s", row["type"], row["bytes"] / 1e6, row["perplexity"], reference.perplexity, row["ratio"],
+             row["agreement"], answers.cell(row),
              "pass" if row["pass"] else f"over the {threshold:g}% threshold")  # fmt: skip
     return row
 
