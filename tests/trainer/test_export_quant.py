@@ -533,6 +533,10 @@ def test_the_answer_prompts_are_the_chat_datas_first_user_turns_else_fixed_and_n
     fixed = answers.job(tokenizer, plain, 2048)
     assert fixed.texts == list(answers.FIXED_PROMPTS) and fixed.origin == "trainkit's fixed prompts"
     assert answers.job(tokenizer, plain, 40).none == "no prompt fits in 24 tokens with the chat template"
+    tokenizer.chat_template = "{{ raise_exception('a system turn comes first') }}"
+    assert answers.job(tokenizer, plain, 2048).none == ("the chat template refused a conversation of one user turn: "
+                                                        "a system turn comes first")  # fmt: skip
+    tokenizer.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
     ref = [[1, 2, 3], [4, 5, 257], [6, 7, 8], [9, 9, 9]]
     found = answers.agreement(ref, [[1, 2, 3], [4, 5, 6], [6, 7, 0], [9, 9, 9]], job)
     assert found == {"measured": True, "prompts": 4, "tokens": 16, "agree": 0.5, "mean_prefix": 2.5,

@@ -60,10 +60,13 @@ def job(tokenizer: PreTrainedTokenizerBase, text: EvalText, positions: int) -> J
     if not getattr(tokenizer, "chat_template", None):
         return Job([], [], "", none="the export's tokenizer has no chat template, so it has no answers to compare")
     limit = min(MAX_PROMPT_TOKENS, positions - ANSWER_TOKENS)
-    found = _render(tokenizer, _user_turns(text), limit)
-    origin = f"the first user turns of {text.origin}"
-    if not found:
-        found, origin = _render(tokenizer, list(FIXED_PROMPTS), limit), "trainkit's fixed prompts"
+    try:
+        found = _render(tokenizer, _user_turns(text), limit)
+        origin = f"the first user turns of {text.origin}"
+        if not found:
+            found, origin = _render(tokenizer, list(FIXED_PROMPTS), limit), "trainkit's fixed prompts"
+    except Exception as exc:  # a template that refuses a lone user turn (Jinja's raise_exception, a missing key)
+        return Job([], [], "", none=f"the chat template refused a conversation of one user turn: {exc}")
     if not found:
         return Job([], [], "", none=f"no prompt fits in {limit} tokens with the chat template")
     return Job([ids for _, ids in found], [user for user, _ in found], origin, stops=_stops(tokenizer))

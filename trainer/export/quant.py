@@ -6,9 +6,10 @@ before anything is published), the eval text found, w4a16's calibration text fou
 export is written and verified in the staging folder (`produce`), all scored against the export in Transformers on
 one text (trainer/export/quality.py): GGUF types by one conversion and one quantization each, scored in llama.cpp,
 an Ollama Modelfile beside each (OUT/gguf/); fp8 and w4a16 by llmcompressor, scored in Transformers' compressed-tensors
-loader (trainer/export/compressed.py; OUT/fp8/, OUT/w4a16/). Then OUT/quant_report.json, a table in the model card and
-OUT/provenance.json (the run's, with these figures). A type over its threshold raises QualityLoss (exit 1, the
-staging folder removed) unless --allow-quality-loss.
+loader (trainer/export/compressed.py; OUT/fp8/, OUT/w4a16/). For a chat model each also answers a few prompts, held
+against the export's answers (trainer/export/answers.py: reported, not gated). Then OUT/quant_report.json, a table in
+the model card and OUT/provenance.json (the run's, with these figures). A type over its threshold raises QualityLoss
+(exit 1, the staging folder removed) unless --allow-quality-loss.
 """
 
 from __future__ import annotations
