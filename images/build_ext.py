@@ -1,6 +1,7 @@
 """Build steps run inside the image build (container side; no docker SDK).
 
-Each step builds or keeps one piece and writes its claim to /wheels/claims/<piece>.json:
+Each step builds or keeps one piece and writes its claim to /wheels/claims/<piece>.json (a step of the runtime stage,
+which cannot write there, to /opt/trainkit-build/claims/):
 status "built" (compiled here), "kept" (the base already ships it working) or "skipped" (with the reason,
 e.g. no CUDA on the CPU flavor). `manifest` merges the claims into /opt/trainkit/build-manifest.json and
 images/verify.py proves them at the end of the build.
@@ -40,6 +41,7 @@ WHEELS = Path(os.environ.get("TRAINKIT_WHEELS", "/wheels"))
 CLAIMS = WHEELS / "claims"
 STATE = Path(os.environ.get("TRAINKIT_BUILD_STATE", "/opt/trainkit-build"))
 BASE_TORCH_FILE = STATE / "base-torch.txt"
+RUNTIME_CLAIMS = STATE / "claims"  # claims of the runtime stage's steps (scripts/setup_quant.py's llmcompressor)
 MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
 SRC = Path("/tmp/trainkit-src")  # a fixed path, so ccache sees identical compile commands across builds
 # flash-attn 2's SASS targets (its setup.py, FLASH_ATTN_CUDA_ARCHS): Ampere and newer, one per major.
@@ -388,7 +390,8 @@ def step_guard_torch() -> None:
 
 
 def step_manifest() -> None:
-    claims = {p.stem: json.loads(p.read_text()) for p in sorted(CLAIMS.glob("*.json"))}
+    found = sorted([*CLAIMS.glob("*.json"), *RUNTIME_CLAIMS.glob("*.json")], key=lambda p: p.stem)
+    claims = {p.stem: json.loads(p.read_text()) for p in found}
     pins = json.loads(os.environ.get("TRAINKIT_PINS", "{}"))
     base = json.loads((STATE / "base-facts.json").read_text())
     if base.get("transformer_engine"):  # the base's own piece: the build must leave it importable

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
-GGUF_PROOF = MANIFEST.with_name("gguf-proof.txt")  # what the build's GGUF check measured (check_gguf_export)
+# What the build's export checks measured (check_export): export type -> its proof file
+EXPORT_PROOFS = {"q8_0": MANIFEST.with_name("gguf-proof.txt"), "fp8": MANIFEST.with_name("fp8-proof.txt")}
 DS_OP_BUILDERS = {
     "cpu_adam": "CPUAdamBuilder",
     "fused_adam": "FusedAdamBuilder",
@@ -201,19 +202,21 @@ def check_transformer_engine() -> str:
     return "loads transformer_engine.pytorch"
 
 
-def check_gguf_export() -> str:
-    """`export --quant q8_0` of a two-layer model, converted, quantized and scored in llama.cpp inside the image
-    (images/verify_gguf.py, in its own interpreter). The build's verify step writes the result into the image;
-    `--json` (build.py's read-back right after that step, about 30 s on 2 cores) reports it instead of a second run."""
-    if "--json" in sys.argv[1:] and GGUF_PROOF.is_file():
-        return f"{GGUF_PROOF.read_text().strip()} (the build's verify step)"
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "verify_gguf.py")],
+def check_export(kind: str) -> str:
+    """`export --quant KIND` of a two-layer model inside the image (images/verify_export.py, in its own interpreter):
+    q8_0 converted, quantized and scored in llama.cpp; fp8 made by llmcompressor and scored through compressed-tensors.
+    The build's verify step writes the result into the image; `--json` (build.py's read-back right after that step)
+    reports it instead of a second run (about 30 s each on 2 cores)."""
+    proof = EXPORT_PROOFS[kind]
+    if "--json" in sys.argv[1:] and proof.is_file():
+        return f"{proof.read_text().strip()} (the build's verify step)"
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "verify_export.py"), kind],
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         raise Failed((proc.stderr.strip().splitlines() or ["no output"])[-1])
     line = proc.stdout.strip().splitlines()[-1]
     with contextlib.suppress(OSError):  # a later run as another user: the build's file stays
-        GGUF_PROOF.write_text(line + "\n")
+        proof.write_text(line + "\n")
     return line
 
 
@@ -238,7 +241,9 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
         elif piece == "transformer_engine":
             checks.append((piece, check_transformer_engine, ""))
         elif piece == "llama_cpp":
-            checks.append((piece, check_gguf_export, ""))
+            checks.append((piece, lambda: check_export("q8_0"), ""))
+        elif piece == "llmcompressor":
+            checks.append((piece, lambda: check_export("fp8"), ""))
         else:
             modules = EXTENSION_MODULES.get(piece, [piece])
             checks.append((piece, lambda modules=modules: check_modules(modules), ""))

@@ -299,6 +299,8 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
     print(f"  vllm:    TRAIN_RL_ENGINE=vllm {vllm_server_mode(plan, matrix)}")
     print(f"  gguf:    export --quant through llama-cpp-python {matrix.llama_cpp['version']} (its converter, quantizer "
           "and runtime), unless the base's Python or NumPy is below what its converter needs: decided in the build")
+    print(f"  fp8/w4a16: export --quant through llmcompressor {matrix.llmcompressor['version']}, unless the row's "
+          "torch or pins are outside its requirements: decided in the build")
     for note in plan.notes:
         print(f"  note:    {note}")
 
@@ -355,8 +357,9 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
         "org.trainkit.arch-list": plan.arch_list or "none",
         "org.trainkit.apex-ref": matrix.apex["ref"],
         "org.trainkit.vllm-server-mode": vllm_server_mode(plan, matrix),
-        # the build's verdict replaces this (scripts/image_labels.py's gguf_export, from the llama_cpp claim)
+        # the build's verdicts replace these (scripts/image_labels.py, from the llama_cpp and llmcompressor claims)
         "org.trainkit.gguf-export": f"planned: llama-cpp-python {matrix.llama_cpp['version']}",
+        "org.trainkit.compressed-export": f"planned: llmcompressor {matrix.llmcompressor['version']}",
         "org.trainkit.row": RL_ROW if plan.rl else (plan.cuda or "cpu"),
     }
     out.update({f"org.trainkit.pin.{pkg}": version for pkg, version in plan.pins.items()})
@@ -391,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         llama = record.get("llama_cpp", {})
         print(f"llama.cpp: {llama.get('source') or 'skipped: ' + llama.get('reason', '')}; host wheel: "
               f"{llama.get('host_wheel')}")
+        print(f"llmcompressor: {record['labels'].get('org.trainkit.compressed-export')}")
         for digest in record.get("pushed", {}).values():
             print(f"pushed {digest}")
         if args.save:

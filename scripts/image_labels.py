@@ -24,6 +24,7 @@ from errors import UserError
 PIN = "org.trainkit.pin."
 APEX = "org.trainkit.apex-ref"
 GGUF = "org.trainkit.gguf-export"  # export --quant's GGUF types: accepted (llama.cpp in the image) or refused, why
+COMPRESSED = "org.trainkit.compressed-export"  # export --quant fp8/w4a16: accepted (llmcompressor's overlay) or refused
 FOREIGN = ("com.docker.compose.",)  # labels our builder's tools add, which say nothing about the image
 METADATA_STEP = re.compile(r"^(/bin/sh -c #\(nop\) )?(ENV|LABEL|ARG|CMD|ENTRYPOINT|SHELL|USER|EXPOSE|VOLUME|"
                            r"STOPSIGNAL|HEALTHCHECK|ONBUILD|MAINTAINER)\b")  # fmt: skip
@@ -56,6 +57,7 @@ def truthful(planned: dict[str, str], inside: dict) -> dict[str, str]:
     elif apex.get("status") != "built":
         out.pop(APEX, None)
     out[GGUF] = gguf_export(extensions.get("llama_cpp"))
+    out[COMPRESSED] = compressed_export(extensions.get("llmcompressor"))
     return out
 
 
@@ -68,6 +70,17 @@ def gguf_export(claim: dict | None) -> str:
         return f"refused: {claim.get('reason', '')}"
     return (f"accepted: GGUF types through llama.cpp (llama-cpp-python {claim.get('version')}: converter, quantizer, "
             "runtime), proven in the build by exporting a two-layer model to q8_0 and scoring it in llama.cpp")
+
+
+def compressed_export(claim: dict | None) -> str:
+    """The label of export --quant fp8/w4a16, from the build manifest's llmcompressor claim (images/verify.py proved
+    it by exporting a two-layer model to fp8 inside the image)."""
+    if not claim:
+        return "refused: this image was built without llmcompressor (no llmcompressor claim in its build manifest)"
+    if claim.get("status") == "skipped":
+        return f"refused: {claim.get('reason', '')}"
+    return (f"accepted: fp8 and w4a16 through llmcompressor {claim.get('version')} (compressed-tensors, scored in "
+            "Transformers' loader), proven in the build by exporting a two-layer model to fp8 and scoring it")
 
 
 def _history(client: docker.DockerClient, image_id: str, layers: int) -> list[dict]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import tomllib
 from errors import UserError
 from packaging.requirements import Requirement
+from setup_quant import build_arg_wheels
 
 from trainer import compat
 
@@ -201,6 +202,7 @@ class Matrix:
     vllm: VllmServer | None = None
     rl: Entry | None = None  # the online-RL row: the trainer on NVIDIA's vLLM image
     llama_cpp: dict = field(default_factory=dict)  # [llama_cpp]: export --quant's llama.cpp, in every image that can
+    llmcompressor: dict = field(default_factory=dict)  # [llmcompressor]: export --quant fp8/w4a16, where a row can
 
     def entry(self, cuda: str) -> Entry:
         """The entry for CUDA `cuda` (X.Y), or a UserError listing the supported ones."""
@@ -276,6 +278,7 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
         vllm=VllmServer(**data["vllm"]) if "vllm" in data else None,
         rl=_rl_entry(data["rl"], data.get("vllm", {}), defaults, path) if "rl" in data else None,
         llama_cpp=dict(data.get("llama_cpp", {})),
+        llmcompressor=dict(data.get("llmcompressor", {})),
     )
 
 
@@ -375,6 +378,9 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     llama = matrix.llama_cpp  # read by scripts/setup_llama_cpp.py --pins-from-env inside the build
     args.update(LLAMA_CPP_VERSION=llama["version"], LLAMA_CPP_SHA256=llama["sdist_sha256"],
                 LLAMA_CPP_CMAKE_ARGS=llama["cmake_args"], LLAMA_CPP_REQUIRES=" ".join(llama["requires"]))  # fmt: skip
+    quant = matrix.llmcompressor  # read by scripts/setup_quant.py --pins-from-env inside the build
+    args.update(LLMCOMPRESSOR_VERSION=quant["version"], LLMCOMPRESSOR_WHEELS=build_arg_wheels(quant["wheels"]),
+                LLMCOMPRESSOR_LEFT_OUT=" ".join(quant["left_out"]))  # fmt: skip
     return args
 
 

@@ -9,6 +9,11 @@ with that folder ahead of the training stack's site-packages, so the rest (torch
 own: the probe checks each of those against llmcompressor's requirements in PY's environment and imports it. CACHE
 defaults to $XDG_CACHE_HOME/trainkit/llmcompressor (~/.cache/...), where the trainer looks (else
 TRAINKIT_LLMCOMPRESSOR names the overlay folder). Prints the overlay folder. Stdlib only; pip does the downloads.
+
+The image build runs this same file (the Dockerfile's llmcompressor step) with --pins-from-env (the LLMCOMPRESSOR_*
+build args), --compile (the image's users cannot write bytecode there) and --claim: where the row's environment does
+not meet llmcompressor's requirements (torch below 2.10 on the older NGC rows), the overlay is removed and the claim
+says why, so the image refuses `--quant fp8/w4a16` naming its row instead of failing in llmcompressor.
 """
 
 from __future__ import annotations
@@ -21,8 +26,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 STAMP = "TRAINKIT_PINS.json"  # the pins an overlay holds (trainer/export/compressed.py reads it)
@@ -56,9 +59,20 @@ def default_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainkit" / "llmcompressor"
 
 
-def _pins() -> dict[str, object]:
+def _pins(from_env: bool) -> dict[str, object]:
+    if from_env:  # the image build's LLMCOMPRESSOR_* build args (scripts/matrix.py's dockerfile_defaults)
+        wheels = dict(word.rsplit(":", 1) for word in os.environ["LLMCOMPRESSOR_WHEELS"].split())
+        return {"version": os.environ["LLMCOMPRESSOR_VERSION"], "wheels": wheels,
+                "left_out": os.environ.get("LLMCOMPRESSOR_LEFT_OUT", "").split()}  # fmt: skip
+    import tomllib  # not at the top: the image build runs this on Python 3.10 rows too
+
     table = tomllib.loads((ROOT / "images" / "versions.toml").read_text())["llmcompressor"]
     return {"version": table["version"], "wheels": dict(table["wheels"]), "left_out": list(table["left_out"])}
+
+
+def build_arg_wheels(wheels: dict[str, str]) -> str:
+    """[llmcompressor.wheels] as the LLMCOMPRESSOR_WHEELS build arg: `name==version:sha256` words."""
+    return " ".join(f"{requirement}:{digest}" for requirement, digest in wheels.items())
 
 
 def _probe(python: str, folder: Path, pins: dict[str, object], imports: bool) -> str:
@@ -72,7 +86,8 @@ def _probe(python: str, folder: Path, pins: dict[str, object], imports: bool) ->
     return "" if result.returncode == 0 else (result.stdout.strip() or result.stderr[-3000:])
 
 
-def _install(python: str, folder: Path, pins: dict[str, object]) -> None:
+def _install(python: str, folder: Path, pins: dict[str, object], compile_bytecode: bool) -> str:
+    """'' once the overlay is in `folder`, else what pip said."""
     wheels = pins["wheels"]
     assert isinstance(wheels, dict)
     staging = folder.with_name(folder.name + ".tmp")
@@ -82,32 +97,54 @@ def _install(python: str, folder: Path, pins: dict[str, object]) -> None:
     requirements.write_text("".join(f"{name} --hash=sha256:{digest}\n" for name, digest in wheels.items()))
     start = time.monotonic()
     print(f"installing llmcompressor {pins['version']}'s overlay into {folder} (once)", file=sys.stderr, flush=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--require-hashes", "--only-binary", ":all:",
-                    "--no-compile", "--target", str(staging), "-r", str(requirements)], check=True)  # fmt: skip
+    argv = [python, "-m", "pip", "install", "-q", "--no-deps", "--require-hashes", "--only-binary", ":all:",
+            *([] if compile_bytecode else ["--no-compile"]), "--target", str(staging), "-r", str(requirements)]
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        return f"pip could not install the overlay (exit {result.returncode}): {result.stderr.strip()[-1500:]}"
     (staging / STAMP).write_text(json.dumps(pins, indent=1) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     os.rename(staging, folder)
     print(f"installed in {time.monotonic() - start:.0f} s", file=sys.stderr)
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default=sys.executable, help="the training environment's python")
     parser.add_argument("--cache", type=Path, default=None, help="the cache folder (default: %(default)s)")
+    parser.add_argument("--pins-from-env", action="store_true", help="the pins from LLMCOMPRESSOR_* (the image build)")
+    parser.add_argument("--compile", action="store_true", help="write the overlay's bytecode (the image)")
+    parser.add_argument("--claim", type=Path, help="write what was done (or why not) as a build-manifest claim")
     args = parser.parse_args(argv)
-    pins = _pins()
+    pins = _pins(args.pins_from_env)
     folder = (args.cache or default_cache()) / "site"
     stamp = folder / STAMP
     fresh = not stamp.is_file() or json.loads(stamp.read_text()) != pins
-    if fresh:
-        _install(args.python, folder, pins)
-    problems = _probe(args.python, folder, pins, imports=fresh)
+    problems = _install(args.python, folder, pins, args.compile) if fresh else ""
+    problems = problems or _probe(args.python, folder, pins, imports=fresh)
+    if problems and args.claim is not None:
+        shutil.rmtree(folder, ignore_errors=True)  # nothing of it can be used
+        reason = f"llmcompressor {pins['version']} does not fit this environment: {'; '.join(problems.splitlines())}"
+        _write_claim(args.claim, {"status": "skipped", "version": pins["version"], "reason": reason})
+        return 0
     if problems:
         print(f"error: llmcompressor's overlay in {folder} does not fit {args.python}'s environment:\n{problems}",
               file=sys.stderr)  # fmt: skip
         return 2
+    _write_claim(args.claim, {"status": "built", "version": pins["version"], "overlay": str(folder),
+                              "wheels": pins["wheels"]})  # fmt: skip
     print(folder)
     return 0
+
+
+def _write_claim(path: Path | None, claim: dict[str, object]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(claim, indent=2) + "\n")
+    print(f"claim llmcompressor: {json.dumps(claim)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

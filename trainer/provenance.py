@@ -29,6 +29,8 @@ from trainer.secrets import mask_secrets
 
 PROVENANCE_FILE = "provenance.json"
 BUILD_FILE = Path("/opt/trainkit/build.json")  # written by the image build (Dockerfile's last stage)
+# the build's claims: what it built, kept or skipped and why (images/build_ext.py's manifest step)
+MANIFEST_FILE = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
 FORMAT = 1
 _HASH_BLOCK = 1 << 20
 _streamed: dict[str, dict[str, Any]] = {}  # resolved path -> {"sha256", "size", "mtime_ns"}, taken while read

@@ -77,6 +77,12 @@ def test_build_record_holds_versions_read_inside_the_image(cpu_image: str, docke
     assert llama["status"] == "built" and len(llama["wheel_sha256"]) == 64
     assert llama["source"].startswith(("taken, not compiled: the prebuilt wheel", "compiled from the sdist in"))
     assert record["labels"]["org.trainkit.gguf-export"].startswith("accepted: GGUF types through llama.cpp")
+    # llmcompressor for export --quant fp8/w4a16: its overlay in the image, proven by an fp8 export of a two-layer
+    # model inside it, scored through compressed-tensors
+    fp8 = next(c for c in record["checks"] if c["name"] == "llmcompressor")
+    assert fp8["status"] == "ok" and "fp8/" in fp8["detail"] and "perplexity ratio" in fp8["detail"], fp8
+    assert record["manifest"]["extensions"]["llmcompressor"]["status"] == "built"
+    assert record["labels"]["org.trainkit.compressed-export"].startswith("accepted: fp8 and w4a16 through llmcomp")
 
 
 def test_manifest_claims_hold_inside_the_image(cpu_image: str, docker_client) -> None:

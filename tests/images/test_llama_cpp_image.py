@@ -18,6 +18,7 @@ import image_labels  # noqa: E402
 import setup_llama_cpp  # noqa: E402
 from matrix import load  # noqa: E402
 
+from trainer import provenance  # noqa: E402
 from trainer.errors import ConfigError  # noqa: E402
 from trainer.export import gguf  # noqa: E402
 
@@ -84,14 +85,14 @@ def test_an_image_without_llama_cpp_refuses_quant_naming_its_row(tmp_path: Path,
     manifest, build = tmp_path / "build-manifest.json", tmp_path / "build.json"
     manifest.write_text(json.dumps({"extensions": {"llama_cpp": {"status": "skipped", "reason": reason}}}))
     build.write_text(json.dumps({"org.trainkit.row": "12.4"}))
-    monkeypatch.setattr(gguf, "IMAGE_MANIFEST", manifest)
-    monkeypatch.setattr(gguf, "IMAGE_BUILD", build)
-    message = gguf.image_refusal(["q8_0"])
-    assert message is not None
+    monkeypatch.setattr(provenance, "MANIFEST_FILE", manifest)
+    monkeypatch.setattr(provenance, "BUILD_FILE", build)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the image's environment has no binding
+    with pytest.raises(ConfigError) as refused:
+        gguf.tools(["q8_0"])
+    message = str(refused.value)
     assert message.startswith(f"export --quant q8_0: the CUDA 12.4 row carries no llama.cpp: {reason}")
     assert "org.trainkit.gguf-export" in message
-    monkeypatch.setattr(gguf, "IMAGE_MANIFEST", tmp_path / "absent.json")  # outside an image: the host's hint
-    assert gguf.image_refusal(["q8_0"]) is None
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # an environment without the binding
+    monkeypatch.setattr(provenance, "MANIFEST_FILE", tmp_path / "absent.json")  # outside an image: the host's hint
     with pytest.raises(ConfigError, match="llama-cpp-python is not installed; install it with"):
         gguf.tools(["q8_0"])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer import provenance
 from trainer.config.checks import writable_dir_problem
 from trainer.config.inputs import Inputs
 from trainer.data.discovery import DataSource
@@ -30,7 +31,6 @@ OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 GIB = 1024**3
 MIN_SHM_BYTES = 1 * GIB
 # What the image build writes (images/build_ext.py); outside an image it does not exist.
-IMAGE_MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
 PYTHON_STACK = (
     "torch",
     "transformers",
@@ -100,7 +100,7 @@ def cuda_image() -> bool:
     """Whether this runs inside a trainkit CUDA image: its build manifest (written by the Dockerfile) says the base
     has CUDA. A native install with PyPI's Linux torch (a CUDA build) is not one: there the run uses the CPU."""
     try:
-        manifest = json.loads(IMAGE_MANIFEST.read_text())
+        manifest = json.loads(provenance.MANIFEST_FILE.read_text())
     except (OSError, ValueError):
         return False
     return bool(manifest.get("base", {}).get("cuda"))

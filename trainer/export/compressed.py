@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import ConfigError
-from trainer.export import answers, quality
+from trainer.export import answers, in_image, quality
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,7 +52,7 @@ CHILD: tuple[str, ...] = ("-m", "trainer.export.compress_run")
 OVERLAY_ENV = "TRAINKIT_LLMCOMPRESSOR"
 STAMP = "TRAINKIT_PINS.json"  # written by scripts/setup_quant.py
 SETUP_HINT = ("install it with `python scripts/setup_quant.py` from a trainkit checkout, run by this environment's "
-              "python (the pinned wheels into a cached overlay folder, once); trainkit's images do not carry it")
+              "python (the pinned wheels into a cached overlay folder, once)")
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,10 @@ def tools(types: list[str]) -> Tools:
     stamp = folder / STAMP
     where = f"{OVERLAY_ENV}={folder}" if os.environ.get(OVERLAY_ENV) else str(folder)
     if not stamp.is_file() or not (folder / "llmcompressor").is_dir():
+        refusal = in_image.refusal("llmcompressor", types, "llmcompressor", "org.trainkit.compressed-export",
+                                   SETUP_HINT)  # fmt: skip
+        if refusal:
+            raise ConfigError(refusal)
         raise ConfigError(f"export --quant {','.join(types)}: llmcompressor is not installed (no overlay in {where}); "
                           f"{SETUP_HINT}")  # fmt: skip
     wheels = json.loads(stamp.read_text()).get("wheels", {})

@@ -12,7 +12,6 @@ every asked type is quantized from that file.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import ConfigError
+from trainer.export import in_image
 
 log = logging.getLogger("trainer")
 
@@ -33,9 +33,6 @@ GGUF_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_
               "q5_1": "MOSTLY_Q5_1", "q4_k_m": "MOSTLY_Q4_K_M", "q4_k_s": "MOSTLY_Q4_K_S", "q4_0": "MOSTLY_Q4_0",
               "q4_1": "MOSTLY_Q4_1", "q3_k_l": "MOSTLY_Q3_K_L", "q3_k_m": "MOSTLY_Q3_K_M", "q3_k_s": "MOSTLY_Q3_K_S",
               "q2_k": "MOSTLY_Q2_K", "iq4_nl": "MOSTLY_IQ4_NL"}  # fmt: skip
-# What an image's build wrote (images/build_ext.py, the Dockerfile's last stage); outside an image neither exists.
-IMAGE_MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
-IMAGE_BUILD = Path("/opt/trainkit/build.json")
 SOURCE_TYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # the converter's lossless outtype
 
 
@@ -59,7 +56,7 @@ def tools(types: list[str]) -> Tools:
     try:
         import llama_cpp
     except ImportError:
-        refusal = image_refusal(types)
+        refusal = in_image.refusal("llama_cpp", types, "llama.cpp", "org.trainkit.gguf-export", SETUP_HINT)
         raise ConfigError(refusal or f"export --quant {','.join(types)}: llama-cpp-python is not installed; "
                           f"{SETUP_HINT}") from None  # fmt: skip
     version = str(llama_cpp.__version__)
@@ -73,25 +70,6 @@ def tools(types: list[str]) -> Tools:
         raise ConfigError(f"export --quant: the converter in {folder} is llama-cpp-python {stamp.read_text().strip()}"
                           f"'s, the installed binding is {version}; {SETUP_HINT}")  # fmt: skip
     return Tools(folder, version)
-
-
-def image_refusal(types: list[str]) -> str | None:
-    """Inside a trainkit image without llama.cpp: the message naming its row and why the build left llama.cpp out
-    (the build manifest's llama_cpp claim; the image's label org.trainkit.gguf-export says the same). None elsewhere."""
-    try:
-        manifest = json.loads(IMAGE_MANIFEST.read_text())
-    except (OSError, ValueError):
-        return None
-    claim = manifest.get("extensions", {}).get("llama_cpp") or {}
-    reason = claim.get("reason") or "its build predates llama.cpp in the images"
-    try:
-        row = str(json.loads(IMAGE_BUILD.read_text()).get("org.trainkit.row") or "")
-    except (OSError, ValueError):
-        row = ""
-    name = {"": "this image", "cpu": "the CPU flavor", "rl": "the online-RL row"}.get(row, f"the CUDA {row} row")
-    return (f"export --quant {','.join(types)}: {name} carries no llama.cpp: {reason}. Export GGUF types with an image "
-            "whose label org.trainkit.gguf-export says accepted (the CPU image, trainkit:latest-cpu, carries it), or "
-            f"on the host: {SETUP_HINT}")  # fmt: skip
 
 
 def _convert_run(tool: Tools, model: Path, out: str, outtype: str, name: str = "") -> subprocess.CompletedProcess[str]:
