@@ -548,6 +548,10 @@ def test_the_answer_prompts_are_the_chat_datas_first_user_turns_else_fixed_and_n
                          "pass": True, "answer_agreement": answers.agreement([], [], none)}]}  # fmt: skip
     card = "\n".join(card_section(report))
     assert "| 1.0000 | - | +1% | yes |" in card and f"Answers agreeing: not measured ({none.none})." in card
-    report["answers"] = answers.summary(job, ref)
+    report["answers"] = answers.summary(job, ref)  # the run's own data: named by sha256, not published
+    assert "prompts" not in report["answers"] and "Hi there" not in json.dumps(report["answers"])
+    assert report["answers"]["prompt_sha256"][0] == hashlib.sha256(b"Hi there").hexdigest()
     report["types"][0]["answer_agreement"] = found
-    assert "| 1.0000 | 2/4 (prefix 2.5 of 16) | +1% | yes |" in "\n".join(card_section(report))
+    card = "\n".join(card_section(report))
+    assert "| 1.0000 | 2/4 (prefix 2.5 of 16) | +1% | yes |" in card and "of 4 prompts (the first user turns" in card
+    assert answers.summary(fixed, ref)["prompts"] == list(answers.FIXED_PROMPTS)

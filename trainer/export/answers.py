@@ -30,6 +30,7 @@ PROMPTS = 4
 # enough that an answer that turns is seen where it turns (the agreeing prefix) rather than only as "differs".
 ANSWER_TOKENS = 16
 MAX_PROMPT_TOKENS = 256  # a longer user turn of the gate's text is passed over: its prefill would cost the most
+FIXED_ORIGIN = "trainkit's fixed prompts"
 FIXED_PROMPTS = ("What is the capital of France?", "Write one sentence about the sea.", "Name three colors.",
                  "How do I boil an egg?")  # fmt: skip
 
@@ -64,7 +65,7 @@ def job(tokenizer: PreTrainedTokenizerBase, text: EvalText, positions: int) -> J
         found = _render(tokenizer, _user_turns(text), limit)
         origin = f"the first user turns of {text.origin}"
         if not found:
-            found, origin = _render(tokenizer, list(FIXED_PROMPTS), limit), "trainkit's fixed prompts"
+            found, origin = _render(tokenizer, list(FIXED_PROMPTS), limit), FIXED_ORIGIN
     except Exception as exc:  # a template that refuses a lone user turn (Jinja's raise_exception, a missing key)
         return Job([], [], "", none=f"the chat template refused a conversation of one user turn: {exc}")
     if not found:
@@ -190,11 +191,16 @@ def _shared(a: list[int], b: list[int]) -> int:
 
 
 def summary(job: Job, reference: list[list[int]]) -> dict[str, Any]:
-    """The report's account of the prompts (module docstring) and the reference's answers, or why there are none."""
+    """The report's account of the prompts (module docstring) and the reference's answers, or why there are none.
+    Prompts taken from the run's data are named by their sha256 only: the export does not publish its data."""
+    import hashlib
+
     if job.none:
         return {"measured": False, "why": job.none, "gates": False}
-    return {"measured": True, "origin": job.origin, "prompts": job.texts, "tokens": job.tokens,
-            "stop_ids": list(job.stops), "reference_answers": reference, "gates": False}  # fmt: skip
+    shown = ({"prompts": job.texts} if job.origin == FIXED_ORIGIN else
+             {"prompt_sha256": [hashlib.sha256(t.encode()).hexdigest() for t in job.texts]})  # fmt: skip
+    return {"measured": True, "origin": job.origin, **shown, "tokens": job.tokens, "stop_ids": list(job.stops),
+            "reference_answers": reference, "gates": False}  # fmt: skip
 
 
 def cell(row: dict[str, Any]) -> str:

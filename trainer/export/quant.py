@@ -254,7 +254,8 @@ def _failure(row: dict[str, Any]) -> str:
 def _answers_note(found: dict[str, Any]) -> str:
     if not found["measured"]:
         return f"Answers agreeing: not measured ({found['why']})."
-    return (f"Answers agreeing: of {len(found['prompts'])} prompts ({found['origin']}), those whose first "
+    count = len(found.get("prompts") or found["prompt_sha256"])
+    return (f"Answers agreeing: of {count} prompts ({found['origin']}), those whose first "
             f"{found['tokens']} greedy answer tokens equal this export's, and the mean length of the prefix they "
             "share; reported, not gated (one flipped token changes every token after it).")
 
