@@ -10,6 +10,7 @@ Container side: never imports the docker SDK.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 MANIFEST = Path(os.environ.get("TRAINKIT_MANIFEST", "/opt/trainkit/build-manifest.json"))
+EXPORT_TYPES = {"llama_cpp": "q8_0", "llmcompressor": "fp8"}  # a claim -> the export type that proves it
 # What the build's export checks measured (check_export): export type -> its proof file
 EXPORT_PROOFS = {"q8_0": MANIFEST.with_name("gguf-proof.txt"), "fp8": MANIFEST.with_name("fp8-proof.txt")}
 DS_OP_BUILDERS = {
@@ -202,22 +204,31 @@ def check_transformer_engine() -> str:
     return "loads transformer_engine.pytorch"
 
 
-def check_export(kind: str) -> str:
-    """`export --quant KIND` of a two-layer model inside the image (images/verify_export.py, in its own interpreter):
-    q8_0 converted, quantized and scored in llama.cpp; fp8 made by llmcompressor and scored through compressed-tensors.
-    The build's verify step writes the result into the image; `--json` (build.py's read-back right after that step)
-    reports it instead of a second run (about 30 s each on 2 cores)."""
-    proof = EXPORT_PROOFS[kind]
-    if "--json" in sys.argv[1:] and proof.is_file():
-        return f"{proof.read_text().strip()} (the build's verify step)"
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "verify_export.py"), kind],
+def check_export(manifest: dict, piece: str) -> str:
+    """The claim `piece` (llama_cpp, llmcompressor) by an export of its type (EXPORT_TYPES) inside the image:
+    images/verify_export.py, in its own interpreter, one export for every such claim the image makes (q8_0 converted,
+    quantized and scored in llama.cpp; fp8 made by llmcompressor and scored through compressed-tensors). The build's
+    verify step writes each result into the image; `--json` (build.py's read-back right after that step) reports it
+    instead of a second run (about 30 s on 2 cores)."""
+    kind = EXPORT_TYPES[piece]
+    if "--json" in sys.argv[1:] and EXPORT_PROOFS[kind].is_file():
+        return f"{EXPORT_PROOFS[kind].read_text().strip()} (the build's verify step)"
+    claimed = tuple(EXPORT_TYPES[p] for p, c in manifest["extensions"].items()
+                    if p in EXPORT_TYPES and c.get("status") != "skipped")  # fmt: skip
+    return _exports(claimed)[kind]
+
+
+@functools.cache
+def _exports(kinds: tuple[str, ...]) -> dict[str, str]:
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "verify_export.py"), *kinds],
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         raise Failed((proc.stderr.strip().splitlines() or ["no output"])[-1])
-    line = proc.stdout.strip().splitlines()[-1]
-    with contextlib.suppress(OSError):  # a later run as another user: the build's file stays
-        proof.write_text(line + "\n")
-    return line
+    lines = dict(line.split(": ", 1) for line in proc.stdout.strip().splitlines() if line.split(": ", 1)[0] in kinds)
+    for kind, line in lines.items():
+        with contextlib.suppress(OSError):  # a later run as another user: the build's file stays
+            EXPORT_PROOFS[kind].write_text(line + "\n")
+    return lines
 
 
 def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, str]]:
@@ -240,10 +251,8 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
             checks.append((piece, None, claim.get("reason", "")))
         elif piece == "transformer_engine":
             checks.append((piece, check_transformer_engine, ""))
-        elif piece == "llama_cpp":
-            checks.append((piece, lambda: check_export("q8_0"), ""))
-        elif piece == "llmcompressor":
-            checks.append((piece, lambda: check_export("fp8"), ""))
+        elif piece in EXPORT_TYPES:
+            checks.append((piece, lambda piece=piece: check_export(manifest, piece), ""))
         else:
             modules = EXTENSION_MODULES.get(piece, [piece])
             checks.append((piece, lambda modules=modules: check_modules(modules), ""))
