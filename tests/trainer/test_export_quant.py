@@ -6,7 +6,7 @@ loader.
 llama.cpp is built once per machine (scripts/setup_llama_cpp.py caches the wheel and the converter; the `llama_cpp`
 module fixture runs it, which is seconds when built), llmcompressor's overlay installed once (scripts/setup_quant.py,
 the `overlay` fixture). One trained run serves every test of the file; it carries the built-in chatml template
-(TRAIN_CHAT_TEMPLATE) so that the report's answer agreement (trainer/export/answers.py) is measured on it."""
+(TRAIN_CHAT_TEMPLATE) so that the report's answer agreement (trainer/export/answer_agreement.py) is measured on it."""
 
 from __future__ import annotations
 
@@ -497,11 +497,12 @@ def test_a_run_on_a_data_folder_is_gated_on_its_last_text_files_tail_and_calibra
 @pytest.mark.fast
 def test_the_answer_prompts_are_the_chat_datas_first_user_turns_else_fixed_and_none_without_a_template(
         tmp_path: Path) -> None:  # fmt: skip
-    """trainer/export/answers.py's prompts: the first user turn of each conversation of the gate's text (messages,
-    ShareGPT, conversational prompt/completion; text records and turns too long passed over), else the fixed ones;
+    """trainer/export/answer_agreement.py's prompts: the first user turn of each conversation of the gate's text
+    (messages, ShareGPT, conversational prompt/completion; text records and turns too long passed over), else the fixed
+    ones;
     without a chat template none, saying why, in the report and the card."""
     from trainer.data.chat import BUILTIN_TEMPLATES
-    from trainer.export import answers, quality
+    from trainer.export import answer_agreement, quality
     from trainer.export.quant import card_section
     from trainer.tokenizer import byte_level_tokenizer
 
@@ -518,40 +519,40 @@ def test_the_answer_prompts_are_the_chat_datas_first_user_turns_else_fixed_and_n
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tokenizer = byte_level_tokenizer()
     text = quality.EvalText(quality.read_text(data, "test"), "the run's eval set TRAIN_EVAL_DATA=eval.jsonl", data)
-    none = answers.job(tokenizer, text, 2048)
+    none = answer_agreement.job(tokenizer, text, 2048)
     assert none.none == "the export's tokenizer has no chat template, so it has no answers to compare"
-    assert answers.agreement([], answers.llama_cpp_answers("unused.gguf", none, 1), none) == {
+    assert answer_agreement.agreement([], answer_agreement.llama_cpp_answers("unused.gguf", none, 1), none) == {
         "measured": False, "why": none.none}  # fmt: skip
     tokenizer.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
-    job = answers.job(tokenizer, text, 2048)
+    job = answer_agreement.job(tokenizer, text, 2048)
     assert job.texts == ["Hi there", "Sup", "Two plus two?", "Fourth"] and job.stops == (257,)
     assert job.origin == "the first user turns of the run's eval set TRAIN_EVAL_DATA=eval.jsonl"
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Sup"}], tokenize=False,
                                              add_generation_prompt=True)  # fmt: skip
     assert job.prompts[1] == list(rendered.encode()) and rendered.endswith("<|im_start|>assistant\n")
     plain = quality.EvalText("x", "corpus", REPO / "trainer" / "assets" / "corpus.txt", "tail")
-    fixed = answers.job(tokenizer, plain, 2048)
-    assert fixed.texts == list(answers.FIXED_PROMPTS) and fixed.origin == "trainkit's fixed prompts"
-    assert answers.job(tokenizer, plain, 40).none == "no prompt fits in 24 tokens with the chat template"
+    fixed = answer_agreement.job(tokenizer, plain, 2048)
+    assert fixed.texts == list(answer_agreement.FIXED_PROMPTS) and fixed.origin == "trainkit's fixed prompts"
+    assert answer_agreement.job(tokenizer, plain, 40).none == "no prompt fits in 24 tokens with the chat template"
     tokenizer.chat_template = "{{ raise_exception('a system turn comes first') }}"
-    assert answers.job(tokenizer, plain, 2048).none == ("the chat template refused a conversation of one user turn: "
-                                                        "a system turn comes first")  # fmt: skip
+    refused = answer_agreement.job(tokenizer, plain, 2048).none
+    assert refused == "the chat template refused a conversation of one user turn: a system turn comes first"
     tokenizer.chat_template = BUILTIN_TEMPLATES["chatml"].read_text()
     ref = [[1, 2, 3], [4, 5, 257], [6, 7, 8], [9, 9, 9]]
-    found = answers.agreement(ref, [[1, 2, 3], [4, 5, 6], [6, 7, 0], [9, 9, 9]], job)
+    found = answer_agreement.agreement(ref, [[1, 2, 3], [4, 5, 6], [6, 7, 0], [9, 9, 9]], job)
     assert found == {"measured": True, "prompts": 4, "tokens": 16, "agree": 0.5, "mean_prefix": 2.5,
                      "answers": [[1, 2, 3], [4, 5, 6], [6, 7, 0], [9, 9, 9]]}  # fmt: skip
     report = {"eval_text": {"origin": "o", "sha256": "s", "windows": 1, "context": 64},
-              "reference": {"runtime": "r", "perplexity": 2.0}, "answers": answers.summary(none, []),
+              "reference": {"runtime": "r", "perplexity": 2.0}, "answers": answer_agreement.summary(none, []),
               "types": [{"type": "q8_0", "file": "gguf/m.gguf", "bytes": 1e6, "runtime": "llama.cpp",
                          "perplexity": 2.0, "ratio": 1.0, "agreement": 1.0, "max_ppl_increase_pct": 1.0,
-                         "pass": True, "answer_agreement": answers.agreement([], [], none)}]}  # fmt: skip
+                         "pass": True, "answer_agreement": answer_agreement.agreement([], [], none)}]}  # fmt: skip
     card = "\n".join(card_section(report))
     assert "| 1.0000 | - | +1% | yes |" in card and f"Answers agreeing: not measured ({none.none})." in card
-    report["answers"] = answers.summary(job, ref)  # the run's own data: named by sha256, not published
+    report["answers"] = answer_agreement.summary(job, ref)  # the run's own data: named by sha256, not published
     assert "prompts" not in report["answers"] and "Hi there" not in json.dumps(report["answers"])
     assert report["answers"]["prompt_sha256"][0] == hashlib.sha256(b"Hi there").hexdigest()
     report["types"][0]["answer_agreement"] = found
     card = "\n".join(card_section(report))
     assert "| 1.0000 | 2/4 (prefix 2.5 of 16) | +1% | yes |" in card and "of 4 prompts (the first user turns" in card
-    assert answers.summary(fixed, ref)["prompts"] == list(answers.FIXED_PROMPTS)
+    assert answer_agreement.summary(fixed, ref)["prompts"] == list(answer_agreement.FIXED_PROMPTS)

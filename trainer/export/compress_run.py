@@ -6,8 +6,8 @@ export, the gate's windows and one entry per type. Per type: the export loaded i
 (QuantizationModifier for a scheme without calibration, GPTQModifier with it), saved compressed with the tokenizer,
 then loaded back from the saved folder through Transformers' compressed-tensors loader, scored on the windows
 (trainer/export/quality.py's transformers_scores: the reference's own rule) and asked the answer prompts
-(trainer/export/answers.py's transformers_answers, the same). RESULT gets each type's nll and top tokens, answers, the
-recipe, the layers kept unquantized and the seconds it took.
+(trainer/export/answer_agreement.py's transformers_answers, the same). RESULT gets each type's nll and top tokens,
+answers, the recipe, the layers kept unquantized and the seconds it took.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, job["overlay"])  # llmcompressor's Transformers and huggingface-hub before this environment's
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.export.answers import Job, transformers_answers
+    from trainer.export.answer_agreement import Job, transformers_answers
     from trainer.export.quality import transformers_scores
 
     tokenizer = AutoTokenizer.from_pretrained(job["model"])

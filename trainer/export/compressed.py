@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import ConfigError
-from trainer.export import answers, in_image, quality
+from trainer.export import answer_agreement, in_image, quality
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -135,9 +135,9 @@ Made = tuple[dict[str, Any], quality.Scores, list[list[int]]]  # a type's report
 
 
 def produce(plan: Plan, staging: Path, tokenizer: PreTrainedTokenizerBase, chunks: list[list[int]],
-            asking: answers.Job, work: Path) -> list[Made]:  # fmt: skip
+            asking: answer_agreement.Job, work: Path) -> list[Made]:  # fmt: skip
     """Each type's folder in staging/TYPE/, made and scored in the child process, and its answers to `asking`'s
-    prompts (trainer/export/answers.py); (row, scores, answers) per type."""
+    prompts (trainer/export/answer_agreement.py); (row, scores, answers) per type."""
     context = len(chunks[0])
     calibration: list[list[int]] = []
     if plan.calibration is not None:

@@ -7,9 +7,9 @@ export is written and verified in the staging folder (`produce`), all scored aga
 one text (trainer/export/quality.py): GGUF types by one conversion and one quantization each, scored in llama.cpp,
 an Ollama Modelfile beside each (OUT/gguf/); fp8 and w4a16 by llmcompressor, scored in Transformers' compressed-tensors
 loader (trainer/export/compressed.py; OUT/fp8/, OUT/w4a16/). For a chat model each also answers a few prompts, held
-against the export's answers (trainer/export/answers.py: reported, not gated). Then OUT/quant_report.json, a table in
-the model card and OUT/provenance.json (the run's, with these figures). A type over its threshold raises QualityLoss
-(exit 1, the staging folder removed) unless --allow-quality-loss.
+against the export's answers (trainer/export/answer_agreement.py: reported, not gated). Then OUT/quant_report.json,
+a table in the model card and OUT/provenance.json (the run's, with these figures). A type over its threshold raises
+QualityLoss (exit 1, the staging folder removed) unless --allow-quality-loss.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import provenance
 from trainer.errors import ConfigError
-from trainer.export import answers, compressed, gguf, quality
+from trainer.export import answer_agreement, compressed, gguf, quality
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,7 +52,7 @@ class Reference:
     """The unquantized export's figures every artifact is held against (Transformers, float32)."""
 
     scores: quality.Scores
-    job: answers.Job  # the answer prompts (trainer/export/answers.py)
+    job: answer_agreement.Job  # the answer prompts (trainer/export/answer_agreement.py)
     answers: list[list[int]]
 
 
@@ -115,8 +115,9 @@ def _context(plan: Plan, staging: Path, run: RunRecord | None) -> int:
 def _reference(staging: Path, chunks: list[list[int]], tokenizer: PreTrainedTokenizerBase, text: quality.EvalText
                ) -> Reference:  # fmt: skip
     model = quality.reference_model(staging)
-    job = answers.job(tokenizer, text, _positions(staging))
-    reference = Reference(quality.transformers_scores(model, chunks), job, answers.transformers_answers(model, job))
+    job = answer_agreement.job(tokenizer, text, _positions(staging))
+    said = answer_agreement.transformers_answers(model, job)
+    reference = Reference(quality.transformers_scores(model, chunks), job, said)
     log.info("export: answer agreement: %s", f"{len(job.prompts)} prompts ({job.origin}), at most {job.tokens} "
              "greedy tokens each" if not job.none else f"not measured: {job.none}")  # fmt: skip
     return reference
@@ -144,14 +145,14 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None, run_dir
         work = staging / ".compress-work"
         work.mkdir()
         for row, scores, said in compressed.produce(plan.compressed, staging, tokenizer, chunks, reference.job, work):
-            row["answer_agreement"] = answers.agreement(reference.answers, said, reference.job)
+            row["answer_agreement"] = answer_agreement.agreement(reference.answers, said, reference.job)
             rows[row["type"]] = _judged(plan, row, scores, reference.scores)
         shutil.rmtree(work)
     text = {"origin": plan.text.origin, "path": str(plan.text.path), "sha256": plan.text.sha256,
             "tokens": len(chunks) * context, "windows": len(chunks), "context": context}  # fmt: skip
     report: dict[str, Any] = {"eval_text": text, "reference": {"runtime": "transformers (float32, CPU)",
                                                                "perplexity": reference.scores.perplexity},
-                              "answers": answers.summary(reference.job, reference.answers),
+                              "answers": answer_agreement.summary(reference.job, reference.answers),
                               "types": [rows[kind] for kind in plan.types], "allow_quality_loss": plan.allow_loss}
     (staging / REPORT).write_text(json.dumps(report, indent=1) + "\n")
     with (staging / "README.md").open("a") as card:
@@ -214,8 +215,8 @@ def _score(plan: Plan, tools: gguf.Tools, kind: str, path: Path, reference: Refe
     row: dict[str, Any] = {"type": kind, "file": f"{GGUF_DIR}/{path.name}", "bytes": path.stat().st_size,
                            "runtime": tools.runtime}  # fmt: skip
     tokens, scores = quality.llama_cpp_run(path, chunks, plan.text.text, _threads())
-    said = answers.llama_cpp_answers(path, reference.job, _threads())
-    row["answer_agreement"] = answers.agreement(reference.answers, said, reference.job)
+    said = answer_agreement.llama_cpp_answers(path, reference.job, _threads())
+    row["answer_agreement"] = answer_agreement.agreement(reference.answers, said, reference.job)
     row["tokenizer_agrees"] = tokens == ids
     if not row["tokenizer_agrees"]:
         pairs = enumerate(zip(tokens, ids, strict=False))
@@ -237,7 +238,7 @@ def _judged(plan: Plan, row: dict[str, Any], scores: quality.Scores, reference: 
     quality.judge(row, scores, reference, threshold)
     log.info("export: %s %.1f MB: perplexity %.4f against %.4f (ratio %.4f), top-token agreement %.4f, answers "
              "agreeing %s: %s", row["type"], row["bytes"] / 1e6, row["perplexity"], reference.perplexity, row["ratio"],
-             row["agreement"], answers.cell(row),
+             row["agreement"], answer_agreement.cell(row),
              "pass" if row["pass"] else f"over the {threshold:g}% threshold")  # fmt: skip
     return row
 
@@ -274,7 +275,7 @@ def card_section(report: dict[str, Any]) -> list[str]:
         ratio = f"{r['ratio']:.4f}" if r.get("ratio") else "-"
         agree = f"{r['agreement']:.4f}" if r.get("agreement") is not None else "-"
         lines.append(f"| {r['type']} | `{r['file']}` | {r['bytes'] / 1e6:.2f} MB | {r['runtime']} | {ppl} | {ratio} "
-                     f"| {agree} | {answers.cell(r)} | +{r['max_ppl_increase_pct']:g}% | "
+                     f"| {agree} | {answer_agreement.cell(r)} | +{r['max_ppl_increase_pct']:g}% | "
                      f"{'yes' if r['pass'] else 'NO'} |")  # fmt: skip
     lines += ["", _answers_note(report["answers"])]
     made = [r for r in report["types"] if r.get("made_by")]
