@@ -19,6 +19,7 @@ says why, so the image refuses `--quant fp8/w4a16` naming its row instead of fai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -100,6 +101,7 @@ def _install(python: str, folder: Path, pins: dict[str, object], compile_bytecod
     argv = [python, "-m", "pip", "install", "-q", "--no-deps", "--require-hashes", "--only-binary", ":all:",
             *([] if compile_bytecode else ["--no-compile"]), "--target", str(staging), "-r", str(requirements)]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    requirements.unlink()
     if result.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
         return f"pip could not install the overlay (exit {result.returncode}): {result.stderr.strip()[-1500:]}"
@@ -126,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     problems = problems or _probe(args.python, folder, pins, imports=fresh)
     if problems and args.claim is not None:
         shutil.rmtree(folder, ignore_errors=True)  # nothing of it can be used
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()  # the image's /opt/llmcompressor, when nothing else is in it
         reason = f"llmcompressor {pins['version']} does not fit this environment: {'; '.join(problems.splitlines())}"
         _write_claim(args.claim, {"status": "skipped", "version": pins["version"], "reason": reason})
         return 0
