@@ -56,31 +56,30 @@ def truthful(planned: dict[str, str], inside: dict) -> dict[str, str]:
         out[APEX] = f"base image's apex {installed.get('apex', '(version unknown)')}"
     elif apex.get("status") != "built":
         out.pop(APEX, None)
-    out[GGUF] = gguf_export(extensions.get("llama_cpp"))
-    out[COMPRESSED] = compressed_export(extensions.get("llmcompressor"))
+    for label, (piece, _, _) in EXPORT_TOOLS.items():
+        out[label] = export_label(label, extensions.get(piece))
     return out
 
 
-def gguf_export(claim: dict | None) -> str:
-    """The label of export --quant's GGUF types, from the build manifest's llama_cpp claim (images/verify.py proved
-    it by exporting a two-layer model to q8_0 inside the image)."""
-    if not claim:
-        return "refused: this image was built without llama.cpp (no llama_cpp claim in its build manifest)"
-    if claim.get("status") == "skipped":
-        return f"refused: {claim.get('reason', '')}"
-    return (f"accepted: GGUF types through llama.cpp (llama-cpp-python {claim.get('version')}: converter, quantizer, "
-            "runtime), proven in the build by exporting a two-layer model to q8_0 and scoring it in llama.cpp")
+# An export label's claim, tool and what an accepting image says ({version}: the claim's)
+EXPORT_TOOLS = {
+    GGUF: ("llama_cpp", "llama.cpp", "GGUF types through llama.cpp (llama-cpp-python {version}: converter, quantizer, "
+           "runtime), proven in the build by exporting a two-layer model to q8_0 and scoring it in llama.cpp"),
+    COMPRESSED: ("llmcompressor", "llmcompressor", "fp8 and w4a16 through llmcompressor {version} (compressed-tensors, "
+                 "scored in Transformers' loader), proven in the build by exporting a two-layer model to fp8 and "
+                 "scoring it"),
+}  # fmt: skip
 
 
-def compressed_export(claim: dict | None) -> str:
-    """The label of export --quant fp8/w4a16, from the build manifest's llmcompressor claim (images/verify.py proved
-    it by exporting a two-layer model to fp8 inside the image)."""
+def export_label(label: str, claim: dict | None) -> str:
+    """`label` (GGUF, COMPRESSED) from the build manifest's claim of its tool: accepted where images/verify.py proved
+    it by an export inside the image, else refused with the build's reason."""
+    piece, tool, accepted = EXPORT_TOOLS[label]
     if not claim:
-        return "refused: this image was built without llmcompressor (no llmcompressor claim in its build manifest)"
+        return f"refused: this image was built without {tool} (no {piece} claim in its build manifest)"
     if claim.get("status") == "skipped":
         return f"refused: {claim.get('reason', '')}"
-    return (f"accepted: fp8 and w4a16 through llmcompressor {claim.get('version')} (compressed-tensors, scored in "
-            "Transformers' loader), proven in the build by exporting a two-layer model to fp8 and scoring it")
+    return "accepted: " + accepted.format(version=claim.get("version"))
 
 
 def _history(client: docker.DockerClient, image_id: str, layers: int) -> list[dict]:

@@ -3,13 +3,27 @@ registry), shared by the push/pull tests and the CPU base's registry path."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+
+
+def inside_an_image(folder: Path, monkeypatch: pytest.MonkeyPatch, piece: str, reason: str, row: str) -> None:
+    """The trainer's view from inside an image of row `row` whose build skipped `piece` for `reason`: its build
+    manifest and build.json (trainer/provenance.py's MANIFEST_FILE and BUILD_FILE) written in `folder`."""
+    from trainer import provenance
+
+    manifest, build = folder / "build-manifest.json", folder / "build.json"
+    manifest.write_text(json.dumps({"extensions": {piece: {"status": "skipped", "reason": reason}}}))
+    build.write_text(json.dumps({"org.trainkit.row": row}))
+    monkeypatch.setattr(provenance, "MANIFEST_FILE", manifest)
+    monkeypatch.setattr(provenance, "BUILD_FILE", build)
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import image_labels  # noqa: E402
 import setup_llama_cpp  # noqa: E402
+from conftest import inside_an_image  # noqa: E402
 from matrix import load  # noqa: E402
 
 from trainer import provenance  # noqa: E402
@@ -74,19 +75,18 @@ def test_the_build_takes_the_host_wheel_only_when_it_matches(tmp_path: Path) -> 
 
 
 def test_the_label_says_whether_the_row_carries_it() -> None:
-    assert image_labels.gguf_export({"status": "skipped", "reason": "numpy 1.26.4"}) == "refused: numpy 1.26.4"
-    accepted = image_labels.gguf_export({"status": "built", "version": PINS["version"]})
+    def label(claim: dict | None) -> str:
+        return image_labels.export_label(image_labels.GGUF, claim)
+
+    assert label({"status": "skipped", "reason": "numpy 1.26.4"}) == "refused: numpy 1.26.4"
+    accepted = label({"status": "built", "version": PINS["version"]})
     assert accepted.startswith(f"accepted: GGUF types through llama.cpp (llama-cpp-python {PINS['version']}")
-    assert image_labels.gguf_export(None).startswith("refused: this image was built without llama.cpp")
+    assert label(None).startswith("refused: this image was built without llama.cpp")
 
 
 def test_an_image_without_llama_cpp_refuses_quant_naming_its_row(tmp_path: Path, monkeypatch) -> None:
     reason = "llama.cpp's converter (gguf-py, llama-cpp-python 0.3.36) needs numpy >= 2.2.6; this has 1.26.4"
-    manifest, build = tmp_path / "build-manifest.json", tmp_path / "build.json"
-    manifest.write_text(json.dumps({"extensions": {"llama_cpp": {"status": "skipped", "reason": reason}}}))
-    build.write_text(json.dumps({"org.trainkit.row": "12.4"}))
-    monkeypatch.setattr(provenance, "MANIFEST_FILE", manifest)
-    monkeypatch.setattr(provenance, "BUILD_FILE", build)
+    inside_an_image(tmp_path, monkeypatch, "llama_cpp", reason, "12.4")
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the image's environment has no binding
     with pytest.raises(ConfigError) as refused:
         gguf.tools(["q8_0"])

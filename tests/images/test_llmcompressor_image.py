@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import image_labels  # noqa: E402
 import setup_quant  # noqa: E402
+from conftest import inside_an_image  # noqa: E402
 from matrix import dockerfile_defaults, load  # noqa: E402
 
 from trainer import provenance  # noqa: E402
@@ -58,20 +59,19 @@ def test_the_build_args_carry_the_pins_setup_quant_reads() -> None:
 
 
 def test_the_label_says_whether_the_row_carries_it() -> None:
+    def label(claim: dict | None) -> str:
+        return image_labels.export_label(image_labels.COMPRESSED, claim)
+
     reason = "llmcompressor 0.14.0.1 does not fit this environment: torch 2.7.0 is installed; llmcompressor asks x"
-    assert image_labels.compressed_export({"status": "skipped", "reason": reason}) == f"refused: {reason}"
-    accepted = image_labels.compressed_export({"status": "built", "version": PINS["version"]})
+    assert label({"status": "skipped", "reason": reason}) == f"refused: {reason}"
+    accepted = label({"status": "built", "version": PINS["version"]})
     assert accepted.startswith(f"accepted: fp8 and w4a16 through llmcompressor {PINS['version']}")
-    assert image_labels.compressed_export(None).startswith("refused: this image was built without llmcompressor")
+    assert label(None).startswith("refused: this image was built without llmcompressor")
 
 
 def test_an_image_without_llmcompressor_refuses_fp8_naming_its_row(tmp_path: Path, monkeypatch) -> None:
     reason = "llmcompressor 0.14.0.1 does not fit this environment: torch 2.7.0a0 is installed; llmcompressor asks x"
-    manifest, build = tmp_path / "build-manifest.json", tmp_path / "build.json"
-    manifest.write_text(json.dumps({"extensions": {"llmcompressor": {"status": "skipped", "reason": reason}}}))
-    build.write_text(json.dumps({"org.trainkit.row": "12.8"}))
-    monkeypatch.setattr(provenance, "MANIFEST_FILE", manifest)
-    monkeypatch.setattr(provenance, "BUILD_FILE", build)
+    inside_an_image(tmp_path, monkeypatch, "llmcompressor", reason, "12.8")
     monkeypatch.setenv(compressed.OVERLAY_ENV, str(tmp_path / "absent" / "site"))  # the image's ENV, no overlay
     with pytest.raises(ConfigError) as refused:
         compressed.tools(["fp8"])
