@@ -226,20 +226,27 @@ def test_config_and_diff_run_in_the_image(run_project, cpu_image, engine_memlock
 @pytest.mark.slow
 def test_export_quant_runs_llama_cpp_in_the_image(run_project, cpu_image, engine_memlock):
     """issue 56's in-image form: a run trained by run.py, then `run.py export /output /output/gguf --quant q8_0 --quant
-    q4_k_m`: run.py passes export's options through, and the image's own llama.cpp (its converter in
-    TRAINKIT_LLAMA_CPP, the llama_cpp binding) converts, quantizes and scores. As after quickstart: no ./data, so the
+    q4_k_m --quant fp8`: run.py passes export's options through, and the image's own llama.cpp (its converter in
+    TRAINKIT_LLAMA_CPP, the llama_cpp binding) converts, quantizes and scores, its llmcompressor overlay
+    (TRAINKIT_LLMCOMPRESSOR) makes and scores fp8. As after quickstart: no ./data, so the
     run trains on the embedded corpus, and the gate scores on its tail."""
     shutil.rmtree(run_project / "data")
     args = base_args(cpu_image, engine_memlock)
     result = run_py(*args, "train", cwd=run_project, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    quant = ["--quant", "q8_0", "--quant", "q4_k_m"]
+    quant = ["--quant", "q8_0", "--quant", "q4_k_m", "--quant", "fp8"]
     result = run_py(*args, "export", "/output", "/output/gguf", *quant, cwd=run_project, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = run_project / "output" / "gguf"
     report = json.loads((out / "quant_report.json").read_text())
-    version = tomllib.loads((RUN_PY.parents[1] / "images" / "versions.toml").read_text())["llama_cpp"]["version"]
-    assert [row["type"] for row in report["types"]] == ["q8_0", "q4_k_m"]
+    versions = tomllib.loads((RUN_PY.parents[1] / "images" / "versions.toml").read_text())
+    version = versions["llama_cpp"]["version"]
+    overlay = dict(pin.split("==") for pin in versions["llmcompressor"]["wheels"])
+    assert [row["type"] for row in report["types"]] == ["q8_0", "q4_k_m", "fp8"]
+    fp8 = report["types"].pop()  # the image's llmcompressor overlay, run by the user's uid
+    runtime = f"transformers {overlay['transformers']} + compressed-tensors {overlay['compressed-tensors']}"
+    assert fp8["pass"] and fp8["runtime"].startswith(runtime), fp8
+    assert (out / "fp8" / "config.json").is_file()
     for row in report["types"]:
         assert row["pass"] and row["tokenizer_agrees"], row
         assert row["runtime"] == f"llama.cpp (llama-cpp-python {version})"
