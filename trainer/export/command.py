@@ -117,8 +117,15 @@ def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto"
 
 
 def _tokenizer(*folders: Path | str | None) -> Any:
+    """The tokenizer saved in the first folder that has one; a vision-language model's processor (its image
+    processor, tokenizer and chat template) where that folder saved one."""
     from transformers import AutoTokenizer
 
+    from trainer.export.vision import processor_in
+
+    processor = processor_in(*folders)
+    if processor is not None:
+        return processor
     for folder in folders:
         if folder and (Path(folder) / "tokenizer_config.json").is_file():
             return AutoTokenizer.from_pretrained(str(folder))
@@ -158,11 +165,11 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
     if bad:
         raise ConfigError(f"export {source.folder}: the model holds non-finite weights, first in {bad!r}: "
                           f"{DIVERGED_HINT}")  # fmt: skip
-    ids = verify.probe_ids(tokenizer, model.config.vocab_size)
-    reference = verify.logits(reference_model, ids)
+    probe = verify.probe_ids(tokenizer, model.config.get_text_config().vocab_size)
+    reference = verify.logits(reference_model, probe)
     _save(model, tokenizer, staging, dtype_name)
     (staging / "README.md").write_text(model_card.model_card(source, name, base_how, source.kind == ADAPTER))
-    diff = verify.verify(staging, reference, ids, dtype_name)
+    diff = verify.verify(staging, reference, probe, dtype_name)
     log.info("export: %s (%s, %s) loads without peft; logits within %.2g of the reference", name, source.kind,
              dtype_name, diff)  # fmt: skip
 
