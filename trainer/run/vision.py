@@ -12,6 +12,7 @@ from trainer.errors import ConfigError
 from trainer.run import kit
 
 if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
     from trainer.config.run_config import RunConfig
     from trainer.data.vision import ImageRecords
     from trainer.data.vision_dataset import ImageDataset
@@ -29,8 +30,8 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     from trainer.run.training_model import build_vision_model
 
     cfg, args = setup.cfg, setup.args
-    processor = processor_for(cfg, setup.tokenizer)
-    encoder = encoder_for(cfg, processor)
+    processor = processor_for(cfg.inputs, setup.tokenizer)
+    encoder = encoder_for(cfg.inputs, processor)
     train, held = image_datasets(cfg, encoder, setup.resume.checkpoint is not None)
     model = setup.model(lambda: build_vision_model(cfg, processor, DEFAULT_PARTS))
     log_table(model)  # before step 0
@@ -49,25 +50,25 @@ def _spread(values: list[int]) -> str:
     return f"{min(values)}-{max(values)}" if values and min(values) != max(values) else str(values[0] if values else 0)
 
 
-def model_type(cfg: RunConfig) -> str | None:
+def model_type(inputs: Inputs) -> str | None:
     """TRAIN_MODEL's model_type: a vision preset's (qwen2_vl), a folder's config.json, a text preset's (llama)."""
     from trainer.model.vision import folder_model_type
     from trainer.model.vision_preset import is_vision_preset
 
-    if is_vision_preset(cfg.settings.model):
+    if is_vision_preset(inputs.settings.model):
         return "qwen2_vl"
-    return folder_model_type(cfg.decisions.model.value) or "llama"
+    return folder_model_type(inputs.model_folder) or "llama"
 
 
-def processor_for(cfg: RunConfig, tokenizer: Any) -> Any:
+def processor_for(inputs: Inputs, tokenizer: Any) -> Any:
     """The processor the records go through: a vision preset's (on the run's byte-level tokenizer) or the model
     folder's; TRAIN_CHAT_TEMPLATE replaces its template. ConfigError for a text-only model."""
     from trainer.data.vision import IMAGE_LAYOUT_NAMES
     from trainer.model.vision import is_vision_model_type, load_processor
     from trainer.model.vision_preset import is_vision_preset, qwen2_vl_processor
 
-    s, inputs = cfg.settings, cfg.inputs
-    kind = model_type(cfg)
+    s = inputs.settings
+    kind = model_type(inputs)
     if not is_vision_model_type(kind):
         layouts = ", ".join(IMAGE_LAYOUT_NAMES[x] for x in inputs.data.layouts if x in IMAGE_LAYOUT_NAMES)
         raise ConfigError(f"TRAIN_DATA={s.data} holds records with images ({layouts}) but TRAIN_MODEL={s.model} is a "
@@ -77,19 +78,19 @@ def processor_for(cfg: RunConfig, tokenizer: Any) -> Any:
     choice = inputs.template()
     if is_vision_preset(s.model):
         return qwen2_vl_processor(tokenizer, s.model, choice.text if choice.from_setting else None)
-    processor = load_processor(cfg.decisions.model.value)
+    processor = load_processor(inputs.model_folder)
     if choice.from_setting:
         processor.chat_template = processor.tokenizer.chat_template = choice.text
     return processor
 
 
-def encoder_for(cfg: RunConfig, processor: Any) -> ImageEncoder:
+def encoder_for(inputs: Inputs, processor: Any) -> ImageEncoder:
     """The records' encoder; ConfigError where the chat template shows no image, or packing is asked for."""
     from trainer.data.vision_encode import ImageEncoder, template_shows_images
 
-    s = cfg.settings
+    s = inputs.settings
     template = processor.chat_template or getattr(processor.tokenizer, "chat_template", None)
-    origin = cfg.inputs.template().origin if cfg.inputs.template().text else "the model's processor"
+    origin = inputs.template().origin if inputs.template().text else "the model's processor"
     if not template:
         raise ConfigError(f"TRAIN_MODEL={s.model} has no chat template to render records with images; set "
                           "TRAIN_CHAT_TEMPLATE to one that renders image parts")  # fmt: skip
@@ -99,7 +100,7 @@ def encoder_for(cfg: RunConfig, processor: Any) -> ImageEncoder:
                           f"image placeholder {getattr(processor, 'image_token', None)!r}: records with images need "
                           "a template that does; set TRAIN_CHAT_TEMPLATE to the model's own (or leave it unset)")
     if s.packing != "auto":
-        raise ConfigError(packing_refusal(s.packing, model_type(cfg)))
+        raise ConfigError(packing_refusal(s.packing, model_type(inputs)))
     return encoder
 
 
@@ -110,14 +111,22 @@ def packing_refusal(packing: str, kind: str | None) -> str:
             "the longest in its batch). Leave TRAIN_PACKING=auto")  # fmt: skip
 
 
+def training_images(inputs: Inputs, encoder: ImageEncoder) -> ImageDataset:
+    """TRAIN_DATA's records, every one read and encoded (the run's and `data --show`'s)."""
+    from trainer.data.vision_dataset import prepare_images
+
+    s = inputs.settings
+    if inputs.mix.is_mix:
+        raise ConfigError("TRAIN_DATA: a mix of sources with images is not supported yet; give one source")
+    return prepare_images(_read(inputs.data, s), encoder, s.seq_len, s.long_records, s.data_max_bad_lines)
+
+
 def image_datasets(cfg: RunConfig, encoder: ImageEncoder, resuming: bool) -> tuple[ImageDataset, Any]:
     """(training records, the eval set: TRAIN_EVAL_DATA's records, TRAIN_EVAL_SPLIT's last records, or None)."""
     from trainer.data.vision_dataset import prepare_images
 
     s, inputs = cfg.settings, cfg.inputs
-    if inputs.mix.is_mix:
-        raise ConfigError("TRAIN_DATA: a mix of sources with images is not supported yet; give one source")
-    train = prepare_images(_read(inputs.data, s), encoder, s.seq_len, s.long_records, s.data_max_bad_lines)
+    train = training_images(inputs, encoder)
     if resuming:
         refuse_changed_images(train.read, Path(s.output_dir), s.resume_changed_data)
     if s.eval_split > 0:
