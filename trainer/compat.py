@@ -408,3 +408,23 @@ def resuming_from(checkpoint: str | None, st: Stack | None = None) -> Iterator[N
         yield
     finally:
         hf_trainer.check_torch_load_is_safe = guard
+
+
+@contextlib.contextmanager
+def saving_in_model_names(*models: Any) -> Iterator[None]:
+    """Around a checkpoint's save: its weights under the model's own parameter names. Transformers 5 renames some
+    families' weights back to their original checkpoint layout when it saves (vision-language models'
+    `model.language_model.` becomes `model.`), and its Trainer's resume loads a checkpoint with load_state_dict,
+    which does not rename them again: those weights would be missing, and the run would go on from fresh ones.
+    save_pretrained's save_original_format=False keeps the names; 4.x renames nothing."""
+    import inspect
+
+    patched = [m for m in dict.fromkeys(models) if hasattr(type(m), "save_pretrained")
+               and "save_original_format" in inspect.signature(type(m).save_pretrained).parameters]  # fmt: skip
+    for model in patched:
+        model.save_pretrained = functools.partial(type(model).save_pretrained, model, save_original_format=False)
+    try:
+        yield
+    finally:
+        for model in patched:
+            del model.save_pretrained
