@@ -34,9 +34,9 @@ def score_images(loaded: Any, generator: Any, source: Any, spec: Any, pattern: A
     loaded.model.config.use_cache = True
     records = _answers(generator, dataset.records, pattern, batch_size) if generate else []
     hashes = sorted({f.sha256 for r in dataset.records for f in r.facts})
-    summary = {"loss": loss.loss, "perplexity": perplexity(loss.loss), "trained_tokens": loss.trained_tokens, "sequences": loss.sequences,
-               "images": {"count": sum(len(r.facts) for r in dataset.records), "distinct": len(hashes),
-                          "sha256": hashes}}  # fmt: skip
+    summary = {"loss": loss.loss, "perplexity": perplexity(loss.loss), "trained_tokens": loss.trained_tokens,
+               "sequences": loss.sequences, "images": {"count": sum(len(r.facts) for r in dataset.records),
+                                                       "distinct": len(hashes), "sha256": hashes}}  # fmt: skip
     return summary, records
 
 

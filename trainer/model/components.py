@@ -103,8 +103,13 @@ def linear_modules(model: Any, parts: frozenset[str]) -> list[str]:
 
 
 def outermost_modules(model: Any, component: str) -> list[str]:
-    """The outermost modules of a component (e.g. the projector, which LoRA trains whole: modules_to_save)."""
-    names = [name for name, _ in model.named_modules() if name and component_of(name) == component]
+    """The outermost modules of a component (e.g. the projector, which LoRA trains whole: modules_to_save); a list
+    of modules (Qwen3-VL's deepstack mergers) stands for its members."""
+    import torch
+
+    lists = (torch.nn.ModuleList, torch.nn.ModuleDict)
+    names = [name for name, module in model.named_modules()
+             if name and component_of(name) == component and not isinstance(module, lists)]  # fmt: skip
     return [name for name in names if not any(name.startswith(other + ".") for other in names)]
 
 
