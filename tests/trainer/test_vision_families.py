@@ -138,3 +138,25 @@ def test_a_freeze_lora_would_break_is_refused(family: tuple[str, Any, Any]) -> N
     check_frozen(adapted, DEFAULT_PARTS, "the trainable parts")
     rows = {r.component: r for r in table(adapted)}
     assert rows["vision"].trainable == 0 and rows["projector"].trainable > 0 and rows["language"].trainable > 0
+
+
+def test_quantized_exports_refused_naming_family_and_converter(family: tuple[str, Any, Any], tmp_path: Path) -> None:
+    """GGUF of a vision-language model: refused before any work, naming the family, the converter's version and
+    whether it takes the family (it reads the pinned converter's registry where it is installed)."""
+    from trainer.export.gguf import tools
+    from trainer.export.source import resolve_source
+    from trainer.export.vision import refuse_quantized
+
+    name, model, processor = family
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    try:
+        found = tools(["q8_0"])
+        converter, version = found.converter, found.version
+    except ConfigError:  # llama.cpp is not installed here: the refusal still names the family
+        converter, version = None, None
+    with pytest.raises(ConfigError, match=rf"vision-language model \({name}\)") as refused:
+        refuse_quantized(["q8_0"], resolve_source(tmp_path), converter, version)
+    if version:
+        assert f"llama-cpp-python {version}" in refused.value.message
+        assert "registers its architecture" in refused.value.message, refused.value.message  # all six, in 0.3.36

@@ -344,3 +344,15 @@ def first_record_problem(path: Path, row: dict[str, Any], line: int) -> str | No
     except BadRecord as exc:
         return f"{path}:{line}: {exc}"
     return None
+
+
+def holds_images(row: Any) -> bool:
+    """Whether a record of any layout carries images: an `images`/`image` value, or an image part in its messages
+    (preference and prompt records included)."""
+    if not isinstance(row, dict):
+        return False
+    if row.get("images") or row.get("image"):
+        return True
+    turns = [t for value in row.values() if isinstance(value, list) for t in value if isinstance(t, dict)]
+    return any(isinstance(p, dict) and p.get("type") in ("image", "image_url")
+               for t in turns if isinstance(t.get("content"), list) for p in t["content"])  # fmt: skip

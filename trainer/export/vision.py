@@ -90,8 +90,8 @@ def refuse_quantized(types: list[str], source: Any, converter: Path | None, vers
         return
     taken = _converter_takes(converter, _architecture(source)) if converter else None
     tool = f"llama.cpp's converter (llama-cpp-python {version})" if version else "the quantized export"
-    takes = {True: "converts its text model and can write its --mmproj projector file, but",
-             False: "does not convert this family, and", None: ""}[taken]  # fmt: skip
+    takes = {True: "registers its architecture (a text model and an --mmproj projector file), but",
+             False: "does not register its architecture, and", None: ""}[taken]  # fmt: skip
     raise ConfigError(
         f"export --quant {','.join(types)}: {source.folder} is a vision-language model ({kind}); {tool} {takes} "
         "trainkit refuses it: the quantized export's gate scores text only, and llama.cpp's image runtime (mtmd) is "

@@ -167,3 +167,23 @@ def refuse_changed_images(read: ImageRecords, output_dir: Path, allowed: bool) -
                       f"{', ...' if len(changed) > 5 else ''}): the checkpoint in {output_dir} trained on other "
                       "images; restore them, start a new run, or set TRAIN_RESUME_CHANGED_DATA=1 to continue on the "
                       "changed images")  # fmt: skip
+
+
+def refuse_image_method(inputs: Inputs, rows: list[dict[str, Any]]) -> None:
+    """TRAIN_METHOD=dpo/orpo/kto/simpo/reward/grpo/rloo on records with images: refused before the model loads,
+    naming the method and the model's family (their data paths carry text: the images would be dropped)."""
+    from trainer.data.vision import holds_images
+    from trainer.methods import of
+
+    held = sum(1 for row in rows if holds_images(row))
+    if not held:
+        return
+    s = inputs.settings
+    method = of(s.method)
+    trl = method.trl.trainer if method.trl else "trainer"
+    raise ConfigError(
+        f"TRAIN_METHOD={s.method} on records with images ({held} of {len(rows)} records hold images), TRAIN_MODEL="
+        f"{s.model} ({model_type(inputs)}): refused. TRL's {trl} takes images for some vision-language "
+        f"families, but trainkit's {method.family} data path carries text only, so the images would be dropped "
+        "without a word; train these records with TRAIN_METHOD=sft, or give records without images"
+    )
