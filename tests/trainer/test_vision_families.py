@@ -18,9 +18,11 @@ from trainer.data.vision import ImageRecords, record_of
 from trainer.data.vision_dataset import ImageCollator, prepare_images
 from trainer.data.vision_encode import ImageEncoder, LongRecord, fit_to_length
 from trainer.errors import ConfigError
-from trainer.model.components import check_frozen, component_of, outermost_modules, set_trainable, table
+from trainer.model.components import count
 from trainer.model.vision import image_token_id
-from trainer.run.vision import DEFAULT_PARTS
+from trainer.model.vision_parts import check_frozen, outermost_modules, part_of, set_trainable
+
+DEFAULT_PARTS = frozenset({"projector", "language"})  # TRAIN_TRAINABLE's default
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +102,14 @@ def test_image_tokens_equal_the_features_on_every_batch(family: tuple[str, Any, 
 def test_components_and_the_default_freeze(family: tuple[str, Any, Any]) -> None:
     name, model, _ = family
     set_trainable(model, DEFAULT_PARTS)
-    rows = {r.component: r for r in table(model)}
-    assert set(rows) == {"vision", "projector", "language"}, (name, rows)
-    assert rows["vision"].trainable == 0 and rows["vision"].total > 0, name
-    assert rows["projector"].trainable == rows["projector"].total > 0, name
-    assert rows["language"].trainable == rows["language"].total > 0, name
-    assert sum(r.total for r in rows.values()) == sum(p.numel() for p in model.parameters()), name
+    rows = {r.component: r for r in count(model)}
+    assert set(rows) == {"vision tower", "projector", "language model", "total"}, (name, rows)
+    assert rows["vision tower"].trainable == 0 and rows["vision tower"].parameters > 0, name
+    assert rows["projector"].trainable == rows["projector"].parameters > 0, name
+    assert rows["language model"].trainable == rows["language model"].parameters > 0, name
+    assert rows["total"].parameters == sum(p.numel() for p in model.parameters()), name
     check_frozen(model, DEFAULT_PARTS, "the trainable parts")
-    set_trainable(model, frozenset(component_of(n) for n, _ in model.named_parameters()))
+    set_trainable(model, frozenset({"vision", "projector", "language"}))
 
 
 def test_a_freeze_lora_would_break_is_refused(family: tuple[str, Any, Any]) -> None:
@@ -116,7 +118,7 @@ def test_a_freeze_lora_would_break_is_refused(family: tuple[str, Any, Any]) -> N
     import copy
 
     from trainer.model.adapters import apply_lora
-    from trainer.model.components import linear_modules
+    from trainer.model.vision_parts import linear_modules
 
     name, model, _ = family
     settings = SimpleNamespace(quant="none", grad_ckpt=False, lora_targets="q_proj,v_proj", lora_r=4, lora_alpha=8,
@@ -124,7 +126,7 @@ def test_a_freeze_lora_would_break_is_refused(family: tuple[str, Any, Any]) -> N
     fresh = copy.deepcopy(model)
     set_trainable(fresh, DEFAULT_PARTS)
     adapted = apply_lora(fresh, settings)
-    reaches_tower = any("lora_" in n and component_of(n) == "vision" for n, _ in adapted.named_parameters())
+    reaches_tower = any("lora_" in n and part_of(n) == "vision" for n, _ in adapted.named_parameters())
     if reaches_tower:
         with pytest.raises(ConfigError, match=r"the vision tower is to stay frozen but .* would train"):
             check_frozen(adapted, DEFAULT_PARTS, "the trainable parts")
@@ -136,8 +138,9 @@ def test_a_freeze_lora_would_break_is_refused(family: tuple[str, Any, Any]) -> N
     adapted = apply_lora(fresh, default, targets=linear_modules(fresh, frozenset({"language"})),
                          whole=outermost_modules(fresh, "projector"))  # fmt: skip
     check_frozen(adapted, DEFAULT_PARTS, "the trainable parts")
-    rows = {r.component: r for r in table(adapted)}
-    assert rows["vision"].trainable == 0 and rows["projector"].trainable > 0 and rows["language"].trainable > 0
+    rows = {r.component: r for r in count(adapted)}
+    assert rows["vision tower"].trainable == 0 and rows["projector"].trainable > 0
+    assert rows["language model"].trainable > 0
 
 
 def test_quantized_exports_refused_naming_family_and_converter(family: tuple[str, Any, Any], tmp_path: Path) -> None:

@@ -50,14 +50,9 @@ def _blank() -> bytes:
 
 
 @pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_family("qwen2_vl", tmp_path_factory.mktemp("tiny-vl"))
-
-
-@pytest.fixture(scope="module")
-def trained(colours: Path, tiny_vl: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def trained(colours: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("trained")
-    code, err = finish(start(train_env(out, model=tiny_vl, data=colours / "train.jsonl", **LEARN)))
+    code, err = finish(start(train_env(out, model="tiny-vl", data=colours / "train.jsonl", **LEARN)))
     assert code == 0, err[-3000:]
     return out, err
 
@@ -76,22 +71,24 @@ def _answers(model: Path, prompts: Path, out: Path) -> dict[str, str]:
 
 def test_learns_the_colour_of_held_out_pictures(trained: tuple[Path, str], answers: dict[str, str]) -> None:
     """The same question, four held-out pictures, four right answers; a blank picture gets at most one of them;
-    the component table came before step 0 (the tower frozen), and provenance.json hashed every picture."""
+    the component table came before step 0 (the tower frozen) and is in the run's record, and provenance.json hashed
+    every picture."""
     out, log = trained
     assert {c: answers[c] for c in COLOURS} == {c: c for c in COLOURS}, answers
     assert sum(answers[f"blank {c}"] == c for c in COLOURS) <= 1, answers
-    table = log[log.index("parameters by component") : log.index("total", log.index("parameters by component"))]
-    assert "vision tower" in table and " 0 (0.0%)" in table.split("vision tower")[1].splitlines()[0], table
-    assert log.index("parameters by component") < log.index("startup: ")  # logged when the first step ends
+    table = log[log.index("components:") : log.index("total", log.index("components:"))]
+    assert " 0 (0.0%)" in table.split("vision tower")[1].splitlines()[0], table
+    assert log.index("components:") < log.index("startup: ")  # logged when the first step ends
+    recorded = {row["component"]: row for row in json.loads((out / "run_config.json").read_text())["components"]}
+    assert recorded["vision tower"]["trainable"] == 0 < recorded["projector"]["trainable"], recorded
     data = json.loads((out / "provenance.json").read_text())["data"]
     assert sum(1 for path in data if path.endswith(".png")) == 64
 
 
-def test_resume_after_sigterm_is_bit_exact(trained: tuple[Path, str], colours: Path, tiny_vl: Path,
-                                           tmp_path: Path) -> None:  # fmt: skip
+def test_resume_after_sigterm_is_bit_exact(trained: tuple[Path, str], colours: Path, tmp_path: Path) -> None:
     """SIGTERM mid-run: a checkpoint, exit 143; the restart continues from it and ends with the uninterrupted
     run's weights, equal to the bit."""
-    env = train_env(tmp_path, model=tiny_vl, data=colours / "train.jsonl", **LEARN)
+    env = train_env(tmp_path, model="tiny-vl", data=colours / "train.jsonl", **LEARN)
     proc = start(env)
     wait_for(lambda: any(step >= 50 for step in logged_steps(tmp_path)), 600, "step 50", proc=proc)
     proc.send_signal(signal.SIGTERM)
@@ -111,17 +108,31 @@ def test_export_reloads_with_its_processor_and_answers_the_same(trained: tuple[P
     assert _answers(tmp_path / "export", colours / "held.jsonl", tmp_path / "answers.jsonl") == answers
 
 
-def test_bad_images_exit_2_before_the_model_loads(colours: Path, tiny_vl: Path, tmp_path: Path) -> None:
+def test_bad_images_exit_2_before_the_model_loads(colours: Path, tmp_path: Path) -> None:
     rows = [colour_row(str(colours / "images" / "0-0.png"), "red"), colour_row("missing.png", "red"),
             colour_row("https://example.com/x.png", "red")]  # fmt: skip
     data = tmp_path / "data" / "train.jsonl"
     data.parent.mkdir()
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    code, err = finish(start(train_env(tmp_path / "out", model=tiny_vl, data=data)))
+    code, err = finish(start(train_env(tmp_path / "out", model="tiny-vl", data=data)))
     assert code == 2, err[-3000:]
     assert "2 bad image record(s)" in err and f"{data}:2: image missing.png not found" in err, err[-2000:]
     assert f"{data}:3: images[1] is a URL" in err or f"{data}:3: messages[1] image is a URL" in err, err[-2000:]
     assert "model loaded" not in err and "Traceback" not in err
+
+
+def test_refused_before_torch(colours: Path, tmp_path: Path) -> None:
+    """A text-only model given records with images, packing them, and TRAIN_TRAINABLE without images: `config`
+    exits 2 naming both sides, before torch loads."""
+    data = colours / "train.jsonl"
+    cases = [({"TRAIN_MODEL": "tiny"}, "is a text-only model (llama)"),
+             ({"TRAIN_MODEL": "tiny-vl", "TRAIN_PACKING": "records"}, "TRAIN_PACKING=records with records with images "
+                                                                        "(qwen2_vl): refused"),
+             ({"TRAIN_MODEL": "tiny-vl", "TRAIN_TRAINABLE": "projector", "TRAIN_LORA": "1"}, "LoRA adapts the linears"),
+             ({"TRAIN_MODEL": "tiny-vl", "TRAIN_TRAINABLE": "tower"}, "unknown part tower")]  # fmt: skip
+    for env, said in cases:
+        result = run_trainer(["config"], env={"TRAIN_DATA": str(data), "TRAIN_OUTPUT_DIR": str(tmp_path), **env})
+        assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "idefics3", "llava"])

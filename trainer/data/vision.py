@@ -356,3 +356,19 @@ def holds_images(row: Any) -> bool:
     turns = [t for value in row.values() if isinstance(value, list) for t in value if isinstance(t, dict)]
     return any(isinstance(p, dict) and p.get("type") in ("image", "image_url")
                for t in turns if isinstance(t.get("content"), list) for p in t["content"])  # fmt: skip
+
+
+def config_reads_images(config: dict[str, Any]) -> bool:
+    """Whether a model config (config.json's content) is a vision-language model's: one with a vision tower
+    (`vision_config`) that generates text (its class a ...ForConditionalGeneration, when named). Torch-free: the
+    checks ask it before anything loads; the loader picks the model class by it (trainer.model.vision)."""
+    named = [str(a) for a in config.get("architectures") or []]
+    return isinstance(config.get("vision_config"), dict) and all(a.endswith("ForConditionalGeneration") for a in named)
+
+
+def folder_reads_images(folder: str | Path) -> bool:
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config_reads_images(config)

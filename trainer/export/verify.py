@@ -53,9 +53,11 @@ def verify(folder: Path, reference_logits: Any, inputs: dict[str, Any], dtype_na
     except Exception as exc:  # any refusal means the folder is not usable
         raise ExportMismatch(f"{folder} does not load with {cls.__name__}.from_pretrained: {exc}") from None
     if "pixel_values" in inputs:
-        from trainer.export.vision import same_processor
+        from trainer.export.vision import processor_problem
 
-        same_processor(folder, inputs)
+        problem = processor_problem(folder, inputs)
+        if problem:
+            raise ExportMismatch(problem)
     lora = [name for name, _ in model.named_parameters() if "lora_" in name]
     if lora:
         raise ExportMismatch(f"{folder} still holds LoRA weights ({lora[0]}, ...): the adapter was not merged")

@@ -23,12 +23,12 @@ PROBE_SIDE = 56  # a 56x56 probe picture: a few image tokens in every family
 
 def processor_in(*folders: Path | str | None) -> Any:
     """The processor of a vision-language model saved in the first of `folders` that holds one; None otherwise."""
-    from trainer.model.vision import PROCESSOR_FILES, folder_model_type, is_vision_model_type, load_processor
+    from trainer.data.vision import folder_reads_images
+    from trainer.model.vision import PROCESSOR_FILES, load_processor
 
     for folder in folders:
         if folder and any((Path(folder) / name).is_file() for name in PROCESSOR_FILES):
-            kind = next((folder_model_type(f) for f in folders if f and folder_model_type(f)), None)
-            return load_processor(folder) if is_vision_model_type(kind) else None
+            return load_processor(folder) if any(f and folder_reads_images(f) for f in folders) else None
     return None
 
 
@@ -52,41 +52,37 @@ def probe_inputs(processor: Any) -> dict[str, Any]:
     return dict(processor(text=[text], images=[[probe_picture()]], return_tensors="pt"))
 
 
-def same_processor(folder: Path, inputs: dict[str, Any]) -> None:
-    """The exported folder's processor reloads and makes the probe's inputs as the source's did."""
+def processor_problem(folder: Path, inputs: dict[str, Any]) -> str | None:
+    """Why the exported folder's processor does not reload and make the probe's inputs as the source's did; None
+    when it does."""
     import torch
-
-    from trainer.export.verify import ExportMismatch
 
     try:
         again = probe_inputs(processor_in(folder))
     except Exception as exc:  # a processor that does not reload is not a usable export
-        raise ExportMismatch(f"{folder}: its processor does not reload and render the probe: {exc}") from None
-    for key, value in inputs.items():
-        if key not in again or not torch.equal(again[key], value):
-            raise ExportMismatch(f"{folder}: its reloaded processor makes another {key!r} for the probe image")
+        return f"{folder}: its processor does not reload and render the probe: {exc}"
+    changed = [key for key, value in inputs.items() if key not in again or not torch.equal(again[key], value)]
+    return f"{folder}: its reloaded processor makes another {changed[0]!r} for the probe image" if changed else None
 
 
-def model_type_of(source: Any) -> str | None:
-    """The model_type of an export's source: its folder's config.json, else (a LoRA checkpoint) its run's base."""
+def vision_model_type(source: Any) -> str | None:
+    """The model_type of an export's source when it reads images (its folder, else a LoRA checkpoint's recorded
+    base: a folder or a vision preset); None otherwise."""
+    from trainer.config.presets import is_vision_preset, preset_model_type
+    from trainer.data.vision import folder_reads_images
     from trainer.model.vision import folder_model_type
 
-    found = folder_model_type(source.folder)
-    if found is None and source.run is not None and Path(source.run.settings.model).is_dir():
-        found = folder_model_type(source.run.settings.model)
-    if found is None and source.run is not None:
-        from trainer.model.vision_preset import is_vision_preset
-
-        found = "qwen2_vl" if is_vision_preset(source.run.settings.model) else None
-    return found
+    base = source.run.settings.model if source.run is not None else None
+    for folder in (source.folder, base):
+        if folder and Path(folder).is_dir() and (Path(folder) / "config.json").is_file():
+            return folder_model_type(folder) if folder_reads_images(folder) else None
+    return preset_model_type(base) if is_vision_preset(base) else None
 
 
 def refuse_quantized(types: list[str], source: Any, converter: Path | None, version: str | None) -> None:
     """ConfigError for `export --quant` of a vision-language model, naming the family and the tool (see above)."""
-    from trainer.model.vision import is_vision_model_type
-
-    kind = model_type_of(source)
-    if not is_vision_model_type(kind):
+    kind = vision_model_type(source)
+    if kind is None:
         return
     taken = _converter_takes(converter, _architecture(source)) if converter else None
     tool = f"llama.cpp's converter (llama-cpp-python {version})" if version else "the quantized export"

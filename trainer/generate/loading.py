@@ -184,12 +184,14 @@ def _precision(model: Any, choice: Choice) -> str:
 
 def _processor(plan: Plan) -> Any:
     """A vision-language model's processor (saved beside its weights, or a vision preset's); None for others."""
-    from trainer.model.vision import PROCESSOR_FILES, folder_model_type, is_vision_model_type, load_processor
-    from trainer.model.vision_preset import is_vision_preset, qwen2_vl_processor
+    from trainer.config.presets import is_vision_preset
+    from trainer.data.vision import folder_reads_images
+    from trainer.model.vision import PROCESSOR_FILES, load_processor
+    from trainer.model.vision_preset import qwen2_vl_processor
 
     if plan.preset:
         return qwen2_vl_processor(_tokenizer(plan), plan.model) if is_vision_preset(plan.model) else None
-    if not is_vision_model_type(folder_model_type(plan.model)):
+    if not folder_reads_images(plan.model):
         return None
     folders = [*plan.tokenizer_folders, Path(plan.model)]
     saved = next((f for f in folders if any((Path(f) / name).is_file() for name in PROCESSOR_FILES)), plan.model)

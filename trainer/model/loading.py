@@ -98,8 +98,9 @@ def model_config(what: Weights, how: LoadHow) -> Any:
     from trainer.config.rope import existing_scaling, scale_rope
 
     if what.preset is not None:
+        from trainer.config.presets import is_vision_preset
         from trainer.model.build import preset_config
-        from trainer.model.vision_preset import is_vision_preset, vision_preset_config
+        from trainer.model.vision_preset import vision_preset_config
 
         config = (vision_preset_config(what.preset, what.tokenizer) if is_vision_preset(what.preset)
                   else preset_config(what.preset, len(what.tokenizer), 0, what.tokenizer))  # fmt: skip

@@ -1,11 +1,12 @@
-"""Vision-language models: which configs read images, their model class, and their processor.
+"""Vision-language models: their model class and their processor.
 
-A model reads images when Transformers maps its config to AutoModelForImageTextToText (Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, Gemma 3, Idefics3, SmolVLM, LLaVA, ...). Its processor (the image processor, the tokenizer and the chat
-template) comes from its folder through AutoProcessor; where the folder's processor class also builds a video
-processor that this stack cannot build (Qwen-VL's and SmolVLM's need torchvision, which the CPU image lacks), the
-same class is built without it: trainkit trains images, not videos, and the folder it saves names the original
-class, so it loads as usual where torchvision is installed.
+A model reads images when its config has a vision tower and generates text (the one rule:
+trainer.data.vision.config_reads_images: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3, SmolVLM, LLaVA, ...); it
+loads as AutoModelForImageTextToText. Its processor (the image processor, the tokenizer and the chat template) comes
+from its folder; where the folder's processor class also builds a video processor that this stack cannot build
+(Qwen-VL's and SmolVLM's need torchvision, which the CPU image lacks), the same class is built without it: trainkit
+trains images, not videos, and the folder it saves names the original class, so it loads as usual where torchvision
+is installed.
 """
 
 from __future__ import annotations
@@ -22,15 +23,11 @@ log = logging.getLogger("trainer")
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 
 
-def is_vision_model_type(model_type: str | None) -> bool:
-    """Whether Transformers maps this config's model_type to an image-text-to-text model."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-    return bool(model_type) and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-
 def is_vision_config(config: Any) -> bool:
-    return is_vision_model_type(getattr(config, "model_type", None))
+    """A loaded config's answer to the one rule (trainer.data.vision.config_reads_images)."""
+    from trainer.data.vision import config_reads_images
+
+    return config_reads_images(config.to_dict())
 
 
 def folder_model_type(folder: str | Path) -> str | None:

@@ -8,39 +8,16 @@ Pillow one (no torchvision) bounded to 4-16 image tokens per image, its chat tem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trainer.config.presets import PRESET_MAX_POSITIONS, PRESET_ROPE_THETA, VISION_PRESETS
 
 QWEN2_VL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                    "<|video_pad|>")  # fmt: skip
 TEMPLATE = Path(__file__).resolve().parents[1] / "assets" / "chat_templates" / "qwen2-vl.jinja"
 PATCH, MERGE = 14, 2
 TOKEN_PIXELS = (PATCH * MERGE) ** 2  # the pixels one image token stands for (a 28x28 square)
-
-
-@dataclass(frozen=True)
-class VisionPreset:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vision_depth: int
-    vision_dim: int
-    vision_heads: int
-    min_image_tokens: int
-    max_image_tokens: int
-
-
-VISION_PRESETS = {
-    "tiny-vl": VisionPreset(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vision_depth=2, vision_dim=32,
-                            vision_heads=2, min_image_tokens=4, max_image_tokens=16),
-}  # fmt: skip
-
-
-def is_vision_preset(name: str | None) -> bool:
-    return name in VISION_PRESETS
 
 
 def add_qwen2_vl_tokens(tokenizer: Any) -> None:
@@ -72,19 +49,22 @@ def vision_preset_config(name: str, tokenizer: Any) -> Any:
     """The Qwen2VLConfig of a vision preset for `tokenizer` (its vocabulary rounded up to a multiple of 64)."""
     from transformers import Qwen2VLConfig
 
-    p = VISION_PRESETS[name]
+    p, text = VISION_PRESETS[name], VISION_PRESETS[name].language
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2_VL_TOKENS}
     special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
                "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
-    head = p.hidden // p.heads  # multimodal RoPE splits half the head's rotary dimensions over (time, height, width)
+    head = text.hidden // text.heads  # multimodal RoPE splits half the rotary dimensions over time, height, width
     sections = [head // 8, (head // 2 - head // 8) // 2, head // 2 - head // 8 - (head // 2 - head // 8) // 2]
-    text = {"vocab_size": (len(tokenizer) + 63) // 64 * 64, "hidden_size": p.hidden, "num_hidden_layers": p.layers,
-            "intermediate_size": p.intermediate, "num_attention_heads": p.heads, "num_key_value_heads": p.kv_heads,
-            "max_position_embeddings": 2048, "tie_word_embeddings": True,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections},
-            **special}  # fmt: skip
-    vision = {"depth": p.vision_depth, "embed_dim": p.vision_dim, "hidden_size": p.hidden, "num_heads": p.vision_heads,
-              "mlp_ratio": 2, "patch_size": PATCH, "spatial_merge_size": MERGE, "temporal_patch_size": 2}  # fmt: skip
-    return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+    language = {"vocab_size": (len(tokenizer) + 63) // 64 * 64, "hidden_size": text.hidden,
+                "num_hidden_layers": text.layers, "intermediate_size": text.intermediate,
+                "num_attention_heads": text.heads, "num_key_value_heads": text.kv_heads,
+                "max_position_embeddings": PRESET_MAX_POSITIONS, "tie_word_embeddings": True,
+                "rope_parameters": {"rope_type": "default", "rope_theta": PRESET_ROPE_THETA,
+                                    "mrope_section": sections},
+                **special}  # fmt: skip
+    vision = {"depth": p.vision_depth, "embed_dim": p.vision_dim, "hidden_size": text.hidden,
+              "num_heads": p.vision_heads, "mlp_ratio": 2, "patch_size": PATCH, "spatial_merge_size": MERGE,
+              "temporal_patch_size": 2}  # fmt: skip
+    return Qwen2VLConfig(text_config=language, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                          video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                          vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True, **special)  # fmt: skip

@@ -105,11 +105,11 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
 
 def build_vision_model(cfg: RunConfig, processor: Any, parts: frozenset[str]) -> PreTrainedModel:
     """A vision-language model to train on records with images: a vision preset from scratch or a folder, with
-    Transformers' own attention (records are never packed), `parts` trained (trainer.model.components: vision,
+    Transformers' own attention (records are never packed), `parts` trained (trainer.model.vision_parts: vision,
     projector, language) and every other component frozen; with LoRA, the adapter on the linears of the trained
     parts but the projector, which trains whole. A component left trainable against `parts` exits 2."""
-    from trainer.model.components import check_frozen, linear_modules, outermost_modules, set_trainable
-    from trainer.model.vision_preset import is_vision_preset
+    from trainer.config.presets import is_vision_preset
+    from trainer.model.vision_parts import check_frozen, linear_modules, outermost_modules, set_trainable
 
     s = cfg.settings
     deepspeed_counts_every_process(cfg)
@@ -124,7 +124,7 @@ def build_vision_model(cfg: RunConfig, processor: Any, parts: frozenset[str]) ->
         adapted = parts - {"projector"}
         model = apply_lora(model, s, targets=linear_modules(model, adapted),
                            whole=outermost_modules(model, "projector") if "projector" in parts else None)  # fmt: skip
-    check_frozen(model, parts, "the trainable parts (vision, projector, language)")
+    check_frozen(model, parts, f"TRAIN_TRAINABLE={cfg.settings.trainable}")
     log_parameter_counts(model)
     return model
 

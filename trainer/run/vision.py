@@ -1,9 +1,11 @@
 """TRAIN_METHOD=sft on records with images (trainer.run.sft hands them here): the model's processor, the refusals
-that come before the model loads (a text-only model, a template without images, packing, changed images on resume),
-every record read and encoded, the vision-language model with its trainable parts, and the atomic Trainer."""
+that come before the model loads and need it (a template without images, changed images on resume; the others are
+the checks': trainer.config.paths), every record read and encoded, the vision-language model with its trainable
+parts, and the atomic Trainer."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,12 +22,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainer")
 
-DEFAULT_PARTS = frozenset({"projector", "language"})  # the vision tower stays frozen unless asked
-
-
 def prepare(setup: kit.Setup) -> kit.Prepared:
     from trainer.data.vision_dataset import ImageCollator
-    from trainer.model.components import log_table
+    from trainer.model.components import log_components
     from trainer.run.checkpoint import AtomicCheckpointTrainer
     from trainer.run.training_model import build_vision_model
 
@@ -33,9 +32,10 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     processor = processor_for(cfg.inputs, setup.tokenizer)
     encoder = encoder_for(cfg.inputs, processor)
     train, held = image_datasets(cfg, encoder, setup.resume.checkpoint is not None)
-    model = setup.model(lambda: build_vision_model(cfg, processor, DEFAULT_PARTS))
-    log_table(model)  # before step 0
-    record = kit.learned(setup.start, args, cfg.decisions, len(train))
+    model = setup.model(lambda: build_vision_model(cfg, processor, frozenset(cfg.decisions.trainable.value)))
+    rows = log_components(model)  # before step 0; the run's record keeps it
+    record = dataclasses.replace(kit.learned(setup.start, args, cfg.decisions, len(train)),
+                                 components=tuple(row.to_dict() for row in rows))  # fmt: skip
     log.info("data: %d records with %d images (%s image tokens per record), one record per sequence",
              len(train), train.read.images(), _spread(train.image_tokens()))  # fmt: skip
     trainer = AtomicCheckpointTrainer(
@@ -50,31 +50,15 @@ def _spread(values: list[int]) -> str:
     return f"{min(values)}-{max(values)}" if values and min(values) != max(values) else str(values[0] if values else 0)
 
 
-def model_type(inputs: Inputs) -> str | None:
-    """TRAIN_MODEL's model_type: a vision preset's (qwen2_vl), a folder's config.json, a text preset's (llama)."""
-    from trainer.model.vision import folder_model_type
-    from trainer.model.vision_preset import is_vision_preset
-
-    if is_vision_preset(inputs.settings.model):
-        return "qwen2_vl"
-    return folder_model_type(inputs.model_folder) or "llama"
-
-
 def processor_for(inputs: Inputs, tokenizer: Any) -> Any:
     """The processor the records go through: a vision preset's (on the run's byte-level tokenizer) or the model
-    folder's; TRAIN_CHAT_TEMPLATE replaces its template. ConfigError for a text-only model."""
-    from trainer.data.vision import IMAGE_LAYOUT_NAMES
-    from trainer.model.vision import is_vision_model_type, load_processor
-    from trainer.model.vision_preset import is_vision_preset, qwen2_vl_processor
+    folder's (the checks refused a model that reads no images: trainer.config.paths); TRAIN_CHAT_TEMPLATE replaces
+    its template."""
+    from trainer.config.presets import is_vision_preset
+    from trainer.model.vision import load_processor
+    from trainer.model.vision_preset import qwen2_vl_processor
 
     s = inputs.settings
-    kind = model_type(inputs)
-    if not is_vision_model_type(kind):
-        layouts = ", ".join(IMAGE_LAYOUT_NAMES[x] for x in inputs.data.layouts if x in IMAGE_LAYOUT_NAMES)
-        raise ConfigError(f"TRAIN_DATA={s.data} holds records with images ({layouts}) but TRAIN_MODEL={s.model} is a "
-                          f"text-only model ({kind}); use a vision-language model (a folder of Qwen2-VL, Qwen2.5-VL, "
-                          "Qwen3-VL, Gemma 3, Idefics3/SmolVLM or LLaVA, or the tiny-vl preset), or data without "
-                          "images")  # fmt: skip
     choice = inputs.template()
     if is_vision_preset(s.model):
         return qwen2_vl_processor(tokenizer, s.model, choice.text if choice.from_setting else None)
@@ -85,7 +69,7 @@ def processor_for(inputs: Inputs, tokenizer: Any) -> Any:
 
 
 def encoder_for(inputs: Inputs, processor: Any) -> ImageEncoder:
-    """The records' encoder; ConfigError where the chat template shows no image, or packing is asked for."""
+    """The records' encoder; ConfigError where the chat template shows no image."""
     from trainer.data.vision_encode import ImageEncoder, template_shows_images
 
     s = inputs.settings
@@ -99,16 +83,7 @@ def encoder_for(inputs: Inputs, processor: Any) -> ImageEncoder:
         raise ConfigError(f"the chat template ({origin}) does not render an image part as TRAIN_MODEL={s.model}'s "
                           f"image placeholder {getattr(processor, 'image_token', None)!r}: records with images need "
                           "a template that does; set TRAIN_CHAT_TEMPLATE to the model's own (or leave it unset)")
-    if s.packing != "auto":
-        raise ConfigError(packing_refusal(s.packing, model_type(inputs)))
     return encoder
-
-
-def packing_refusal(packing: str, kind: str | None) -> str:
-    return (f"TRAIN_PACKING={packing} with records with images ({kind}): refused. Packing would put several records' "
-            "images, and their multimodal positions, in one sequence; trainkit has not proven for this family that "
-            "the packed loss and gradients equal the unpacked ones, so each record is its own sequence (padded to "
-            "the longest in its batch). Leave TRAIN_PACKING=auto")  # fmt: skip
 
 
 def training_images(inputs: Inputs, encoder: ImageEncoder) -> ImageDataset:
@@ -116,8 +91,6 @@ def training_images(inputs: Inputs, encoder: ImageEncoder) -> ImageDataset:
     from trainer.data.vision_dataset import prepare_images
 
     s = inputs.settings
-    if inputs.mix.is_mix:
-        raise ConfigError("TRAIN_DATA: a mix of sources with images is not supported yet; give one source")
     return prepare_images(_read(inputs.data, s), encoder, s.seq_len, s.long_records, s.data_max_bad_lines)
 
 
@@ -172,6 +145,7 @@ def refuse_changed_images(read: ImageRecords, output_dir: Path, allowed: bool) -
 def refuse_image_method(inputs: Inputs, rows: list[dict[str, Any]]) -> None:
     """TRAIN_METHOD=dpo/orpo/kto/simpo/reward/grpo/rloo on records with images: refused before the model loads,
     naming the method and the model's family (their data paths carry text: the images would be dropped)."""
+    from trainer.config.paths import model_family
     from trainer.data.vision import holds_images
     from trainer.methods import of
 
@@ -180,10 +154,10 @@ def refuse_image_method(inputs: Inputs, rows: list[dict[str, Any]]) -> None:
         return
     s = inputs.settings
     method = of(s.method)
-    trl = method.trl.trainer if method.trl else "trainer"
+    trl, family = method.trl.trainer if method.trl else "trainer", model_family(s.model, inputs.model_folder)
     raise ConfigError(
         f"TRAIN_METHOD={s.method} on records with images ({held} of {len(rows)} records hold images), TRAIN_MODEL="
-        f"{s.model} ({model_type(inputs)}): refused. TRL's {trl} takes images for some vision-language "
+        f"{s.model} ({family}): refused. TRL's {trl} takes images for some vision-language "
         f"families, but trainkit's {method.family} data path carries text only, so the images would be dropped "
         "without a word; train these records with TRAIN_METHOD=sft, or give records without images"
     )
