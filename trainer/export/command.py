@@ -147,7 +147,7 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
         tokenizer = _tokenizer(source.folder, source.adapter, folder)
         dtype_name = DTYPE_NAMES.get(dtype) or merge.run_dtype_name(source)
         reference_model = merge.load_base(folder, merge.run_dtype_name(source), source.run, source.adapter,
-                                          tokenizer)  # fmt: skip
+                                          getattr(tokenizer, "tokenizer", tokenizer))  # a processor's own  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, base_how)
         model = merged(reference_model)
     elif source.kind in (ZERO, FSDP):

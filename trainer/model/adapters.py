@@ -34,7 +34,9 @@ def apply_lora(model: Any, s: TrainSettings, targets: list[str] | None = None, w
         chosen = targets
     lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=chosen,
                       task_type="CAUSAL_LM", modules_to_save=whole or None)  # fmt: skip
-    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s", s.lora_r, s.lora_alpha, s.lora_dropout, s.lora_targets)
+    said = s.lora_targets if chosen is not targets else f"the {len(targets)} linears of the trained parts"
+    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s%s", s.lora_r, s.lora_alpha, s.lora_dropout, said,
+             f"; trained whole: {', '.join(whole)}" if whole else "")  # fmt: skip
     return get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
 
 
