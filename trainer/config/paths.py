@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import compat
 from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.config.presets import MODEL_PRESETS, VISION_PRESETS, is_preset, is_vision_preset, preset_model_type
 from trainer.config.rope import readable_model_config, rope_problems
@@ -152,7 +153,7 @@ def _image_problems(inputs: Inputs) -> list[str]:
                 f"{s.model} is a text-only model ({family}); use a vision-language model (a folder of Qwen2-VL, "
                 f"Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3/SmolVLM or LLaVA, or the {', '.join(VISION_PRESETS)} "
                 "preset), or data without images"]  # fmt: skip
-    found = []
+    found = [problem] if (problem := compat.switch_problem(compat.IMAGES)) else []
     if s.packing != "auto":
         found.append(f"TRAIN_PACKING={s.packing} with records with images ({family}): refused. Packing would put "
                      "several records' images, and their multimodal positions, in one sequence, and trainkit has not "
