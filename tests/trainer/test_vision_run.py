@@ -36,6 +36,8 @@ def colours(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                         {"type": "text", "text": QUESTION}]}], "expected": f"blank {c}"}
              for c in COLOURS]  # fmt: skip
     (folder / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + blank))
+    scored = [colour_row(f"held/{colour}.png", colour) for colour in COLOURS]  # eval's: with the answers
+    (folder / "held_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in scored))
     return folder
 
 
@@ -101,11 +103,35 @@ def test_resume_after_sigterm_is_bit_exact(trained: tuple[Path, str], colours: P
 
 def test_export_reloads_with_its_processor_and_answers_the_same(trained: tuple[Path, str], answers: dict[str, str],
                                                                 colours: Path, tmp_path: Path) -> None:  # fmt: skip
+    """The export reloads with its processor (verified on a picture) and `eval` of it on the held-out pictures
+    answers as the run did (all four right), the loss taken on the answers, each picture named by its sha256."""
+    import hashlib
+
     out = trained[0]
     result = run_trainer(["export", str(out), str(tmp_path / "export")])
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "export" / "processor_config.json").is_file()
-    assert _answers(tmp_path / "export", colours / "held.jsonl", tmp_path / "answers.jsonl") == answers
+    assert {c: answers[c] for c in COLOURS} == {c: c for c in COLOURS}
+    scored = run_trainer(["eval", str(tmp_path / "export"), "--data", str(colours / "held_eval.jsonl"), "--output",
+                          str(tmp_path / "eval")])  # fmt: skip
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    results = json.loads((tmp_path / "eval" / "eval_results.json").read_text())
+    assert results["exact_match"] == 1.0 and results["loss"] < 0.5 and results["images"]["count"] == 4, results
+    records = [json.loads(line) for line in (tmp_path / "eval" / "records.jsonl").read_text().splitlines()]
+    red = hashlib.sha256((colours / "held" / "red.png").read_bytes()).hexdigest()
+    assert records[0]["images"] == [red] and records[0]["response"] == "red", records[0]
+
+
+def test_data_show_marks_images_and_trained_tokens(colours: Path, tmp_path: Path) -> None:
+    result = run_trainer(["data", "--show", "1", "--json"], env={"TRAIN_MODEL": "tiny-vl", "TRAIN_SEQ_LEN": "128",
+                         "TRAIN_DATA": str(colours / "train.jsonl"), "TRAIN_OUTPUT_DIR": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = json.loads(result.stdout.splitlines()[-1])
+    (image,) = shown["images"]
+    start, tokens = image["first_token"], image["tokens"]
+    assert 4 <= tokens <= 16 and all(label == -100 for label in shown["labels"][start : start + tokens]), shown
+    trained = [i for i, label in zip(shown["input_ids"], shown["labels"], strict=True) if label != -100]
+    assert bytes(t for t in trained if t < 256).decode() == "red\n", trained  # the answer and its end of turn
 
 
 def test_bad_images_exit_2_before_the_model_loads(colours: Path, tmp_path: Path) -> None:
