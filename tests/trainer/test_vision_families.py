@@ -19,7 +19,6 @@ from trainer.data.vision_dataset import ImageCollator, prepare_images
 from trainer.data.vision_encode import ImageEncoder, LongRecord, fit_to_length
 from trainer.errors import ConfigError
 from trainer.model.components import count
-from trainer.model.vision import image_token_id
 from trainer.model.vision_parts import check_frozen, outermost_modules, part_of, set_trainable
 
 DEFAULT_PARTS = frozenset({"projector", "language"})  # TRAIN_TRAINABLE's default
@@ -89,7 +88,8 @@ def test_image_tokens_equal_the_features_on_every_batch(family: tuple[str, Any, 
     seq_len = max(len(encoder.encode(r).ids) for r in records[:2]) + 8
     dataset = prepare_images(ImageRecords(records, [], ()), encoder, seq_len, "truncate", 0)
     assert len(dataset) == 4 and dataset.encoded[2].kept == seq_len < len(dataset.encoded[2].ids), name
-    image_id = image_token_id(processor)
+    config = model.config  # the token the model replaces with features (Gemma 3's soft token, not its <start_of_image>)
+    image_id = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
     collate = ImageCollator()
     for start in (0, 2):
         batch = collate([dataset[i] for i in (start, start + 1)])

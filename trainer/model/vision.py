@@ -100,11 +100,3 @@ def _builds_videos() -> bool:
     from transformers.utils import is_torchvision_available
 
     return bool(is_torchvision_available())
-
-
-def image_token_id(processor: Any) -> int | None:
-    """The id of the token each image's features replace (the processor's, else its tokenizer's)."""
-    found = getattr(processor, "image_token_id", None)
-    if found is None and getattr(processor, "image_token", None):
-        found = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    return int(found) if found is not None else None
