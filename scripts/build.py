@@ -14,6 +14,7 @@ Each build writes build/records/<tag>.json: inputs, base digest, image id, versi
 
 from __future__ import annotations
 
+import host_tools  # noqa: F401  # isort: skip  (first: missing host tools are one line, not a traceback)
 import argparse
 import datetime as dt
 import os
