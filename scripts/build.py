@@ -283,6 +283,21 @@ def rl_vllm_modes(plan: Plan, matrix: Matrix) -> str:
     return f"accepted: colocate and server mode (vLLM {vllm} in the image, built for its torch, in TRL's range)"
 
 
+def compressed_export_plan(plan: Plan, matrix: Matrix) -> str:
+    """The row's fp8/w4a16 verdict as far as the plan knows it: its torch against llmcompressor's torch range (as pip
+    reads it: a pre-release of the lowest version is below it); the rest of its requirements the build's probe
+    checks."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    quant = matrix.llmcompressor
+    tool, wanted = f"llmcompressor {quant['version']}", SpecifierSet(quant["torch"])
+    if not wanted.contains(Version(plan.torch), prereleases=True):
+        return f"refused: torch {plan.torch} is outside {tool}'s torch{wanted} (the image carries no llmcompressor)"
+    return (f"through {tool} (torch {plan.torch} is within its torch{wanted}; its other requirements are checked in "
+            "the build)")
+
+
 def print_plan(plan: Plan, matrix: Matrix) -> None:
     title = f"CUDA {plan.cuda}" if plan.cuda else "CPU flavor"
     title = f"online RL, CUDA {plan.cuda} (NVIDIA's vLLM image)" if plan.rl else title
@@ -300,8 +315,7 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
     print(f"  vllm:    TRAIN_RL_ENGINE=vllm {vllm_server_mode(plan, matrix)}")
     print(f"  gguf:    export --quant through llama-cpp-python {matrix.llama_cpp['version']} (its converter, quantizer "
           "and runtime), unless the base's Python or NumPy is below what its converter needs: decided in the build")
-    print(f"  fp8/w4a16: export --quant through llmcompressor {matrix.llmcompressor['version']}, unless the row's "
-          "torch or pins are outside its requirements: decided in the build")
+    print(f"  fp8/w4a16: export --quant {compressed_export_plan(plan, matrix)}")
     for note in plan.notes:
         print(f"  note:    {note}")
 

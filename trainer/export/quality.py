@@ -179,6 +179,16 @@ def paths(text: EvalText) -> str:
     return ", ".join(str(p.path) for p in text.pieces())
 
 
+def figures(text: EvalText, counts: list[int], context: int) -> dict[str, Any]:
+    """The report's `eval_text`: what was scored (text_windows' `counts` of windows per source), to the byte."""
+    found: dict[str, Any] = {"origin": text.origin, "path": paths(text), "sha256": text.sha256,
+                             "tokens": sum(counts) * context, "windows": sum(counts), "context": context}  # fmt: skip
+    if text.sources:
+        found["sources"] = [{"origin": p.origin, "path": str(p.path), "share": p.share, "windows": count,
+                             "sha256": p.sha256} for p, count in zip(text.sources, counts, strict=True)]  # fmt: skip
+    return found
+
+
 def _joined(pieces: list[EvalText], origin: str) -> EvalText:
     if len(pieces) == 1:
         return replace(pieces[0], origin=origin)

@@ -152,14 +152,9 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None, run_dir
             row["answer_agreement"] = answer_agreement.agreement(reference.answers, said, reference.job)
             rows[row["type"]] = _judged(plan, row, scores, reference.scores)
         shutil.rmtree(work)
-    text = {"origin": plan.text.origin, "path": quality.paths(plan.text), "sha256": plan.text.sha256,
-            "tokens": len(chunks) * context, "windows": len(chunks), "context": context}  # fmt: skip
-    if plan.text.sources:
-        text["sources"] = [{"origin": p.origin, "path": str(p.path), "share": p.share, "windows": count,
-                            "sha256": p.sha256}
-                           for p, count in zip(plan.text.sources, counts, strict=True)]  # fmt: skip
-    report: dict[str, Any] = {"eval_text": text, "reference": {"runtime": "transformers (float32, CPU)",
-                                                               "perplexity": reference.scores.perplexity},
+    report: dict[str, Any] = {"eval_text": quality.figures(plan.text, counts, context),
+                              "reference": {"runtime": "transformers (float32, CPU)",
+                                            "perplexity": reference.scores.perplexity},
                               "answers": answer_agreement.summary(reference.job, reference.answers),
                               "types": [rows[kind] for kind in plan.types], "allow_quality_loss": plan.allow_loss}
     (staging / REPORT).write_text(json.dumps(report, indent=1) + "\n")
