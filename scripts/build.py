@@ -284,18 +284,15 @@ def rl_vllm_modes(plan: Plan, matrix: Matrix) -> str:
 
 
 def compressed_export_plan(plan: Plan, matrix: Matrix) -> str:
-    """The row's fp8/w4a16 verdict as far as the plan knows it: its torch against llmcompressor's torch range (as pip
-    reads it: a pre-release of the lowest version is below it); the rest of its requirements the build's probe
-    checks."""
+    """The row's fp8/w4a16 verdict from its torch and llmcompressor's torch range, as pip reads it (the build's probe
+    checks the rest of its requirements)."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
-    quant = matrix.llmcompressor
-    tool, wanted = f"llmcompressor {quant['version']}", SpecifierSet(quant["torch"])
+    tool, wanted = f"llmcompressor {matrix.llmcompressor['version']}", SpecifierSet(matrix.llmcompressor["torch"])
     if not wanted.contains(Version(plan.torch), prereleases=True):
         return f"refused: torch {plan.torch} is outside {tool}'s torch{wanted} (the image carries no llmcompressor)"
-    return (f"through {tool} (torch {plan.torch} is within its torch{wanted}; its other requirements are checked in "
-            "the build)")
+    return f"through {tool} (torch {plan.torch} is within its torch{wanted}; the rest is checked in the build)"
 
 
 def print_plan(plan: Plan, matrix: Matrix) -> None:

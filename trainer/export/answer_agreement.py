@@ -79,7 +79,7 @@ def _user_turns(text: EvalText) -> list[str]:
     from trainer.export.quality import records
 
     turns = []
-    for piece, record in ((p, r) for p in text.pieces() for r in records(p.path, p.part) if p.path):
+    for piece, record in ((p, r) for p in text.pieces() if p.path is not None for r in records(p.path, p.part)):
         layout = layout_of_record(record, "text") if isinstance(record, dict) else None
         if layout not in CHAT_LAYOUTS:
             continue

@@ -174,7 +174,7 @@ def _build(source: Any, inputs: Inputs, staging: Path, adapter_only: bool, dtype
     tokenizer = inputs.tokenizer
     if source.kind == ADAPTER:
         dtype_name = DTYPE_NAMES.get(dtype) or merge.run_dtype_name(source)
-        reference_model = merge.load_base(inputs.base, merge.run_dtype_name(source), source.run, source.adapter,
+        reference_model = merge.load_base(str(inputs.base), merge.run_dtype_name(source), source.run, source.adapter,
                                           tokenizer)  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, inputs.base_how)
         model = merged(reference_model)

@@ -158,12 +158,13 @@ def run_text(run: RunRecord | None, part: str, option: str) -> EvalText:
     total = sum(weight for _, weight in entries)
     pieces = [_piece(source, "TRAIN_DATA", part, option, weight / total, EMBEDDED_CORPUS if not source else None)
               for source, weight in entries]  # fmt: skip
-    shares = ", ".join(f"{p.path.name} {p.share:.0%}" for p in pieces if p.path)
+    names = [p.path.name if p.path else p.origin for p in pieces]
+    shares = ", ".join(f"{name} {p.share:.0%}" for name, p in zip(names, pieces, strict=True))
     if part == "tail":
-        return _joined(pieces, f"the tail of the run's training data (not held out) TRAIN_DATA={pieces[0].path.name}"
+        return _joined(pieces, f"the tail of the run's training data (not held out) TRAIN_DATA={names[0]}"
                        if len(pieces) == 1 else f"the tails of the run's training mix (not held out), in its "
                        f"proportions: {shares}")  # fmt: skip
-    return _joined(pieces, f"the run's training data before the gate's tail TRAIN_DATA={pieces[0].path.name}"
+    return _joined(pieces, f"the run's training data before the gate's tail TRAIN_DATA={names[0]}"
                    if len(pieces) == 1 else f"the run's training mix before the gate's tails, in its proportions: "
                    f"{shares}")  # fmt: skip
 
