@@ -493,8 +493,6 @@ def test_a_run_on_a_data_folder_is_gated_on_its_last_text_files_tail_and_calibra
     scored = quality.eval_text(None, held_out)  # type: ignore[arg-type]  # the run's eval set, whole, comes first
     assert scored.path == folder / "a.jsonl" and scored.text.strip() == "first file"
     assert scored.origin == "the run's eval set TRAIN_EVAL_DATA=a.jsonl"
-    empty = SimpleNamespace(settings=SimpleNamespace(data=str(tmp_path / "nothing-here"), eval_data=None))
-    assert quality.eval_text(None, empty).path.name == "corpus.txt"  # type: ignore[arg-type]  # the embedded corpus
 
 
 @pytest.mark.fast
