@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 
 import pytest
-from train_runs import finish, global_step, start, train_env, write_corpus
+from helpers import write_corpus
+from train_runs import finish, global_step, start, train_env
 
 from trainer.checkpoint_record import COMPLETE_MARKER
 
