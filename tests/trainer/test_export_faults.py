@@ -18,8 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import assert_user_error, write_corpus
 from hub_support import run_env, save_tiny_model
-from train_runs import write_corpus
 
 PLAIN_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "README.md"}  # fmt: skip
@@ -39,11 +39,6 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
 
 def _export(run_trainer, run: Path, *argv: str, **env: str):
     return run_trainer(["export", *argv], env={**run_env(run), **env}, timeout=600)
-
-
-def _refused(result, *named: str) -> None:
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr and all(n in result.stderr for n in named), result.stderr[-3000:]
 
 
 def test_the_gates_options_are_checked_before_any_work(run_trainer, lora_run: Path, tmp_path: Path) -> None:
@@ -73,7 +68,7 @@ def test_the_gates_options_are_checked_before_any_work(run_trainer, lora_run: Pa
     out = tmp_path / "out"
     result = _export(run_trainer, lora_run, str(lora_run / "output"), str(out), "--quant", "q8_0", "--eval-context",
                      "-8")  # fmt: skip
-    _refused(result, "export --eval-context -8: give the tokens per scored window")
+    assert_user_error(result, "export --eval-context -8: give the tokens per scored window")
     assert list(tmp_path.iterdir()) == []  # no OUT, no staging folder, no lock
 
 
@@ -156,7 +151,8 @@ def test_a_damaged_src_is_refused_before_any_work_naming_the_file(run_trainer, l
     with pytest.raises(ConfigError, match=f"export --quant: {bare} holds no tokenizer"):
         plan_request(QuantRequest(["q8_0"]), resolve_source(bare), False, tokenizer=False)
     out = tmp_path / "out"
-    _refused(_export(run_trainer, lora_run, str(torn), str(out), "--quant", "q8_0"), "config.json has 300 bytes")
+    result = _export(run_trainer, lora_run, str(torn), str(out), "--quant", "q8_0")
+    assert_user_error(result, "config.json has 300 bytes")
     assert not out.exists() and not list(tmp_path.glob(".tmp-export-*"))
 
 
@@ -184,11 +180,13 @@ def test_an_adapter_that_does_not_fit_its_base_is_refused_before_the_merge(run_t
     assert fit_problem(AutoModelForCausalLM.from_pretrained(lora_run / "base"), adapter) is None
     out = tmp_path / "out"
     result = _export(run_trainer, lora_run, str(adapter), str(out), "--base", str(tmp_path / "opt"))
-    _refused(result, f"the LoRA adapter {adapter} does not fit the base {tmp_path / 'opt'} (OPTForCausalLM): 56 of its "
-             "56 tensors are for modules the base lacks (first: model.layers.0.mlp.down_proj)", trained_on)
+    assert_user_error(result, f"the LoRA adapter {adapter} does not fit the base {tmp_path / 'opt'} (OPTForCausalLM): "
+                      "56 of its 56 tensors are for modules the base lacks (first: model.layers.0.mlp.down_proj)",
+                      trained_on)  # fmt: skip
     save_tiny_model(tmp_path / "other", seed=1)  # the same shapes, other weights
     result = _export(run_trainer, lora_run, str(adapter), str(out), "--base", str(tmp_path / "other"))
-    _refused(result, f"the run's own base {lora_run / 'base'}", "that is not the base the run trained on; drop --base")
+    assert_user_error(result, f"the run's own base {lora_run / 'base'}",
+                      "that is not the base the run trained on; drop --base")  # fmt: skip
     assert not out.exists() and not list(tmp_path.glob(".tmp-export-*"))
     shutil.copytree(lora_run / "base", tmp_path / "moved-base")
     result = _export(run_trainer, lora_run, str(adapter), str(out), "--base", str(tmp_path / "moved-base"))
@@ -264,7 +262,7 @@ def test_a_moved_training_file_refuses_the_quality_gate_at_once(run_trainer, lor
         result = _export(run_trainer, lora_run, str(lora_run / "output"), str(tmp_path / "out"), "--quant", "q8_0")
     finally:
         moved.rename(corpus)
-    _refused(result, f"the run's TRAIN_DATA {corpus} is not here any more", "give --eval-data FILE")
+    assert_user_error(result, f"the run's TRAIN_DATA {corpus} is not here any more", "give --eval-data FILE")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -280,9 +278,10 @@ def test_a_full_disk_during_the_gguf_conversion_names_the_disk_and_the_space_nee
     out = small_disk / "out"
     result = _export(run_trainer, lora_run, str(lora_run / "output"), str(out), "--quant", "q8_0",
                      TRAINKIT_LLAMA_CPP=str(llama_cpp))  # fmt: skip
-    _refused(result, f"export {out}: the filesystem mounted at {small_disk} is full (No space left on device); nothing "
-             "was published and the staging folder is removed. The export needs about 28 MiB there (the export's "
-             "weights 12 MiB, llama.cpp's converted file 12 MiB, q8_0 3 MiB). Free there now: 20 MiB of 20 MiB.")
+    assert_user_error(result, f"export {out}: the filesystem mounted at {small_disk} is full (No space left on "
+                      "device); nothing was published and the staging folder is removed. The export needs about 28 MiB "
+                      "there (the export's weights 12 MiB, llama.cpp's converted file 12 MiB, q8_0 3 MiB). Free there "
+                      "now: 20 MiB of 20 MiB.")  # fmt: skip
     assert list(small_disk.iterdir()) == []
     staging = small_disk / ".tmp-export-x"  # in-process: the export's own outcomes pass through, not taken for a disk
     for raised, expected in [(OSError(errno.ENOSPC, "No space left on device"), ExportDiskFull),
