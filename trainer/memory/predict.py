@@ -47,7 +47,9 @@ SOURCES = {
     "activations": "tensors autograd saves per token and layer, counted on the real model with saved-tensor hooks",
     "autocast_copies": "autocast's compute-dtype copies of fp32 linear weights, saved for the backward pass",
     "logits_and_loss": "tokens x vocabulary: logits, their fp32 copy, log-softmax and its gradient",
-    "method_extras": "reference model / pairs (preference methods), generation KV cache (online RL)",
+    "method_extras": "reference model / pairs (preference methods), generation KV cache (online RL, transformers)",
+    "vllm_colocated": "TRAIN_RL_VLLM_MEMORY x the device's memory: vLLM's engine in the training process (TRL's "
+                      "colocate mode: its copy of the weights, activations and KV cache)",
     "framework": "CUDA context, workspaces, allocator fragmentation: an allowance, unmeasured",
 }
 
@@ -100,10 +102,34 @@ def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
     return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024)
 
 
+class ShapeUnknown(ValueError):
+    """A model folder whose shape the prediction cannot read: no readable config.json, one that is not JSON, or an
+    architecture it does not model (its message says which)."""
+
+
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+MODELLED = ("decoders whose config.json names hidden_size, num_hidden_layers, num_attention_heads, intermediate_size "
+            "and vocab_size as Llama's does, with Llama's gated MLP (Llama, Mistral, Qwen2, Qwen3, Gemma)")
+
+
 def folder_shape(folder: str | Path) -> Shape:
-    """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma: the same field names)."""
-    c = json.loads((Path(folder) / "config.json").read_text())
-    c = c.get("text_config", c)
+    """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma: the same field names); ShapeUnknown
+    saying why where it cannot be read."""
+    path = Path(folder) / "config.json"
+    try:
+        c = json.loads(path.read_text())
+    except OSError as exc:
+        raise ShapeUnknown(f"{path} cannot be read ({exc.strerror}); point TRAIN_MODEL at a Hugging Face model "
+                           "folder") from None  # fmt: skip
+    except ValueError as exc:
+        raise ShapeUnknown(f"{path} does not read as JSON ({exc}); copy the model folder again") from None
+    c = c.get("text_config", c) if isinstance(c, dict) else {}
+    missing = [name for name in SHAPE_FIELDS if name not in c]
+    if missing:
+        named = c.get("architectures") or []
+        what = f"the architecture {named[0]}" if named else f"the model_type {c.get('model_type')!r}"
+        raise ShapeUnknown(f"{what} is not modelled (its config.json has no {', '.join(missing)}): the prediction "
+                           f"covers {MODELLED}")  # fmt: skip
     heads = int(c["num_attention_heads"])
     return Shape(int(c["hidden_size"]), int(c["num_hidden_layers"]), heads, int(c.get("num_key_value_heads") or heads),
                  int(c["intermediate_size"]), int(c["vocab_size"]), bool(c.get("tie_word_embeddings", False)),
@@ -137,6 +163,8 @@ class Plan:
     method: str = "sft"
     reference: str = "none"
     rl_new_tokens: int = 0
+    rl_engine: str = "transformers"  # online RL's generation: transformers (its KV cache here) or vllm (elsewhere)
+    vllm_bytes: int = 0  # vLLM colocated: its share of the device (TRAIN_RL_VLLM_MEMORY x the device's memory)
     loss_chunk_tokens: int = 0  # TRAIN_CROSS_ENTROPY=chunked: positions per chunk of logits (0: all at once)
     notes: tuple[str, ...] = field(default=())
 
@@ -416,7 +444,7 @@ def method_bytes(plan: Plan) -> int:
         extra += adapter_params(plan)[0] * 4
     if plan.reference in ("frozen copy", "frozen adapter"):
         extra += rows(plan) * seq_tokens(plan) * s.vocab * c
-    if plan.rl_new_tokens:
+    if plan.rl_new_tokens and plan.rl_engine == "transformers":  # vLLM generates in its own share (or a server)
         extra += plan.batch * seq_tokens(plan) * 2 * s.layers * s.kv_heads * s.dim * c
     return extra
 
@@ -433,4 +461,6 @@ def predict(plan: Plan) -> Prediction:
         "method_extras": method_bytes(plan),
     }
     parts["framework"] = CONTEXT_BYTES + int(FRAGMENTATION * sum(parts.values()))
+    if plan.vllm_bytes:  # vLLM's own pool, sized by it up front: no fragmentation of the run's allowance
+        parts["vllm_colocated"] = plan.vllm_bytes
     return Prediction(plan, parts)
