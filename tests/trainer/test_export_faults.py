@@ -12,6 +12,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -188,6 +189,17 @@ def test_an_adapter_that_does_not_fit_its_base_is_refused_before_the_merge(run_t
     assert_user_error(result, f"the run's own base {lora_run / 'base'}",
                       "that is not the base the run trained on; drop --base")  # fmt: skip
     assert not out.exists() and not list(tmp_path.glob(".tmp-export-*"))
+    from trainer.errors import ConfigError
+    from trainer.export.merge import base_folder
+
+    gone = str(tmp_path / "gone-base")  # the run's TRAIN_MODEL and the adapter's own base: one path, named once
+    (tmp_path / "lone" / "adapter_config.json").parent.mkdir()
+    (tmp_path / "lone" / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": gone}))
+    hubless = SimpleNamespace(hub={})
+    lone = SimpleNamespace(record=hubless, run=SimpleNamespace(hub={}, settings=SimpleNamespace(model=gone)),
+                           adapter=tmp_path / "lone", folder=tmp_path / "lone")  # fmt: skip
+    with pytest.raises(ConfigError, match=f"the base model the run recorded \\({re.escape(gone)}\\) is not here"):
+        base_folder(lone, None)  # type: ignore[arg-type]
     shutil.copytree(lora_run / "base", tmp_path / "moved-base")
     result = _export(run_trainer, lora_run, str(adapter), str(out), "--base", str(tmp_path / "moved-base"))
     assert result.returncode == 0, result.stderr[-3000:]

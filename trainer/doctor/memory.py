@@ -14,7 +14,7 @@ from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
 from trainer.machine.gpu_memory import described_gpu
 from trainer.machine.hardware import Hardware, probe_libraries
 from trainer.memory.fit import ERROR, cheaper, describe, gib, plan_of, verdict, vllm_colocated
-from trainer.memory.predict import ShapeUnknown
+from trainer.memory.model_config import ShapeUnknown
 
 if TYPE_CHECKING:
     from trainer.config.inputs import Inputs

@@ -22,13 +22,13 @@ Where each part comes from (`SOURCES`, shown beside each figure):
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainer.config.precision import compute_dtype_bytes
 from trainer.config.presets import PRESETS
+from trainer.memory.model_config import shape_config
 from trainer.memory.zero import Held, stage_1_2, stage_3
 from trainer.methods import of
 
@@ -102,34 +102,10 @@ def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
     return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024)
 
 
-class ShapeUnknown(ValueError):
-    """A model folder whose shape the prediction cannot read: no readable config.json, one that is not JSON, or an
-    architecture it does not model (its message says which)."""
-
-
-SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-MODELLED = ("decoders whose config.json names hidden_size, num_hidden_layers, num_attention_heads, intermediate_size "
-            "and vocab_size as Llama's does, with Llama's gated MLP (Llama, Mistral, Qwen2, Qwen3, Gemma)")
-
-
 def folder_shape(folder: str | Path) -> Shape:
     """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma: the same field names); ShapeUnknown
-    saying why where it cannot be read."""
-    path = Path(folder) / "config.json"
-    try:
-        c = json.loads(path.read_text())
-    except OSError as exc:
-        raise ShapeUnknown(f"{path} cannot be read ({exc.strerror}); point TRAIN_MODEL at a Hugging Face model "
-                           "folder") from None  # fmt: skip
-    except ValueError as exc:
-        raise ShapeUnknown(f"{path} does not read as JSON ({exc}); copy the model folder again") from None
-    c = c.get("text_config", c) if isinstance(c, dict) else {}
-    missing = [name for name in SHAPE_FIELDS if name not in c]
-    if missing:
-        named = c.get("architectures") or []
-        what = f"the architecture {named[0]}" if named else f"the model_type {c.get('model_type')!r}"
-        raise ShapeUnknown(f"{what} is not modelled (its config.json has no {', '.join(missing)}): the prediction "
-                           f"covers {MODELLED}")  # fmt: skip
+    saying why where it cannot be read (trainer/memory/model_config.py)."""
+    c = shape_config(folder)
     heads = int(c["num_attention_heads"])
     return Shape(int(c["hidden_size"]), int(c["num_hidden_layers"]), heads, int(c.get("num_key_value_heads") or heads),
                  int(c["intermediate_size"]), int(c["vocab_size"]), bool(c.get("tie_word_embeddings", False)),
