@@ -42,6 +42,7 @@ from matrix import (
     rl_tags,
     trainer_pins,
 )  # fmt: skip
+from setup_quant import plan_verdict
 from standin_base import has_standin, load_standin, standin_tag
 
 from trainer.vllm_compat import release, row_problem, server_mode_problem
@@ -283,18 +284,6 @@ def rl_vllm_modes(plan: Plan, matrix: Matrix) -> str:
     return f"accepted: colocate and server mode (vLLM {vllm} in the image, built for its torch, in TRL's range)"
 
 
-def compressed_export_plan(plan: Plan, matrix: Matrix) -> str:
-    """The row's fp8/w4a16 verdict from its torch and llmcompressor's torch range, as pip reads it (the build's probe
-    checks the rest of its requirements)."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
-    tool, wanted = f"llmcompressor {matrix.llmcompressor['version']}", SpecifierSet(matrix.llmcompressor["torch"])
-    if not wanted.contains(Version(plan.torch), prereleases=True):
-        return f"refused: torch {plan.torch} is outside {tool}'s torch{wanted} (the image carries no llmcompressor)"
-    return f"through {tool} (torch {plan.torch} is within its torch{wanted}; the rest is checked in the build)"
-
-
 def print_plan(plan: Plan, matrix: Matrix) -> None:
     title = f"CUDA {plan.cuda}" if plan.cuda else "CPU flavor"
     title = f"online RL, CUDA {plan.cuda} (NVIDIA's vLLM image)" if plan.rl else title
@@ -312,7 +301,8 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
     print(f"  vllm:    TRAIN_RL_ENGINE=vllm {vllm_server_mode(plan, matrix)}")
     print(f"  gguf:    export --quant through llama-cpp-python {matrix.llama_cpp['version']} (its converter, quantizer "
           "and runtime), unless the base's Python or NumPy is below what its converter needs: decided in the build")
-    print(f"  fp8/w4a16: export --quant {compressed_export_plan(plan, matrix)}")
+    quant = matrix.llmcompressor
+    print(f"  fp8/w4a16: export --quant {plan_verdict(plan.torch, quant['version'], quant['torch'])}")
     for note in plan.notes:
         print(f"  note:    {note}")
 
