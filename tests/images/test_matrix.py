@@ -91,6 +91,9 @@ def test_the_online_rl_row_plans_the_trainer_on_nvidias_vllm_image() -> None:
     assert "tags:    trainkit:0.1.0-rl-cu134-vllm26.10, trainkit:latest-rl" in out
     assert "TRAIN_RL_ENGINE=vllm accepted: colocate and server mode (vLLM 0.31.0" in out
     assert "pulled by tag: no digest" in out  # none recorded yet: no pull from this machine
+    # as docs/images.md says: the row's torch is above llmcompressor's range (its label, the build's, will agree)
+    assert (f"fp8/w4a16: export --quant refused: torch {rl['torch']} is outside llmcompressor 0.14.0.1's "
+            "torch<=2.14.0,>=2.10.0") in out  # fmt: skip
 
 
 def test_the_online_rl_row_is_pinned_by_its_digest_once_one_is_recorded(tmp_path: Path) -> None:

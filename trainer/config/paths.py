@@ -61,7 +61,8 @@ def _readable(path: Path) -> bool:
 # ---- checks ---------------------------------------------------------------------------------------------------------
 
 
-def _model_problems(s: TrainSettings) -> list[str]:
+def model_problems(s: TrainSettings) -> list[str]:
+    """TRAIN_MODEL: a preset, a Hub ID, or a folder with a readable config.json (doctor --memory asks it alone)."""
     if is_preset(s.model) or hub_ref(s.model) is not None:
         return []
     folder = Path(s.model)
@@ -118,7 +119,7 @@ def _mix_problems(s: TrainSettings) -> list[str]:
 
 def problems(inputs: Inputs) -> list[str]:
     s = inputs.settings
-    return [*_model_problems(s), *rope_problems(s, readable_model_config(s)), *_tokenizer_problems(s),
+    return [*model_problems(s), *rope_problems(s, readable_model_config(s)), *_tokenizer_problems(s),
             *_output_problems(s), *_data_problems(inputs), *_mix_problems(s)]  # fmt: skip
 
 

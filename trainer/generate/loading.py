@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.checkpoint_record import damage, has_record, holds_full_model
+from trainer.checkpoint_record import holds_full_model
 from trainer.config.precision import DTYPE_NAMES
 from trainer.errors import ConfigError
 
@@ -104,10 +104,7 @@ def _from_folder(folder: Path, command: str) -> Plan:
     from trainer.export import merge
     from trainer.export.source import ADAPTER, FULL, resolve_source
 
-    source = resolve_source(folder, command=command)
-    problem = damage(source.folder) if has_record(source.folder) else None
-    if problem:  # its record lists every file's size: a truncated copy is named before any weights are read
-        raise ConfigError(f"{command} {folder}: {problem}; copy it again, or use another checkpoint of the run")
+    source = resolve_source(folder, command=command)  # a damaged folder is refused there, naming the file
     if source.kind == ADAPTER:
         base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
         folders = (source.folder, *([source.adapter] if source.adapter else []), Path(base))

@@ -85,7 +85,8 @@ def run(cfg: RunConfig) -> int:
     try:
         return _run(cfg, stop, resume, clock)
     except OSError as exc:
-        from trainer.run.disk_space import DISK_ERRNOS, DiskFull
+        from trainer.machine.disk import DISK_ERRNOS
+        from trainer.run.disk_space import DiskFull
 
         if exc.errno not in DISK_ERRNOS:
             raise
