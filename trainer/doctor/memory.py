@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
 from trainer.machine.gpu_memory import described_gpu
@@ -42,6 +42,20 @@ def refuse_unreadable_model(inputs: Inputs) -> None:
         raise ConfigError(*(f"doctor --memory: {problem}" for problem in problems))
 
 
+def not_counted(cfg: Any) -> str | None:
+    """What of the model the prediction leaves out: a vision-language model's tower and projector (its language
+    model and the image tokens in TRAIN_SEQ_LEN are counted)."""
+    from trainer.config.presets import is_vision_preset
+    from trainer.data.vision import folder_reads_images
+
+    s = cfg.settings
+    if not (is_vision_preset(s.model) or folder_reads_images(cfg.decisions.model.value)):
+        return None
+    return ("the vision tower and the projector of this vision-language model (their weights, and their gradients "
+            "and optimizer state where TRAIN_TRAINABLE trains them): the prediction is its language model's, image "
+            "tokens counted within TRAIN_SEQ_LEN")  # fmt: skip
+
+
 def main(args: argparse.Namespace) -> int:
     from trainer import config
 
@@ -66,6 +80,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         report = verdict(prediction, device or 0) | {"gpu": where, "batch": plan.batch, "seq_len": plan.seq_len}
         report["fits"] = fits if device else None
+        report["not_counted"] = not_counted(cfg)
         report["changes"] = [{"settings": o.settings, "note": o.note, "predicted_peak_bytes": o.prediction.peak}
                              for o in options]  # fmt: skip
         print(json.dumps(report, indent=2))
@@ -73,6 +88,8 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(describe(prediction, device, where)))
         if cfg.decisions.auto_batch.value:
             print("  TRAIN_AUTO_BATCH is on: the run searches the largest batch that fits, from this prediction")
+        if not_counted(cfg):
+            print(f"  Not counted: {not_counted(cfg)}")
         if device is None and vllm_colocated(cfg.settings):
             print(f"  vLLM colocated takes TRAIN_RL_VLLM_MEMORY={cfg.settings.rl_vllm_memory:g} of the GPU's memory "
                   "on top of this: counted with --gpu")  # fmt: skip

@@ -147,10 +147,16 @@ def _space_needed(source: Any, inputs: Inputs, adapter_only: bool, dtype: str, p
 
 
 def _tokenizer(*folders: Path | str | None) -> Any:
-    """The first folder's tokenizer (of those holding tokenizer_config.json); ConfigError naming a folder whose
+    """The first folder's tokenizer (of those holding tokenizer_config.json); a vision-language model's processor
+    (its image processor, tokenizer and chat template) where a folder saved one; ConfigError naming a folder whose
     tokenizer does not load; None when none holds one."""
     from transformers import AutoTokenizer
 
+    from trainer.export.vision import processor_in
+
+    processor = processor_in(*folders)
+    if processor is not None:
+        return processor
     for folder in folders:
         if folder and (Path(folder) / "tokenizer_config.json").is_file():
             try:
@@ -174,13 +180,14 @@ def _build(source: Any, inputs: Inputs, staging: Path, adapter_only: bool, dtype
     tokenizer = inputs.tokenizer
     if source.kind == ADAPTER:
         dtype_name = DTYPE_NAMES.get(dtype) or merge.run_dtype_name(source)
+        text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's own fits the base
         reference_model = merge.load_base(str(inputs.base), merge.run_dtype_name(source), source.run, source.adapter,
-                                          tokenizer)  # fmt: skip
+                                          text_tokenizer)  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, inputs.base_how)
         model = merged(reference_model)
         if inputs.recorded_base:  # the check holds the merge against the run's own base, not --base's
             reference_model = merge.load_base(inputs.recorded_base, merge.run_dtype_name(source), source.run,
-                                              source.adapter, tokenizer)  # fmt: skip
+                                              source.adapter, text_tokenizer)  # fmt: skip
     elif source.kind in (ZERO, FSDP):
         state = consolidate.zero_state_dict(source.folder) if source.kind == ZERO else consolidate.fsdp_state_dict(
             source.folder)  # fmt: skip
@@ -194,11 +201,11 @@ def _build(source: Any, inputs: Inputs, staging: Path, adapter_only: bool, dtype
     if bad:
         raise ConfigError(f"export {source.folder}: the model holds non-finite weights, first in {bad!r}: "
                           f"{DIVERGED_HINT}")  # fmt: skip
-    ids = verify.probe_ids(tokenizer, model.config.vocab_size)
-    reference = verify.logits(reference_model, ids)
+    probe = verify.probe_ids(tokenizer, model.config.get_text_config().vocab_size)
+    reference = verify.logits(reference_model, probe)
     _save(model, tokenizer, staging, dtype_name)
     (staging / "README.md").write_text(model_card.model_card(source, name, inputs.base_how, source.kind == ADAPTER))
-    diff = _verified(staging, reference, ids, dtype_name, inputs)
+    diff = _verified(staging, reference, probe, dtype_name, inputs)
     log.info("export: %s (%s, %s) loads without peft; logits within %.2g of the reference", name, source.kind,
              dtype_name, diff)  # fmt: skip
 

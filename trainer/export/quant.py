@@ -86,6 +86,9 @@ def plan(types: list[str], source: Source, max_increase: float | None, allow_los
     compressing = compressed.plan(wanted, source.run, calibration_data)
     gguf_types = [t for t in wanted if t in gguf.GGUF_TYPES]
     tools = gguf.tools(gguf_types) if gguf_types else None
+    from trainer.export.vision import refuse_quantized  # a vision-language model: refused, naming why
+
+    refuse_quantized(wanted, source, tools.converter if tools else None, tools.version if tools else None)
     if tools is not None and (source.folder / "config.json").is_file():
         gguf.check_convertible(tools, source.folder)
     return Plan(wanted, tools, compressing, text, max_increase, allow_loss, context)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainer.config.precision import compute_dtype_bytes
-from trainer.config.presets import PRESETS
+from trainer.config.presets import language_preset
 from trainer.memory.model_config import shape_config
 from trainer.memory.zero import Held, stage_1_2, stage_3
 from trainer.methods import of
@@ -96,8 +96,9 @@ class Shape:
 
 
 def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
-    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64)."""
-    p = PRESETS[name]
+    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64); a vision
+    preset's language model (its vision tower is not counted)."""
+    p = language_preset(name)
     rows = (max(vocab, p.vocab) + 63) // 64 * 64
     return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024)
 

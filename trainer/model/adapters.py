@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 
 
-def apply_lora(model: Any, s: TrainSettings) -> Any:
-    """A new LoRA adapter on `model` as TRAIN_LORA_* say (QLoRA: the quantized base prepared for training first)."""
+def apply_lora(model: Any, s: TrainSettings, targets: list[str] | None = None, whole: list[str] | None = None) -> Any:
+    """A new LoRA adapter on `model` as TRAIN_LORA_* say (QLoRA: the quantized base prepared for training first);
+    `targets` replaces TRAIN_LORA_TARGETS' all-linear (a vision-language model's: its language model's linears),
+    `whole` names modules trained whole beside the adapter (PEFT's modules_to_save: a projector)."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if s.quant != "none":
@@ -28,13 +30,16 @@ def apply_lora(model: Any, s: TrainSettings) -> Any:
     elif s.grad_ckpt:
         # Frozen embeddings produce no grad; checkpointed blocks need an input that requires one.
         model.enable_input_require_grads()
-    targets: Any = s.lora_targets
-    if targets != "all-linear":
-        targets = [t.strip() for t in targets.split(",") if t.strip()]
-    lora = LoraConfig(
-        r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
-    )
-    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s", s.lora_r, s.lora_alpha, s.lora_dropout, s.lora_targets)
+    chosen: Any = s.lora_targets
+    if chosen != "all-linear":
+        chosen = [t.strip() for t in chosen.split(",") if t.strip()]
+    elif targets is not None:
+        chosen = targets
+    lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=chosen,
+                      task_type="CAUSAL_LM", modules_to_save=whole or None)  # fmt: skip
+    said = s.lora_targets if chosen is not targets else f"the {len(targets)} linears of the trained parts"
+    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s%s", s.lora_r, s.lora_alpha, s.lora_dropout, said,
+             f"; trained whole: {', '.join(whole)}" if whole else "")  # fmt: skip
     return get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
 
 
