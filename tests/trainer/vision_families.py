@@ -120,7 +120,7 @@ def gemma3() -> tuple[Any, Any]:
                                 chat_template=trl_template("gemma3"))  # fmt: skip
     text = _text(tok, head_dim=HIDDEN // HEADS, query_pre_attn_scalar=HIDDEN // HEADS, sliding_window=64)
     vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "image_size": 28, "patch_size": 7}  # fmt: skip
+              "image_size": 28, "patch_size": 7, "vision_use_head": False}  # fmt: skip  # as Gemma 3's towers
     config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                           boi_token_index=tok.boi_token_id, eoi_token_index=tok.eoi_token_id,
                           image_token_index=tok.image_token_id)  # fmt: skip

@@ -53,6 +53,7 @@ VISION_PRESETS: dict[str, VisionPreset] = {
                             vision_dim=32, vision_heads=2),
 }  # fmt: skip
 VISION_PRESET_TYPE, VISION_PRESET_BLOCK = "qwen2_vl", "Qwen2VLDecoderLayer"
+VISION_PATCH, VISION_MERGE = 14, 2  # a vision preset's patch side and spatial merge (4 patches per image token)
 MODEL_PRESETS = (*PRESETS, *VISION_PRESETS)
 
 
@@ -77,3 +78,12 @@ def preset_block_class(name: str) -> str:
 def language_preset(name: str) -> Preset:
     """A preset's language model shape (a vision preset's without its tower)."""
     return VISION_PRESETS[name].language if is_vision_preset(name) else PRESETS[name]
+
+
+def vision_tower_config(name: str) -> dict[str, object]:
+    """A vision preset's vision_config (Qwen2VLVisionConfig's fields; the preset is of VISION_PRESET_TYPE): what
+    trainer.model.vision_preset builds the tower from and the memory prediction counts."""
+    p = VISION_PRESETS[name]
+    return {"depth": p.vision_depth, "embed_dim": p.vision_dim,
+            "hidden_size": p.language.hidden, "num_heads": p.vision_heads, "mlp_ratio": 2, "in_channels": 3,
+            "patch_size": VISION_PATCH, "spatial_merge_size": VISION_MERGE, "temporal_patch_size": 2}  # fmt: skip

@@ -70,9 +70,9 @@ def main(args: argparse.Namespace) -> int:
         plan = plan_of(cfg)
     except ShapeUnknown as exc:
         raise ConfigError(f"doctor --memory: TRAIN_MODEL={cfg.settings.model}: {exc}") from None
-    from trainer.memory.predict import predict
+    from trainer.memory.vision import predict_model
 
-    prediction = predict(plan)
+    prediction = predict_model(plan)
     device = cfg.hardware.total_memory_bytes if cfg.hardware.is_gpu else None
     where = cfg.hardware.gpu_name or "no GPU"
     fits = device is None or prediction.peak <= device

@@ -16,7 +16,8 @@ from trainer.config.decision import Decision
 from trainer.config.presets import is_preset
 from trainer.config.speed import CHUNK_POSITIONS
 from trainer.errors import ConfigError
-from trainer.memory.predict import LINEARS, SOURCES, Plan, Prediction, Shape, folder_shape, predict, preset_shape
+from trainer.memory.predict import LINEARS, SOURCES, Plan, Prediction, Shape, folder_shape, preset_shape
+from trainer.memory.vision import predict_model, vision_of
 from trainer.methods import of
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
         method=s.method, reference=d.reference.value, rl_new_tokens=s.rl_max_new_tokens if online else 0,
         rl_engine=s.rl_engine if online else "transformers", vllm_bytes=vllm_share(cfg),
         loss_chunk_tokens=CHUNK_POSITIONS if d.cross_entropy.value == "chunked" else 0,
+        vision=vision_of(cfg), trainable=tuple(d.trainable.value),
     )  # fmt: skip
 
 
@@ -121,7 +123,7 @@ def smaller_batch(plan: Plan, device: int) -> Plan | None:
     for micro in range(plan.batch - 1, 0, -1):
         if effective % micro == 0:
             smaller = replace(plan, batch=micro, grad_accum=effective // micro)
-            if predict(smaller).peak <= device:
+            if predict_model(smaller).peak <= device:
                 return smaller
     return None
 
@@ -136,7 +138,7 @@ def cheaper(plan: Plan, device: int, most: int = 5) -> list[Suggestion]:
     batch_only = smaller_batch(plan, device)
     if batch_only is not None:
         found.append((1, Suggestion(batch_settings(batch_only), "the same effective batch by accumulation",
-                                    predict(batch_only))))  # fmt: skip
+                                    predict_model(batch_only))))  # fmt: skip
     for size in (1, 2, 3):
         for combo in itertools.combinations(options, size):
             names = frozenset(c.settings for c in combo)
@@ -146,7 +148,7 @@ def cheaper(plan: Plan, device: int, most: int = 5) -> list[Suggestion]:
             for change in combo:
                 changed = change.apply(changed)
             settings, cost = " ".join(c.settings for c in combo), sum(c.cost for c in combo)
-            if predict(changed).peak > device:
+            if predict_model(changed).peak > device:
                 split = smaller_batch(changed, device) if batch_only is None else None  # else: the split alone fits
                 if split is None:
                     continue
@@ -154,7 +156,7 @@ def cheaper(plan: Plan, device: int, most: int = 5) -> list[Suggestion]:
             else:
                 kept.append(names)
             note = "; ".join(c.note for c in combo if c.note)
-            found.append((cost, Suggestion(settings, note, predict(changed))))
+            found.append((cost, Suggestion(settings, note, predict_model(changed))))
     found.sort(key=lambda item: (item[0], item[1].prediction.peak))
     return [suggestion for _, suggestion in found[:most]]
 
@@ -201,7 +203,7 @@ def refusal(cfg: RunConfig) -> str | None:
         plan = plan_of(cfg, batch=1 if cfg.decisions.auto_batch.value else None)
     except (OSError, KeyError, ValueError):
         return None
-    prediction, device = predict(plan), hw.total_memory_bytes
+    prediction, device = predict_model(plan), hw.total_memory_bytes
     if prediction.peak <= device * (1 + ERROR):
         return None
     lines = describe(prediction, device, f"{hw.gpu_name}")
@@ -237,7 +239,7 @@ def memory_decision(cfg: RunConfig) -> Decision[Any]:
     """The run's record of its prediction (decisions.memory, run_config.json): the peak and the allocator's share of
     it (what peak_mem_bytes measures), the parts, at the decided batch; on a GPU beside its memory."""
     try:
-        prediction = predict(plan_of(cfg))
+        prediction = predict_model(plan_of(cfg))
     except (OSError, KeyError, ValueError) as exc:
         return Decision(None, f"not predicted: the model's shape could not be read ({exc})")
     device = cfg.hardware.total_memory_bytes if cfg.hardware.is_gpu else None
@@ -253,6 +255,6 @@ def largest_batch(plan: Plan, limit: int, ceiling: int) -> tuple[int, int]:
     """(the largest micro-batch in 1..ceiling whose predicted allocator peak stays at most `limit`, the predicted
     bytes per sequence): where the batch search (trainer/run/batch_search.py) starts, and the line it confirms. The
     peak is linear in the batch: two predictions draw the line."""
-    one, two = predict(replace(plan, batch=1)).allocated, predict(replace(plan, batch=2)).allocated
+    one, two = predict_model(replace(plan, batch=1)).allocated, predict_model(replace(plan, batch=2)).allocated
     slope = max(two - one, 1)
     return max(1, min(ceiling, 1 + (limit - one) // slope)), slope

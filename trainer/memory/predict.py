@@ -29,6 +29,7 @@ from pathlib import Path
 from trainer.config.precision import compute_dtype_bytes
 from trainer.config.presets import language_preset
 from trainer.memory.model_config import shape_config
+from trainer.memory.vision_shape import VisionShape
 from trainer.memory.zero import Held, stage_1_2, stage_3
 from trainer.methods import of
 
@@ -143,6 +144,8 @@ class Plan:
     rl_engine: str = "transformers"  # online RL's generation: transformers (its KV cache here) or vllm (elsewhere)
     vllm_bytes: int = 0  # vLLM colocated: its share of the device (TRAIN_RL_VLLM_MEMORY x the device's memory)
     loss_chunk_tokens: int = 0  # TRAIN_CROSS_ENTROPY=chunked: positions per chunk of logits (0: all at once)
+    vision: VisionShape | None = None  # a vision-language model's tower and projector (trainer.memory.vision)
+    trainable: tuple[str, ...] = ("language",)  # TRAIN_TRAINABLE's parts (vision, projector, language)
     notes: tuple[str, ...] = field(default=())
 
     @property

@@ -40,7 +40,21 @@ def apply_lora(model: Any, s: TrainSettings, targets: list[str] | None = None, w
     said = s.lora_targets if chosen is not targets else f"the {len(targets)} linears of the trained parts"
     log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s%s", s.lora_r, s.lora_alpha, s.lora_dropout, said,
              f"; trained whole: {', '.join(whole)}" if whole else "")  # fmt: skip
-    return get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
+    model = get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
+    if whole:
+        train_whole_in_fp32(model)
+    return model
+
+
+def train_whole_in_fp32(model: Any) -> None:
+    """PEFT's copies of the modules trained whole (modules_to_save) keep the base's dtype: a bf16 copy, stepped in
+    bf16 by the optimizer, loses every update under bf16's resolution (a weight of 0.02 moves by 8e-5 or not at
+    all). They train in fp32, as the adapters do (autocast computes with them in the compute dtype)."""
+    import torch
+
+    for param in model.parameters():
+        if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.float()
 
 
 def attach_adapter(base: Any, adapter: Path) -> Any:

@@ -51,6 +51,7 @@ class LoadHow:
     double_quant: bool = False  # 4bit: quantize the quantization constants too
     compute: str | None = None  # 4bit's compute dtype; None: bf16 where native, else fp16 (trainer.model.quantization)
     shardable: bool = False  # 4bit weights stored in the compute dtype, for FSDP to shard
+    unquantized: tuple[str, ...] = ()  # module name patterns bitsandbytes leaves whole (a projector), the LM head too
     device: str | int | None = None  # where the weights go (a device map of one device); None: where Transformers
     # puts them (the CPU) or, under FSDP, where FSDP places them
     attention: str | None = None  # attn_implementation as Transformers takes it; None: its default
@@ -147,7 +148,7 @@ def pretrained_kwargs(how: LoadHow) -> dict[str, Any]:
         from trainer.model.quantization import bnb_config
 
         kwargs["quantization_config"] = bnb_config(how.quant, how.quant_type, how.double_quant, how.compute,
-                                                   how.shardable)  # fmt: skip
+                                                   how.shardable, how.unquantized)  # fmt: skip
     if how.device is not None:
         kwargs["device_map"] = {"": how.device}
     return kwargs

@@ -21,10 +21,12 @@ def native_compute_dtype() -> str:
     return "bfloat16" if not torch.cuda.is_available() or cuda_bf16_supported() else "float16"
 
 
-def bnb_config(quant: str, quant_type: str, double_quant: bool, compute: str | None, shardable: bool = False) -> Any:
+def bnb_config(quant: str, quant_type: str, double_quant: bool, compute: str | None, shardable: bool = False,
+               unquantized: tuple[str, ...] = ()) -> Any:  # fmt: skip
     """BitsAndBytesConfig for `quant` (8bit or 4bit). `compute` names the 4-bit compute dtype (None:
     native_compute_dtype). `shardable`: the 4-bit weights are stored in the compute dtype, so FSDP shards them as it
-    shards every other parameter (the default uint8 storage leaves them whole on every rank)."""
+    shards every other parameter (the default uint8 storage leaves them whole on every rank). `unquantized`: module
+    name patterns left as they are besides the LM head (Transformers' own default, which a list replaces)."""
     import torch
     from transformers import BitsAndBytesConfig
 
@@ -39,4 +41,6 @@ def bnb_config(quant: str, quant_type: str, double_quant: bool, compute: str | N
         }
         if shardable:
             settings["bnb_4bit_quant_storage"] = dtype
+    if unquantized:
+        settings["llm_int8_skip_modules"] = [*unquantized, "lm_head"]
     return BitsAndBytesConfig(**settings)

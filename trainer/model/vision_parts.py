@@ -14,8 +14,11 @@ from typing import Any
 
 from trainer.errors import ConfigError
 
-PROJECTOR = re.compile(
-    r"(^|\.)(multi_modal_projector|mm_projector|connector|visual\.merger|visual\.deepstack_merger_list)(\.|$)")
+PROJECTOR_NAMES = r"multi_modal_projector|mm_projector|connector|visual\.merger|visual\.deepstack_merger_list"
+PROJECTOR = re.compile(rf"(^|\.)({PROJECTOR_NAMES})(\.|$)")
+# bitsandbytes' skip pattern for the projector's modules (matched from the start of a module's name): a projector
+# trains whole, so QLoRA leaves it unquantized
+PROJECTOR_MODULES = rf"(?:.*\.)?(?:{PROJECTOR_NAMES})"
 VISION_TOWER = re.compile(r"(^|\.)(visual|vision_tower|vision_model|vision_encoder)(\.|$)")
 PARTS = {"vision": "vision tower", "projector": "projector", "language": "language model"}
 SHOWN_NAMES = 3
@@ -32,6 +35,42 @@ def set_trainable(model: Any, parts: frozenset[str]) -> None:
     """Full fine-tuning of the parts in `parts`; every other parameter frozen."""
     for name, param in model.named_parameters():
         param.requires_grad_(part_of(name) in parts)
+
+
+def keep_frozen_tower_out_of_backward(model: Any, parts: frozenset[str]) -> None:
+    """Where the tower stays frozen, no gradient is asked of it. Transformers' enable_input_require_grads (which
+    gradient checkpointing and PEFT call) hooks every sub-model's input embeddings, the tower's patch embedding
+    too: its output then requires a gradient, and the backward pass runs through the whole frozen tower (its
+    activations kept, its blocks recomputed under checkpointing) for a gradient nothing uses. The hook on the
+    tower is removed each time it is made."""
+    if "vision" in parts:
+        return
+    enable = model.enable_input_require_grads
+
+    def enable_outside_the_tower() -> None:
+        enable()
+        tower = _tower_embedding_hooks(model)
+        for handle in getattr(model, "_require_grads_hooks", []):
+            if any(handle.id in hooks for hooks in tower):
+                handle.remove()
+
+    model.enable_input_require_grads = enable_outside_the_tower
+
+
+def _tower_embedding_hooks(model: Any) -> list[dict[int, Any]]:
+    """The forward hooks of the tower's input embeddings (its patch embedding)."""
+    from transformers import PreTrainedModel
+
+    found = []
+    for name, module in model.named_modules():
+        if name and part_of(name) == "vision" and isinstance(module, PreTrainedModel):
+            try:
+                embeddings = module.get_input_embeddings()
+            except NotImplementedError:
+                continue
+            if embeddings is not None:
+                found.append(embeddings._forward_hooks)
+    return found
 
 
 def linear_modules(model: Any, parts: frozenset[str]) -> list[str]:

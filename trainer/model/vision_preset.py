@@ -11,13 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.config.presets import PRESET_MAX_POSITIONS, PRESET_ROPE_THETA, VISION_PRESETS
+from trainer.config.presets import (
+    PRESET_MAX_POSITIONS,
+    PRESET_ROPE_THETA,
+    VISION_MERGE,
+    VISION_PATCH,
+    VISION_PRESETS,
+    vision_tower_config,
+)
 
 QWEN2_VL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                    "<|video_pad|>")  # fmt: skip
 TEMPLATE = Path(__file__).resolve().parents[1] / "assets" / "chat_templates" / "qwen2-vl.jinja"
-PATCH, MERGE = 14, 2
-TOKEN_PIXELS = (PATCH * MERGE) ** 2  # the pixels one image token stands for (a 28x28 square)
+TOKEN_PIXELS = (VISION_PATCH * VISION_MERGE) ** 2  # the pixels one image token stands for (a 28x28 square)
 
 
 def add_qwen2_vl_tokens(tokenizer: Any) -> None:
@@ -38,8 +44,8 @@ def qwen2_vl_processor(tokenizer: Any, name: str = "tiny-vl", template: str | No
     p = VISION_PRESETS[name]
     add_qwen2_vl_tokens(tokenizer)
     images = Qwen2VLImageProcessorPil(min_pixels=p.min_image_tokens * TOKEN_PIXELS,
-                                      max_pixels=p.max_image_tokens * TOKEN_PIXELS, patch_size=PATCH,
-                                      merge_size=MERGE)  # fmt: skip
+                                      max_pixels=p.max_image_tokens * TOKEN_PIXELS, patch_size=VISION_PATCH,
+                                      merge_size=VISION_MERGE)  # fmt: skip
     chat = template or TEMPLATE.read_text(encoding="utf-8")
     tokenizer.chat_template = chat
     return video_free(Qwen2VLProcessor)(image_processor=images, tokenizer=tokenizer, chat_template=chat)
@@ -49,7 +55,7 @@ def vision_preset_config(name: str, tokenizer: Any) -> Any:
     """The Qwen2VLConfig of a vision preset for `tokenizer` (its vocabulary rounded up to a multiple of 64)."""
     from transformers import Qwen2VLConfig
 
-    p, text = VISION_PRESETS[name], VISION_PRESETS[name].language
+    text = VISION_PRESETS[name].language
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2_VL_TOKENS}
     special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
                "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
@@ -62,9 +68,6 @@ def vision_preset_config(name: str, tokenizer: Any) -> Any:
                 "rope_parameters": {"rope_type": "default", "rope_theta": PRESET_ROPE_THETA,
                                     "mrope_section": sections},
                 **special}  # fmt: skip
-    vision = {"depth": p.vision_depth, "embed_dim": p.vision_dim, "hidden_size": text.hidden,
-              "num_heads": p.vision_heads, "mlp_ratio": 2, "patch_size": PATCH, "spatial_merge_size": MERGE,
-              "temporal_patch_size": 2}  # fmt: skip
-    return Qwen2VLConfig(text_config=language, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+    return Qwen2VLConfig(text_config=language, vision_config=vision_tower_config(name), image_token_id=ids["<|image_pad|>"],
                          video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                          vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True, **special)  # fmt: skip

@@ -4,6 +4,7 @@ place) and counts its parameters."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -109,17 +110,26 @@ def build_vision_model(cfg: RunConfig, processor: Any, parts: frozenset[str]) ->
     projector, language) and every other component frozen; with LoRA, the adapter on the linears of the trained
     parts but the projector, which trains whole. A component left trainable against `parts` exits 2."""
     from trainer.config.presets import is_vision_preset
-    from trainer.model.vision_parts import check_frozen, linear_modules, outermost_modules, set_trainable
+    from trainer.model.vision_parts import (
+        PROJECTOR_MODULES,
+        check_frozen,
+        keep_frozen_tower_out_of_backward,
+        linear_modules,
+        outermost_modules,
+        set_trainable,
+    )
 
     s = cfg.settings
     deepspeed_counts_every_process(cfg)
     weights = (Weights(preset=s.model, tokenizer=processor.tokenizer) if is_vision_preset(s.model)
                else Weights(folder=cfg.decisions.model.value, tokenizer=processor.tokenizer))  # fmt: skip
-    model = load(weights, load_how(cfg, packed=False))
+    # QLoRA leaves the projector unquantized: it is small, and trained whole where TRAIN_TRAINABLE names it
+    model = load(weights, dataclasses.replace(load_how(cfg, packed=False), unquantized=(PROJECTOR_MODULES,)))
     for config in (model.config, getattr(model.config, "text_config", None)):
         if config is not None:
             config.use_cache = False  # training needs no KV cache
-    set_trainable(model, parts)
+    set_trainable(model, frozenset() if s.lora else parts)  # LoRA: the base frozen, its adapter trains
+    keep_frozen_tower_out_of_backward(model, parts)
     if s.lora:
         adapted = parts - {"projector"}
         model = apply_lora(model, s, targets=linear_modules(model, adapted),
