@@ -128,7 +128,7 @@ def _tokenizer(*folders: Path | str | None) -> Any:
 def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str | None, name: str) -> None:
     from trainer.export import consolidate, merge, model_card, verify
     from trainer.export.source import ADAPTER, FSDP, ZERO
-    from trainer.model.adapters import merged
+    from trainer.model.adapters import FusedMergeError, merged
 
     if adapter_only and source.kind != ADAPTER:
         raise ConfigError(f"export --adapter-only: {source.folder} holds no LoRA adapter")
@@ -142,7 +142,10 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
         reference_model = merge.load_base(folder, merge.run_dtype_name(source), source.run, source.adapter,
                                           tokenizer)  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, base_how)
-        model = merged(reference_model)
+        try:
+            model = merged(reference_model)
+        except FusedMergeError as exc:
+            raise verify.ExportMismatch(str(exc)) from None
     elif source.kind in (ZERO, FSDP):
         state = consolidate.zero_state_dict(source.folder) if source.kind == ZERO else consolidate.fsdp_state_dict(
             source.folder)  # fmt: skip

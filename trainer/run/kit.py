@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
     from trainer.config.run_record import RunRecord, Startup
     from trainer.run.divergence import DivergenceGuard
+    from trainer.run.router_metrics import RouterMetrics
     from trainer.run.signals import GracefulStop
     from trainer.run.startup import StartupClock
 
@@ -97,12 +98,14 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
 
     s = cfg.settings
     out = Path(s.output_dir)
+    router = router_metrics(model)
     found: list[Any] = [
         StopOnSignal(stop),
         steps_from_settings(),
         StartupCallback(clock, write_record, compiled=cfg.decisions.compile.value),
+        *([router] if router is not None else []),
         MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops(),
-                        memory["predicted_allocated_bytes"] if cfg.hardware.is_gpu and memory else None),
+                        memory["predicted_allocated_bytes"] if cfg.hardware.is_gpu and memory else None, router),
     ]
     if s.profile:
         from trainer.run.profiling import ProfilerCallback
@@ -113,6 +116,16 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
 
         found.append(MemorySnapshotCallback(out))
     return [*found, divergence_guard(cfg)]  # last: it may cancel a save another callback asked for
+
+
+def router_metrics(model: Module) -> RouterMetrics | None:
+    """A mixture of experts' router health per logging step (trainer.run.router_metrics); None for a dense model."""
+    from trainer.model.moe import moe_of
+    from trainer.run.router_metrics import RouterMetrics
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    moe = moe_of(base.config)
+    return RouterMetrics(model, moe) if moe is not None else None
 
 
 def divergence_guard(cfg: RunConfig) -> DivergenceGuard:

@@ -15,11 +15,14 @@ from trainer.config.precision import compute_dtype_name, float8_matmuls
 from trainer.config.presets import is_preset
 from trainer.config.sharding import uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
+from trainer.model import components
 from trainer.model.adapters import apply_lora
 from trainer.model.build import base_weights_dtype
 from trainer.model.chunked_loss import install_chunked_loss
+from trainer.model.components import Count, param_numel
 from trainer.model.float8 import convert_to_fp8
 from trainer.model.loading import LoadHow, Weights, load
+from trainer.model.moe import moe_of
 from trainer.model.packed_attention import implementation, isolate_records
 
 if TYPE_CHECKING:
@@ -155,8 +158,6 @@ def compile_layers(model: torch.nn.Module, backend: str, mode: str) -> int:
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(total, trainable) parameter counts."""
-    from trainer.run.metrics import param_numel
-
     total = trainable = 0
     for p in model.parameters():
         n = param_numel(p)
@@ -166,8 +167,19 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
-def log_parameter_counts(model: torch.nn.Module) -> None:
+def log_parameter_counts(model: torch.nn.Module) -> list[Count]:
+    """The parameter counts and the component table (trainer.model.components) in the log; returns the table."""
     total, trainable = count_parameters(model)
     log.info(
         "parameters: %s total, %s trainable (%.2f%%)", f"{total:,}", f"{trainable:,}", 100 * trainable / max(total, 1)
     )
+    return log_components(model)
+
+
+def log_components(model: torch.nn.Module) -> list[Count]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    moe = moe_of(base.config)
+    rows = components.count(model, moe.active_share if moe else 1.0)
+    routing = f"; active per token: {moe.describe()}" if moe else ""
+    log.info("components%s:\n  %s", routing, "\n  ".join(components.table_lines(rows)))
+    return rows
