@@ -56,3 +56,36 @@ def save_tiny(family: str, folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def save_mxfp4(folder: Path) -> dict[str, Any]:
+    """gpt-oss's tiny model saved as gpt-oss checkpoints are: its experts in MXFP4 (per 32 inputs one power-of-two
+    scale, stored as its exponent + 127, and 4-bit e2m1 values packed two a byte), `quantization_config` naming
+    mxfp4. Returns what Transformers' own dequantization of those blocks gives, by parameter name."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
+
+    save_tiny("gpt_oss", folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    values = torch.tensor(FP4_VALUES)
+    stored, dense = {}, {}
+    for name, w in weights.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            stored[name] = w
+            continue
+        rows = w.float().transpose(1, 2).reshape(w.shape[0], w.shape[2], w.shape[1] // 32, 32)  # [E, out, groups, 32]
+        exponent = torch.ceil(torch.log2(rows.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)
+        scaled = rows / torch.ldexp(torch.ones(()), exponent.int())[..., None]
+        index = (scaled[..., None] - values).abs().argmin(-1).to(torch.uint8)
+        blocks, scales = index[..., 0::2] | (index[..., 1::2] << 4), (exponent + 127).to(torch.uint8)
+        stored[f"{name}_blocks"], stored[f"{name}_scales"] = blocks, scales
+        dense[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    save_file(stored, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    return dense

@@ -149,15 +149,17 @@ def check(targets: Targets, done: list[tuple[str, str]], moe: Moe | None, moe_la
     where = f"TRAIN_LORA_TARGETS={','.join(targets.words)}"
     empty = [w for w, n in counts.items() if n == 0]
     if empty:
-        raise ConfigError(f"{where}: {', '.join(empty)} adapts nothing on this model (targets per word: {said}); "
+        verb = "matches" if len(empty) == 1 else "match"
+        raise ConfigError(f"{where}: {', '.join(empty)} {verb} nothing on this model (targets per word: {said}); "
                           f"{_names_hint(moe)}")  # fmt: skip
     asked_mlp = any(w in MLP_NAMES for w in targets.words)
     if moe is not None and asked_mlp and not by_component[ROUTED]:
+        layers = f"{moe_layers} MoE layer{'s' if moe_layers != 1 else ''}"
         raise ConfigError(
             f"{where} adapts {by_component[SHARED]} shared-expert and {by_component[MLP]} dense MLP modules but "
-            f"none of the routed experts ({moe_layers} layers x {moe.experts} experts: fused 3D parameters, which "
-            "module names do not reach); add `experts` to adapt them, or name `shared_experts` to adapt only the "
-            f"shared ones (targets per word: {said})"
+            f"none of the routed experts ({layers} x {moe.experts} experts: fused 3D parameters, which module names "
+            "do not reach); add `experts` to adapt them, or name `shared_experts` to adapt only the shared ones "
+            f"(targets per word: {said})"
         )
 
 

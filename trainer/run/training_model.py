@@ -51,7 +51,7 @@ def load_how(cfg: RunConfig, score_head: bool = False, packed: bool = True) -> L
         dtype=base_weights_dtype(s.quant, s.lora, precision, sharded),
         quant=s.quant, quant_type="nf4", double_quant=True, compute=compute_dtype_name(precision), shardable=sharded,
         device=_placement(cfg, s.quant, sharded), attention=implementation(attn) if packed else attn,
-        score_head=score_head, rope=s,
+        score_head=score_head, rope=s, dense_experts=True,
     )  # fmt: skip
 
 
