@@ -215,3 +215,30 @@ def test_router_metrics_count_each_training_forward_once(caplog) -> None:
         fields = metrics.log_fields(_state(3))
     assert fields["router/collapsed_layers"] == LAYERS and fields["router/unused_experts"] == LAYERS * (EXPERTS - 2)
     assert "router collapse at step 3: layer 0" in caplog.text
+
+
+READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")  # step_syncs.py's
+
+
+def _host_reads(model: torch.nn.Module, ids: torch.Tensor, monkeypatch) -> int:
+    """Host reads of tensor values (each a host-device synchronization on a GPU) in a training forward and backward."""
+    counted = [0]
+    with monkeypatch.context() as patch:
+        for name in READS:
+            original = getattr(torch.Tensor, name)
+
+            def counting(self: torch.Tensor, *a: Any, _original: Any = original, **k: Any) -> Any:
+                counted[0] += 1
+                return _original(self, *a, **k)
+
+            patch.setattr(torch.Tensor, name, counting)
+        model(input_ids=ids, labels=ids, output_router_logits=True).loss.backward()
+    return counted[0]
+
+
+def test_router_metrics_read_nothing_on_the_host_between_logging_steps(monkeypatch) -> None:
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    plain = tiny_model("qwen3_moe").train()  # Transformers with its load-balancing loss on, nothing of trainkit's
+    watched = tiny_model("qwen3_moe").train()
+    RouterMetrics(watched, moe_of(watched.config))
+    assert _host_reads(watched, ids, monkeypatch) == _host_reads(plain, ids, monkeypatch)
