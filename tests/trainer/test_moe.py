@@ -17,7 +17,7 @@ from moe_models import EXPERTS, FAMILIES, HIDDEN, LAYERS, TOP_K, save_mxfp4, sav
 from trainer.config.parse import parse_settings
 from trainer.errors import ConfigError
 from trainer.model import components
-from trainer.model.adapters import FusedMergeError, apply_lora, merged
+from trainer.model.adapters import FusedMergeError, apply_lora, merged, names_kept
 from trainer.model.loading import LoadHow, Weights, load
 from trainer.model.moe import moe_of, routers
 from trainer.run.router_metrics import RouterMetrics
@@ -149,10 +149,13 @@ def test_mlp_names_that_miss_the_routed_experts_are_refused_with_the_counts() ->
 @pytest.mark.parametrize("family", LORA_FAMILIES)
 def test_merging_fused_experts_gives_base_plus_adapter(family: str, monkeypatch) -> None:
     model = apply_lora(tiny_model(family), _settings())
+    with names_kept():
+        model.add_adapter("ref", model.peft_config["default"])  # TRL's DPO keeps a frozen copy beside it: not merged
+    model.set_adapter("default")
     torch.manual_seed(1)
     for name, p in model.named_parameters():
         if "lora_B" in name:
-            p.data.normal_(std=0.2)  # a trained adapter: every expert's delta non-zero
+            p.data.normal_(std=0.2)  # trained adapters: every expert's delta non-zero
     model.eval()
     ids = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

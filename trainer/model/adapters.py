@@ -113,7 +113,8 @@ def merge_into_base(peft_model: Any) -> Any:
     for module in peft_model.modules():
         if getattr(module, "num_experts", 1) <= 1 or not hasattr(module, "get_delta_factors"):
             continue
-        for adapter in list(module.lora_A):
+        for adapter in [a for a in module.active_adapters if a in module.lora_A]:  # as merge_and_unload: the
+            # active ones (not TRL's frozen "ref" copy)
             param = module.get_param()
             lhs, rhs, scaling = module.get_delta_factors(adapter)
             expected = param.detach().float() + scaling * torch.bmm(lhs.detach().float(), rhs.detach().float())
