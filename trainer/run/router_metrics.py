@@ -44,7 +44,7 @@ class RouterMetrics(TrainerCallback):
         self.moe = moe
         self.base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.layers = [name for name, _ in routers(self.base)]
-        self.counts: torch.Tensor | None = None  # [layers, experts] on the routers' device
+        self.counts: torch.Tensor | None = None  # [layers, experts] on the routers' device, made by the first count
         self.aux_sum: torch.Tensor | None = None
         self.forwards = 0
         self.shares: list[list[float]] | None = None  # the last line's matrix, for metrics.jsonl
@@ -104,9 +104,13 @@ class RouterMetrics(TrainerCallback):
         (summed over ranks); counting starts over."""
         if self.counts is None:
             return {}
-        counts = _summed(self.counts)
-        aux = _summed(self.aux_sum) / max(1, _summed_int(self.forwards)) if self.aux_sum is not None else None
-        self.counts, self.aux_sum, self.forwards = None, None, 0
+        counts = _summed(self.counts.clone())
+        self.counts.zero_()  # in place: a compiled layer's hook keeps writing into the same tensor
+        forwards = torch.tensor(float(self.forwards), device=self.counts.device)
+        aux = _summed(self.aux_sum) / _summed(forwards).clamp(min=1) if self.aux_sum is not None else None
+        self.aux_sum, self.forwards = None, 0
+        if not counts.any():
+            return {}
         shares = (counts / counts.sum(-1, keepdim=True).clamp(min=1)).tolist()
         self.shares = [[round(x, 6) for x in row] for row in shares]
         fields: dict[str, float] = {}
@@ -142,7 +146,7 @@ def _collapsed(row: list[float], moe: Moe) -> bool:
 
 
 def _summed(t: torch.Tensor) -> torch.Tensor:
-    """`t` summed over the ranks, on a logging step only (every rank logs it)."""
+    """`t` summed over the ranks (on its device: NCCL's are the GPUs), on a logging step only (every rank logs it)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -150,6 +154,3 @@ def _summed(t: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t)
     return t.float().cpu()
 
-
-def _summed_int(n: int) -> int:
-    return int(_summed(torch.tensor(float(n))).item())
