@@ -104,6 +104,17 @@ class Stack:
         return self.torch is None or self.torch >= (2, 12)
 
     @property
+    def fused_experts(self) -> bool:
+        """A mixture of experts' routed experts as fused 3D parameters run by an experts implementation chosen at
+        load (eager, batched_mm, grouped_mm): transformers 5; 4.x keeps one module per expert."""
+        return self.transformers_5
+
+    @property
+    def grouped_mm_on_cpu(self) -> bool:
+        """torch's grouped GEMM has a CPU kernel from torch 2.9 (Transformers loops over the experts before)."""
+        return self.torch is None or self.torch >= (2, 9)
+
+    @property
     def bf16_emulation_flag(self) -> bool:
         """torch.cuda.is_bf16_supported(including_emulation=...) exists from torch 2.3."""
         return self.torch is None or self.torch >= (2, 3)
@@ -163,6 +174,11 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
                 f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
                 "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
             )
+    if not st.fused_experts:
+        out["TRAIN_MODEL=tiny-moe"] = (
+            "tiny-moe is a Qwen3-MoE shape, whose fused experts are transformers 5's (this row's transformers has "
+            "no Qwen3-MoE); use the CPU image or a row with transformers 5"
+        )
     if st.math_verify is None:
         out["TRAIN_REWARD=math"] = (
             "math-verify (the verifier of the math reward) is installed only where TRL is (Python >= 3.11, as online "
@@ -217,6 +233,8 @@ class Switches(Protocol):
     def method(self) -> str: ...
     @property
     def precision(self) -> str: ...
+    @property
+    def model(self) -> str: ...
 
 
 def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[str]:
@@ -224,7 +242,8 @@ def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[st
     st = st or stack()
     found = unsupported(st)
     chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}",
-              f"TRAIN_METHOD={settings.method}", f"TRAIN_PRECISION={settings.precision}"}
+              f"TRAIN_METHOD={settings.method}", f"TRAIN_PRECISION={settings.precision}",
+              f"TRAIN_MODEL={settings.model}"}
     return [_refusal(switch, st, found[switch]) for switch in sorted(chosen & set(found))]
 
 

@@ -14,12 +14,13 @@ import pytest
 import torch
 from moe_models import EXPERTS, FAMILIES, HIDDEN, LAYERS, TOP_K, save_mxfp4, save_tiny, tiny_config, tiny_model
 
+from trainer.config.moe import moe_of
 from trainer.config.parse import parse_settings
 from trainer.errors import ConfigError
 from trainer.model import components
 from trainer.model.adapters import FusedMergeError, apply_lora, merged, names_kept
 from trainer.model.loading import LoadHow, Weights, load
-from trainer.model.moe import moe_of, routers
+from trainer.model.moe import routers
 from trainer.run.router_metrics import RouterMetrics
 from trainer.tokenizer import byte_level_tokenizer
 

@@ -108,7 +108,7 @@ def test_preference_and_online_rl_train_it_with_router_metrics(method: str, tmp_
     else:
         data = tmp_path / "prompts.jsonl"
         data.write_text("".join(json.dumps({"prompt": f"say {w}:"}) + "\n" for w in ("cat", "sun", "red", "sky")))
-        (tmp_path / "rewards.py").write_text("def short(completions, **kw):\n    return [-len(c) for c in completions]\n")
+        (tmp_path / "rewards.py").write_text("def short(completions, **kw):\n    return [-len(c) for c in completions]\n")  # noqa: E501
         more = {"reward": f"{tmp_path / 'rewards.py'}:short", "batch_size": 8, "rl_generations": 4,
                 "rl_max_new_tokens": 8}  # fmt: skip
     out = tmp_path / "out"

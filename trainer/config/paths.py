@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import compat
 from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.config.presets import MODEL_PRESETS, is_preset
 from trainer.config.rope import readable_model_config, rope_problems
@@ -60,7 +61,10 @@ def _readable(path: Path) -> bool:
 
 
 def _model_problems(s: TrainSettings) -> list[str]:
-    if is_preset(s.model) or hub_ref(s.model) is not None:
+    if is_preset(s.model):
+        refusal = compat.switch_problem(f"TRAIN_MODEL={s.model}")  # a preset this stack cannot build (tiny-moe)
+        return [refusal] if refusal else []
+    if hub_ref(s.model) is not None:
         return []
     folder = Path(s.model)
     if not folder.exists():

@@ -27,8 +27,9 @@ def apply_lora(model: Any, s: TrainSettings) -> Any:
     elif s.grad_ckpt:
         # Frozen embeddings produce no grad; checkpointed blocks need an input that requires one.
         model.enable_input_require_grads()
+    from trainer.config.moe import moe_of
     from trainer.model import lora_targets
-    from trainer.model.moe import moe_of, routers
+    from trainer.model.moe import routers
 
     moe = moe_of(model.config)
     targets = lora_targets.resolve(s.lora_targets, model, moe)

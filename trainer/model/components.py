@@ -18,7 +18,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainer.config.run_record import ComponentCount
 
 if TYPE_CHECKING:
     import torch
@@ -76,21 +78,8 @@ def param_numel(p: torch.nn.Parameter) -> int:
     return n * 2 if p.__class__.__name__ == "Params4bit" else n
 
 
-@dataclass(frozen=True)
-class Count:
-    """One row of the table."""
-
-    component: str
-    parameters: int
-    trainable: int
-    active: int  # parameters a token passes through
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"component": self.component, "parameters": self.parameters, "trainable": self.trainable,
-                "active": self.active}  # fmt: skip
-
-
-def count(model: torch.nn.Module, active_share: float = 1.0, table: Iterable[Component] = COMPONENTS) -> list[Count]:
+def count(model: torch.nn.Module, active_share: float = 1.0,
+          table: Iterable[Component] = COMPONENTS) -> list[ComponentCount]:  # fmt: skip
     """The model's rows in the table's order (components it lacks left out) and a last row "total". `active_share`:
     the routed experts' share a token passes through (top-k / E; 1.0 for a dense model)."""
     rows = tuple(table)
@@ -100,12 +89,13 @@ def count(model: torch.nn.Module, active_share: float = 1.0, table: Iterable[Com
         part = totals[component_of(name, rows)]
         part[0] += n
         part[1] += n if p.requires_grad else 0
-    found = [Count(name, total, trainable, round(total * (active_share if name == ROUTED else 1.0)))
+    found = [ComponentCount(name, total, trainable, round(total * (active_share if name == ROUTED else 1.0)))
              for name, (total, trainable) in totals.items() if total]  # fmt: skip
-    return [*found, Count("total", *(sum(getattr(r, f) for r in found) for f in ("parameters", "trainable", "active")))]
+    sums = (sum(getattr(r, f) for r in found) for f in ("parameters", "trainable", "active"))
+    return [*found, ComponentCount("total", *sums)]
 
 
-def table_lines(rows: list[Count]) -> list[str]:
+def table_lines(rows: list[ComponentCount]) -> list[str]:
     """The table as aligned text lines (a header, one line per row)."""
     header = ("component", "parameters", "trainable", "active/token")
     cells = [header, *[(r.component, f"{r.parameters:,}", f"{r.trainable:,}", f"{r.active:,}") for r in rows]]

@@ -96,7 +96,8 @@ def described(what: Weights, how: LoadHow, model: Any) -> str:
     adapter = f" + LoRA adapter {what.adapter}" if what.adapter is not None else ""
     quant = f", {how.quant} quantized" if how.quant != "none" else ""
     base = model.get_base_model() if what.adapter is not None else model
-    from trainer.model.moe import experts_implementation, moe_of
+    from trainer.config.moe import moe_of
+    from trainer.model.moe import experts_implementation
 
     moe = moe_of(base.config)
     experts = f", {moe.describe()} run by {experts_implementation(base) or 'one module each'}" if moe else ""

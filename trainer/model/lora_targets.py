@@ -20,9 +20,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trainer.config.moe import Moe
 from trainer.errors import ConfigError
 from trainer.model.components import ATTENTION, MLP, ROUTED, ROUTER, SHARED, component_of, plain_name
-from trainer.model.moe import Moe
 
 if TYPE_CHECKING:
     import torch

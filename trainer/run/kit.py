@@ -98,7 +98,7 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
 
     s = cfg.settings
     out = Path(s.output_dir)
-    router = router_metrics(model)
+    router = router_metrics(cfg, model)
     found: list[Any] = [
         StopOnSignal(stop),
         steps_from_settings(),
@@ -118,14 +118,18 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
     return [*found, divergence_guard(cfg)]  # last: it may cancel a save another callback asked for
 
 
-def router_metrics(model: Module) -> RouterMetrics | None:
-    """A mixture of experts' router health per logging step (trainer.run.router_metrics); None for a dense model."""
-    from trainer.model.moe import moe_of
+def router_metrics(cfg: RunConfig, model: Module) -> RouterMetrics | None:
+    """A mixture of experts' router health per logging step (trainer.run.router_metrics), its load-balancing loss
+    as decided (trainer.config.moe); None for a dense model."""
+    from trainer.config.moe import moe_of
     from trainer.run.router_metrics import RouterMetrics
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     moe = moe_of(base.config)
-    return RouterMetrics(model, moe) if moe is not None else None
+    if moe is None:
+        return None
+    coefficient = cfg.decisions.moe_aux_loss
+    return RouterMetrics(model, moe, coefficient.value, coefficient.reason)
 
 
 def divergence_guard(cfg: RunConfig) -> DivergenceGuard:
@@ -180,14 +184,17 @@ def before_training(cfg: RunConfig, args: Arguments, model: Module, resume: Resu
         truncate_after(out / "metrics.jsonl", resume.step)
 
 
-def learned(start: RunRecord, args: Arguments, decisions: Decisions, sequences: int,
+def learned(start: RunRecord, args: Arguments, decisions: Decisions, sequences: int, model: Module,
             mix: dict[str, Any] | None = None) -> RunRecord:  # fmt: skip
-    """The run's record with what it learned before its first step: the batch (`decisions`, searched or not), and
-    how the DataLoader splits an epoch (batches_per_epoch) with a mix's requested and achieved share per source."""
+    """The run's record with what it learned before its first step: the batch (`decisions`, searched or not), how
+    the DataLoader splits an epoch (batches_per_epoch) with a mix's requested and achieved share per source, and
+    what the model is made of (its component table)."""
     from trainer.config.run_record import TrainingData
+    from trainer.run.training_model import component_table
 
     counts = TrainingData(**batches_per_epoch(sequences, args, start.settings.seq_len), mix=mix)
-    return dataclasses.replace(start, decisions=decisions, training_data=counts)
+    return dataclasses.replace(start, decisions=decisions, training_data=counts,
+                               components=tuple(component_table(model)))  # fmt: skip
 
 
 def record_writer(record: RunRecord, args: Arguments) -> Callable[[Startup | None], None]:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
-from trainer.model.moe import Moe, routers
+from trainer.config.moe import Moe
+from trainer.model.moe import routers
 
 if TYPE_CHECKING:
     from transformers import TrainerState
@@ -40,9 +41,13 @@ SHARES_KEY = "router/expert_share"
 class RouterMetrics(TrainerCallback):
     """Counts the routers' choices on the device; `log_fields` turns them into a log line's fields."""
 
-    def __init__(self, model: torch.nn.Module, moe: Moe) -> None:
+    def __init__(self, model: torch.nn.Module, moe: Moe, coefficient: float | None = None, why: str = "") -> None:
+        """`coefficient`: the load-balancing loss's (trainer.config.moe's decision; None: the family's own)."""
         self.moe = moe
         self.base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.coefficient = moe.aux_coef if coefficient is None else coefficient
+        if hasattr(self.base, "router_aux_loss_coef"):
+            self.base.router_aux_loss_coef = self.coefficient  # what the model's forward adds to the loss (SFT)
         self.layers = [name for name, _ in routers(self.base)]
         self.counts: torch.Tensor | None = None  # [layers, experts] on the routers' device, made by the first count
         self.aux_sum: torch.Tensor | None = None
@@ -52,9 +57,10 @@ class RouterMetrics(TrainerCallback):
         self._depth = 0
         self._mask: torch.Tensor | None = None
         self._install()
-        coef = moe.aux_coef
+        added = (f"added with coefficient {self.coefficient:g}" if self.coefficient else "not added") + (
+            f" ({why})" if why else "")  # fmt: skip
         log.info("router: %d MoE layers, %s; %s", len(self.layers), moe.describe(),
-                 f"load-balancing loss on, coefficient {coef:g} ({moe.model_type}'s router_aux_loss_coef)" if coef
+                 f"load-balancing loss logged as router/aux_loss, {added}" if moe.aux_coef
                  else f"no load-balancing loss ({moe.model_type} defines none)")  # fmt: skip
 
     def _install(self) -> None:
@@ -72,8 +78,8 @@ class RouterMetrics(TrainerCallback):
         self._depth += 1
         mask = kwargs.get("attention_mask")
         self._mask = mask.reshape(-1).to(torch.float32) if mask is not None and mask.dim() == 2 else None
-        if self.moe.aux_coef:
-            kwargs["output_router_logits"] = True  # the model adds coef x its load-balancing loss to the loss
+        if self.moe.aux_coef:  # the family computes the loss: asked for, the model adds it x its coefficient
+            kwargs["output_router_logits"] = True
         return args, kwargs
 
     def _leave(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.config.moe import moe_of
 from trainer.config.precision import compute_dtype_name, float8_matmuls
 from trainer.config.presets import is_preset
 from trainer.config.sharding import uses_fsdp
@@ -19,14 +20,14 @@ from trainer.model import components
 from trainer.model.adapters import apply_lora
 from trainer.model.build import base_weights_dtype
 from trainer.model.chunked_loss import install_chunked_loss
-from trainer.model.components import Count, param_numel
+from trainer.model.components import param_numel
 from trainer.model.float8 import convert_to_fp8
 from trainer.model.loading import LoadHow, Weights, load
-from trainer.model.moe import moe_of
 from trainer.model.packed_attention import implementation, isolate_records
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
+    from trainer.config.run_record import ComponentCount
 
 log = logging.getLogger("trainer")
 
@@ -51,7 +52,7 @@ def load_how(cfg: RunConfig, score_head: bool = False, packed: bool = True) -> L
         dtype=base_weights_dtype(s.quant, s.lora, precision, sharded),
         quant=s.quant, quant_type="nf4", double_quant=True, compute=compute_dtype_name(precision), shardable=sharded,
         device=_placement(cfg, s.quant, sharded), attention=implementation(attn) if packed else attn,
-        score_head=score_head, rope=s, dense_experts=True,
+        score_head=score_head, rope=s, experts=cfg.decisions.moe_impl.value, dense_experts=True,
     )  # fmt: skip
 
 
@@ -77,7 +78,8 @@ def _weights(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> Weights:
 def _log_loaded(cfg: RunConfig, model: PreTrainedModel, attn: str) -> None:
     s = cfg.settings
     if is_preset(s.model):
-        log.info("model: preset %r from scratch (Llama, attention=%s), built on %s", s.model, attn, model.device)
+        family = "Llama" if moe_of(model.config) is None else "Qwen3-MoE"
+        log.info("model: preset %r from scratch (%s, attention=%s), built on %s", s.model, family, attn, model.device)
         return
     folder = cfg.decisions.model.value
     name = s.model if s.model == folder else f"{s.model} ({folder})"
@@ -167,19 +169,20 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
-def log_parameter_counts(model: torch.nn.Module) -> list[Count]:
-    """The parameter counts and the component table (trainer.model.components) in the log; returns the table."""
+def log_parameter_counts(model: torch.nn.Module) -> None:
+    """The parameter counts and the component table (trainer.model.components) in the log."""
     total, trainable = count_parameters(model)
     log.info(
         "parameters: %s total, %s trainable (%.2f%%)", f"{total:,}", f"{trainable:,}", 100 * trainable / max(total, 1)
     )
-    return log_components(model)
-
-
-def log_components(model: torch.nn.Module) -> list[Count]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     moe = moe_of(base.config)
-    rows = components.count(model, moe.active_share if moe else 1.0)
     routing = f"; active per token: {moe.describe()}" if moe else ""
-    log.info("components%s:\n  %s", routing, "\n  ".join(components.table_lines(rows)))
-    return rows
+    log.info("components%s:\n  %s", routing, "\n  ".join(components.table_lines(component_table(model))))
+
+
+def component_table(model: torch.nn.Module) -> list[ComponentCount]:
+    """What the model is made of, by component (the run's record keeps it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    moe = moe_of(base.config)
+    return components.count(model, moe.active_share if moe else 1.0)
