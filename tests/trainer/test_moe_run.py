@@ -53,7 +53,7 @@ def test_the_run_logs_its_components_and_router_health(reference: tuple[Path, st
     record = json.loads((out / "run_config.json").read_text())
     rows = {row["component"]: row for row in record["components"]}
     assert rows["routed experts"]["trainable"] == int(routed[2].replace(",", ""))
-    assert "load-balancing loss on, coefficient 0.001" in err
+    assert "load-balancing loss logged as router/aux_loss, added with coefficient 0.001" in err
     lines = _lines(out)
     assert [line["step"] for line in lines] == list(range(1, MAX_STEPS + 1))
     for line in lines:
