@@ -246,3 +246,41 @@ def test_router_metrics_read_nothing_on_the_host_between_logging_steps(monkeypat
     watched = tiny_model("qwen3_moe").train()
     RouterMetrics(watched, moe_of(watched.config))
     assert _host_reads(watched, ids, monkeypatch) == _host_reads(plain, ids, monkeypatch)
+
+
+def _decided(tmp_path: Path, hardware: Any, **train: str) -> Any:
+    from trainer import config
+
+    settings = parse_settings({"TRAIN_OUTPUT_DIR": str(tmp_path / "out"), **train})
+    return config.resolve(settings, hardware, environ={}, import_heavy=False).decisions
+
+
+def test_the_experts_implementation_and_the_coefficient_are_decided_per_device_and_family(tmp_path: Path) -> None:
+    from trainer.machine.hardware import Hardware
+
+    cpu = Hardware(device="cpu", cpu_count=2, cxx_compiler="/usr/bin/g++")
+    turing = Hardware(device="cuda", gpu_count=1, gpu_name="T4", capability=(7, 5), total_memory_bytes=16 << 30)
+    hopper = Hardware(device="cuda", gpu_count=1, gpu_name="H100", capability=(9, 0), total_memory_bytes=80 << 30,
+                      bf16=True, tf32=True)
+    decided = {name: _decided(tmp_path, hw, TRAIN_MODEL="tiny-moe") for name, hw in
+               (("cpu", cpu), ("turing", turing), ("hopper", hopper))}  # fmt: skip
+    assert [decided[n].moe_impl.value for n in ("cpu", "turing", "hopper")] == ["grouped_mm", "eager", "grouped_mm"]
+    assert "compute capability 8.0" in decided["turing"].moe_impl.reason
+    assert decided["cpu"].moe_aux_loss.value == 0.001 and "router_aux_loss_coef" in decided["cpu"].moe_aux_loss.reason
+    assert _decided(tmp_path, cpu, TRAIN_MODEL="tiny-moe", TRAIN_MOE_AUX_LOSS="off").moe_aux_loss.value == 0.0
+    dense = _decided(tmp_path, cpu, TRAIN_MODEL="tiny")
+    assert dense.moe_impl.value is None and dense.moe_aux_loss.value is None
+    deepseek = save_tiny("deepseek_v3", tmp_path / "deepseek")
+    assert _decided(tmp_path, cpu, TRAIN_MODEL=str(deepseek)).moe_aux_loss.value == 0.0  # it defines none
+
+
+@pytest.mark.parametrize(("train", "said"), [
+    ({"TRAIN_MODEL": "tiny", "TRAIN_MOE_IMPL": "eager"}, "TRAIN_MOE_IMPL=eager: TRAIN_MODEL=tiny is not a mixture"),
+    ({"TRAIN_MODEL": "tiny-moe", "TRAIN_MOE_AUX_LOSS": "lots"}, "TRAIN_MOE_AUX_LOSS=lots: auto, off or a number"),
+    ({"TRAIN_MODEL": "tiny-moe", "TRAIN_MOE_AUX_LOSS": "-1"}, "TRAIN_MOE_AUX_LOSS=-1: auto, off or a number"),
+])  # fmt: skip
+def test_moe_settings_that_cannot_apply_are_refused_before_torch(train: dict[str, str], said: str) -> None:
+    from trainer.config.parse import load_settings
+
+    with pytest.raises(ConfigError, match=said):
+        load_settings(train)
