@@ -233,8 +233,6 @@ class Switches(Protocol):
     def method(self) -> str: ...
     @property
     def precision(self) -> str: ...
-    @property
-    def model(self) -> str: ...
 
 
 def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[str]:
@@ -242,8 +240,7 @@ def unsupported_problems(settings: Switches, st: Stack | None = None) -> list[st
     st = st or stack()
     found = unsupported(st)
     chosen = {f"TRAIN_ATTN={settings.attn}", f"TRAIN_FSDP={settings.fsdp}", f"TRAIN_OPTIM={settings.optim}",
-              f"TRAIN_METHOD={settings.method}", f"TRAIN_PRECISION={settings.precision}",
-              f"TRAIN_MODEL={settings.model}"}
+              f"TRAIN_METHOD={settings.method}", f"TRAIN_PRECISION={settings.precision}"}
     return [_refusal(switch, st, found[switch]) for switch in sorted(chosen & set(found))]
 
 

@@ -131,22 +131,29 @@ def problems(inputs: Inputs) -> list[str]:
 def decide_impl(s: TrainSettings, hw: Hardware, moe: Moe | None) -> Decision[str | None]:
     if moe is None:
         return Decision(None, NOT_MOE)
-    st = compat.stack()
-    if not st.fused_experts:
-        return Decision(None, f"{st.describe()} keeps one module per expert (no experts implementations)")
+    if not compat.stack().fused_experts:
+        return Decision(None, f"{compat.stack().describe()} keeps one module per expert (no experts implementations)")
     if s.moe_impl != "auto":
         return Decision(s.moe_impl, f"set by TRAIN_MOE_IMPL ({moe.describe()})")
+    problem = grouped_mm_problem(hw.is_gpu, hw.capability)
+    if problem:
+        return Decision("eager", f"auto: {problem} (Transformers would loop over the experts, as eager does)")
     if hw.is_gpu:
-        if hw.capability is not None and hw.capability >= GROUPED_MM_CAPABILITY:
-            return Decision("grouped_mm", "auto: one grouped GEMM per projection for all experts (torch's kernel "
-                                          "from compute capability 8.0; Transformers' own default)")  # fmt: skip
-        return Decision("eager", "auto: torch's grouped GEMM kernel needs compute capability 8.0 (below it "
-                                 "Transformers loops over the experts, as eager does)")  # fmt: skip
-    if st.grouped_mm_on_cpu:
-        return Decision("grouped_mm", "auto: torch's grouped GEMM on the CPU, measured fastest there (grouped_mm "
-                                      "0.021-0.033, eager 0.028-0.035, batched_mm 0.070-0.107 CPU-s a step on 2 "
-                                      "cores: trainer/config/moe.py)")  # fmt: skip
-    return Decision("eager", f"auto: {st.describe()} has no grouped GEMM on the CPU (from torch 2.9)")
+        return Decision("grouped_mm", "auto: one grouped GEMM per projection for all experts (torch's kernel from "
+                                      "compute capability 8.0; Transformers' own default)")  # fmt: skip
+    return Decision("grouped_mm", "auto: torch's grouped GEMM on the CPU, measured fastest there (grouped_mm "
+                                  "0.021-0.033, eager 0.028-0.035, batched_mm 0.070-0.107 CPU-s a step on 2 cores: "
+                                  "trainer/config/moe.py)")  # fmt: skip
+
+
+def grouped_mm_problem(gpu: bool, capability: tuple[int, int] | None) -> str:
+    """Why torch's grouped GEMM kernel cannot run on this device ('' where it can): the decision and bench ask."""
+    if gpu and (capability is None or tuple(capability) < GROUPED_MM_CAPABILITY):
+        major, minor = capability or (0, 0)
+        return f"torch's grouped GEMM kernel needs compute capability 8.0 (this GPU: {major}.{minor})"
+    if not gpu and not compat.stack().grouped_mm_on_cpu:
+        return f"{compat.stack().describe()} has no grouped GEMM kernel on the CPU (from torch 2.9)"
+    return ""
 
 
 def decide_aux_loss(s: TrainSettings, moe: Moe | None) -> Decision[float | None]:
