@@ -8,16 +8,22 @@ shared expert) exits 2."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
 from moe_models import save_tiny
 from preference_data import pairs, write_jsonl
-from train_runs import MAX_STEPS, assert_same_weights, finish, logged_steps, start, train_env, write_corpus
-from waiting import wait_for
+from train_runs import (
+    MAX_STEPS,
+    assert_same_weights,
+    finish,
+    logged_steps,
+    start,
+    stopped_and_resumed,
+    train_env,
+    write_corpus,
+)
 
 MODEL = "tiny-moe"
 
@@ -65,16 +71,7 @@ def test_the_run_logs_its_components_and_router_health(reference: tuple[Path, st
 
 def test_a_stopped_run_resumes_to_the_same_weights(reference: tuple[Path, str], corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = moe_env(out, data=corpus)
-    proc = start(env)
-    wait_for(lambda: 2 in logged_steps(out), 300, "step 2", proc=proc)
-    os.killpg(proc.pid, signal.SIGTERM)
-    code, err = finish(proc)
-    assert code == 143, err[-3000:]
-    stopped = int(re.search(r"checkpoint-(\d+) written", err)[1])
-    restart_code, restart_err = finish(start(env))
-    assert restart_code == 0, restart_err[-3000:]
-    assert f"continuing from {out / f'checkpoint-{stopped}'}" in restart_err
+    assert stopped_and_resumed(moe_env(out, data=corpus), out, after_step=2) < MAX_STEPS
     assert logged_steps(out) == list(range(1, MAX_STEPS + 1))
     assert_same_weights(out / "final", reference[0] / "final")
     assert _lines(out)[-1]["router/expert_share"] == _lines(reference[0])[-1]["router/expert_share"]
