@@ -23,7 +23,9 @@ def tiny_config(family: str, vocab: int = 320) -> Any:
         return transformers.Qwen3MoeConfig(**common, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
                                            num_experts=EXPERTS)  # fmt: skip
     if family == "gpt_oss":
-        return transformers.GptOssConfig(**common, head_dim=16, intermediate_size=32, num_local_experts=EXPERTS,
+        # its YaRN scaling (factor 32 over 4,096 positions) wants 131,072 positions, or Transformers warns
+        return transformers.GptOssConfig(**{**common, "max_position_embeddings": 131_072}, head_dim=16,
+                                         intermediate_size=32, num_local_experts=EXPERTS,
                                          layer_types=["sliding_attention", "full_attention"])  # fmt: skip
     if family == "olmoe":
         return transformers.OlmoeConfig(**common, intermediate_size=32, num_experts=EXPERTS)

@@ -284,3 +284,25 @@ def test_moe_settings_that_cannot_apply_are_refused_before_torch(train: dict[str
 
     with pytest.raises(ConfigError, match=said):
         load_settings(train)
+
+
+def test_a_checkpoint_keeps_the_fused_experts_so_that_a_resume_loads_them(tmp_path: Path) -> None:
+    """Transformers 5 saves fused experts back in their original per-expert layout, which its Trainer's resume
+    (load_state_dict, strict=False) matches to nothing: the experts would resume freshly initialized. Checkpoints are
+    written as the model holds them (trainer.model.moe.own_layout); the fsdp-moe chain of test_resume_nproc.py
+    resumes one to the same losses."""
+    from safetensors.torch import load_file
+
+    from trainer.model.moe import own_layout
+
+    model = tiny_model("qwen3_moe")
+    model.save_pretrained(tmp_path / "original")
+    with own_layout(model):
+        model.save_pretrained(tmp_path / "own")
+    original, own = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("original", "own"))
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight" in original  # what the resume would not load
+    resumed = tiny_model("qwen3_moe", seed=1)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in resumed.load_state_dict(original, strict=False).missing_keys
+    resumed.load_state_dict(own, strict=True)
+    assert torch.equal(resumed.model.layers[0].mlp.experts.gate_up_proj, model.model.layers[0].mlp.experts.gate_up_proj)
+    assert "save_pretrained" not in vars(model)  # the model's own method again

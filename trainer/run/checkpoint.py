@@ -172,9 +172,12 @@ def atomic_trainer(base: type) -> type:
 
         def _save_staged(self, model: Module, trial: Any, staging: Path, final: Path, step: int, *more: Any,
                          **named: Any) -> None:  # fmt: skip
+            from trainer.model.moe import own_layout
+
             self._staging_dir = str(staging)
             try:
-                super()._save_checkpoint(model, trial, *more, **named)
+                with own_layout(self.accelerator.unwrap_model(self.model)):  # a mixture's fused experts, resumable
+                    super()._save_checkpoint(model, trial, *more, **named)
             finally:
                 self._staging_dir = None
             self._best_outside_staging(staging, final)
