@@ -29,6 +29,7 @@ TRL_MIN = (1, 16)
 # TRAIN_PRECISION=fp8 runs on torchao's float8 training; the rows' oldest torch it is pinned for is 2.6 (torchao
 # 0.12.0, built against 2.5 to 2.7). images/versions.toml pins the release for each row's torch.
 FP8_TORCH_MIN = (2, 6)
+IMAGES = "TRAIN_DATA=records with images"  # a data kind a row may not train (trainer.data.vision), as a switch
 
 
 def _release(dist: str) -> tuple[int, ...] | None:
@@ -99,19 +100,19 @@ class Stack:
                 and self.torch is not None and self.torch < (2, 6))  # fmt: skip
 
     @property
+    def processor_offsets(self) -> bool:
+        """Processors report where they expanded each image placeholder (`return_text_replacement_offsets`), which
+        the loss mask of records with images is moved by: in 5.17 and 5.23's processing_utils.py, not in 4.46's."""
+        return self.transformers is None or self.transformers >= (5, 17)
+
+    @property
     def torchrun_stop_wait_configurable(self) -> bool:
         """torchrun reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT from torch 2.12; before, its wait before SIGKILL is 30 s."""
         return self.torch is None or self.torch >= (2, 12)
 
     @property
-    def fused_experts(self) -> bool:
-        """A mixture of experts' routed experts as fused 3D parameters run by an experts implementation chosen at
-        load (eager, batched_mm, grouped_mm): transformers 5; 4.x keeps one module per expert."""
-        return self.transformers_5
-
-    @property
     def grouped_mm_on_cpu(self) -> bool:
-        """torch's grouped GEMM has a CPU kernel from torch 2.9 (Transformers loops over the experts before)."""
+        """torch's grouped GEMM (a mixture's experts, trainer.config.moe) has a CPU kernel from torch 2.9."""
         return self.torch is None or self.torch >= (2, 9)
 
     @property
@@ -174,11 +175,8 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
                 f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
                 "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
             )
-    if not st.fused_experts:
-        out["TRAIN_MODEL=tiny-moe"] = (
-            "tiny-moe is a Qwen3-MoE shape, whose fused experts are transformers 5's (this row's transformers has "
-            "no Qwen3-MoE); use the CPU image or a row with transformers 5"
-        )
+    if not st.transformers_5:  # fused experts, Qwen3-MoE: transformers 5's
+        out["TRAIN_MODEL=tiny-moe"] = "tiny-moe is a Qwen3-MoE shape (transformers 5); use a row from 12.6 on"
     if st.math_verify is None:
         out["TRAIN_REWARD=math"] = (
             "math-verify (the verifier of the math reward) is installed only where TRL is (Python >= 3.11, as online "
@@ -188,6 +186,12 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
         out["TRAIN_PRECISION=fp8"] = (
             f"torchao's float8 training needs torch >= {'.'.join(map(str, FP8_TORCH_MIN))} (no torchao release "
             "supports this row's torch); use TRAIN_PRECISION=bf16, or an image row from CUDA 12.6 on"
+        )
+    if not st.processor_offsets:
+        out[IMAGES] = (
+            "the loss mask of records with images needs transformers >= 5.17 (its processors report where they "
+            "expanded each image placeholder); use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU "
+            "image)"
         )
     return out | _methods_unsupported(st) | _optimizers_unsupported(st)
 
@@ -424,3 +428,23 @@ def resuming_from(checkpoint: str | None, st: Stack | None = None) -> Iterator[N
         yield
     finally:
         hf_trainer.check_torch_load_is_safe = guard
+
+
+@contextlib.contextmanager
+def saving_in_model_names(*models: Any) -> Iterator[None]:
+    """Around a checkpoint's save: its weights under the model's own parameter names. Transformers 5 renames some
+    families' weights back to their original checkpoint layout when it saves (vision-language models'
+    `model.language_model.` becomes `model.`), and its Trainer's resume loads a checkpoint with load_state_dict,
+    which does not rename them again: those weights would be missing, and the run would go on from fresh ones.
+    save_pretrained's save_original_format=False keeps the names; 4.x renames nothing."""
+    import inspect
+
+    patched = [m for m in dict.fromkeys(models) if hasattr(type(m), "save_pretrained")
+               and "save_original_format" in inspect.signature(type(m).save_pretrained).parameters]  # fmt: skip
+    for model in patched:
+        model.save_pretrained = functools.partial(type(model).save_pretrained, model, save_original_format=False)
+    try:
+        yield
+    finally:
+        for model in patched:
+            del model.save_pretrained

@@ -18,7 +18,8 @@ from trainer.config.moe import moe_of
 from trainer.config.parse import parse_settings
 from trainer.errors import ConfigError
 from trainer.model import components
-from trainer.model.adapters import FusedMergeError, apply_lora, merged, names_kept
+from trainer.model.adapters import apply_lora, merged
+from trainer.model.expert_adapters import FusedMergeError, names_kept
 from trainer.model.loading import LoadHow, Weights, load
 from trainer.model.moe import routers
 from trainer.run.router_metrics import RouterMetrics
@@ -50,7 +51,7 @@ def test_each_family_loads_through_the_loader_with_its_component_table(family: s
     moe = moe_of(model.config)
     assert moe is not None and (moe.experts, moe.top_k) == (EXPERTS, TOP_K)
     assert f"top-{TOP_K} of {EXPERTS} routed experts run by grouped_mm" in caplog.text
-    rows = {r.component: r for r in components.count(model, moe.active_share)}
+    rows = {r.component: r for r in components.count(model)}
     experts, router, layers = _expert_sizes(family)
     assert rows[components.ROUTED].parameters == layers * experts
     assert rows[components.ROUTED].active == layers * experts * TOP_K // EXPERTS
@@ -289,15 +290,15 @@ def test_moe_settings_that_cannot_apply_are_refused_before_torch(train: dict[str
 def test_a_checkpoint_keeps_the_fused_experts_so_that_a_resume_loads_them(tmp_path: Path) -> None:
     """Transformers 5 saves fused experts back in their original per-expert layout, which its Trainer's resume
     (load_state_dict, strict=False) matches to nothing: the experts would resume freshly initialized. Checkpoints are
-    written as the model holds them (trainer.model.moe.own_layout); the fsdp-moe chain of test_resume_nproc.py
-    resumes one to the same losses."""
+    written in the model's own names (trainer.compat.saving_in_model_names); the fsdp-moe chain of
+    test_resume_nproc.py resumes one to the same losses."""
     from safetensors.torch import load_file
 
-    from trainer.model.moe import own_layout
+    from trainer.compat import saving_in_model_names
 
     model = tiny_model("qwen3_moe")
     model.save_pretrained(tmp_path / "original")
-    with own_layout(model):
+    with saving_in_model_names(model):
         model.save_pretrained(tmp_path / "own")
     original, own = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("original", "own"))
     assert "model.layers.0.mlp.experts.0.gate_proj.weight" in original  # what the resume would not load
@@ -305,4 +306,3 @@ def test_a_checkpoint_keeps_the_fused_experts_so_that_a_resume_loads_them(tmp_pa
     assert "model.layers.0.mlp.experts.gate_up_proj" in resumed.load_state_dict(original, strict=False).missing_keys
     resumed.load_state_dict(own, strict=True)
     assert torch.equal(resumed.model.layers[0].mlp.experts.gate_up_proj, model.model.layers[0].mlp.experts.gate_up_proj)
-    assert "save_pretrained" not in vars(model)  # the model's own method again

@@ -52,10 +52,10 @@ def _lines(out: Path) -> list[dict]:
 
 def test_the_run_logs_its_components_and_router_health(reference: tuple[Path, str]) -> None:
     out, err = reference
-    table = err[err.index("components; active per token:"):]
-    routed = re.search(r"routed experts +([\d,]+) +([\d,]+) +([\d,]+)", table)
+    table = err[err.index("components: (qwen3_moe: top-2 of 8 routed experts"):]
+    routed = re.search(r"routed experts +([\d,]+) +([\d,]+) \([\d.]+%\) +([\d,]+)", table)
     assert routed and int(routed[2].replace(",", "")) > 0  # the routed experts' adapters train
-    assert re.search(r"router +[\d,]+ +0 ", table)  # the router stays frozen
+    assert re.search(r"router +[\d,]+ +0 \(0\.0%\)", table)  # the router stays frozen
     record = json.loads((out / "run_config.json").read_text())
     rows = {row["component"]: row for row in record["components"]}
     assert rows["routed experts"]["trainable"] == int(routed[2].replace(",", ""))

@@ -176,7 +176,7 @@ def moe_problem(model: str) -> str:
     if moe_of_model(model) is None:
         return (f"TRAIN_MODEL={model} is no mixture of experts (a preset such as tiny-moe, or a local model folder "
                 "with routed experts)")  # fmt: skip
-    if not compat.stack().fused_experts:
+    if not compat.stack().transformers_5:
         return f"{compat.stack().describe()} keeps one module per expert (no experts implementations)"
     return ""
 

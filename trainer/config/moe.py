@@ -119,7 +119,7 @@ def problems(inputs: Inputs) -> list[str]:
             found.append(f"{' and '.join(asked)}: TRAIN_MODEL={s.model} is not a mixture of experts ({NOT_MOE}); "
                          "leave it at auto")  # fmt: skip
         return found
-    if s.moe_impl != "auto" and not compat.stack().fused_experts:
+    if s.moe_impl != "auto" and not compat.stack().transformers_5:
         found.append(f"TRAIN_MOE_IMPL={s.moe_impl}: {compat.stack().describe()} keeps one module per expert (the "
                      "experts implementations are transformers 5's); leave it at auto")  # fmt: skip
     if coefficient and not moe.aux_coef:
@@ -131,7 +131,7 @@ def problems(inputs: Inputs) -> list[str]:
 def decide_impl(s: TrainSettings, hw: Hardware, moe: Moe | None) -> Decision[str | None]:
     if moe is None:
         return Decision(None, NOT_MOE)
-    if not compat.stack().fused_experts:
+    if not compat.stack().transformers_5:
         return Decision(None, f"{compat.stack().describe()} keeps one module per expert (no experts implementations)")
     if s.moe_impl != "auto":
         return Decision(s.moe_impl, f"set by TRAIN_MOE_IMPL ({moe.describe()})")

@@ -43,7 +43,9 @@ SOURCES = {
     "activations": "tensors autograd saves per token and layer, counted on the real model with saved-tensor hooks",
     "autocast_copies": "autocast's compute-dtype copies of fp32 linear weights, saved for the backward pass",
     "logits_and_loss": "tokens x vocabulary: logits, their fp32 copy, log-softmax and its gradient",
-    "method_extras": "reference model / pairs (preference methods), generation KV cache (online RL)",
+    "method_extras": "reference model / pairs (preference methods), generation KV cache (online RL, transformers)",
+    "vllm_colocated": "TRAIN_RL_VLLM_MEMORY x the device's memory: vLLM's engine in the training process (TRL's "
+                      "colocate mode: its copy of the weights, activations and KV cache)",
     "framework": "CUDA context, workspaces, allocator fragmentation: an allowance, unmeasured",
 }
 
@@ -75,6 +77,8 @@ class Plan:
     method: str = "sft"
     reference: str = "none"
     rl_new_tokens: int = 0
+    rl_engine: str = "transformers"  # online RL's generation: transformers (its KV cache here) or vllm (elsewhere)
+    vllm_bytes: int = 0  # vLLM colocated: its share of the device (TRAIN_RL_VLLM_MEMORY x the device's memory)
     loss_chunk_tokens: int = 0  # TRAIN_CROSS_ENTROPY=chunked: positions per chunk of logits (0: all at once)
     moe_impl: str = "grouped_mm"  # a mixture's experts implementation (trainer.config.moe)
     notes: tuple[str, ...] = field(default=())
@@ -395,7 +399,7 @@ def method_bytes(plan: Plan) -> int:
         extra += adapter_params(plan)[0] * 4
     if plan.reference in ("frozen copy", "frozen adapter"):
         extra += rows(plan) * seq_tokens(plan) * s.vocab * c
-    if plan.rl_new_tokens:
+    if plan.rl_new_tokens and plan.rl_engine == "transformers":  # vLLM generates in its own share (or a server)
         extra += plan.batch * seq_tokens(plan) * 2 * s.layers * s.kv_heads * s.dim * c
     return extra
 
@@ -412,4 +416,6 @@ def predict(plan: Plan) -> Prediction:
         "method_extras": method_bytes(plan),
     }
     parts["framework"] = CONTEXT_BYTES + int(FRAGMENTATION * sum(parts.values()))
+    if plan.vllm_bytes:  # vLLM's own pool, sized by it up front: no fragmentation of the run's allowance
+        parts["vllm_colocated"] = plan.vllm_bytes
     return Prediction(plan, parts)

@@ -9,12 +9,12 @@ attention and shared experts, gpt-oss's biases and sinks) are read as this shape
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config.moe import EXPERTS_FIELDS, TOP_K_FIELDS
-from trainer.config.presets import PRESETS
+from trainer.config.presets import language_preset
+from trainer.memory.model_config import shape_config
 
 BYTE_VOCAB = 259  # trainer/tokenizer.py's byte-level tokenizer: 256 bytes + bos, eos, pad
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -101,8 +101,9 @@ class Shape:
 
 
 def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
-    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64)."""
-    p = PRESETS[name]
+    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64); a vision
+    preset's language model (its vision tower is not counted)."""
+    p = language_preset(name)
     rows = (max(vocab, p.vocab) + 63) // 64 * 64
     return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024,
                  experts=p.experts, top_k=p.top_k, expert_intermediate=p.expert_intermediate,
@@ -111,9 +112,9 @@ def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
 
 def folder_shape(folder: str | Path) -> Shape:
     """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma, and the mixtures of experts that
-    name their fields as Qwen3-MoE, OLMoE and Mixtral do)."""
-    c = json.loads((Path(folder) / "config.json").read_text())
-    c = c.get("text_config", c)
+    name their fields as Qwen3-MoE, OLMoE and Mixtral do); ShapeUnknown saying why where it cannot be read
+    (trainer/memory/model_config.py)."""
+    c = shape_config(folder)
     heads = int(c["num_attention_heads"])
     experts = int(next((c[f] for f in EXPERTS_FIELDS if c.get(f)), 0) or 0)
     width = int(c.get("moe_intermediate_size") or c["intermediate_size"])

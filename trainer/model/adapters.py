@@ -1,15 +1,18 @@
-"""LoRA: a new adapter to train (apply_lora), a saved one attached to its base (attach_adapter: the one
-PeftModel.from_pretrained), and an adapter folded into the base's weights (merged)."""
+"""LoRA: a new adapter to train (apply_lora: TRAIN_LORA_TARGETS read against the model by trainer.model.lora_targets,
+a mixture's fused experts through PEFT's target_parameters), a saved one attached to its base (attach_adapter: the
+one PeftModel.from_pretrained, after `fit_problem` found each of the adapter's tensors a module of the base with its
+shape: PEFT itself only warns of adapter keys the base lacks, and then runs the base without them), and an adapter
+folded into the base's weights (merged; fused experts checked: trainer.model.expert_adapters)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.config.sharding import fsdp_checkpoints_activations
+from trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainer.config.schema import TrainSettings
@@ -17,8 +20,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer")
 
 
-def apply_lora(model: Any, s: TrainSettings) -> Any:
-    """A new LoRA adapter on `model` as TRAIN_LORA_* say (QLoRA: the quantized base prepared for training first)."""
+def apply_lora(model: Any, s: TrainSettings, targets: list[str] | None = None, whole: list[str] | None = None) -> Any:
+    """A new LoRA adapter on `model` as TRAIN_LORA_* say (QLoRA: the quantized base prepared for training first);
+    `targets` replaces TRAIN_LORA_TARGETS' all-linear (a vision-language model's: its language model's linears),
+    `whole` names modules trained whole beside the adapter (PEFT's modules_to_save: a projector)."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if s.quant != "none":
@@ -29,105 +34,142 @@ def apply_lora(model: Any, s: TrainSettings) -> Any:
         model.enable_input_require_grads()
     from trainer.config.moe import moe_of
     from trainer.model import lora_targets
+    from trainer.model.expert_adapters import names_kept
     from trainer.model.moe import routers
 
     moe = moe_of(model.config)
-    targets = lora_targets.resolve(s.lora_targets, model, moe)
+    chosen = lora_targets.resolve(s.lora_targets, model, moe)
+    if s.lora_targets == "all-linear" and targets is not None:  # a vision-language model's trained parts
+        chosen = lora_targets.Targets(words=["all-linear"], modules=list(targets))
+    else:
+        lora_targets.check(chosen, lora_targets.planned(chosen, model), moe, len(routers(model)))
     # PEFT's parameter adapters (fused experts, routers) refuse dropout: they get none, the module adapters TRAIN's
-    dropout = 0.0 if targets.parameters else s.lora_dropout
-    lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=dropout, task_type="CAUSAL_LM",
-                      **lora_targets.lora_kwargs(targets))  # fmt: skip
-    lora_targets.check(targets, lora_targets.planned(targets, model), moe, len(routers(model)))
+    lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0 if chosen.parameters else s.lora_dropout,
+                      task_type="CAUSAL_LM", modules_to_save=whole or None,
+                      **lora_targets.lora_kwargs(chosen))  # fmt: skip
     with names_kept():  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
         peft_model = get_peft_model(model, lora)
-    done = lora_targets.adapted(peft_model)
-    if targets.parameters:
+    if chosen.parameters:
         lora_targets.drop_out_module_inputs(peft_model, s.lora_dropout)
-    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s: adapts %s%s", s.lora_r, s.lora_alpha, s.lora_dropout,
-             s.lora_targets, lora_targets.describe(done, moe),
-             " (the parameter adapters take no dropout: PEFT cannot drop their input out)" if targets.parameters and
+    said = s.lora_targets if targets is None else f"the {len(targets)} linears of the trained parts"
+    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s: adapts %s%s%s", s.lora_r, s.lora_alpha, s.lora_dropout,
+             said, lora_targets.describe(lora_targets.adapted(peft_model), moe),
+             f"; trained whole: {', '.join(whole)}" if whole else "",
+             " (the parameter adapters take no dropout: PEFT cannot drop their input out)" if chosen.parameters and
              s.lora_dropout else "")  # fmt: skip
     return peft_model
 
 
-@contextlib.contextmanager
-def names_kept() -> Iterator[None]:
-    """PEFT as asked, without its renaming of transformers 4 names: for the families whose experts Transformers 5
-    fuses (Mixtral, Qwen3-MoE, OLMoE, DeepSeek-V3, ...), PEFT rewrites any target ending in gate_proj, up_proj,
-    down_proj, gate or w1-w3 into the fused routed experts (and the router), so that adapters made on transformers 4
-    still load. Here the targets are this model's own names (trainer.model.lora_targets): a shared expert's or a
-    dense layer's gate_proj is that module, and an adapter asked for the shared experts would otherwise land on the
-    routed ones."""
-    from unittest import mock
-
-    from peft.utils import transformers_weight_conversion
-
-    with mock.patch.object(transformers_weight_conversion, "convert_peft_config_for_transformers", _keep):
-        yield
-
-
-def _keep(*_args: Any, **_kwargs: Any) -> None:
-    return None
-
-
 def attach_adapter(base: Any, adapter: Path) -> Any:
     """base + a saved adapter through PEFT, unmerged (trainer.model.loading fits the base's embeddings to the
-    tokenizer first, as the run did before adding its adapter). An adapter that names this model's own targets
-    (parameters, or modules by their full names: trainkit's) is attached as named; one of bare transformers 4 names
-    goes through PEFT's renaming."""
+    tokenizer first, as the run did before adding its adapter); ConfigError (exit 2) naming both when the adapter
+    does not fit the base (`fit_problem`)."""
     from peft import PeftModel
 
-    with names_kept() if _own_names(adapter) else contextlib.nullcontext():
+    from trainer.model.expert_adapters import names_kept, own_names
+
+    problem = fit_problem(base, adapter)
+    if problem:
+        raise ConfigError(problem)
+    with names_kept() if own_names(adapter) else contextlib.nullcontext():
         return PeftModel.from_pretrained(base, str(adapter))
 
 
-def _own_names(adapter: Path) -> bool:
+PEFT_PREFIX = "base_model.model."  # a saved adapter's keys: this, the base's module path, then PEFT's own part
+LORA_IN = ("lora_A", "lora_embedding_A")  # (r, inputs)
+LORA_OUT = ("lora_B", "lora_embedding_B")  # (outputs, r)
+PEFT_PARTS = (*LORA_IN, *LORA_OUT, "lora_magnitude_vector", "token_adapter", "modules_to_save")
+
+
+def fit_problem(base: Any, adapter: Path) -> str | None:
+    """Why the adapter in `adapter` does not fit `base` (a loaded model): a tensor of it names a module the base lacks,
+    or one whose inputs or outputs differ; None when every tensor fits."""
+    modules = dict(base.named_modules())
+    params = {name: tuple(p.shape) for name, p in base.named_parameters()}
+    tensors = _adapter_shapes(adapter)
+    missing, misfit = [], []
+    for key, shape in tensors.items():
+        parts = key.removeprefix(PEFT_PREFIX).split(".")
+        at = next((i for i, part in enumerate(parts) if part in PEFT_PARTS), None)
+        if at is None:  # a whole tensor of the base's (modules_to_save): the base's own, of the same shape
+            name = ".".join(parts)
+            if name not in params:
+                missing.append(name)
+            elif params[name] != shape:
+                misfit.append(f"{name} is {list(shape)} in the adapter, {list(params[name])} in the base")
+            continue
+        path = ".".join(p for p in parts[:at] if p != "base_layer")  # a parameter's adapters nest (PEFT's ParamWrapper)
+        if path not in modules:
+            missing.append(path)
+            continue
+        wrong = _dims_problem(path, modules[path], parts[at], shape)
+        if wrong:
+            misfit.append(wrong)
+    if not (missing or misfit):
+        return None
+    base_name = f"{getattr(base, 'name_or_path', '') or '?'} ({type(base).__name__})"
+    what = "; ".join([*([f"{len(missing)} of its {len(tensors)} tensors are for modules the base lacks (first: "
+                         f"{missing[0]})"] if missing else []),
+                      *([f"{len(misfit)} of its {len(tensors)} tensors do not match the base's shapes (first: "
+                         f"{misfit[0]})"] if misfit else [])])  # fmt: skip
+    trained_on = _trained_on(adapter)
+    return (f"the LoRA adapter {adapter} does not fit the base {base_name}: {what}; give the base it was trained on"
+            + (f" ({trained_on}, as its adapter_config.json says)" if trained_on else ""))  # fmt: skip
+
+
+def _dims_problem(path: str, module: Any, part: str, shape: tuple[int, ...]) -> str | None:
+    dims = _dims(module)
+    if dims is None or part not in (*LORA_IN, *LORA_OUT):
+        return None
+    inputs, outputs = dims
+    if part in LORA_IN and shape[-1] != inputs:
+        return f"{path} takes {shape[-1]} inputs in the adapter, {inputs} in the base"
+    if part in LORA_OUT and shape[0] != outputs:
+        return f"{path} gives {shape[0]} outputs in the adapter, {outputs} in the base"
+    return None
+
+
+def _dims(module: Any) -> tuple[int, int] | None:
+    """(inputs, outputs) of a layer LoRA adapts: Linear (bitsandbytes' too), Embedding, GPT-2's Conv1D."""
+    if hasattr(module, "in_features") and hasattr(module, "out_features"):
+        return int(module.in_features), int(module.out_features)
+    if hasattr(module, "num_embeddings"):
+        return int(module.num_embeddings), int(module.embedding_dim)
+    if hasattr(module, "nf") and getattr(module, "weight", None) is not None:
+        return int(module.weight.shape[0]), int(module.nf)
+    return None
+
+
+def _adapter_shapes(adapter: Path) -> dict[str, tuple[int, ...]]:
+    """Each saved tensor's name and shape (safetensors: its header only)."""
+    file = adapter / "adapter_model.safetensors"
+    if file.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(file), framework="pt") as weights:
+            return {key: tuple(weights.get_slice(key).get_shape()) for key in weights.keys()}  # noqa: SIM118
+    if not (adapter / "adapter_model.bin").is_file():
+        return {}  # no weights: PEFT's own error names what is missing
+    import torch
+
+    state = torch.load(adapter / "adapter_model.bin", map_location="cpu", weights_only=True, mmap=True)
+    return {key: tuple(value.shape) for key, value in state.items()}
+
+
+def _trained_on(adapter: Path) -> str | None:
     import json
 
     try:
-        config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    modules = config.get("target_modules") or []
-    return bool(config.get("target_parameters")) or (isinstance(modules, list) and any("." in m for m in modules))
+        return json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def merged(peft_model: Any) -> Any:
-    """A copy of the PEFT model with the adapter folded into the weights (the original stays unmerged)."""
+    """A copy of the PEFT model with the adapter folded into the weights (the original stays unmerged; fused experts
+    checked against base + adapter: trainer.model.expert_adapters)."""
     import copy
 
+    from trainer.model.expert_adapters import merge_into_base
+
     return merge_into_base(copy.deepcopy(peft_model))
-
-
-class FusedMergeError(Exception):
-    """A fused experts parameter, merged, is not its base plus its adapter: the merged model would not compute what
-    was trained."""
-
-
-def merge_into_base(peft_model: Any) -> Any:
-    """The adapter folded into the weights, in place: the plain model. Each fused experts parameter is merged on its
-    own first and checked: merged = base + scaling x (B_e A_e per expert), as the training forward computed it (PEFT's
-    factors), within the parameter dtype's rounding (FusedMergeError otherwise)."""
-    import torch
-
-    checked, worst = 0, 0.0
-    for module in peft_model.modules():
-        if getattr(module, "num_experts", 1) <= 1 or not hasattr(module, "get_delta_factors"):
-            continue
-        for adapter in [a for a in module.active_adapters if a in module.lora_A]:  # as merge_and_unload: the
-            # active ones (not TRL's frozen "ref" copy)
-            param = module.get_param()
-            lhs, rhs, scaling = module.get_delta_factors(adapter)
-            expected = param.detach().float() + scaling * torch.bmm(lhs.detach().float(), rhs.detach().float())
-            module.merge(adapter_names=[adapter])
-            diff = float((module.get_param().detach().float() - expected).abs().max())
-            allowed = 4 * torch.finfo(param.dtype).eps * float(expected.abs().max()) + 1e-12
-            if not diff <= allowed:
-                raise FusedMergeError(f"{module.parameter_name} of {type(module.get_base_layer()).__name__}: merged "
-                                      f"weights differ from base + adapter by {diff:.3g} (rounding allows "
-                                      f"{allowed:.3g})")  # fmt: skip
-            checked, worst = checked + 1, max(worst, diff)
-    if checked:
-        log.info("LoRA merge: %d fused expert parameters folded in, each equal to base + adapter (largest "
-                 "difference %.2g, within its dtype's rounding)", checked, worst)  # fmt: skip
-    return peft_model.merge_and_unload()

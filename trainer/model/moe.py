@@ -10,9 +10,6 @@ projection).
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainer.model.components import ROUTER, component_of
@@ -44,28 +41,3 @@ def experts_implementation(model: Any) -> str | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return getattr(base.config, "_experts_implementation", None)
 
-
-@contextlib.contextmanager
-def own_layout(model: Any) -> Iterator[None]:
-    """Within it, the model's save_pretrained writes its weights as the model holds them. Transformers 5 otherwise
-    writes a mixture's fused experts back in their original per-expert layout (`experts.0.gate_proj.weight`, ...,
-    `save_original_format`), which its Trainer's resume loads with load_state_dict(strict=False): the experts' keys
-    match nothing, and a resumed run would go on from freshly initialized experts without a word. Checkpoints are
-    written so (they resume); final/ and exports keep the original layout other tools read."""
-    from trainer.config.moe import moe_of
-
-    applies = moe_of(getattr(model, "config", None) or {}) is not None and hasattr(model, "save_pretrained")
-    if not applies or "save_original_format" not in _parameters(type(model).save_pretrained):
-        yield
-        return
-    model.save_pretrained = functools.partial(type(model).save_pretrained, model, save_original_format=False)
-    try:
-        yield
-    finally:
-        del model.save_pretrained
-
-
-def _parameters(function: Any) -> frozenset[str]:
-    import inspect
-
-    return frozenset(inspect.signature(function).parameters)

@@ -84,6 +84,8 @@ class Prepared:
     perplexity: bool = False  # the eval loss is a token loss (SFT): perplexity is logged beside it
     after_trackers: tuple[Any, ...] = ()  # callbacks added once the trackers' own are in place
     provenance: dict[str, Any] | None = None  # the method's part of provenance.json (online RL's rewards, generation)
+    processor: Any = None  # what final/ saves beside the model when not the tokenizer (a vision model's processor)
+    data_files: tuple[Path, ...] = ()  # input files beside TRAIN_DATA's that provenance.json hashes (images)
 
 
 def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupClock,
@@ -188,13 +190,13 @@ def learned(start: RunRecord, args: Arguments, decisions: Decisions, sequences: 
             mix: dict[str, Any] | None = None) -> RunRecord:  # fmt: skip
     """The run's record with what it learned before its first step: the batch (`decisions`, searched or not), how
     the DataLoader splits an epoch (batches_per_epoch) with a mix's requested and achieved share per source, and
-    what the model is made of (its component table)."""
+    what the model is made of (its component table, logged here: before step 0)."""
     from trainer.config.run_record import TrainingData
-    from trainer.run.training_model import component_table
+    from trainer.model.components import log_components
 
     counts = TrainingData(**batches_per_epoch(sequences, args, start.settings.seq_len), mix=mix)
     return dataclasses.replace(start, decisions=decisions, training_data=counts,
-                               components=tuple(component_table(model)))  # fmt: skip
+                               components=tuple(log_components(model)))  # fmt: skip
 
 
 def record_writer(record: RunRecord, args: Arguments) -> Callable[[Startup | None], None]:

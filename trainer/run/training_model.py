@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -16,7 +16,6 @@ from trainer.config.precision import compute_dtype_name, float8_matmuls
 from trainer.config.presets import is_preset
 from trainer.config.sharding import uses_fsdp
 from trainer.config.speed import compiled_by_accelerate
-from trainer.model import components
 from trainer.model.adapters import apply_lora
 from trainer.model.build import base_weights_dtype
 from trainer.model.chunked_loss import install_chunked_loss
@@ -27,7 +26,6 @@ from trainer.model.packed_attention import implementation, isolate_records
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
-    from trainer.config.run_record import ComponentCount
 
 log = logging.getLogger("trainer")
 
@@ -108,6 +106,32 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
     return model
 
 
+def build_vision_model(cfg: RunConfig, processor: Any, parts: frozenset[str]) -> PreTrainedModel:
+    """A vision-language model to train on records with images: a vision preset from scratch or a folder, with
+    Transformers' own attention (records are never packed), `parts` trained (trainer.model.vision_parts: vision,
+    projector, language) and every other component frozen; with LoRA, the adapter on the linears of the trained
+    parts but the projector, which trains whole. A component left trainable against `parts` exits 2."""
+    from trainer.config.presets import is_vision_preset
+    from trainer.model.vision_parts import check_frozen, linear_modules, outermost_modules, set_trainable
+
+    s = cfg.settings
+    deepspeed_counts_every_process(cfg)
+    weights = (Weights(preset=s.model, tokenizer=processor.tokenizer) if is_vision_preset(s.model)
+               else Weights(folder=cfg.decisions.model.value, tokenizer=processor.tokenizer))  # fmt: skip
+    model = load(weights, load_how(cfg, packed=False))
+    for config in (model.config, getattr(model.config, "text_config", None)):
+        if config is not None:
+            config.use_cache = False  # training needs no KV cache
+    set_trainable(model, parts)
+    if s.lora:
+        adapted = parts - {"projector"}
+        model = apply_lora(model, s, targets=linear_modules(model, adapted),
+                           whole=outermost_modules(model, "projector") if "projector" in parts else None)  # fmt: skip
+    check_frozen(model, parts, f"TRAIN_TRAINABLE={cfg.settings.trainable}")
+    log_parameter_counts(model)
+    return model
+
+
 def deepspeed_counts_every_process(cfg: RunConfig) -> None:
     """ZeRO-3 partitions the weights as they are built (deepspeed.zero.Init) and checks the batch against DeepSpeed's
     own count of processes. On CPUs accelerate starts torch.distributed without DeepSpeed's comm layer, which then
@@ -170,19 +194,9 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def log_parameter_counts(model: torch.nn.Module) -> None:
-    """The parameter counts and the component table (trainer.model.components) in the log."""
+    """The parameter counts in the log (the component table follows once the run's record is made:
+    trainer.run.kit.learned)."""
     total, trainable = count_parameters(model)
     log.info(
         "parameters: %s total, %s trainable (%.2f%%)", f"{total:,}", f"{trainable:,}", 100 * trainable / max(total, 1)
     )
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    moe = moe_of(base.config)
-    routing = f"; active per token: {moe.describe()}" if moe else ""
-    log.info("components%s:\n  %s", routing, "\n  ".join(components.table_lines(component_table(model))))
-
-
-def component_table(model: torch.nn.Module) -> list[ComponentCount]:
-    """What the model is made of, by component (the run's record keeps it)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    moe = moe_of(base.config)
-    return components.count(model, moe.active_share if moe else 1.0)
