@@ -111,6 +111,11 @@ class Stack:
         return self.torch is None or self.torch >= (2, 12)
 
     @property
+    def grouped_mm_on_cpu(self) -> bool:
+        """torch's grouped GEMM (a mixture's experts, trainer.config.moe) has a CPU kernel from torch 2.9."""
+        return self.torch is None or self.torch >= (2, 9)
+
+    @property
     def bf16_emulation_flag(self) -> bool:
         """torch.cuda.is_bf16_supported(including_emulation=...) exists from torch 2.3."""
         return self.torch is None or self.torch >= (2, 3)
@@ -170,6 +175,8 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
                 f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
                 "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
             )
+    if not st.transformers_5:  # fused experts, Qwen3-MoE: transformers 5's
+        out["TRAIN_MODEL=tiny-moe"] = "tiny-moe is a Qwen3-MoE shape (transformers 5); use a row from 12.6 on"
     if st.math_verify is None:
         out["TRAIN_REWARD=math"] = (
             "math-verify (the verifier of the math reward) is installed only where TRL is (Python >= 3.11, as online "

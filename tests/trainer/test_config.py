@@ -148,6 +148,9 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
         "images": {"TRAIN_DATA": str(root / "images" / "train.jsonl"), "TRAIN_MODEL": "tiny-vl",
                    "TRAIN_TRAINABLE": "language,vision"},
+        # a mixture of experts under DPO: TRL's trainer adds the load-balancing loss with its config's coefficient
+        "moe": {"TRAIN_MODEL": "tiny-moe", "TRAIN_DATA": str(root / "pairs.jsonl"), "TRAIN_METHOD": "dpo",
+                "TRAIN_MOE_IMPL": "eager", "TRAIN_MOE_AUX_LOSS": "0.02"},
     }
     return {**_base(root, name), **envs[name]}
 
@@ -370,6 +373,10 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_ROPE_SCALING", "model", lambda c: c["rope_type"] == "yarn"),
     ("TRAIN_ROPE_FACTOR", "model", lambda c: c["attention_scaling"] == pytest.approx(0.1 * math.log(4) + 1)),  # yarn's
     ("TRAIN_QUANT", "full", lambda c: c["decisions"]["quant"]["value"] == "4bit"),
+    ("TRAIN_MOE_IMPL", "moe", lambda c: c["decisions"]["moe_impl"]["value"] == "eager"
+     and c["decisions"]["moe_impl"]["reason"].startswith("set by TRAIN_MOE_IMPL")),
+    ("TRAIN_MOE_AUX_LOSS", "moe", lambda c: c["decisions"]["moe_aux_loss"]["value"] == 0.02
+     and c["training_arguments"]["router_aux_loss_coef"] == 0.02),
     ("TRAIN_NEFTUNE_ALPHA", "full", lambda c: c["training_arguments"]["neftune_noise_alpha"] == 5.0),
     ("TRAIN_TRAINABLE", "images", lambda c: c["decisions"]["trainable"]["value"] == ["vision", "language"]
      and "projector frozen (checked)" in c["decisions"]["trainable"]["reason"]),

@@ -65,6 +65,28 @@ def logged_steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
 
 
+def stopped_and_resumed(env: dict[str, str], out: Path, after_step: int) -> int:
+    """A run stopped by SIGTERM to its group once `after_step` is logged (exit 143, a checkpoint written), then
+    started again with the same environment until it ends (exit 0, continuing from that checkpoint): the step it
+    stopped at."""
+    import os
+    import re
+    import signal
+
+    from waiting import wait_for
+
+    proc = start(env)
+    wait_for(lambda: after_step in logged_steps(out), 300, f"step {after_step}", proc=proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 143, err[-3000:]
+    stopped = int(re.search(r"checkpoint-(\d+) written", err)[1])
+    restart_code, restart_err = finish(start(env))
+    assert restart_code == 0, restart_err[-3000:]
+    assert f"continuing from {out / f'checkpoint-{stopped}'}" in restart_err
+    return stopped
+
+
 def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 

@@ -39,7 +39,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     check_prompt_lengths(cfg, setup.tokenizer, rows)
     rewards = reward_functions(cfg, rows)
     model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
-    record = kit.learned(setup.start, args, cfg.decisions, len(rows))
+    record = kit.learned(setup.start, args, cfg.decisions, len(rows), model)
     callbacks = setup.callbacks(model, record)
     trainer = build_trainer(cfg, args, setup.tokenizer, model, rows, rewards, callbacks)
     main = args.process_index == 0
