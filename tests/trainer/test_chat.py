@@ -175,7 +175,8 @@ def test_show_marks_trained_tokens_and_records(tmp_path: Path) -> None:
 
 
 def test_loss_on_last_and_all(tmp_path: Path) -> None:
-    from trainer.data.chat import ChatEncoder, conversation_of
+    from trainer.data.chat import conversation_of
+    from trainer.data.chat_encoder import ChatEncoder
     from trainer.tokenizer import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer()
