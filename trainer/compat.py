@@ -29,6 +29,7 @@ TRL_MIN = (1, 16)
 # TRAIN_PRECISION=fp8 runs on torchao's float8 training; the rows' oldest torch it is pinned for is 2.6 (torchao
 # 0.12.0, built against 2.5 to 2.7). images/versions.toml pins the release for each row's torch.
 FP8_TORCH_MIN = (2, 6)
+RESPONSE_TEMPLATES = (5, 13)  # transformers with response templates (how TRL parses tool calls): multi-turn RL
 
 
 def _release(dist: str) -> tuple[int, ...] | None:
@@ -173,6 +174,13 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
             f"torchao's float8 training needs torch >= {'.'.join(map(str, FP8_TORCH_MIN))} (no torchao release "
             "supports this row's torch); use TRAIN_PRECISION=bf16, or an image row from CUDA 12.6 on"
         )
+    old_parser = st.transformers is not None and st.transformers < RESPONSE_TEMPLATES
+    if old_parser and st.trl is not None and st.trl >= TRL_MIN:  # (without TRL, TRAIN_METHOD=grpo is refused)
+        for switch in ("TRAIN_RL_TOOLS", "TRAIN_RL_ENVIRONMENT"):
+            out[switch] = (
+                "multi-turn RL reads the model's tool calls back with a chat template's response template, which "
+                "transformers 5.13 brought; use an image row with transformers 5.13 or newer (the CPU image)"
+            )
     return out | _methods_unsupported(st) | _optimizers_unsupported(st)
 
 

@@ -30,13 +30,14 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     from pathlib import Path
 
     from trainer.config.online import reward_files
+    from trainer.config.rl_tools import file_hashes
     from trainer.run.samples import SAMPLES, CompletionSamplesCallback
 
     cfg, args = setup.cfg, setup.args
     rows = training_rows(cfg)
-    check_prompt_lengths(cfg, setup.tokenizer, rows)
-    rewards = reward_functions(cfg, rows)
     toolbox = tools_of(cfg, setup.tokenizer)
+    check_prompt_lengths(cfg, setup.tokenizer, rows, toolbox.offered() if toolbox else None)
+    rewards = reward_functions(cfg, rows)
     model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
     record = kit.learned(setup.start, args, cfg.decisions, len(rows))
     callbacks = setup.callbacks(model, record)
@@ -45,7 +46,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     samples = (CompletionSamplesCallback(trainer, Path(cfg.settings.output_dir) / SAMPLES),) if main else ()
     provenance = None
     if args.should_save:  # provenance.json's part of online RL
-        provenance = {"reward_files": reward_files(cfg.settings.reward),
+        provenance = {"reward_files": reward_files(cfg.settings.reward), "tool_files": file_hashes(cfg.settings),
                       "generation": generation_provenance(cfg.settings.rl_engine)}  # fmt: skip
     return kit.Prepared(trainer, record, after_trackers=samples, provenance=provenance)
 
@@ -68,9 +69,11 @@ def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def check_prompt_lengths(cfg: RunConfig, tokenizer: Any, rows: list[dict[str, Any]]) -> None:
-    """Every prompt, as the model is given it, with TRAIN_RL_MAX_NEW_TOKENS after it, must fit the model's context:
-    one that does not is refused (exit 2) naming its file:line, before the model loads (as `generate` refuses it)."""
+def check_prompt_lengths(cfg: RunConfig, tokenizer: Any, rows: list[dict[str, Any]], tools: list[Any] | None = None
+                         ) -> None:  # fmt: skip
+    """Every prompt, as the model is given it (with the `tools` described), with TRAIN_RL_MAX_NEW_TOKENS after it,
+    must fit the model's context: one that does not is refused (exit 2) naming its file:line, before the model loads
+    (as `generate` refuses it)."""
     import json
     from pathlib import Path
 
@@ -88,7 +91,7 @@ def check_prompt_lengths(cfg: RunConfig, tokenizer: Any, rows: list[dict[str, An
     limit = context_length(config) if isinstance(config, dict) and s.rope_scaling == "none" else None
     if not limit:
         return
-    texts = [rendered(tokenizer, row["prompt"]) for row in rows]
+    texts = [rendered(tokenizer, row["prompt"], tools) for row in rows]
     chat = isinstance(rows[0]["prompt"], list)
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=not chat)["input_ids"]]
     over = [(n, where) for n, where in zip(lengths, (row[WHERE] for row in rows), strict=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.config.rl_tools import RESERVED, environment_sources, tool_sources
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError
 from trainer.run.metrics import finite_float
@@ -31,49 +32,6 @@ from trainer.run.rewards import RewardFailed
 from trainer.run.user_code import import_file
 
 log = logging.getLogger("trainer")
-RESERVED = ("reset", "get_reward")  # an environment's methods TRL does not offer as tools
-
-
-@dataclass(frozen=True)
-class ToolSource:
-    """One file of TRAIN_RL_TOOLS with the functions taken from it."""
-
-    path: str
-    names: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class EnvironmentSource:
-    """One entry of TRAIN_RL_ENVIRONMENT: a class in a file, under the name records give in `environment` ("" for
-    the one environment every record uses)."""
-
-    name: str
-    path: str
-    cls: str
-
-
-def tool_sources(value: str) -> list[ToolSource]:
-    """TRAIN_RL_TOOLS=path/a.py:f,g,path/b.py:h as its files and their functions."""
-    sources: list[ToolSource] = []
-    for part in (p.strip() for p in value.split(",") if p.strip()):
-        if ".py:" in part:
-            path, _, name = part.rpartition(":")
-            sources.append(ToolSource(path, (name,)))
-        elif sources:
-            sources[-1] = ToolSource(sources[-1].path, (*sources[-1].names, part))
-        else:
-            sources.append(ToolSource("", (part,)))  # no file named: the checks say so
-    return sources
-
-
-def environment_sources(value: str) -> list[EnvironmentSource]:
-    """TRAIN_RL_ENVIRONMENT=path/env.py:Class, or name=path/env.py:Class,... for records with `environment`."""
-    out = []
-    for part in (p.strip() for p in value.split(",") if p.strip()):
-        name, _, where = part.rpartition("=") if "=" in part.split(".py:")[0] else ("", "", part)
-        path, _, cls = where.rpartition(":")
-        out.append(EnvironmentSource(name.strip(), path.strip(), cls.strip()))
-    return out
 
 
 # ---- imported and checked ------------------------------------------------------------------------------------------
@@ -92,6 +50,13 @@ class Toolbox:
             return None
         made = {name: environment_factory(cls) for name, cls in self.environments.items()}
         return made.get("", made)
+
+    def offered(self) -> list[Any]:
+        """Every tool a prompt may describe: the functions and each environment's methods (as its class holds them:
+        the description is the same as an instance's)."""
+        methods = [types.MethodType(fn, cls) for cls in (self.environments or {}).values() for _, fn in
+                   public_methods(cls)]  # fmt: skip
+        return [*self.tools, *methods]
 
     def described(self) -> str:
         names = [t.__name__ for t in self.tools]
