@@ -27,7 +27,7 @@ SCRIPT: tuple[tuple[str | bytes, ...], ...] = (
      "<|im_end|>"),
     ("<tool_call>", "\n", '{"name": "lookup", "arguments": {"key": ', "3", "}}", "\n", "</tool_call>", "\n",
      "<|im_end|>"),
-    ("it is", " ", "gold", " ", "gr", "ü".encode(), "n", "<|im_end|>"),
+    ("k", "3", " = ", "gr", "ü".encode(), "n", "<|im_end|>"),
 )  # fmt: skip
 
 

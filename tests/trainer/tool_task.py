@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 TABLE = json.loads(Path(__file__).with_name("table.json").read_text())
-SLOW = Path(__file__).with_name("slow")  # while this file exists, each call writes `calling` and sleeps its seconds
+SLOW = Path(__file__).with_name("slow")  # its seconds: the next call writes `calling`, sleeps them, removes it
 
 
 def lookup(key: str) -> str:
@@ -33,12 +33,14 @@ def lookup(key: str) -> str:
         key: the key, e.g. k3
     """
     if SLOW.exists():
+        seconds = float(SLOW.read_text() or 0)
         SLOW.with_name("calling").write_text(key)
-        time.sleep(float(SLOW.read_text() or 0))
+        time.sleep(seconds)
+        SLOW.unlink()
     return f"{key} = {TABLE[key]}"
 '''
-ENVIRONMENT = '''"""The lookup task as an environment: the episode's key is the record's, the reward is whether the model looked it
-up (the answer is scored by TRAIN_REWARD)."""
+ENVIRONMENT = '''"""The lookup task as environments: Lookup's reward is whether the model looked up the record's own
+key; Echo's tool says back what it is given; Broken cannot start an episode."""
 
 import json
 from pathlib import Path
@@ -63,6 +65,20 @@ class Lookup:
         return float(self.key in self.asked)
 
 
+class Echo:
+    def reset(self, **columns):
+        self.heard = []
+
+    def echo(self, text: str) -> str:
+        """Say the text back.
+
+        Args:
+            text: what to say back
+        """
+        self.heard.append(text)
+        return text
+
+
 class Broken:
     def reset(self, **columns):
         raise RuntimeError("no episode today")
@@ -85,14 +101,13 @@ def codes(seed: int) -> dict[str, str]:
     return {key: draw.choice(VALUES) for key in KEYS}
 
 
-def schema() -> dict[str, Any]:
+def schema(tools_file: Path) -> dict[str, Any]:
     """lookup's tool definition as TRL renders it into the prompt (Transformers' get_json_schema of the function)."""
     from transformers.utils import get_json_schema
 
-    namespace: dict[str, Any] = {"__file__": "/nonexistent/tools.py"}
-    source = TOOLS.replace('TABLE = json.loads(Path(__file__).with_name("table.json").read_text())', "TABLE = {}")
-    exec(compile(source, "tools.py", "exec"), namespace)  # noqa: S102 (the test's own tool, for its schema only)
-    return get_json_schema(namespace["lookup"])
+    from trainer.run.user_code import import_file
+
+    return get_json_schema(import_file(str(tools_file), "the test's tools").lookup)
 
 
 def transcript(key: str, value: str) -> list[dict[str, Any]]:
@@ -103,10 +118,10 @@ def transcript(key: str, value: str) -> list[dict[str, Any]]:
             {"role": "tool", "name": "lookup", "content": said}, {"role": "assistant", "content": said}]  # fmt: skip
 
 
-def sft_records(rounds: int = 6, guesses: int = 6) -> list[dict[str, Any]]:
+def sft_records(tools_file: Path, rounds: int = 6, guesses: int = 6) -> list[dict[str, Any]]:
     """Each key answered through the tool `rounds` times, each time with a value drawn anew (so that the answer can
     only be copied from the tool's, never remembered), and `guesses` times at once with a drawn code."""
-    draw, tool = random.Random(2), [schema()]
+    draw, tool = random.Random(2), [schema(tools_file)]
 
     def code() -> str:
         return draw.choice(VALUES)
@@ -126,7 +141,7 @@ def write_task(folder: Path) -> dict[str, Path]:
     (folder / "tools.py").write_text(TOOLS)
     (folder / "environment.py").write_text(ENVIRONMENT)
     (folder / "rewards.py").write_text(REWARDS)
-    records = sft_records()
+    records = sft_records(folder / "tools.py")
     (folder / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     prompts = [{"prompt": [{"role": "user", "content": key}], "answer": f"{key} = {table[key]}", "key": key}
                for key in KEYS * 3]  # fmt: skip
@@ -142,7 +157,7 @@ def chatml() -> str:
     return BUILTIN_TEMPLATES["chatml"].read_text()
 
 
-def save_tokenizer(folder: Path, records: list[dict[str, Any]], vocab: int = 500) -> Any:
+def save_tokenizer(folder: Path, records: list[dict[str, Any]], vocab: int = 540) -> Any:
     """A BPE tokenizer trained on the task's transcripts as chatml renders them, saved in `folder`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -158,7 +173,7 @@ def save_tokenizer(folder: Path, records: list[dict[str, Any]], vocab: int = 500
     seed = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), eos_token=specials[0])
     texts = [seed.apply_chat_template(r["messages"], tools=r["tools"], chat_template=chatml(), tokenize=False)
              for r in records]  # fmt: skip
-    backend.train_from_iterator(texts, trainer)
+    backend.train_from_iterator(texts + ["ü ü ü\n"] * 100, trainer)  # a two-byte character made one token
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=specials[0],
                                         additional_special_tokens=specials[1:])  # fmt: skip
     tokenizer.save_pretrained(folder)
