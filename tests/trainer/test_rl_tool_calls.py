@@ -24,13 +24,13 @@ from trainer.run.tool_calls import CallCounts, ToolError, argument_problem, guar
 from trainer.run.user_code import STOP_GRACE_S
 
 
-@pytest.fixture(scope="module")
-def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+@pytest.fixture(scope="module", name="task")  # also test_vllm_tools.py's (imported there)
+def task_fixture(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_task(tmp_path_factory.mktemp("tool_task"))
 
 
-@pytest.fixture(scope="module")
-def policy_folder(task: dict[str, Path]) -> Path:
+@pytest.fixture(scope="module", name="policy_folder")  # also test_vllm_tools.py's
+def policy_folder_fixture(task: dict[str, Path]) -> Path:
     """A random tiny model with the task's tokenizer and the built-in chatml (the policy is scripted)."""
     import torch
     from transformers import AutoTokenizer
@@ -71,8 +71,6 @@ def check_rollouts(seen: dict[str, Any], folder: Path) -> None:
         # the tool tokens are what the template renders after the end of the turn, as ids
         expected = tokenizer(between[0], add_special_tokens=False)["input_ids"]
         assert runs[1][1] == expected
-    assert seen["metrics"] == {**seen["metrics"], "tools/calls": 8.0, "tools/errors": 4.0, "tools/timeouts": 0.0,
-                               "tools/turns_per_episode": 3.0, "tools/turn_limit": 0.0}  # fmt: skip
 
 
 def _runs(ids: list[int], mask: list[int]) -> list[tuple[bool, list[int]]]:
@@ -91,7 +89,10 @@ def test_the_trained_tokens_are_the_generated_ones_turn_by_turn(policy_folder: P
     """Transformers' generate forced to the script, through TRL's tool loop and trainkit's layer: three turns (a
     call split across tokens, a call whose argument has the wrong type, an answer with a multi-byte character byte by
     byte and a space apart from its word), two rounds of tool results; metrics per step count them."""
-    check_rollouts(rollouts("transformers", str(policy_folder), str(task["tools.py"])), policy_folder)
+    seen = rollouts(str(policy_folder), str(task["tools.py"]))
+    check_rollouts(seen, policy_folder)
+    assert seen["metrics"] == {**seen["metrics"], "tools/calls": 8.0, "tools/errors": 4.0, "tools/timeouts": 0.0,
+                               "tools/turns_per_episode": 3.0, "tools/turn_limit": 0.0}  # fmt: skip
 
 
 # ---- each call made safely --------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from train_runs import assert_same_weights, finish, logged_steps, start, train_e
 from waiting import wait_for
 
 STEPS = 12
-RISE = 0.15  # the rise asserted, last 4 steps over first 4 (test_grpo_learns_... says what was measured)
+RISE = 0.12  # half the smallest rise measured, last 4 steps over the first 4 (test_grpo_learns_... says which)
 
 
 @pytest.fixture(scope="module", name="task")  # also test_vllm_tools.py's (imported there)

@@ -7,8 +7,9 @@ where the run makes it stop and returns the ids as it made them. The script writ
 would never choose for it (`SCRIPT`: a tool call split across tokens, a multi-byte character byte by byte, a word
 apart from its leading space): a decode and encode anywhere between the turns would change them.
 
-Usage (the vLLM engine, in the CPU RL venv): python tool_policy.py vllm MODEL_FOLDER TOOLS_FILE OUT_JSON
-In-process (Transformers): `rollouts("transformers", ...)`.
+In-process (Transformers' generate): `rollouts(MODEL_FOLDER, TOOLS_FILE)`. A real run (`python -m trainer`, the vLLM
+engine in colocate mode, in the CPU RL venv): `python tool_policy.py RECORD_JSONL` with the run's TRAIN_* settings in
+the environment; each generation batch's engine outputs and trained ids are appended to RECORD_JSONL.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ class Forcing:
         return forced
 
 
-def rollouts(engine: str, model_folder: str, tools_file: str) -> dict[str, Any]:
-    """One generation batch (2 prompts x 2 completions) of the scripted policy through trainkit's multi-turn layer:
-    {"script": ids per turn, "generated": [ids the engine returned, per call, per row], "completion_ids",
-    "loss_mask", "prompt_ids", "metrics"}."""
+def rollouts(model_folder: str, tools_file: str) -> dict[str, Any]:
+    """One generation batch (2 prompts x 2 completions) of the scripted policy through trainkit's multi-turn layer
+    on Transformers' generate: {"script": ids per turn, "generated": [ids the engine returned, per call, per row],
+    "completion_ids", "loss_mask", "metrics"}."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
@@ -93,29 +94,24 @@ def rollouts(engine: str, model_folder: str, tools_file: str) -> dict[str, Any]:
     script = script_ids(tokenizer)
     generated: list[list[list[int]]] = []
     model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
-    vllm = engine == "vllm"
-    if vllm:
-        _force_vllm(tokenizer, script, generated)
     args = GRPOConfig(output_dir=str(Path(model_folder) / "probe"), per_device_train_batch_size=4, num_generations=2,
-                      max_completion_length=160, report_to=[], use_cpu=True, use_vllm=vllm, vllm_mode="colocate",
-                      vllm_gpu_memory_utilization=0.2, max_steps=1)  # fmt: skip
+                      max_completion_length=160, report_to=[], use_cpu=True, max_steps=1)  # fmt: skip
     prompts = [{"prompt": [{"role": "user", "content": key}], "answer": "gold"} for key in ("k3", "k4")]
     trainer = multi_turn(GRPOTrainer)(model=model, reward_funcs=[_zero], args=args, processing_class=tokenizer,
                                       train_dataset=Dataset.from_list(prompts), tools=list(toolbox.tools))  # fmt: skip
     trainer.setup_turns(turn_end(tokenizer), 10.0, MAX_TURNS)
-    if vllm:
-        from trainer.run.vllm_engine import reload_on_cpu
-
-        reload_on_cpu(trainer.vllm_generation)
-    else:
-        _force_transformers(trainer.model, tokenizer, script, generated, LogitsProcessorList)
+    _force_transformers(trainer.model, tokenizer, script, generated, LogitsProcessorList)
     trainer.model.train()  # as in training: its metrics are the train ones
     batch = [row for row in prompts for _ in range(2)]
     out = trainer._generate_and_score_completions(batch)
-    mask = out["completion_mask"] * out["tool_mask"]
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("tools/")}
-    return {"script": script, "generated": generated, "completion_ids": out["completion_ids"].tolist(),
-            "loss_mask": mask.tolist(), "prompt_ids": out["prompt_ids"].tolist(), "metrics": metrics}  # fmt: skip
+    return {"script": script, "generated": generated, **trained(out), "metrics": metrics}
+
+
+def trained(out: dict[str, Any]) -> dict[str, Any]:
+    """What the loss sees of a generation batch: its completion ids and the mask the loss multiplies by."""
+    mask = out["completion_mask"] * out["tool_mask"]
+    return {"completion_ids": out["completion_ids"].tolist(), "loss_mask": mask.tolist()}
 
 
 def _zero(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
@@ -191,8 +187,28 @@ def _force_vllm(tokenizer: Any, script: list[list[int]], generated: list[list[li
 
 
 def main() -> None:
-    engine, model_folder, tools_file, out = sys.argv[1:5]
-    Path(out).write_text(json.dumps(rollouts(engine, model_folder, tools_file)))
+    """A real run (its TRAIN_* settings in the environment, the vLLM engine) with the scripted policy, recorded."""
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    from trainer.__main__ import main as trainer_main
+
+    record = Path(sys.argv[1])
+    tokenizer = AutoTokenizer.from_pretrained(os.environ["TRAIN_MODEL"])
+    script = script_ids(tokenizer)
+    generated: list[list[list[int]]] = []
+    _force_vllm(tokenizer, script, generated)
+    scored = GRPOTrainer._generate_and_score_completions
+
+    def recorded(self: Any, inputs: Any) -> Any:
+        out = scored(self, inputs)
+        with record.open("a") as handle:
+            handle.write(json.dumps({"script": script, "generated": list(generated), **trained(out)}) + "\n")
+        generated.clear()
+        return out
+
+    GRPOTrainer._generate_and_score_completions = recorded
+    sys.exit(trainer_main([]))
 
 
 if __name__ == "__main__":
