@@ -58,7 +58,7 @@ def check_rollouts(seen: dict[str, Any], folder: Path) -> None:
     for turn in script:
         assert tokenizer(tokenizer.decode(turn), add_special_tokens=False)["input_ids"] != turn
     calls = seen["generated"]
-    assert len(calls) == len(SCRIPT)  # one generation per turn, every row in it
+    script = script[: len(calls)]  # a turn limit ends the episodes early
     for row, (ids, mask) in enumerate(zip(seen["completion_ids"], seen["loss_mask"], strict=True)):
         generated = [call[row] for call in calls]
         assert generated == script  # the engine returned the script, stopping where each turn ends
@@ -66,7 +66,7 @@ def check_rollouts(seen: dict[str, Any], folder: Path) -> None:
         assert [part for trained, part in runs if trained] == generated, runs
         between = [tokenizer.decode(part) for trained, part in runs if not trained]
         assert between[0].startswith("\n<|im_start|>tool\n<tool_response>\nk3 = ")  # the tool's result
-        assert "lookup was not called: the argument 'key' must be str, not 3 (int)" in between[1]
+        assert len(between) < 2 or "lookup was not called: the argument 'key' must be str, not 3 (int)" in between[1]
         assert all(b.endswith("<|im_start|>assistant\n") for b in between)
         # the tool tokens are what the template renders after the end of the turn, as ids
         expected = tokenizer(between[0], add_special_tokens=False)["input_ids"]
@@ -91,8 +91,14 @@ def test_the_trained_tokens_are_the_generated_ones_turn_by_turn(policy_folder: P
     byte and a space apart from its word), two rounds of tool results; metrics per step count them."""
     seen = rollouts(str(policy_folder), str(task["tools.py"]))
     check_rollouts(seen, policy_folder)
+    assert len(seen["generated"]) == len(SCRIPT)  # one generation per turn, every row in it
     assert seen["metrics"] == {**seen["metrics"], "tools/calls": 8.0, "tools/errors": 4.0, "tools/timeouts": 0.0,
                                "tools/turns_per_episode": 3.0, "tools/turn_limit": 0.0}  # fmt: skip
+    limited = rollouts(str(policy_folder), str(task["tools.py"]), max_turns=2)  # the second turn's call: unanswered
+    check_rollouts(limited, policy_folder)
+    assert len(limited["generated"]) == 2
+    assert limited["metrics"] == {**limited["metrics"], "tools/calls": 4.0, "tools/turns_per_episode": 2.0,
+                                  "tools/turn_limit": 4.0}  # fmt: skip
 
 
 # ---- each call made safely --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 from tool_task import write_task
-from train_runs import assert_same_weights, finish, logged_steps, start, train_env
+from train_runs import assert_same_weights, finish, logged_steps, reproduce_with_edited, start, train_env
 from waiting import wait_for
 
 STEPS = 12
@@ -150,13 +150,7 @@ def test_reproduce_gives_the_same_rewards_and_refuses_an_edited_tool_file(
     assert "are identical" in result.stdout, result.stdout
     assert rewards_of(again)[:4] == rewards_of(tool_run)[:4]
     tools = task["tools.py"]
-    kept = tools.read_text()
-    tools.write_text(kept + "# edited after the run\n")
-    try:
-        refused = run_trainer(["reproduce", str(tool_run), "--output", str(tmp_path / "refused")],
-                              env={"PYTHONPATH": str(REPO)})  # fmt: skip
-    finally:
-        tools.write_text(kept)
+    refused = reproduce_with_edited(run_trainer, tool_run, tools, tmp_path / "refused")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert f"the tool file {tools} changed" in refused.stderr, refused.stderr[-3000:]
 

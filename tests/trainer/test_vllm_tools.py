@@ -40,6 +40,7 @@ def test_a_vllm_run_with_tools_trains_on_the_tokens_it_generated(task: dict[str,
     assert len(steps) == 2
     for seen in steps:
         check_rollouts(seen, policy_folder)
+        assert len(seen["generated"]) == 3  # one generation per turn
     for line in (json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()):
         assert (line["tools/calls"], line["tools/errors"], line["tools/turns_per_episode"]) == (8, 4, 3), line
         assert line["rewards/looked_up/mean"] == 1.0, line

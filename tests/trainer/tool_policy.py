@@ -75,7 +75,7 @@ class Forcing:
         return forced
 
 
-def rollouts(model_folder: str, tools_file: str) -> dict[str, Any]:
+def rollouts(model_folder: str, tools_file: str, max_turns: int = MAX_TURNS) -> dict[str, Any]:
     """One generation batch (2 prompts x 2 completions) of the scripted policy through trainkit's multi-turn layer
     on Transformers' generate: {"script": ids per turn, "generated": [ids the engine returned, per call, per row],
     "completion_ids", "loss_mask", "metrics"}."""
@@ -99,7 +99,7 @@ def rollouts(model_folder: str, tools_file: str) -> dict[str, Any]:
     prompts = [{"prompt": [{"role": "user", "content": key}], "answer": "gold"} for key in ("k3", "k4")]
     trainer = multi_turn(GRPOTrainer)(model=model, reward_funcs=[_zero], args=args, processing_class=tokenizer,
                                       train_dataset=Dataset.from_list(prompts), tools=list(toolbox.tools))  # fmt: skip
-    trainer.setup_turns(turn_end(tokenizer), 10.0, MAX_TURNS)
+    trainer.setup_turns(turn_end(tokenizer), 10.0, max_turns)
     _force_transformers(trainer.model, tokenizer, script, generated, LogitsProcessorList)
     trainer.model.train()  # as in training: its metrics are the train ones
     batch = [row for row in prompts for _ in range(2)]
