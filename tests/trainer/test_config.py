@@ -42,6 +42,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "tools.py").write_text('def lookup(key: str) -> str:\n    """Look up.\n\n    Args:\n'
                                    '        key: a key\n    """\n    return key\n')  # fmt: skip
     (root / "env.py").write_text("class Echo:\n    def reset(self, **columns):\n        pass\n")
+    from vision_data import colour_data
+
+    colour_data(root / "images", 2)
     (root / "checkpoint-5").mkdir()
     (root / "nvme").mkdir()
     (root / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_batch_size": "auto"}))
@@ -152,6 +155,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
                   "TRAIN_RL_ENVIRONMENT": f"{root / 'env.py'}:Echo", "TRAIN_RL_MAX_TURNS": "3",
                   "TRAIN_RL_TOOL_TIMEOUT": "5"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
+        "images": {"TRAIN_DATA": str(root / "images" / "train.jsonl"), "TRAIN_MODEL": "tiny-vl",
+                   "TRAIN_TRAINABLE": "language,vision"},
     }
     return {**_base(root, name), **envs[name]}
 
@@ -381,6 +386,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_ROPE_FACTOR", "model", lambda c: c["attention_scaling"] == pytest.approx(0.1 * math.log(4) + 1)),  # yarn's
     ("TRAIN_QUANT", "full", lambda c: c["decisions"]["quant"]["value"] == "4bit"),
     ("TRAIN_NEFTUNE_ALPHA", "full", lambda c: c["training_arguments"]["neftune_noise_alpha"] == 5.0),
+    ("TRAIN_TRAINABLE", "images", lambda c: c["decisions"]["trainable"]["value"] == ["vision", "language"]
+     and "projector frozen (checked)" in c["decisions"]["trainable"]["reason"]),
     ("TRAIN_MAX_STEPS", "full", lambda c: c["training_arguments"]["max_steps"] == 7),
     ("TRAIN_EPOCHS", "full", lambda c: c["training_arguments"]["num_train_epochs"] == 2.0),
     (

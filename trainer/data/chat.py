@@ -344,6 +344,24 @@ def no_template_problem(layout_names: str, origin: str) -> str:
 
 def template_hash(tokenizer: Any) -> str:
     import hashlib
-
     template = getattr(tokenizer, "chat_template", None)
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16] if template else ""
+
+
+def assistant_spans(render: Any, conv: Conversation, loss_on: str) -> tuple[str, list[tuple[int, int]]]:
+    """(the rendered conversation, the character spans of its trained turns): a turn's text is what rendering it
+    adds to the turns before it, after the generation prompt (`render(messages, **kwargs)`: the chat template)."""
+    full = render(conv.messages)
+    spans = []
+    for i in trained_turns(conv, loss_on):
+        before = render(conv.messages[:i], add_generation_prompt=True) if i else ""
+        through = render(conv.messages[: i + 1])
+        if not full.startswith(through):
+            raise BadRecord(
+                f"the chat template renders turn {i + 1} differently once later turns follow, so its tokens "
+                "cannot be told apart; use a template with {% generation %} markers (TRAIN_CHAT_TEMPLATE) or "
+                "TRAIN_LOSS_ON=last"
+            )
+        start = len(before) if through.startswith(before) else len(render(conv.messages[:i]))
+        spans.append((start, len(through)))
+    return full, spans

@@ -3,6 +3,7 @@ layouts, roles and turns; TRAIN_LOSS_ON which turns are trained)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -10,10 +11,10 @@ from trainer.data.chat import (
     GENERATION_TAG,
     BadRecord,
     Conversation,
+    assistant_spans,
     check_trainable,
     in_file_order,
     no_template_problem,
-    trained_turns,
 )
 from trainer.errors import ConfigError
 
@@ -45,7 +46,8 @@ class ChatEncoder:
                 return np.asarray(ids, self.dtype), np.ones(len(ids), np.uint8)
             if self.has_generation_tags and conv.first_trained == 0 and self.loss_on == "assistant":
                 return self._by_generation_tags(conv)
-            return self._by_prefixes(conv)
+            render = functools.partial(self._render, tools=conv.tools)
+            return self._tokens_with_spans(*assistant_spans(render, conv, self.loss_on))
         except BadRecord:
             raise
         except Exception as exc:  # a template's raise_exception(), a Jinja error, a missing variable
@@ -82,24 +84,6 @@ class ChatEncoder:
                                                  return_dict=True, return_assistant_tokens_mask=True,
                                                  tools=conv.tools)  # fmt: skip
         return np.asarray(out["input_ids"], self.dtype), np.asarray(out["assistant_masks"], np.uint8)
-
-    def _by_prefixes(self, conv: Conversation) -> tuple[np.ndarray, np.ndarray]:
-        """An assistant turn's text: what rendering it adds to the turns before it, after the generation prompt."""
-        full = self._render(conv.messages, tools=conv.tools)
-        spans = []
-        for i in trained_turns(conv, self.loss_on):
-            before = self._render(conv.messages[:i], add_generation_prompt=True, tools=conv.tools) if i else ""
-            through = self._render(conv.messages[: i + 1], tools=conv.tools)
-            if not full.startswith(through):
-                raise BadRecord(
-                    f"the chat template renders turn {i + 1} differently once later turns follow, so its tokens "
-                    "cannot be told apart; use a template with {% generation %} markers (TRAIN_CHAT_TEMPLATE) or "
-                    "TRAIN_LOSS_ON=last"
-                )
-            start = len(before) if through.startswith(before) else len(self._render(conv.messages[:i],
-                                                                                    tools=conv.tools))
-            spans.append((start, len(through)))
-        return self._tokens_with_spans(full, spans)
 
     def _tokens_with_spans(self, text: str, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """The text's tokens as `apply_chat_template` makes them (no added special tokens: the template has them);
