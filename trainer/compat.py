@@ -183,11 +183,9 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
         )
     old_parser = st.transformers is not None and st.transformers < RESPONSE_TEMPLATES
     if old_parser and st.trl is not None and st.trl >= TRL_MIN:  # (without TRL, TRAIN_METHOD=grpo is refused)
-        for switch in ("TRAIN_RL_TOOLS", "TRAIN_RL_ENVIRONMENT"):
-            out[switch] = (
-                "multi-turn RL reads the model's tool calls back with a chat template's response template, which "
-                "transformers 5.13 brought; use an image row with transformers 5.13 or newer (the CPU image)"
-            )
+        out["TRAIN_RL_TOOLS"] = out["TRAIN_RL_ENVIRONMENT"] = (
+            "multi-turn RL reads the model's tool calls back with a chat template's response template, which "
+            "transformers 5.13 brought; use an image row with transformers 5.13 or newer (the CPU image)")
     if not st.processor_offsets:
         out[IMAGES] = (
             "the loss mask of records with images needs transformers >= 5.17 (its processors report where they "
