@@ -29,6 +29,7 @@ TRL_MIN = (1, 16)
 # TRAIN_PRECISION=fp8 runs on torchao's float8 training; the rows' oldest torch it is pinned for is 2.6 (torchao
 # 0.12.0, built against 2.5 to 2.7). images/versions.toml pins the release for each row's torch.
 FP8_TORCH_MIN = (2, 6)
+RESPONSE_TEMPLATES = (5, 13)  # transformers with response templates (how TRL parses tool calls): multi-turn RL
 IMAGES = "TRAIN_DATA=records with images"  # a data kind a row may not train (trainer.data.vision), as a switch
 
 
@@ -187,6 +188,11 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
             f"torchao's float8 training needs torch >= {'.'.join(map(str, FP8_TORCH_MIN))} (no torchao release "
             "supports this row's torch); use TRAIN_PRECISION=bf16, or an image row from CUDA 12.6 on"
         )
+    old_parser = st.transformers is not None and st.transformers < RESPONSE_TEMPLATES
+    if old_parser and st.trl is not None and st.trl >= TRL_MIN:  # (without TRL, TRAIN_METHOD=grpo is refused)
+        out["TRAIN_RL_TOOLS"] = out["TRAIN_RL_ENVIRONMENT"] = (
+            "multi-turn RL reads the model's tool calls back with a chat template's response template, which "
+            "transformers 5.13 brought; use an image row with transformers 5.13 or newer (the CPU image)")
     if not st.processor_offsets:
         out[IMAGES] = (
             "the loss mask of records with images needs transformers >= 5.17 (its processors report where they "

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from conftest import base_env
@@ -105,3 +106,14 @@ def global_step(checkpoint: Path) -> int:
 def write_corpus(path: Path, lines: int = 400) -> Path:
     path.write_text("".join(f"Line {i}: a short sentence about resuming training, number {i}.\n" for i in range(lines)))
     return path
+
+
+def reproduce_with_edited(run_trainer: Any, run: Path, edited: Path, out: Path) -> subprocess.CompletedProcess:
+    """`reproduce` of `run` into `out` while the file `edited` (a reward or tool file the run recorded) has a line
+    more than it had; the file is restored after."""
+    kept = edited.read_text()
+    edited.write_text(kept + "# edited after the run\n")
+    try:
+        return run_trainer(["reproduce", str(run), "--output", str(out)], env={"PYTHONPATH": str(REPO)})
+    finally:
+        edited.write_text(kept)
