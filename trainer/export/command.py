@@ -193,7 +193,7 @@ def _save(model: Any, tokenizer: Any, staging: Path, dtype_name: str) -> None:
 def _copy_adapter(source: Any, staging: Path, name: str) -> None:
     from safetensors.torch import load_file
 
-    from trainer.export import model_card
+    from trainer.export import adapter_layout, model_card
 
     for file in ADAPTER_FILES:
         if (source.adapter / file).is_file():
@@ -205,5 +205,6 @@ def _copy_adapter(source: Any, staging: Path, name: str) -> None:
     weights = staging / "adapter_model.safetensors"
     if not weights.is_file() or not load_file(str(weights)):
         raise ConfigError(f"export --adapter-only: {source.adapter} holds no adapter_model.safetensors weights")
+    adapter_layout.check(staging, source.adapter)
     log.info("export: %s holds the LoRA adapter of %s (--adapter-only), %d tensors", name, source.adapter,
              len(load_file(str(weights))))  # fmt: skip
