@@ -37,6 +37,7 @@ import docker
 import registry
 import reproduce
 import run_mounts
+import run_serve
 from devices import device_requests, rdma_passthrough
 from docker.errors import APIError
 from docker.types import Ulimit
@@ -73,6 +74,7 @@ class RunSpec:
     stop_grace_s: int = STOP_GRACE_S
     memlock: int | None = None  # None: unlimited where the engine allows it, else the engine's own limit
     working_dir: str | None = None  # None: the image's own (/output)
+    ports: dict[str, tuple[str, int]] = field(default_factory=dict)  # serve's: "PORT/tcp" -> (host address, port)
 
 
 def log(message: str) -> None:
@@ -219,6 +221,7 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
             ipc_mode="host",
             ulimits=ulimits,
             device_requests=device_requests(spec.gpus),
+            port_bindings=spec.ports or None,
             **rdma_passthrough(),
         )
         created = api.create_container(
@@ -230,6 +233,7 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
             stop_signal="SIGTERM",
             stop_timeout=spec.stop_grace_s,  # also what a plain `docker stop` waits
             working_dir=spec.working_dir,
+            ports=list(spec.ports) or None,
             host_config=host_config,
         )
     except APIError as exc:
@@ -351,9 +355,11 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
     ensure_image(client, image, args.build_if_missing, log)
     env, mounts = {**environment(args), **image_identity(client, image)}, volumes(args)
     add_token_file(args.hf_token_file, env, mounts)
+    command, ports = run_serve.published(args.command) if args.command[0] == "serve" else (args.command, {})
     return RunSpec(
         image=image,
-        command=args.command,
+        command=command,
+        ports=ports,
         gpus=gpus,
         user=args.user,
         environment=env,

