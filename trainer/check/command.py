@@ -110,7 +110,7 @@ def plain_text_diagnosis(endpoint: Endpoint, model: str, reference: Any, need: i
     agreeing = 0
     for n in range(len(reference.job.prompts)):
         reply = probes.ask(endpoint, model, reference.prompt_text(n), reference.job.tokens, chat=False)
-        agreeing += reply.text == reference.text(reference.answers[n])
+        agreeing += judge.agreement(reference, reference.answers[n], reply)[0]
     if agreeing >= need:
         return (f"sent as plain text in the export's rendering, {agreeing} agree: the server's chat handling (its "
                 "template, or what it adds) differs from the export's")  # fmt: skip

@@ -1,9 +1,10 @@
 """The endpoint's replies held against the reference: per prompt the rendered prompt, the answer and its end; then
 what differs, each named (`findings`: exit 1 when there is any).
 
-Answers are compared as text: the endpoint's against the reference's ids decoded by OUT's tokenizer (special tokens
-and the final stop token left out, as servers return them); the agreeing prefix counts the reference's tokens whose
-text the answer starts with. The bar: as many prompts agreeing as the export measured for the served artifact in its
+Answers are compared by token ids where the server returns them (vLLM), else as text: the endpoint's against the
+reference's ids decoded by OUT's tokenizer (special tokens, the final stop token and bytes that are no whole UTF-8
+character left out, as servers leave them out); the agreeing prefix counts the reference's tokens the answer starts
+with. The bar: as many prompts agreeing as the export measured for the served artifact in its
 own runtime (trainer/check/identity.py), less a quarter of the prompts (rounded down): another runtime rounds
 differently, and on a small model a near-tie between the top two tokens flips an answer (one flipped token changes
 everything after it), as the export's report says of its own figure.
@@ -47,11 +48,20 @@ class Findings:
         self.items.append({"what": what, "message": message})
 
 
-def prefix(reference: Reference, ids: list[int], answer: str) -> int:
-    """How many of the reference's tokens the answer's text starts with."""
+def _shared(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def agreement(reference: Reference, ids: list[int], reply: Reply) -> tuple[bool, int]:
+    """(the answer equals the reference's, how many of the reference's tokens it starts with): by token ids where
+    the server returns them, else by text."""
     kept = [i for i in ids if i not in reference.job.stops]
-    return next((k for k in range(1, len(kept) + 1) if not answer.startswith(reference.text(kept[:k]))), len(kept) + 1
-                ) - 1  # fmt: skip
+    if reply.ids is not None:
+        said = reply.ids[:-1] if reply.ids and reply.ids[-1] in reference.job.stops else reply.ids
+        return said == kept, _shared(said, kept)
+    text = reply.text
+    shared = next((k for k in range(1, len(kept) + 1) if not text.startswith(reference.text(kept[:k]))), len(kept) + 1)
+    return text == reference.text(kept), shared - 1
 
 
 def rendering(reference: Reference, n: int, shown: list[int] | None, reply: Reply) -> str:
@@ -86,11 +96,10 @@ def stop_problem(reference: Reference, n: int, reply: Reply) -> str | None:
 
 def row(reference: Reference, n: int, shown: list[int] | None, reply: Reply) -> Row:
     ids = reference.answers[n]
-    expected = reference.text(ids)
+    agrees, shared = agreement(reference, ids, reply)
     return Row(reference.job.texts[n], len(reference.job.prompts[n]), reply.prompt_tokens,
-               rendering(reference, n, shown, reply), expected, reply.text, reply.finish, reply.text == expected,
-               prefix(reference, ids, reply.text), len([i for i in ids if i not in reference.job.stops]),
-               stop_problem(reference, n, reply))  # fmt: skip
+               rendering(reference, n, shown, reply), reference.text(ids), reply.text, reply.finish, agrees, shared,
+               len([i for i in ids if i not in reference.job.stops]), stop_problem(reference, n, reply))  # fmt: skip
 
 
 def required(share: float, prompts: int) -> int:

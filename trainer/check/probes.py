@@ -3,7 +3,8 @@
 - which models it serves (GET /v1/models: vLLM adds the folder it loaded, `root`);
 - how it tokenizes a text (vLLM's POST /tokenize, llama-cpp-python's POST /extras/tokenize; others show nothing);
 - how it renders a chat (vLLM's POST /tokenize with messages; elsewhere only the count, `usage.prompt_tokens`);
-- its greedy answer to one prompt (temperature 0, at most the reference's tokens), as chat or as plain text;
+- its greedy answer to one prompt (temperature 0, at most the reference's tokens), as chat or as plain text, with
+  the answer's token ids where the server returns them (vLLM's return_token_ids);
 - whether it ends the answer at a stop token: the token forced by logit_bias, which a server that stops at it
   answers with an empty text and finish_reason "stop".
 """
@@ -25,6 +26,7 @@ class Reply:
     finish: str  # "stop", "length", ...
     prompt_tokens: int | None  # usage.prompt_tokens: the rendered prompt's length in the server's tokenizer
     tokens: int | None  # usage.completion_tokens
+    ids: list[int] | None = None  # the answer's token ids, where the server returns them (vLLM's return_token_ids)
 
 
 def served(endpoint: Endpoint, wanted: str | None) -> dict[str, Any]:
@@ -71,12 +73,14 @@ def _reply(body: dict[str, Any], chat: bool) -> Reply:
         raise Unreachable(f"check: the endpoint's answer is not an OpenAI {'chat ' if chat else ''}completion: "
                           f"{str(body)[:300]}") from None  # fmt: skip
     usage = body.get("usage") or {}
+    ids = choice.get("token_ids")
     return Reply(str(text or ""), str(choice.get("finish_reason")), usage.get("prompt_tokens"),
-                 usage.get("completion_tokens"))  # fmt: skip
+                 usage.get("completion_tokens"), [int(i) for i in ids] if isinstance(ids, list) else None)  # fmt: skip
 
 
 def _body(model: str, prompt: str, tokens: int, chat: bool) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0, "seed": 0}
+    body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0, "seed": 0,
+                            "return_token_ids": True}  # vLLM's; other servers pass over it  # fmt: skip
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:

@@ -20,7 +20,7 @@ from typing import Any
 from trainer.errors import ConfigError
 from trainer.export import answer_agreement
 from trainer.export.answer_agreement import FIXED_ORIGIN, FIXED_PROMPTS, Job
-from trainer.export.artifacts import ADAPTER, Artifact, read_json
+from trainer.export.artifacts import ADAPTER, Artifact, artifacts, read_json
 
 log = logging.getLogger("trainer")
 RECORDED = "recorded by export in OUT/quant_report.json (Transformers, float32)"
@@ -36,8 +36,10 @@ class Reference:
     markers: tuple[str, ...]  # text no answer may hold unless the reference's does: stop texts, template markers
 
     def text(self, ids: list[int]) -> str:
+        """The answer as a server returns it: no stop token, no special tokens, no bytes that are no whole UTF-8
+        character (a byte tokenizer's; servers drop them, Transformers' decode shows U+FFFD)."""
         kept = [i for i in ids if i not in self.job.stops]
-        return str(self.tokenizer.decode(kept, skip_special_tokens=True))
+        return str(self.tokenizer.decode(kept, skip_special_tokens=True)).replace("\ufffd", "")
 
     def stopped(self, n: int) -> bool:
         return bool(self.answers[n]) and self.answers[n][-1] in self.job.stops
@@ -77,11 +79,13 @@ def _positions(folder: Path) -> int:
     return int(config.get("text_config", config).get("max_position_embeddings") or 2048)
 
 
-def _model_folder(out: Path, artifact: Artifact | None) -> Path:
-    if artifact is not None and artifact.name == ADAPTER:
-        base = Path(artifact.base or "")
+def _model_folder(out: Path) -> Path:
+    """The model folder the reference answers come from: OUT, or an adapter export's base (with the adapter)."""
+    own = artifacts(out)
+    if own and own[0].name == ADAPTER:
+        base = Path(own[0].base or "")
         if not (base / "config.json").is_file():
-            raise ConfigError(f"check --against {out}: the adapter's base {artifact.base} is not here; the reference "
+            raise ConfigError(f"check --against {out}: the adapter's base {own[0].base} is not here; the reference "
                               "answers need it (export the merged model and check against that)")  # fmt: skip
         return base
     if not (out / "config.json").is_file():
@@ -113,7 +117,7 @@ def load(out: Path, artifact: Artifact | None, prompts: Path | None) -> Referenc
     if not (out / "tokenizer_config.json").is_file():
         raise ConfigError(f"check --against {out}: no tokenizer saved in it; give an export folder")
     tokenizer = AutoTokenizer.from_pretrained(str(out))
-    folder = _model_folder(out, artifact)
+    folder = _model_folder(out)
     recorded = None if prompts else _recorded(out)
     if recorded is not None and "prompts" in recorded:
         job = _job(tokenizer, recorded["prompts"], recorded["origin"], _positions(folder), recorded["tokens"])

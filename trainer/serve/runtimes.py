@@ -6,10 +6,12 @@
   beside it) and stops at the file's end-of-generation tokens.
 - vLLM: vLLM's OpenAI server (`vllm serve`'s own entry point, started as a module: the `vllm` command of vLLM's CPU
   build asks for the distribution `vllm` and cannot start) for a model folder or a compressed-tensors folder, and a
-  LoRA adapter on its base (--enable-lora). vLLM's CPU build reserves --gpu-memory-utilization of the host's memory
-  (0.92 by default, which a shared machine rarely has free): serve gives it a KV cache sized for the model instead,
-  runs it eager (torch.compile's warm-up took 73 s of a 139 s start for the two-layer test model on 2 cores) and in
-  the dtype the export saved (its `auto` computes a float32 model in bfloat16).
+  LoRA adapter on its base (--enable-lora), with the chat template the adapter was trained with where its base's
+  differs (vLLM renders an adapter's chats with its base's template). vLLM's CPU build reserves
+  --gpu-memory-utilization of the host's memory (0.92 by default, which a shared machine rarely has free): serve
+  gives it a KV cache sized for the model instead, runs it eager (torch.compile's warm-up took 73 s of a 139 s start
+  for the two-layer test model on 2 cores) and in the dtype the export saved (its `auto` computes a float32 model in
+  bfloat16).
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ def command(artifact: Artifact, name: str, host: str, port: int, base: Path | No
     if artifact.name == ADAPTER:
         argv += ["--served-model-name", folder.name, "--enable-lora", "--lora-modules", f"{name}={artifact.path}",
                  "--max-lora-rank", str(_lora_rank(artifact.path))]  # fmt: skip
+        template = chat_template(artifact.path)
+        if template is not None and template != chat_template(folder):  # vLLM renders with the base's otherwise
+            saved = artifact.path / "chat_template.jinja"
+            argv += ["--chat-template", str(saved) if saved.is_file() else template]
     else:
         argv += ["--served-model-name", name]
     found = installed_vllm()
@@ -80,6 +86,15 @@ def command(artifact: Artifact, name: str, host: str, port: int, base: Path | No
         dtype = saved_dtype(folder)
         argv += ["--dtype", dtype] if dtype else []
     return argv + extra
+
+
+def chat_template(folder: Path) -> str | None:
+    """The chat template a folder's tokenizer saved (chat_template.jinja, else tokenizer_config.json's)."""
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    config = folder / "tokenizer_config.json"
+    found = json.loads(config.read_text()).get("chat_template") if config.is_file() else None
+    return found if isinstance(found, str) else None
 
 
 def saved_dtype(folder: Path) -> str | None:
