@@ -23,7 +23,7 @@ memory, the batch each search chose), fp8 (bf16 and TRAIN_PRECISION=fp8 at A's b
 bf16-equivalent MFU, the loss of the same steps; torchao's wheel is carried), fp8_vocab (bf16 and fp8, both with the
 chunked loss, at 128k rows and the chunked row's batch), chat (records vs stream packing), techniques and
 techniques2 (the 125m technique table relative to fp32, in two calls). Every trainer row also records the memory
-prediction (decisions.memory, trainer.config.memory_fit) against its measured peak (gpu_support.memory_prediction).
+prediction (decisions.memory, trainer.memory.fit) against its measured peak (gpu_support.memory_prediction).
 Each trainer run is a `python -m trainer.launch train` subprocess with its own output folder (trainer.bench.runner);
 medians over the steps after the warm-up, no checkpoint written while measuring. Each part appends one JSON line
 per result to --out as it ends and prints one line; the table of every line in --out is printed last. The dry run
@@ -283,14 +283,14 @@ class Driver:
 
     def check(self, part: str, name: str, env: dict[str, str], note: str) -> None:
         """The dry run's stand-in for a trainer run: the row's settings resolved and checked in this process."""
-        from trainer import config
+        from trainer import config, memory
         from trainer.bench.runner import RunPlan, child_environment
         from trainer.errors import ConfigError
 
         plan = RunPlan(warmup=1, steps=1, timeout_s=self.sizes.timeout_s, work_dir=self.work)
         full = child_environment(env, plan, self.work / "checked" / part)
         try:
-            decisions = config.resolve(config.load_inputs(full), environ=full).decisions.to_dict()
+            decisions = memory.predicted(config.resolve(config.load_inputs(full), environ=full)).decisions.to_dict()
         except ConfigError as exc:
             self.emit(part, name, status="skipped", reason=str(exc)[:500], env=env)
             return

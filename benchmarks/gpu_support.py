@@ -178,7 +178,7 @@ def use_wheels(wheels: Path, argv: list[str]) -> None:
 
 
 # Each row's predicted peak beside its measured one: the prediction the run made of itself (its run record's
-# decisions.memory, trainer.config.memory_fit, at the batch it ran), or the checked row's resolved one. Its
+# decisions.memory, trainer.memory.fit, at the batch it ran), or the checked row's resolved one. Its
 # predicted_allocated_bytes is what peak_mem_bytes measures (the peak less the framework's allowance).
 NOT_PREDICTED = "not predicted"
 

@@ -47,7 +47,7 @@ FAST_FILES = frozenset({
     "tests/bench/test_bench_parts.py", "tests/compose/test_compose_files.py", "tests/compose/test_run_mounts.py",
     "tests/trainer/test_resume_decide.py", "tests/trainer/test_rows_compat.py", "tests/trainer/test_speed_decisions.py",
     "tests/trainer/test_doctor_driver.py", "tests/trainer/test_training_arguments_fields.py", "tests/test_commands.py",
-    "tests/test_types.py", "tests/test_methods.py",
+    "tests/test_types.py", "tests/test_methods.py", "tests/test_settings_homes.py",
 })  # fmt: skip
 
 

@@ -48,11 +48,13 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/tokenizer",),  # the tokenizers the data is encoded with
     ("trainer/data",),
     ("trainer/config", "trainer/trackers"),  # TRAIN_* -> RunConfig; the trackers it names and their callbacks
-    ("trainer/model",),  # a model built or loaded: preset, folder, checkpoint, export; quantization, LoRA, attention
+    ("trainer/model", "trainer/memory"),  # a model built or loaded: preset, folder, checkpoint, export; quantization,
+    # LoRA, attention; the memory prediction: a model of a resolved run (it reads a RunConfig)
     ("trainer/export", "trainer/answers"),  # a run's outputs -> a model folder (the run calls it at its end for
     # TRAIN_PUSH_TO_HUB); prompts in, answers out (the run's TRAIN_EVAL_GENERATE samples, generate, eval)
     ("trainer/run",),  # the training run
-    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/fetch_command", "trainer/push_command",
+    ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/config_command", "trainer/fetch_command",
+     "trainer/push_command",
      "trainer/data_command", "trainer/diff_command", "trainer/reproduce_command", "trainer/__main__",
      "trainer/__init__", "trainer/generate", "trainer/evaluate", "trainer/serve", "trainer/check"),
     # the commands: a command that reads the configuration lives above config/

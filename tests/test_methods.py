@@ -55,7 +55,7 @@ def test_every_trl_methods_config_fields_are_read_from_trls_source() -> None:
     """Each row's TRL config file and class name are where the installed TRL keeps them (TRAIN_ARGS' fields)."""
     import pytest
 
-    from trainer.config.methods import config_fields
+    from trainer.config.method import config_fields
 
     pytest.importorskip("trl")
     assert names(trl=True) == tuple(m.name for m in METHODS if m.family != "sft")

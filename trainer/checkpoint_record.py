@@ -17,7 +17,6 @@ No other module names these files. Torch-free and imports nothing of trainkit (f
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -25,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from trainer.provenance import file_sha256
 
 COMPLETE_MARKER = "trainkit_complete"  # the record: written last into every published checkpoint and final/
 STATE_FILE = "trainer_state.json"  # Transformers' record of the step, the batch, the best checkpoint
@@ -234,10 +235,6 @@ def newest_sound_checkpoint(output_dir: str | Path, on_damaged: Callable[[Path, 
 # ---- whole ---------------------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def manifest(folder: Path) -> dict[str, dict[str, Any]]:
     """{relative path: {"size", "sha256" (small files)}} of every file in a checkpoint folder, the record aside."""
     files: dict[str, dict[str, Any]] = {}
@@ -246,7 +243,7 @@ def manifest(folder: Path) -> dict[str, dict[str, Any]]:
             size = path.stat().st_size
             entry: dict[str, Any] = {"size": size}
             if size <= CHECKSUM_MAX_BYTES:
-                entry["sha256"] = _sha256(path)
+                entry["sha256"] = file_sha256(path)
             files[str(path.relative_to(folder))] = entry
     return files
 
@@ -267,7 +264,7 @@ def damage(folder: Path) -> str | None:
         if size != entry.get("size"):
             return f"{path} has {size} bytes, the checkpoint was saved with {entry.get('size')}"
         try:
-            changed = "sha256" in entry and _sha256(path) != entry["sha256"]
+            changed = "sha256" in entry and file_sha256(path) != entry["sha256"]
         except OSError:
             return f"{path} is missing"
         if changed:

@@ -29,7 +29,7 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("train", "trainer.run.command", "train with the TRAIN_* configuration (the default command)",
             "[ARGS...]", distributed=True),
-    Command("config", "trainer.config.command", "print the resolved configuration without training", "[--json]"),
+    Command("config", "trainer.config_command", "print the resolved configuration without training", "[--json]"),
     Command("doctor", "trainer.doctor.command",
             "what this machine can do, and whether the configured run can work here", "[--json]"),
     Command("bench", "trainer.bench.command", "measure techniques side by side (python -m trainer bench --help)",

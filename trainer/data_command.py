@@ -111,7 +111,7 @@ def show_pairs(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool)
     """A preference method's data: a summary line, or its first `count` pairs (KTO examples) as TRL tokenizes them:
     the prompt never trained, each side's answer trained; cut at TRAIN_PREF_MAX_PROMPT_LEN and TRAIN_SEQ_LEN as the
     run cuts them."""
-    from trainer.config.methods import records_of
+    from trainer.config.method import records_of
     from trainer.data.preference import encoded, limit_prompts, longest, prompt_tokens
 
     settings = inputs.settings

@@ -2,7 +2,7 @@
 trainer.run.preference or trainer.run.online), the TRL trainer and config it runs on, the data it trains on, the
 settings it takes of its own and those of SFT it refuses, and what its TRL config fixes.
 
-Read by the checks and decisions (trainer/config/methods.py, trainer/config/online.py), the run (trainer/run/train.py
+Read by the checks and decisions (trainer/config/method.py, trainer/config/online.py), the run (trainer/run/train.py
 dispatches on the family), `data --show`, the stack's refusals (trainer/compat.py) and bench; the schema's
 TRAIN_METHOD values equal the names here (tests/trainer/test_methods.py). Stdlib only, like trainer/commands.py.
 """

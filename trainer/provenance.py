@@ -62,7 +62,7 @@ def collect(
         "chat_template_hash": template_hash or None,
         "seed": seed,
         **({"online_rl": dict(online)} if online else {}),  # each reward file's sha256, the generation engine
-        # the peak GPU memory predicted before the model loaded, by part (trainer.config.memory), for the GPU above
+        # the peak GPU memory predicted before the model loaded, by part (trainer.memory.predict), for the GPU above
         **({"memory_prediction": dict(memory)} if memory else {}),
     }
     return mask_secrets(json.loads(json.dumps(record, default=str)))
@@ -188,7 +188,7 @@ def stream_hash_seconds() -> float:
     return _stream_seconds[0]
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
     """The sha256 of a file's whole content, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

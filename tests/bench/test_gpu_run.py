@@ -74,7 +74,7 @@ def test_the_whole_dry_run(tmp_path: Path) -> None:
     techniques = by_part["techniques"] + by_part["techniques2"]
     assert [r["name"] for r in techniques] == list(TECHNIQUES) and len(by_part["techniques2"]) == 6
     assert status["fp32"] == status["lora"] == "checked" and {r["status"] for r in techniques} <= {"checked", "skipped"}
-    # every row checked or trained records its memory prediction beside it (trainer.config.memory_fit's, as resolved)
+    # every row checked or trained records its memory prediction beside it (trainer.memory.fit's, as resolved)
     rows = [r for r in records if r.get("status") in ("ok", "checked") and "env" in r]
     assert rows and all(r["prediction"] == "ok" and r["predicted_peak_gib"] > 0 for r in rows), rows
     assert status["tests/gpu"] == "ok", by_part["gputests"]

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from trainer.config import parse_settings
-from trainer.config.decisions import decide_nproc
+from trainer.config.launch import decide_nproc
 from trainer.envfile import read_env_file
 from trainer.errors import ConfigError
 from trainer.machine.hardware import Hardware

@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from helpers import assert_user_error  # noqa: E402
 from run_mounts import RECORD_FILE, describe, kept, run_folder, volumes  # noqa: E402
 
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent"}
@@ -78,13 +79,6 @@ def recorded_run(tmp_path: Path, data: Path) -> Path:
     with kept(folder, describe(IMAGE, mounts_of(tmp_path, data), None), f"{os.getuid()}", True, print):
         (folder / "provenance.json").write_text(json.dumps({"image": {"reference": IMAGE["TRAINKIT_IMAGE"]}}))
     return folder
-
-
-def assert_user_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in result.stderr, result.stderr
 
 
 def test_reproduce_takes_run_py_options_before_the_command_and_says_which_folder_it_mounts(tmp_path: Path) -> None:

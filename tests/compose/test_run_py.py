@@ -30,6 +30,7 @@ from compose_support import (
     write_dataset,
     write_env,
 )
+from helpers import assert_user_error
 from waiting import wait_for
 
 MAX_STEPS = 15
@@ -50,13 +51,6 @@ def run_py(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: fl
 
 
 # --- error paths: one clear line, exit 2, no traceback --------------------------------------------
-
-
-def assert_user_error(result, *needles: str) -> None:
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in result.stderr
 
 
 def test_unreachable_engine(tmp_path):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import write_corpus
 from hub_server import HubServer
 from hub_support import GATED_ID, MODEL_ID, TOKEN, run_env, save_tiny_model
 
@@ -144,10 +145,7 @@ def trainer_env(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def text_file(tmp_path: Path) -> Path:
     """A small .txt data file."""
-    path = tmp_path / "data" / "corpus.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(200)))
-    return path
+    return write_corpus(tmp_path / "data" / "corpus.txt", lines=200)
 
 
 # ---- the stand-in Hugging Face Hub (tests/trainer/hub_server.py, hub_support.py) ----

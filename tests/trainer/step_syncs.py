@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from tests.helpers import write_corpus
+
 MAX_STEPS, SEQ, BATCH = 8, 32, 2
 LOG_STEPS = 100  # past the run: only logging_first_step logs
 READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
@@ -244,12 +246,6 @@ def main() -> None:
     if side in ("both", "plain"):
         out["plain"] = plain_run(folder / "plain", cfg, sync_debug)
     (folder / f"counts.{rank}.json").write_text(json.dumps(out))
-
-
-def write_corpus(path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"Line {i}: a short sentence about counting syncs, number {i}.\n" for i in range(400)))
-    tmp.rename(path)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import assert_user_error
 
 FAST_EXIT_CPU_S = 2.0
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -166,13 +167,12 @@ PRE_TORCH_CASES = [
 
 
 def _assert_user_error(result, expected: list[str]) -> None:
-    assert result.returncode == 2, f"exit {result.returncode}\nstdout={result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    assert "Traceback" not in result.stderr
+    """The shared assertion, and the mistakes are told in one message (one `error: `), after which each text is."""
+    assert_user_error(result, *expected)
     stderr = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("import time:"))
     assert stderr.count("error: ") == 1, stderr
     message = stderr[stderr.index("error: ") :]
-    for text in expected:
-        assert text in message, f"{text!r} not in:\n{message}"
+    assert all(text in message for text in expected), message
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,8 @@
 A CPU has no out-of-memory error to search against, so the GPU's memory limit is the one thing stood in for:
 a forward pre-hook raises the error a GPU raises above a given batch. Everything else is real: the search, the
 probe (forward and backward of the tiny preset, gradients freed after each try), two torchrun ranks agreeing over
-gloo, and `python -m trainer` recording the decision. The real CUDA out-of-memory search is
-tests/gpu/test_auto_batch_gpu.py.
+gloo, and `python -m trainer` recording the decision. The real CUDA out-of-memory search is in
+tests/gpu/test_gpu_paths.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from train_runs import train_env, write_corpus
+from helpers import write_corpus
+from train_runs import train_env
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss, fixed_cross_entropy
 

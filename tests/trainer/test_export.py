@@ -2,7 +2,7 @@
 independently here (base + adapter through PEFT; the weights DeepSpeed gathered into the ZeRO-3 checkpoint).
 
 FSDP consolidation needs a sharded FSDP checkpoint, which accelerate writes only for GPU worlds (on CPUs it trains
-DDP copies: trainer/config/decisions.py); it is exercised in tests/gpu/test_export_fsdp_gpu.py."""
+DDP copies: trainer/config/sharding.py); it is exercised in tests/gpu/test_export_fsdp_gpu.py."""
 
 from __future__ import annotations
 

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from train_runs import finish, global_step, start, train_env, write_corpus
+from helpers import write_corpus
+from train_runs import finish, global_step, start, train_env
 
 from trainer.checkpoint_record import COMPLETE_MARKER
 

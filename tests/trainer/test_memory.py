@@ -1,4 +1,4 @@
-"""Will it fit? (issue 57): the predicted GPU memory (trainer/config/memory.py) checked part by part against real
+"""Will it fit? (issue 57): the predicted GPU memory (trainer/memory/predict.py) checked part by part against real
 tensors on the CPU, and the verdicts it leads to.
 
 - weights, gradients and optimizer state: the bytes of the real tensors of the model the run builds
@@ -25,8 +25,12 @@ import pytest
 import torch
 from conftest import base_env
 
-from trainer import config
-from trainer.config.memory import (
+from trainer import config, memory
+from trainer.config.speed import CHUNK_POSITIONS
+from trainer.errors import ConfigError
+from trainer.machine.hardware import Hardware
+from trainer.memory.fit import plan_of
+from trainer.memory.predict import (
     Plan,
     activation_parts,
     autocast_copies,
@@ -38,10 +42,6 @@ from trainer.config.memory import (
     preset_shape,
     weights_bytes,
 )
-from trainer.config.memory_fit import plan_of
-from trainer.config.speed import CHUNK_POSITIONS
-from trainer.errors import ConfigError
-from trainer.machine.hardware import Hardware
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -233,19 +233,19 @@ GPU_24 = Hardware(device="cuda", gpu_count=1, gpu_name="RTX-4090", capability=(8
 def test_a_gpu_run_predicted_not_to_fit_is_refused_before_the_model_loads() -> None:
     big = {"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "64", "TRAIN_SEQ_LEN": "4096", "TRAIN_AUTO_BATCH": "0"}
     settings = config.parse_settings(big)
-    with pytest.raises(ConfigError) as err:  # resolve runs before the run builds or loads any model
-        config.resolve(settings, GPU_24, environ={}, import_heavy=False)
+    with pytest.raises(ConfigError) as err:  # the run asks it after resolving, before it builds or loads any model
+        memory.predicted(config.resolve(settings, GPU_24, environ={}, import_heavy=False))
     message = str(err.value)
     assert "predicted not to fit in GPU memory" in message and "of the RTX-4090" in message
     assert "TRAIN_GRAD_CKPT=1" in message and "TRAIN_MEMORY_CHECK=off" in message
     anyway = config.parse_settings({**big, "TRAIN_MEMORY_CHECK": "off"})
-    allowed = config.resolve(anyway, GPU_24, environ={}, import_heavy=False)
+    allowed = memory.predicted(config.resolve(anyway, GPU_24, environ={}, import_heavy=False))
     assert allowed.decisions.memory.value["predicted_peak_bytes"] > 24 * GIB
     assert "TRAIN_MEMORY_CHECK=off" in allowed.decisions.memory.reason
     searched = config.parse_settings({**big, "TRAIN_AUTO_BATCH": "1", "TRAIN_SEQ_LEN": "512"})
-    assert config.resolve(searched, GPU_24, environ={}, import_heavy=False)  # the search can go down to a batch of 1
+    assert memory.predicted(config.resolve(searched, GPU_24, environ={}, import_heavy=False))  # the search can go to 1
     small = config.parse_settings({"TRAIN_MODEL": "1b", "TRAIN_BATCH_SIZE": "1", "TRAIN_SEQ_LEN": "512"})
-    fits = config.resolve(small, GPU_24, environ={}, import_heavy=False)
+    fits = memory.predicted(config.resolve(small, GPU_24, environ={}, import_heavy=False))
     assert fits.decisions.memory.value["predicted_peak_bytes"] < 24 * GIB
     assert fits.decisions.memory.value["device_bytes"] == 24 * GIB
 
@@ -257,7 +257,7 @@ def test_the_batch_search_started_from_the_prediction_ends_in_at_most_two_probes
     """The search (trainer/run/batch_fit.py) on a device whose peaks are the prediction off by `error`: started at
     the predicted largest batch with the predicted bytes per sequence, it confirms it in one probe where the
     prediction is right, and ends on a batch that fits within 2% of the largest in two where it is off."""
-    from trainer.config.memory_fit import largest_batch
+    from trainer.memory.fit import largest_batch
     from trainer.run.batch_fit import Probed, search_predicted
 
     def peak(batch: int) -> int:
@@ -281,7 +281,7 @@ def test_grouped_query_attention_saves_k_and_v_at_their_own_heads(precision: str
     scalars)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.config.memory import Shape
+    from trainer.memory.predict import Shape
     from trainer.model.packed_attention import implementation
 
     llama = LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=688, num_hidden_layers=2,

@@ -1,5 +1,5 @@
 """Will it fit under ZeRO (issue 57): the predicted weights, gradients and optimizer state per process
-(trainer/config/memory.py, DeepSpeed's layout in trainer/config/memory_zero.py) against the bytes two real DeepSpeed
+(trainer/memory/predict.py, DeepSpeed's layout in trainer/memory/zero.py) against the bytes two real DeepSpeed
 processes hold, for ZeRO-1, 2 and 3.
 
 One launch (the launcher's own torchrun command, `python -m trainer.launch --dry-run --json`, with the worker
@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_runs import REPO, finish, start, train_env, write_corpus
+from helpers import write_corpus
+from train_runs import REPO, finish, start, train_env
 
 from trainer import config
-from trainer.config.memory import Plan, predict, zero_ranks
-from trainer.config.memory_fit import plan_of
-from trainer.config.memory_zero import NCCL_ALIGNMENT
+from trainer.memory.fit import plan_of
+from trainer.memory.predict import Plan, predict, zero_ranks
+from trainer.memory.zero import NCCL_ALIGNMENT
 
 STAGES = ("1", "2", "3")
 # (stage, precision, model): the tiny preset, and a model folder whose groups do not divide evenly (DeepSpeed pads)

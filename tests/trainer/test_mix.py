@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import write_corpus
 
-from tests.trainer.train_runs import REPO, finish, start, train_env, write_corpus
+from tests.trainer.train_runs import REPO, finish, start, train_env
 from trainer.config.parse import load_settings
 from trainer.config.resume import check_drift
 from trainer.data.discovery import discover

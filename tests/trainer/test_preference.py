@@ -19,7 +19,7 @@ from waiting import wait_for
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
-from trainer.config.methods import decide_reference
+from trainer.config.method import decide_reference
 from trainer.config.parse import parse_settings
 from trainer.config.resume import check_drift
 from trainer.errors import ConfigError

@@ -11,7 +11,7 @@ import pytest
 from trainer import checkpoint_record as records
 from trainer import config
 from trainer.config import resume
-from trainer.config.checks import resume_problems
+from trainer.config.schedule import resume_problems
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError
 from trainer.machine.hardware import Hardware

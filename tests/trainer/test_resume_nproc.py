@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from train_runs import finish, start, train_env, write_corpus
+from helpers import write_corpus
+from train_runs import finish, start, train_env
 
 from trainer.checkpoint_record import read_record
 

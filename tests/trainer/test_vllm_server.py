@@ -94,7 +94,8 @@ def test_the_engine_sets_trls_server_mode_fields() -> None:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the metadata of this Linux venv")
 def test_this_stack_has_no_vllm_so_the_check_refuses() -> None:
-    from trainer.vllm_compat import installed, installed_problem
+    from trainer.compat import installed_version
+    from trainer.vllm_compat import installed_problem
 
-    assert installed("vllm") is None  # the day a vLLM is installed here, the config test above must change
+    assert installed_version("vllm") is None  # the day a vLLM is installed here, the config test above must change
     assert "has no vLLM installed" in installed_problem("this stack")

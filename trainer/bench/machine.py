@@ -50,7 +50,7 @@ def long_run_compiles(hw: Any) -> bool:
 
     try:
         settings = parse_settings({**os.environ, **BASELINE_ENV, **AUTO_ENV, "TRAIN_MAX_STEPS": "-1"})
-        return bool(decide_compile(settings, hw, None, check_backend=False).value)
+        return bool(decide_compile(settings, hw, check_backend=False).value)
     except ConfigError:
         return False
 

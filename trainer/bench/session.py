@@ -28,7 +28,7 @@ from trainer.bench.report import (
     RowResult,
 )
 from trainer.bench.runner import OK, SKIPPED, RowOutcome, RunPlan, row_dir, run_row
-from trainer.config.methods import OPTION_METHODS
+from trainer.config.method import OPTION_METHODS
 from trainer.errors import ConfigError
 from trainer.methods import names, of, spoken
 

@@ -13,7 +13,7 @@ The TRAIN_* schema is the package schema/ (a field-only module per group); `pyth
 """
 
 from trainer.config.checks import static_problems
-from trainer.config.decisions import Decision, Decisions
+from trainer.config.decision import Decision, Decisions
 from trainer.config.inputs import Inputs
 from trainer.config.parse import load_inputs, load_settings, parse_settings, train_variables
 from trainer.config.resolve import apply_process_defaults, resolve

@@ -1,4 +1,5 @@
-"""The DeepSpeed ZeRO config: generated from TRAIN_ZERO_STAGE/TRAIN_ZERO_OFFLOAD/TRAIN_NVME_PATH, or the user's JSON.
+"""The DeepSpeed ZeRO config generated from TRAIN_ZERO_STAGE/TRAIN_ZERO_OFFLOAD/TRAIN_NVME_PATH, and the user's JSON
+read; the sharding group (trainer/config/sharding.py) decides which one a run uses.
 
 Values set to "auto" are filled in by the Hugging Face Trainer from TrainingArguments (batch sizes, gradient
 accumulation, clipping, optimizer/scheduler hyper-parameters), so the two can never disagree.
@@ -8,14 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainer.config.decision import Decision
 from trainer.config.precision import deepspeed_blocks as precision_blocks
 from trainer.errors import ConfigError
-
-if TYPE_CHECKING:
-    from trainer.config.schema import TrainSettings
 
 # Asynchronous I/O settings for NVMe offload (DeepSpeed's `aio` block); DeepSpeed's own defaults, written out so
 # run_config.json shows what is used.
@@ -135,16 +132,3 @@ def generate(stage: int, offload: str, nvme_path: str, precision: str, largest_t
 def replaces_optimizer(config: dict[str, Any]) -> bool:
     """True when the DeepSpeed config builds its own optimizer (TRAIN_OPTIM is then not used)."""
     return "optimizer" in config
-
-
-def decide(s: TrainSettings, precision: str, model_folder: str) -> tuple[dict[str, Any] | None, Decision]:
-    """The run's DeepSpeed config (None: no DeepSpeed) and its decision."""
-    if s.deepspeed_config:
-        return load_user_config(s.deepspeed_config), Decision(
-            s.deepspeed_config, "TRAIN_DEEPSPEED_CONFIG wins over the generated config"
-        )
-    if s.zero_stage == 0:
-        return None, Decision(None, "TRAIN_ZERO_STAGE=0: no DeepSpeed")
-    largest = largest_tensor_elements(model_folder) if s.zero_offload == "nvme" else 0
-    ds = generate(s.zero_stage, s.zero_offload, s.nvme_path, precision, largest)
-    return ds, Decision(f"zero{s.zero_stage}", f"generated: ZeRO-{s.zero_stage}, offload {s.zero_offload}")

@@ -56,9 +56,20 @@ class Inputs:
                           else {key: getattr(self.settings, key)})  # fmt: skip
         return wanted
 
+    def hub_problems(self) -> list[str]:
+        """What the Hub could not give: a model or tokenizer it did not fetch, a Hub dataset's files once fetched
+        (asked by trainer/config/checks.py only when every other check passed)."""
+        found = self.hub.problems_of
+        problems = [*found.get("model", ()), *found.get("tokenizer", ())]
+        if self.on_hub("data"):
+            problems += self.data.problems
+        if self.on_hub("eval_data"):
+            problems += self.eval_data.problems
+        return problems
+
     def on_hub(self, key: str) -> bool:
         """Whether TRAIN_DATA ("data") or TRAIN_EVAL_DATA ("eval_data"), or a source of its list, is a Hub dataset:
-        its scan waits for the Hub, which is asked after every other check (trainer.config.checks)."""
+        its scan waits for the Hub, which is asked after every other check (hub_problems)."""
         return any(parse_dataset_id(value) for k, value in self.hub_wanted.items() if setting_of(k) == key)
 
     @cached_property
@@ -98,7 +109,7 @@ class Inputs:
 
     @cached_property
     def pairs(self) -> PreferenceRecords:
-        """TRAIN_DATA's preference records, every one read and checked once (trainer.config.methods.records_of)."""
+        """TRAIN_DATA's preference records, every one read and checked once (trainer.config.method.records_of)."""
         return read_records(self.data, self.settings.data_max_bad_lines)
 
     @cached_property

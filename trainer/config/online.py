@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import json
 import math
 import re
@@ -21,6 +20,7 @@ from trainer.config.rl_engine import VLLM_OPTIONS, engine_arguments, engine_prob
 from trainer.config.schema import TrainSettings
 from trainer.data.mix import split_weight
 from trainer.methods import names, of, spoken
+from trainer.provenance import file_sha256
 
 BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
@@ -239,10 +239,6 @@ def reward_identity(value: str) -> str:
     return value + " (" + ", ".join(f"{f} sha256 {file_sha256(f)[:16]}" for f in files) + ")"
 
 
-def file_sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def reward_files(value: str) -> dict[str, str]:
     """{path: sha256} of every user reward file (provenance.json)."""
     return {path: file_sha256(path) for path in rewards(value).files()}
@@ -322,7 +318,7 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
         # A DataLoader iterator draws its workers' base seed from torch's global generator, which also samples the
         # completions. Kept across epochs (persistent workers), a resumed run makes that draw at the next epoch
         # where the uninterrupted run made it at step 0, and samples differently from then on; made anew each epoch,
-        # both runs draw at the same step.
+        # both runs draw at the same step. (For the other methods, TRAIN_NUM_WORKERS decides: trainer/config/optim.py.)
         "dataloader_persistent_workers": False,
     }
     if "rl_loss" in of(s.method).options:

@@ -1,5 +1,6 @@
-"""TRAIN_PRECISION's one home: the decision, the dtype each precision computes in, and what it sets elsewhere
-(TrainingArguments' flags, DeepSpeed's blocks, flash attention's need for half precision, fp16's loss scaling).
+"""The precision group's home (TRAIN_PRECISION, TRAIN_TF32): their checks, decisions and TrainingArguments, the dtype
+each precision computes in, and what it sets elsewhere (DeepSpeed's blocks, flash attention's need for half precision,
+fp16's loss scaling).
 
 Every function here takes the decision's value (fp32, bf16, fp16, fp8) and asks `autocast` first, so the rule that
 fp8 runs as bf16 is written once. Dtypes are named, not torch objects: torch-free callers (export's and generate's
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.decision import Decision
+from trainer import compat
+from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.errors import ConfigError
 from trainer.methods import of
 
 if TYPE_CHECKING:
     import torch
 
+    from trainer.config.inputs import Inputs
     from trainer.config.schema import TrainSettings
     from trainer.machine.hardware import Hardware
 
@@ -37,6 +40,11 @@ def autocast(precision: str) -> str:
 def compute_dtype_name(precision: str) -> str:
     """The dtype name a precision decision computes in (bf16, fp16; anything else, e.g. nothing recorded: fp32)."""
     return DTYPE_NAMES.get(autocast(precision), "float32")
+
+
+def compute_dtype_bytes(precision: str) -> int:
+    """Bytes per value of the dtype a precision decision computes in."""
+    return 4 if compute_dtype_name(precision) == "float32" else 2
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -61,7 +69,7 @@ def scales_loss(precision: str) -> bool:
     return autocast(precision) == "fp16"
 
 
-def training_arguments(precision: str) -> dict[str, bool]:
+def mixed_precision_flags(precision: str) -> dict[str, bool]:
     """TrainingArguments' mixed-precision flags."""
     mixed = autocast(precision)
     return {"bf16": mixed == "bf16", "fp16": mixed == "fp16"}
@@ -118,7 +126,7 @@ def _fp8_reason(hw: Hardware) -> str:
             "model's FLOPs over the GPU's dense bf16 peak)")  # fmt: skip
 
 
-def decide(s: TrainSettings, hw: Hardware) -> Decision[str]:
+def decide_precision(s: TrainSettings, hw: Hardware) -> Decision[str]:
     """TRAIN_PRECISION on this machine, or a ConfigError saying why it cannot run here."""
     if s.precision == "fp8":
         problem = _fp8_problem(s, hw)
@@ -139,3 +147,38 @@ def decide(s: TrainSettings, hw: Hardware) -> Decision[str]:
         )
     where = "CPU autocast" if not hw.is_gpu else hw.gpu_name
     return Decision(s.precision, f"set by TRAIN_PRECISION ({where})")
+
+
+def decide_tf32(s: TrainSettings, hw: Hardware) -> Decision[bool]:
+    if s.tf32 == "1" and not hw.tf32:
+        raise ConfigError(
+            f"TRAIN_TF32=1 needs an Ampere or newer GPU (compute capability 8.0+); this is {hw.describe()}"
+        )
+    if s.tf32 in ("0", "1"):
+        return Decision(s.tf32 == "1", "set by TRAIN_TF32")
+    if hw.tf32:
+        return Decision(True, "auto: Ampere or newer GPU; TF32 matmuls are ~8x faster than fp32 at negligible cost")
+    return Decision(False, "auto: " + ("no CUDA GPU" if not hw.is_gpu else "GPU older than Ampere has no TF32"))
+
+
+# ---- the group's three functions (trainer/config/checks.py, decisions.py, training_arguments.py call them) ----------
+
+
+def problems(inputs: Inputs) -> list[str]:
+    """TRAIN_PRECISION that this stack's row cannot run (the machine's refusals come with the decision)."""
+    refusal = compat.switch_problem(f"TRAIN_PRECISION={inputs.settings.precision}")
+    return [refusal] if refusal else []
+
+
+def decide(inputs: Inputs, hardware: Hardware, so_far: SoFar) -> dict[str, Decision]:
+    s = inputs.settings
+    return {
+        "precision": so_far.attempt(decide_precision, s, hardware, fallback=Decision("fp32", "refused")),
+        "tf32": so_far.attempt(decide_tf32, s, hardware, fallback=Decision(False, "refused")),
+    }
+
+
+def arguments(settings: TrainSettings, decisions: Decisions, hardware: Hardware) -> dict[str, Any]:
+    """The mixed-precision flags, and tf32 on a GPU (None on CPU: Transformers' own default)."""
+    return {**mixed_precision_flags(decisions.precision.value),
+            "tf32": decisions.tf32.value if hardware.is_gpu else None}  # fmt: skip

@@ -49,7 +49,7 @@ def engine_problems(s: TrainSettings) -> list[str]:
 
 
 def hardware_problems(s: TrainSettings, gpu: bool) -> list[str]:
-    """Server mode on a machine without a CUDA device (decisions.decide_all, which knows the hardware)."""
+    """Server mode on a machine without a CUDA device (trainer.config.method.decide, which knows the hardware)."""
     if s.rl_engine != "vllm" or not s.rl_vllm_url or gpu:
         return []
     return [

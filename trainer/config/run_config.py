@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.decisions import Decisions
+from trainer.config.decision import Decisions
 from trainer.config.inputs import Inputs
 from trainer.config.schema import TrainSettings
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.decisions import Decision, Decisions
+from trainer.config.decision import Decision, Decisions
 from trainer.config.schema import TrainSettings, env_name
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError

@@ -1,5 +1,6 @@
-"""The fast path's decisions: torch.compile, the micro-batch search, attention, Liger kernels, the cross-entropy
-(whole or chunked logits) and host-device syncs.
+"""The speed group's home (TRAIN_COMPILE*, TRAIN_ATTN, TRAIN_LIGER, TRAIN_CROSS_ENTROPY): the fast path's checks,
+decisions and TrainingArguments: torch.compile, attention, Liger kernels, the cross-entropy (whole or chunked logits)
+and host-device syncs.
 
 Each `auto` here is on only where it pays on this machine, and its reason says why (or why not). What is chosen by
 measurement is kept in the two tables below, filled from the bench on that GPU generation (docs/benchmarks.md);
@@ -14,14 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat, transformers_names
-from trainer.config.decision import Decision
+from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.config.precision import computes_in_half
 from trainer.config.presets import is_preset
 from trainer.config.schema import TrainSettings
+from trainer.config.sharding import deepspeed_stage, uses_deepspeed, uses_fsdp
 from trainer.errors import ConfigError
+from trainer.machine.hardware import module_available
 from trainer.methods import of
 
 if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
     from trainer.machine.hardware import Hardware
 
 # A run this short pays the compilation (tens of seconds to minutes) without earning it back.
@@ -42,11 +46,12 @@ def gpu_generation(hw: Hardware) -> str | None:
     return next((name for floor, name in GENERATIONS if major >= floor), "pre-volta")
 
 
-def _needs_whole_model(s: TrainSettings, ds: dict[str, Any] | None) -> str:
-    """Why a speed auto stays off: DeepSpeed, FSDP or quantization, which it was not measured with ('' if none)."""
-    if ds is not None or s.zero_stage > 0:
+def not_measured_with(s: TrainSettings) -> str:
+    """Why a speed auto stays off (here and the batch search's, trainer/config/optim.py): DeepSpeed, FSDP or
+    quantization, which it was not measured with ('' if none)."""
+    if uses_deepspeed(s):
         return "DeepSpeed"
-    if s.fsdp != "none":
+    if uses_fsdp(s):
         return f"TRAIN_FSDP={s.fsdp}"
     return f"TRAIN_QUANT={s.quant}" if s.quant != "none" else ""
 
@@ -54,7 +59,7 @@ def _needs_whole_model(s: TrainSettings, ds: dict[str, Any] | None) -> str:
 # ---- torch.compile ------------------------------------------------------------------------------------------------
 
 
-def _compile_auto_off(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> str:
+def _compile_auto_off(s: TrainSettings, hw: Hardware) -> str:
     """Why auto leaves torch.compile off here ('' when it turns it on)."""
     if not hw.is_gpu:
         return "no GPU: on CPU compiling takes longer than it saves in most runs"
@@ -65,7 +70,7 @@ def _compile_auto_off(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None)
         return "inductor needs triton, which is not installed"
     if hw.capability is not None and hw.capability < (7, 0):
         return f"{hw.gpu_name}: triton needs compute capability 7.0+"
-    other = _needs_whole_model(s, ds)
+    other = not_measured_with(s)
     if other:
         return f"not measured with {other}"
     if 0 <= s.max_steps < COMPILE_MIN_STEPS:
@@ -73,11 +78,11 @@ def _compile_auto_off(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None)
     return ""
 
 
-def decide_compile(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None, check_backend: bool = True) -> Decision:
+def decide_compile(s: TrainSettings, hw: Hardware, check_backend: bool = True) -> Decision[bool]:
     if s.compile == "0":
         return Decision(False, "TRAIN_COMPILE=0")
     if s.compile == "auto":
-        off = _compile_auto_off(s, hw, ds)
+        off = _compile_auto_off(s, hw)
         if off:
             return Decision(False, f"auto: off ({off})")
     if check_backend:
@@ -89,7 +94,7 @@ def decide_compile(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None, ch
             )
         if hw.is_gpu and not hw.libraries.get("triton", False):
             raise ConfigError("TRAIN_COMPILE=1 on GPU: inductor needs triton, which is not installed; TRAIN_COMPILE=0")
-    how = f"backend {s.compile_backend}, mode {s.compile_mode}, {compile_layout(s, ds, os.environ)}"
+    how = f"backend {s.compile_backend}, mode {s.compile_mode}, {compile_layout(s, os.environ)}"
     if s.compile == "auto":
         steps = "epochs" if s.max_steps < 0 else f"{s.max_steps} steps"
         return Decision(True, f"auto: a GPU run ({steps}) on {compat.stack().describe()}: inductor fuses the "
@@ -103,11 +108,11 @@ REGIONAL_ENV = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"  # read by Accelerat
 CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 
 
-def compiled_by_accelerate(s: TrainSettings, ds: dict[str, Any] | None) -> bool:
+def compiled_by_accelerate(s: TrainSettings) -> bool:
     """Who compiles: with DeepSpeed or FSDP, Transformers' torch_compile (Accelerate compiles each repeated block
     after wrapping the model, its regional compilation); otherwise the trainer compiles each decoder layer in place
     (trainer.run.training_model.compile_layers) before the batch search, so the search sizes the model that trains."""
-    return ds is not None or s.zero_stage > 0 or s.fsdp != "none"
+    return uses_deepspeed(s) or uses_fsdp(s)
 
 
 def compile_environment(environ: Mapping[str, str], scope: str) -> dict[str, str]:
@@ -124,10 +129,10 @@ def compile_environment(environ: Mapping[str, str], scope: str) -> dict[str, str
     return env
 
 
-def compile_layout(s: TrainSettings, ds: dict[str, Any] | None, environ: Mapping[str, str]) -> str:
+def compile_layout(s: TrainSettings, environ: Mapping[str, str]) -> str:
     """How a compiled run compiles and where its caches are, for the decision's reason."""
     env = compile_environment(environ, s.compile_scope)
-    if compiled_by_accelerate(s, ds):
+    if compiled_by_accelerate(s):
         how = ("by Accelerate, regional (each repeated block)" if s.compile_scope == "layers"
                else "by Accelerate, the whole model")  # fmt: skip
     elif s.compile_scope == "layers":
@@ -169,42 +174,6 @@ def _check_backend(backend: str) -> None:
             f"TRAIN_COMPILE_BACKEND={backend!r} is not a torch.compile backend"
             f"{transformers_names.did_you_mean(backend, usual)}; usual ones: {', '.join(usual)}"
         )
-
-
-# ---- the micro-batch ----------------------------------------------------------------------------------------------
-
-
-def decide_auto_batch(s: TrainSettings, hw: Hardware, ds: dict[str, Any] | None) -> Decision:
-    if s.auto_batch != "auto":
-        return Decision(s.auto_batch == "1", f"set by TRAIN_AUTO_BATCH={s.auto_batch}")
-    if not hw.is_gpu:
-        return Decision(False, "auto: off (no GPU: a CPU has no out-of-memory error to search against)")
-    other = _needs_whole_model(s, ds)
-    if other:
-        return Decision(False, f"auto: off ({other}: the search probes the whole model on one GPU)")
-    return Decision(True, "auto: on (a GPU): the largest micro-batch that fits is searched before training")
-
-
-def effective_batch_set(s: TrainSettings) -> bool:
-    """True when the user set TRAIN_BATCH_SIZE or TRAIN_GRAD_ACCUM: their product is the batch the search keeps."""
-    return bool({"batch_size", "grad_accum"} & s.model_fields_set)
-
-
-def decide_grad_accum(s: TrainSettings) -> Decision:
-    set_by = "set by TRAIN_GRAD_ACCUM" if "grad_accum" in s.model_fields_set else "default TRAIN_GRAD_ACCUM"
-    return Decision(s.grad_accum, set_by)
-
-
-def decide_batch_size(s: TrainSettings, auto_batch: bool) -> Decision:
-    if not auto_batch:
-        return Decision(s.batch_size, "set by TRAIN_BATCH_SIZE")
-    if effective_batch_set(s):
-        keeps = (f"keeping the effective batch TRAIN_BATCH_SIZE x TRAIN_GRAD_ACCUM = {s.batch_size * s.grad_accum} "
-                 "per device through gradient accumulation")  # fmt: skip
-    else:
-        keeps = "with no accumulation (TRAIN_BATCH_SIZE and TRAIN_GRAD_ACCUM not set: the effective batch changes)"
-    return Decision(s.batch_size, f"TRAIN_AUTO_BATCH: searched on the GPU when training starts, {keeps}; "
-                                  "run_config.json in the output folder records the batch chosen")  # fmt: skip
 
 
 # ---- attention ----------------------------------------------------------------------------------------------------
@@ -359,14 +328,13 @@ def _tokenizer_rows(folder: Path) -> int | None:
         return None
 
 
-def _chunked_problem(s: TrainSettings, ds: dict[str, Any] | None, liger: bool, model_type: str) -> str | None:
+def _chunked_problem(s: TrainSettings, liger: bool, model_type: str) -> str | None:
     """Why the chunked loss cannot stand in for this run's loss (None when it can)."""
     if of(s.method).needs_trl:
         return f"TRAIN_METHOD={s.method}: TRL computes its loss from the logits"
     if liger:
         return "Liger's fused linear cross-entropy computes the loss (TRAIN_LIGER)"
-    stage = (ds or {}).get("zero_optimization", {}).get("stage", s.zero_stage)
-    if stage == 3 or s.fsdp != "none":
+    if deepspeed_stage(s) == 3 or uses_fsdp(s):
         sharder = f"TRAIN_FSDP={s.fsdp}" if s.fsdp != "none" else "ZeRO-3"
         return f"{sharder} shards the LM head's weight, which it reads whole"
     if model_type not in CHUNKED_MODEL_TYPES:
@@ -377,13 +345,13 @@ def _chunked_problem(s: TrainSettings, ds: dict[str, Any] | None, liger: bool, m
     return None
 
 
-def decide_cross_entropy(s: TrainSettings, ds: dict[str, Any] | None, liger: bool, model_folder: str,
-                         tokenizer_folder: str | None = None) -> Decision:  # fmt: skip
+def decide_cross_entropy(s: TrainSettings, liger: bool, model_folder: str,
+                         tokenizer_folder: str | None = None) -> Decision[str]:  # fmt: skip
     """full (Transformers' loss on the whole logits) or chunked (trainer.model.chunked_loss)."""
     if s.cross_entropy == "full":
         return Decision("full", "set by TRAIN_CROSS_ENTROPY: Transformers' loss on the whole logits")
     model_type = "llama" if is_preset(model_folder) else _model_type(Path(model_folder))
-    problem = _chunked_problem(s, ds, liger, model_type)
+    problem = _chunked_problem(s, liger, model_type)
     how = ("logits made a chunk of trained positions at a time and made again in the backward (one more LM-head "
            "matmul a step): the whole logits are never held")  # fmt: skip
     if s.cross_entropy == "chunked":
@@ -420,3 +388,56 @@ def decide_nan_inf_filter(hw: Hardware) -> Decision:
     return Decision(False, "off: a NaN/Inf loss stays in the logged loss (as null) and TRAIN_ON_NAN acts on it; "
                            "Transformers' filter would log it as the mean so far and, on GPUs, read each step's loss "
                            "on the host (a synchronization per step)")  # fmt: skip
+
+
+# ---- the group's three functions (trainer/config/checks.py, decisions.py, training_arguments.py call them) ----------
+
+
+def problems(inputs: Inputs) -> list[str]:
+    s = inputs.settings
+    found = [compat.switch_problem(f"TRAIN_ATTN={s.attn}"), backend_problem(s, module_available)]
+    if s.compile == "1" and s.zero_stage == 3:
+        found.append("TRAIN_COMPILE=1 with TRAIN_ZERO_STAGE=3: ZeRO-3 gathers parameters in hooks that break "
+                     "torch.compile graphs; use TRAIN_ZERO_STAGE=2 or TRAIN_COMPILE=0")  # fmt: skip
+    return [problem for problem in found if problem]
+
+
+def decide(inputs: Inputs, hardware: Hardware, so_far: SoFar) -> dict[str, Decision]:
+    s, model = inputs.settings, so_far["model"].value
+    tokenizer = inputs.tokenizer_folder if s.tokenizer else None  # a preset's rows follow TRAIN_TOKENIZER's
+    attn = so_far.attempt(decide_attn, s, hardware, so_far["precision"].value, fallback=Decision("sdpa", "refused"))
+    compiled = so_far.attempt(decide_compile, s, hardware, so_far.import_heavy, fallback=Decision(False, "refused"))
+    liger = so_far.attempt(decide_liger, s, hardware, model, fallback=Decision(False, "refused"))
+    loss = so_far.attempt(decide_cross_entropy, s, liger.value, model, tokenizer, fallback=Decision("full", "refused"))
+    return {
+        "attn": attn,
+        "compile": compiled,
+        "liger": liger,
+        "cross_entropy": loss,
+        "non_blocking": decide_non_blocking(hardware, so_far["pin_memory"].value),
+        "nan_inf_filter": decide_nan_inf_filter(hardware),
+    }
+
+
+def _compile_arguments(s: TrainSettings, decisions: Decisions) -> dict[str, Any]:
+    # Transformers turns torch_compile on when a backend or mode is given, so pass them only when it compiles.
+    if not decisions.compile.value:
+        return {"torch_compile": False}
+    # A partial last batch would recompile the model for its shape: a compiled run's training DataLoader drops it
+    # (a different random one each epoch; trainer.run.train counts and records what is left out).
+    if not compiled_by_accelerate(s):
+        return {"torch_compile": False, "dataloader_drop_last": True}  # trainer.run.training_model compiles each layer
+    return {"torch_compile": True, "torch_compile_backend": s.compile_backend, "torch_compile_mode": s.compile_mode,
+            "dataloader_drop_last": True}  # fmt: skip
+
+
+def arguments(settings: TrainSettings, decisions: Decisions, hardware: Hardware) -> dict[str, Any]:
+    """torch.compile's arguments, Liger's kernels, and the host-device syncs a step need not make."""
+    args: dict[str, Any] = {
+        **_compile_arguments(settings, decisions),
+        "use_liger_kernel": decisions.liger.value,
+        "logging_nan_inf_filter": decisions.nan_inf_filter.value,
+    }
+    if decisions.non_blocking.value:
+        args["accelerator_config"] = {"non_blocking": True}
+    return args

@@ -1,7 +1,7 @@
 """`python -m trainer doctor --memory [--json] [--gpu NAME|SIZE]`: will the configured run fit in GPU memory? The
-predicted peak per process with its parts (trainer.config.memory), against this machine's GPU or a described one
+predicted peak per process with its parts (trainer.memory.predict), against this machine's GPU or a described one
 (trainer.machine.gpu_memory's table, or a size), and where it does not fit, the cheapest changes that would, each
-predicted again (trainer.config.memory_fit). Exit 2 where it does not fit or the settings are wrong."""
+predicted again (trainer.memory.fit). Exit 2 where it does not fit or the settings are wrong."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import argparse
 import json
 import sys
 
-from trainer.config.memory_fit import ERROR, cheaper, describe, gib, plan_of, verdict
 from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
 from trainer.machine.gpu_memory import described_gpu
 from trainer.machine.hardware import Hardware, probe_libraries
+from trainer.memory.fit import ERROR, cheaper, describe, gib, plan_of, verdict
 
 
 def described_hardware(text: str) -> Hardware:
@@ -34,9 +34,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--gpu: {exc}") from None
     inputs = config.Inputs(config.parse_settings())
-    cfg = config.resolve(inputs, hw, import_heavy=hw is None, memory_check=False)
+    cfg = config.resolve(inputs, hw, import_heavy=hw is None)
     plan = plan_of(cfg)
-    from trainer.config.memory import predict
+    from trainer.memory.predict import predict
 
     prediction = predict(plan)
     device = cfg.hardware.total_memory_bytes if cfg.hardware.is_gpu else None

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer import provenance
-from trainer.config.checks import writable_dir_problem
+from trainer.compat import installed_version
 from trainer.config.inputs import Inputs
+from trainer.config.paths import writable_dir_problem
 from trainer.data.discovery import DataSource
 from trainer.doctor import driver
 from trainer.errors import ConfigError
@@ -171,7 +172,7 @@ def torch_probes(hw: hardware.Hardware) -> list[Probe]:
 
 
 def flash_attn_probe(hw: hardware.Hardware) -> Probe:
-    version = hardware.package_version("flash_attn") or hardware.package_version("flash-attn")
+    version = installed_version("flash_attn") or installed_version("flash-attn")
     if not version:
         return Probe(
             "flash_attn", "flash-attn", "not installed (sdpa is used)", value={"version": None, "usable": False}
@@ -217,7 +218,7 @@ def deepspeed_ops() -> tuple[str | None, dict[str, str]]:
             ops[op] = "jit"
         else:
             ops[op] = "unavailable"
-    return info.get("version") or hardware.package_version("deepspeed"), ops
+    return info.get("version") or installed_version("deepspeed"), ops
 
 
 def builders_compatibility() -> dict[str, bool]:
@@ -255,7 +256,7 @@ def bitsandbytes_probe(hw: hardware.Hardware) -> Probe:
         return Probe("bitsandbytes", "bitsandbytes", "not installed", value={"version": None, "backend": None})
     import torch
 
-    version = hardware.package_version("bitsandbytes")
+    version = installed_version("bitsandbytes")
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     backend, library = "CPU", None
     if hw.is_gpu and torch.version.cuda:
@@ -271,7 +272,7 @@ def bitsandbytes_probe(hw: hardware.Hardware) -> Probe:
 def versions_probe() -> Probe:
     found = {"python": sys.version.split()[0]}
     for name in PYTHON_STACK:
-        version = hardware.package_version(name) or hardware.package_version(name.replace("_", "-"))
+        version = installed_version(name) or installed_version(name.replace("_", "-"))
         if version:
             found[name] = version
     return Probe("versions", "Python stack", ", ".join(f"{k} {v}" for k, v in found.items()), value=found)
@@ -380,7 +381,7 @@ def chat_probe(inputs: Inputs) -> Probe:
     if source.conversational and template in ("none", "refused"):
         fix = why if template == "refused" else no_template_problem(layouts, why)
         return Probe("chat", "Data format", shown, FAIL, fix, value)
-    from trainer.config.methods import layout_problem
+    from trainer.config.method import layout_problem
 
     mismatch = None if source.problems else layout_problem(s.method, source.layouts, source.variable)
     if mismatch:  # the layout the data holds against the one TRAIN_METHOD needs
@@ -409,7 +410,7 @@ def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Inputs | None, Pro
     Static checks (load_settings) and the machine-dependent ones (resolve) both run, so that every
     problem is listed at once, not just the first stage's.
     """
-    from trainer import config
+    from trainer import config, memory
 
     try:
         inputs = config.Inputs(config.parse_settings())
@@ -417,7 +418,7 @@ def settings_and_config_probe(hw: hardware.Hardware) -> tuple[Inputs | None, Pro
         return None, config_failure(exc.problems)
     problems = config.static_problems(inputs)  # the same inputs for both stages, so the data is scanned once
     try:
-        config.resolve(inputs, hw)
+        memory.check(config.resolve(inputs, hw))
     except ConfigError as exc:
         problems += [problem for problem in exc.problems if problem not in problems]
     if problems:

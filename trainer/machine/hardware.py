@@ -8,7 +8,8 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
+
+from trainer.compat import installed_version
 
 
 def module_available(name: str) -> bool:
@@ -20,11 +21,11 @@ def module_available(name: str) -> bool:
         return False
 
 
-def package_version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
+def missing_package_problem(module: str, setting: str, hint: str) -> str | None:
+    """The message for `setting` needing the Python package `module`, which is not installed; None when it is."""
+    if module_available(module):
         return None
+    return f"{setting} needs the Python package {module!r}, which is not installed ({hint})"
 
 
 def apex_fused_available() -> bool:
@@ -83,8 +84,8 @@ def probe_libraries() -> dict[str, bool]:
     libs = {name: module_available(mod) for name, mod in LIBRARIES.items()}
     libs["apex_fused"] = apex_fused_available()
     # flash-attn (2) and flash-attn-4 both install the module flash_attn: the distribution tells them apart
-    libs["flash_attn"] = libs["flash_attn"] and package_version("flash-attn") is not None
-    libs["flash_attn_4"] = package_version("flash-attn-4") is not None
+    libs["flash_attn"] = libs["flash_attn"] and installed_version("flash-attn") is not None
+    libs["flash_attn_4"] = installed_version("flash-attn-4") is not None
     return libs
 
 

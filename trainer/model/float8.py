@@ -1,6 +1,6 @@
 """TRAIN_PRECISION=fp8: the model's linear layers swapped for torchao's Float8Linear (tensorwise dynamic scaling).
 
-The decision (trainer.config.precision.decide) has already checked the GPU (FP8 tensor cores), torchao and
+The decision (trainer.config.precision.decide_precision) has already checked the GPU (FP8 tensor cores), torchao and
 the combination; here the model is converted in place, before torch.compile and the batch search see it. Which layers:
 every nn.Linear but the LM head (its logits feed the loss directly, and float8 there costs accuracy where the gain is
 one matmul of the step) and layers whose input or output dimension is not a multiple of 16 (float8 matmuls need

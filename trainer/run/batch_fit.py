@@ -122,7 +122,7 @@ def search_predicted(probe: Probe, start: int, ceiling: int, limit: int, slope: 
     limit means every smaller one is, and that the peak is about linear in the size. A probe at the size the line
     predicts that lands under the limit ends the search (the prediction confirmed); `probe` is called with one size
     at a time, the same sequence wherever it returns the same verdicts. `slope`: the predicted bytes per size (the
-    memory prediction's, trainer.config.memory), which draws the line from the first probe: started at the
+    memory prediction's, trainer.memory.predict), which draws the line from the first probe: started at the
     predicted largest size, one probe confirms it, two where the prediction was off."""
     found, peaks = Search(limit=limit), {}
     good, bad = 0, ceiling + 1

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.memory import Plan
-from trainer.config.memory_fit import largest_batch, memory_decision, plan_of
+from trainer.memory.fit import largest_batch, memory_decision, plan_of
+from trainer.memory.predict import Plan
 from trainer.run.batch_fit import (
     GIB,
     HEADROOM,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from torch.nn import Module
     from transformers import TrainingArguments
 
-    from trainer.config.decisions import Decision, Decisions
+    from trainer.config.decision import Decision, Decisions
     from trainer.config.run_config import RunConfig
     from trainer.config.schema import TrainSettings
 
@@ -239,8 +239,8 @@ def choose_batch(
 ) -> Decision[int]:
     """The Decision for the per-device batch (at most `effective` when given); `model` is moved to args.device
     (where Trainer would put it). The search starts from the largest batch `plan`'s memory prediction keeps under
-    the limit (trainer.config.memory_fit), else from TRAIN_BATCH_SIZE."""
-    from trainer.config.decisions import Decision
+    the limit (trainer.memory.fit), else from TRAIN_BATCH_SIZE."""
+    from trainer.config.decision import Decision
     from trainer.errors import ConfigError
 
     ceiling = batch_ceiling(blocks, args.world_size, effective)
@@ -351,7 +351,7 @@ def searched_or_cached(cfg: RunConfig, args: TrainingArguments, model: Module, s
                        ceiling: int) -> Decision[int]:  # fmt: skip
     """The search's Decision, from the cache where the same model, sequence length, precision, GPU and versions
     were searched before (every rank takes rank 0's cache verdict), else searched and remembered by rank 0."""
-    from trainer.config.decisions import Decision
+    from trainer.config.decision import Decision
     from trainer.run.signals import from_rank_0
 
     memory = device_memory(args.device)
@@ -378,7 +378,7 @@ def searched_or_cached(cfg: RunConfig, args: TrainingArguments, model: Module, s
 
 
 def predicted_plan(cfg: RunConfig) -> Plan | None:
-    """The run's memory plan (trainer.config.memory_fit), None where its model's shape cannot be read."""
+    """The run's memory plan (trainer.memory.fit), None where its model's shape cannot be read."""
     try:
         return plan_of(cfg)
     except (OSError, KeyError, ValueError):
@@ -402,8 +402,8 @@ def apply_auto_batch(
     import dataclasses
 
     from trainer.checkpoint_record import recorded_batch_size
-    from trainer.config.decisions import Decision
-    from trainer.config.speed import effective_batch_set
+    from trainer.config.decision import Decision
+    from trainer.config.optim import effective_batch_set
     from trainer.run.metrics import reset_peak_memory
     from trainer.run.signals import control_group
 

@@ -34,7 +34,9 @@ def main(_args: argparse.Namespace) -> int:
         if retried_after_divergence(Path(settings.output_dir), settings):  # before torch loads: restarts end fast
             code = EXIT_DIVERGED
             return code
-        cfg = config.resolve(inputs)
+        from trainer import memory
+
+        cfg = memory.predicted(config.resolve(inputs))  # a GPU run predicted not to fit exits 2 before it loads
         from trainer.run.train import run
 
         code = run(cfg)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from torch.nn import Module
     from transformers import PreTrainedTokenizerBase, Trainer
 
-    from trainer.config.decisions import Decisions
+    from trainer.config.decision import Decisions
     from trainer.config.resume import Resume
     from trainer.config.run_config import RunConfig
     from trainer.config.run_record import RunRecord, Startup
@@ -87,7 +87,7 @@ class Prepared:
 
 def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupClock,
               write_record: Callable[[Startup | None], None], memory: dict[str, Any] | None = None) -> list[Any]:
-    """The run's callbacks; `memory`: the memory prediction the run's record holds (trainer.config.memory_fit), whose
+    """The run's callbacks; `memory`: the memory prediction the run's record holds (trainer.memory.fit), whose
     allocator share metrics.jsonl logs beside the measured peak on a GPU."""
     from trainer.machine.peaks import this_gpu_peak_flops
     from trainer.run.checkpoint import steps_from_settings

@@ -11,7 +11,7 @@ samples_per_s, step_time_s, peak_mem_bytes, predicted_peak_mem_bytes, mfu, time.
 - peak_mem_bytes: peak CUDA memory allocated by this process on GPUs; peak resident memory (RSS) on CPU; the peak of
   the training steps: the statistics are reset after the batch search and after each evaluation.
 - predicted_peak_mem_bytes: on GPUs, the allocator's peak the memory prediction gave for this run's batch before the
-  model loaded (trainer.config.memory: its parts less the framework's allowance), beside the measured
+  model loaded (trainer.memory.predict: its parts less the framework's allowance), beside the measured
   peak_mem_bytes, so the prediction's error is known per GPU and stack; null on CPU.
 - mfu: model FLOPs utilization on known GPUs, null on CPU and unknown GPUs. FLOPs per token are
   6 x N (N = parameters taking part in matmuls: all but the input embedding) + 12 x layers x hidden x

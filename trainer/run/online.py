@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.methods import trainer_class
+from trainer.config.method import trainer_class
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError
 from trainer.run import kit
@@ -161,9 +161,10 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
 
 def generation_provenance(engine: str = "transformers") -> dict[str, Any]:
     """What generated the completions, for provenance.json (vllm: the vLLM in this process, and its distribution)."""
-    from trainer.vllm_compat import installed, installed_vllm
+    from trainer.compat import installed_version
+    from trainer.vllm_compat import installed_vllm
 
     if engine != "vllm":
-        return {"engine": engine, "version": installed(engine)}
+        return {"engine": engine, "version": installed_version(engine)}
     found = installed_vllm()
     return {"engine": engine, "version": found[1] if found else None, "distribution": found[0] if found else None}

@@ -1,6 +1,6 @@
 """Preference tuning (TRAIN_METHOD=dpo/orpo/kto/simpo/reward) on TRL's trainers, with trainkit's machinery.
 
-`build_trainer` turns the checked records (trainer.config.methods.records_of: the same read the checks made) into
+`build_trainer` turns the checked records (trainer.config.method.records_of: the same read the checks made) into
 TRL's rows, holds out evaluation pairs, applies TRAIN_LONG_RECORDS, builds the policy (trainer.run.training_model, LoRA
 included) and the reference the way cfg.decisions.reference says, and returns TRL's trainer made atomic
 (trainer.run.checkpoint.atomic_trainer): checkpoints, final/, SIGTERM stops, resume and metrics.jsonl are SFT's.
@@ -14,9 +14,10 @@ import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.methods import method_of, records_of, trainer_class
+from trainer.config.method import records_of, trainer_class
 from trainer.data.preference import encoded, limit_prompts, longest, unpaired_from_pairs
 from trainer.errors import ConfigError
+from trainer.methods import of
 from trainer.run import kit
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def training_rows(
         log.info("eval: the last %d of %d pairs held out (TRAIN_EVAL_SPLIT=%g)", held, held + len(rows), s.eval_split)
     rows = _prompts_limited(rows, tokenizer, cfg, "train")
     evaluation = _prompts_limited(evaluation, tokenizer, cfg, "eval") if evaluation else evaluation
-    method = method_of(s)
+    method = of(s.method)
     long_records = "drop" if method.classifier else s.long_records  # a reward model scores whole pairs
     rows = _kept(rows, tokenizer, s.seq_len, long_records, "train")
     evaluation = _kept(evaluation, tokenizer, s.seq_len, long_records, "eval") if evaluation else evaluation
@@ -114,7 +115,7 @@ def build_policy(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> Any:
     """The model to train: SFT's (preset or folder, LoRA/QLoRA applied), or for `reward` a one-score classifier."""
     from trainer.run.training_model import build_model, build_reward_model
 
-    if not method_of(cfg.settings).classifier:
+    if not of(cfg.settings.method).classifier:
         return build_model(cfg, tokenizer)
     return build_reward_model(cfg, tokenizer)
 
@@ -140,7 +141,7 @@ def build_trainer(cfg: RunConfig, args: TrainingArguments, tokenizer: PreTrained
     s = cfg.settings
     train_rows, evaluation = rows
     kwargs: dict[str, Any] = {}
-    if method_of(s).reference:
+    if of(s.method).reference:
         kwargs["ref_model"] = reference_model(cfg, model)
     log.info("reference: %s (%s)", cfg.decisions.reference.value, cfg.decisions.reference.reason)
     policy_bytes = parameter_bytes(model.parameters())

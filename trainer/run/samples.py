@@ -147,7 +147,7 @@ def install_samples(trainer: Trainer, cfg: RunConfig, tokenizer: PreTrainedToken
 
     inputs, output_dir, wanted = cfg.inputs, Path(cfg.settings.output_dir), cfg.settings.eval_generate
     stage = ((cfg.deepspeed or {}).get("zero_optimization") or {}).get("stage")
-    if stage == 3:  # TRAIN_DEEPSPEED_CONFIG's (the settings' own ZeRO-3 is refused by trainer.config.checks)
+    if stage == 3:  # TRAIN_DEEPSPEED_CONFIG's (the settings' own ZeRO-3 is refused by trainer.config.evaluation)
         raise ConfigError(f"TRAIN_EVAL_GENERATE={wanted} generates on the main process alone, which cannot hold a "
                           "model sharded by ZeRO-3 (TRAIN_DEEPSPEED_CONFIG); set it to 0")  # fmt: skip
     loaded = _TrainingModel(trainer.model, tokenizer, getattr(tokenizer, "chat_template", None) or None)

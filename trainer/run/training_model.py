@@ -40,7 +40,7 @@ def load_how(cfg: RunConfig, score_head: bool = False, packed: bool = True) -> L
     """How the run loads its model, from its settings and decisions. `packed`: the attention of packed records
     (trainer.model.packed_attention); else the attention decision as Transformers implements it, which reads the
     padding mask: a reward model's padded pairs, a model that also generates (online RL, with its KV cache). The
-    reward model (`score_head`) is trained in full (no LoRA, no quantization: config.methods refuses them)."""
+    reward model (`score_head`) is trained in full (no LoRA, no quantization: config.method refuses them)."""
     s = cfg.settings
     attn, precision = cfg.decisions.attn.value, cfg.decisions.precision.value
     sharded = uses_fsdp(s)  # FSDP places and shards the weights itself
@@ -59,7 +59,7 @@ def _placement(cfg: RunConfig, quant: str, sharded: bool) -> str | int | None:
     build_device's GPU."""
     if quant != "none":
         if not cfg.hardware.is_gpu:
-            return "cpu"  # decisions.decide_quant checked that bitsandbytes quantizes on the CPU
+            return "cpu"  # trainer.config.adapters.decide_quant checked that bitsandbytes quantizes on the CPU
         return None if sharded else int(os.environ.get("LOCAL_RANK", "0"))
     device = build_device(cfg)
     return str(device) if device.type == "cuda" else None
@@ -131,7 +131,7 @@ def compile_model(cfg: RunConfig, model: torch.nn.Module) -> None:
     """torch.compile in place as TRAIN_COMPILE_SCOPE says, where the trainer compiles (not DeepSpeed/FSDP's
     Accelerate)."""
     s = cfg.settings
-    if not cfg.decisions.compile.value or compiled_by_accelerate(s, cfg.deepspeed):
+    if not cfg.decisions.compile.value or compiled_by_accelerate(s):
         return
     if s.compile_scope == "layers":
         compile_layers(model, s.compile_backend, s.compile_mode)

@@ -48,7 +48,7 @@ class _Decided(Protocol):
 
 
 class _Decisions(Protocol):
-    """The decisions the tags name (trainer.config.decisions.Decisions)."""
+    """The decisions the tags name (trainer.config.decision.Decisions)."""
 
     @property
     def precision(self) -> _Decided: ...

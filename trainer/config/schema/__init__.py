@@ -23,13 +23,13 @@ from trainer.config.schema.fields import (
     Toggle,
 )
 from trainer.config.schema.launch import LaunchSettings
-from trainer.config.schema.memory import MemorySettings
 from trainer.config.schema.method import MethodSettings
 from trainer.config.schema.optim import OptimSettings
 from trainer.config.schema.outputs import OutputSettings
 from trainer.config.schema.paths import PathSettings
 from trainer.config.schema.precision import PrecisionSettings
 from trainer.config.schema.schedule import ScheduleSettings
+from trainer.config.schema.sharding import ShardingSettings
 from trainer.config.schema.speed import SpeedSettings
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
 # .env.example, `config`) present them in GROUPS' order.
 class TrainSettings(
     LaunchSettings, OutputSettings, DebugSettings, EvalSettings, ScheduleSettings, AdapterSettings, SpeedSettings,
-    MemorySettings, OptimSettings, PrecisionSettings, MethodSettings, PathSettings, BaseSettings,
+    ShardingSettings, OptimSettings, PrecisionSettings, MethodSettings, PathSettings, BaseSettings,
 ):  # fmt: skip
     """Every TRAIN_* variable. Field name `foo_bar` is environment variable `TRAIN_FOO_BAR`."""
 

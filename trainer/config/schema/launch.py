@@ -1,6 +1,7 @@
 """The TRAIN_* settings of the group "Launch".
 
-Fields only: their checks and decisions live in their concern's module; trainer.config.schema assembles the groups.
+Fields only: the group's rules (checks, decisions, its TrainingArguments) live in trainer/config/launch.py;
+trainer.config.schema assembles the groups.
 """
 
 from __future__ import annotations

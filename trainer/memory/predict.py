@@ -1,6 +1,6 @@
 """Will it fit? The predicted peak GPU memory of a run, part by part, from its resolved configuration: torch-free and
 before any model is built or loaded, so a 1b run is planned on a laptop (`python -m trainer doctor --memory`) and a
-GPU run predicted not to fit exits 2 before it loads the model (trainer/config/memory_fit.py).
+GPU run predicted not to fit exits 2 before it loads the model (trainer/memory/fit.py).
 
 Where each part comes from (`SOURCES`, shown beside each figure):
 - weights, gradients, optimizer state: the parameter count of the model's shape (a preset's, or a model folder's
@@ -8,7 +8,7 @@ Where each part comes from (`SOURCES`, shown beside each figure):
   compute dtype for a frozen LoRA base, bitsandbytes' 4-bit and 8-bit layouts, AdamW's two fp32 states, 8-bit
   AdamW's blockwise layout), sharded by ZeRO/FSDP across the processes, moved off the GPU by offload. Tested equal
   to the bytes of the real tensors of the built model and optimizer (tests/trainer/test_memory.py); under ZeRO,
-  DeepSpeed's own layout per rank (trainer/config/memory_zero.py), tested equal to the real partitions of two
+  DeepSpeed's own layout per rank (trainer/memory/zero.py), tested equal to the real partitions of two
   DeepSpeed processes (tests/trainer/test_memory_zero.py).
 - activations: what autograd saves for the backward pass, per token and per layer, in the layout of the Llama
   decoder as Transformers runs it (with PEFT's adapters for LoRA and QLoRA): counted from the tensors saved-tensor
@@ -27,8 +27,9 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from trainer.config.memory_zero import Held, stage_1_2, stage_3
+from trainer.config.precision import compute_dtype_bytes
 from trainer.config.presets import PRESETS
+from trainer.memory.zero import Held, stage_1_2, stage_3
 from trainer.methods import of
 
 MIB = 1 << 20
@@ -117,7 +118,7 @@ class Plan:
     shape: Shape
     batch: int
     seq_len: int
-    precision: str = "bf16"  # fp32, bf16, fp16, fp8 (trainer.precision)
+    precision: str = "bf16"  # fp32, bf16, fp16, fp8 (trainer/config/precision.py)
     grad_accum: int = 1
     lora: bool = False
     lora_r: int = 16
@@ -141,7 +142,7 @@ class Plan:
 
     @property
     def compute_bytes(self) -> int:
-        return 4 if self.precision == "fp32" else 2
+        return compute_dtype_bytes(self.precision)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def optimizer_groups(plan: Plan) -> tuple[list[list[int]], list[int]]:
 
 
 def zero_ranks(plan: Plan) -> list[Held] | None:
-    """What each process holds under DeepSpeed ZeRO (elements; trainer/config/memory_zero.py), None without it."""
+    """What each process holds under DeepSpeed ZeRO (elements; trainer/memory/zero.py), None without it."""
     if not plan.zero_stage or plan.fsdp != "none":
         return None
     groups, frozen = optimizer_groups(plan)
@@ -234,7 +235,7 @@ def weights_bytes(plan: Plan) -> int:
 
 def gradient_bytes(plan: Plan) -> int:
     """ZeRO-1's backward holds every whole gradient until its reduction at the end (measured: most of them at once);
-    ZeRO-2/3 hold only what their partition needs (memory_zero)."""
+    ZeRO-2/3 hold only what their partition needs (trainer/memory/zero.py)."""
     params, _ = trainable(plan)
     ranks = zero_ranks(plan)
     if ranks and plan.zero_stage >= 2:

@@ -1,8 +1,9 @@
-"""TRAIN_METHOD's checks and decisions (the methods themselves are rows of trainer/methods.py): which TRAIN_PREF_*
-options apply to a method, its data, its reference model, and the TRL config fields it takes (TRAIN_ARGS). Torch- and
-TRL-free (TRL's config fields are read
-from its source with `ast`, as trainer.transformers_names reads TrainingArguments'); trainer/run/preference.py
-builds the trainers.
+"""The method group's home (TRAIN_METHOD, TRAIN_PREF_*, TRAIN_REWARD, TRAIN_RL_*; the methods themselves are rows of
+trainer/methods.py): which options apply to a method, its data, its reference model, and the TRL config fields it
+sets and takes (TRAIN_ARGS). Online RL's own rules (TRAIN_REWARD's parse, TRAIN_RL_*) are its part
+trainer/config/online.py, and the vLLM engine's (TRAIN_RL_ENGINE, TRAIN_RL_VLLM_*) trainer/config/rl_engine.py.
+Torch- and TRL-free (TRL's config fields are read from its source with `ast`, as trainer.transformers_names reads
+TrainingArguments'); trainer/run/preference.py and trainer/run/online.py build the trainers.
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.decision import Decision
+from trainer import compat
+from trainer.config import online, rl_engine
+from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.config.schema import TrainSettings
+from trainer.config.sharding import deepspeed_stage
+from trainer.data.chat import LAYOUT_NAMES, no_template_problem
 from trainer.data.preference import PREFERENCE_LAYOUTS, PreferenceRecords
-from trainer.methods import METHODS, Method, names, of
+from trainer.errors import ConfigError
+from trainer.methods import METHODS, names, of
 
 if TYPE_CHECKING:
     from trainer.config.inputs import Inputs
+    from trainer.machine.hardware import Hardware
 
 
 # TRAIN_PREF_* option -> the methods it applies to
@@ -31,17 +38,13 @@ OPTION_METHODS = {
 }
 
 
-def method_of(settings: TrainSettings) -> Method:
-    return of(settings.method)
-
-
 def is_preference(settings: TrainSettings) -> bool:
-    return method_of(settings).family == "preference"
+    return of(settings.method).family == "preference"
 
 
 def on_trl(settings: TrainSettings) -> bool:
     """Whether the method runs on a TRL trainer (preference tuning or online RL), not SFT's Trainer."""
-    return method_of(settings).needs_trl
+    return of(settings.method).needs_trl
 
 
 # ---- checks (stage 1) -----------------------------------------------------------------------------------------
@@ -49,8 +52,6 @@ def on_trl(settings: TrainSettings) -> bool:
 
 def option_problems(s: TrainSettings) -> list[str]:
     """A TRAIN_PREF_* option given for a method it does not apply to is an error, never silently ignored."""
-    from trainer.config import online
-
     problems = online.option_problems(s) + online.reward_stack_problems(s)
     for name, methods in OPTION_METHODS.items():
         if name in s.model_fields_set and s.method not in methods:
@@ -63,7 +64,7 @@ def option_problems(s: TrainSettings) -> list[str]:
         problems += _trl_problems(s)
     if is_preference(s):
         problems += reference_problems(s)
-        if method_of(s).classifier:  # trainer.run.preference builds it itself: a full one-score classifier
+        if of(s.method).classifier:  # trainer.run.preference builds it itself: a full one-score classifier
             given = [x for x, on in (("TRAIN_LORA=1", s.lora), (f"TRAIN_QUANT={s.quant}", s.quant != "none")) if on]
             problems += [f"{x} with TRAIN_METHOD=reward: trainkit trains a reward model (a one-score classifier) in "
                          "full; its adapters and quantization are for causal language models so far; remove it"
@@ -72,22 +73,15 @@ def option_problems(s: TrainSettings) -> list[str]:
 
 
 def _trl_problems(s: TrainSettings) -> list[str]:
-    """What trainkit applies to SFT's trainer only, given to a method on TRL's."""
-    problems = []
-    if s.optim == "adamw_apex_fused" or s.auto_batch == "1":
-        what = "TRAIN_OPTIM=adamw_apex_fused" if s.optim == "adamw_apex_fused" else "TRAIN_AUTO_BATCH=1"
-        problems.append(f"{what} is not supported with TRAIN_METHOD={s.method} yet (trainkit applies it to SFT's "
-                        "trainer only); use TRAIN_OPTIM=auto and set TRAIN_BATCH_SIZE")  # fmt: skip
-    for name, why in method_of(s).refuses:
-        if name in s.model_fields_set:
-            problems.append(f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it")
-    return problems
+    """The settings a method's row refuses (trainer/methods.py: what trainkit applies to SFT's trainer only)."""
+    return [f"TRAIN_{name.upper()} is for TRAIN_METHOD=sft: {why}; remove it"
+            for name, why in of(s.method).refuses if name in s.model_fields_set]  # fmt: skip
 
 
 def reference_problems(s: TrainSettings) -> list[str]:
     """The reference model against LoRA and sharding: what TRL 1.16 cannot do (FSDP and DeepSpeed otherwise run
     as for SFT, TRL preparing the reference for them: ZeRO-3 shards it, FSDP wraps it)."""
-    if not method_of(s).reference:
+    if not of(s.method).reference:
         return []
     problems = []
     reference = decide_reference(s).value
@@ -95,7 +89,7 @@ def reference_problems(s: TrainSettings) -> list[str]:
         problems.append("TRAIN_PREF_REFERENCE=copy with TRAIN_LORA=1: TRL 1.16 takes no adapter model as a separate "
                         "reference; with LoRA the reference is the starting adapter (equal to the base, no second "
                         "copy): use TRAIN_PREF_REFERENCE=auto (or precompute)")  # fmt: skip
-    elif reference == "frozen copy" and _zero_stage(s) == 3:
+    elif reference == "frozen copy" and deepspeed_stage(s) == 3:
         problems.append(f"TRAIN_METHOD={s.method} without LoRA under DeepSpeed ZeRO-3: the frozen reference copy "
                         "would copy ZeRO-3's partitions, not the model; use TRAIN_LORA=1 (the reference is the same "
                         "sharded model, adapter disabled) or TRAIN_PREF_REFERENCE=precompute")  # fmt: skip
@@ -107,31 +101,13 @@ def reference_problems(s: TrainSettings) -> list[str]:
     return problems
 
 
-def _zero_stage(s: TrainSettings) -> int:
-    """The ZeRO stage, TRAIN_DEEPSPEED_CONFIG's included (a file that does not read is reported by the checks)."""
-    from trainer.config.deepspeed import load_user_config
-    from trainer.errors import ConfigError
-
-    if not s.deepspeed_config:
-        return s.zero_stage
-    try:
-        stage = load_user_config(s.deepspeed_config).get("zero_optimization", {}).get("stage", 0)
-    except (ConfigError, AttributeError):
-        return 0
-    return stage if isinstance(stage, int) else 0
-
-
 def layout_problem(method: str, layouts: tuple[str, ...], variable: str) -> str | None:
     """The data's layout against the method's: SFT given pairs, or a preference method given SFT data."""
-    from trainer.data.chat import LAYOUT_NAMES
-
     found = ", ".join(LAYOUT_NAMES.get(x, x) for x in layouts)
     preference = [x for x in layouts if x in PREFERENCE_LAYOUTS]
     facts = of(method)
     if facts.family == "online":
-        from trainer.config.online import layout_problem as prompts_problem
-
-        return prompts_problem(method, layouts, variable, found)
+        return online.layout_problem(method, layouts, variable, found)
     if facts.family == "sft":
         if "prompt" in layouts:
             return (f"{variable} holds prompts without answers ({found}); TRAIN_METHOD=sft trains on answers: give "
@@ -161,20 +137,20 @@ def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
     keys = ["data"] + (["eval_data"] if s.eval_data else [])
     for key in (k for k in keys if inputs.on_hub(k) == hub):
         source = getattr(inputs, key)
-        if source.problems or (source.embedded and method_of(s).data == "text"):
+        if source.problems or (source.embedded and of(s.method).data == "text"):
             continue
         if source.embedded:
-            what = "prompts" if method_of(s).data == "prompts" else "preference data"
+            what = "prompts" if of(s.method).data == "prompts" else "preference data"
             problems.append(f"TRAIN_METHOD={s.method} needs {what}: {source.variable} is empty or missing (the "
                             f"embedded corpus is plain text); point it at a {what.split()[0]} file")  # fmt: skip
             continue
         found = layout_problem(s.method, source.layouts, source.variable)
         if found:
             problems.append(found)
-        elif method_of(s).family == "online":
+        elif of(s.method).family == "online":
             records = inputs.prompts if key == "data" else inputs.eval_prompts
-            problems += records.problems or _online().missing_column_problems(s.reward, records.rows,
-                                                                              records.wheres, source.variable)
+            problems += records.problems or online.missing_column_problems(s.reward, records.rows, records.wheres,
+                                                                           source.variable)
         elif is_preference(s):
             problems += records_of(inputs, key).problems
     return problems
@@ -188,9 +164,6 @@ def records_of(inputs: Inputs, key: str = "data") -> PreferenceRecords:
 
 def template_problem(inputs: Inputs) -> str | None:
     """Conversational pairs need a chat template (the same one SFT renders with)."""
-    from trainer.data.chat import no_template_problem
-    from trainer.errors import ConfigError
-
     source = inputs.data
     if not on_trl(inputs.settings) or source.problems or not any(x != "preference" for x in source.layouts):
         return None
@@ -198,7 +171,7 @@ def template_problem(inputs: Inputs) -> str | None:
         choice = inputs.template()
     except ConfigError as exc:
         return exc.message
-    rows = inputs.prompts.rows if method_of(inputs.settings).data == "prompts" else records_of(inputs).rows
+    rows = inputs.prompts.rows if of(inputs.settings.method).data == "prompts" else records_of(inputs).rows
     chat = any(isinstance(row.get("prompt"), list) for row in rows[:1])
     return no_template_problem(source.layout_names(), choice.origin) if chat and choice.text is None else None
 
@@ -208,9 +181,9 @@ def template_problem(inputs: Inputs) -> str | None:
 
 def decide_reference(s: TrainSettings) -> Decision[str]:
     """The reference model done the way that costs least (recorded in run_config.json)."""
-    facts = method_of(s)
+    facts = of(s.method)
     if facts.family != "preference":
-        return Decision("none", f"TRAIN_METHOD={s.method}") if facts.family == "sft" else _online().decide_reference(s)
+        return Decision("none", f"TRAIN_METHOD={s.method}") if facts.family == "sft" else online.decide_reference(s)
     if facts.classifier:
         return Decision("none", "a reward model scores each side of a pair: no reference model")
     if not facts.reference:
@@ -230,14 +203,14 @@ def decide_reference(s: TrainSettings) -> Decision[str]:
 def _sharded(s: TrainSettings) -> str:
     if s.fsdp != "none":
         return f"; TRL wraps it with FSDP ({s.fsdp}) like the policy"
-    stage = _zero_stage(s)
+    stage = deepspeed_stage(s)
     if not stage:
         return ""
     return f"; TRL prepares it for DeepSpeed ZeRO-{stage}" + (", sharded with the model" if stage == 3 else "")
 
 
 def decide_method(s: TrainSettings) -> Decision[str]:
-    facts = method_of(s).trl
+    facts = of(s.method).trl
     if facts is None:
         return Decision("sft", "TRAIN_METHOD=sft (default): supervised training on the data's own tokens")
     prompts = ""
@@ -253,9 +226,9 @@ def config_fields_text(s: TrainSettings) -> str:
 
 def method_arguments(s: TrainSettings) -> dict[str, Any]:
     """The TRL config fields trainkit sets for the method (TRAIN_ARGS may set others, and wins)."""
-    facts = method_of(s)
+    facts = of(s.method)
     if facts.family == "online":
-        return _online().method_arguments(s)
+        return online.method_arguments(s)
     if facts.family != "preference":
         return {}
     args: dict[str, Any] = dict(facts.fixed)
@@ -298,7 +271,7 @@ def config_fields(method: str) -> frozenset[str]:
 
 def config_name(s: TrainSettings) -> str:
     """The name of the method's TRL config class (a method on TRL's trainers)."""
-    trl = method_of(s).trl
+    trl = of(s.method).trl
     assert trl is not None, s.method
     return trl.config
 
@@ -312,6 +285,16 @@ def config_class(method: str) -> Any:
     return getattr(importlib.import_module(trl.module), trl.config)
 
 
+def trl_fields(s: TrainSettings) -> frozenset[str]:
+    """The fields the run's TRL config adds to TrainingArguments (empty for SFT's Trainer)."""
+    return config_fields(s.method) if on_trl(s) else frozenset()
+
+
+def arguments_class(s: TrainSettings) -> Any:
+    """The class the run's arguments are made with: its method's TRL config, or None for TrainingArguments (SFT)."""
+    return config_class(s.method) if on_trl(s) else None
+
+
 def trainer_class(method: str) -> Any:
     import importlib
 
@@ -320,8 +303,26 @@ def trainer_class(method: str) -> Any:
     return getattr(importlib.import_module(trl.module), trl.trainer)
 
 
-def _online() -> Any:
-    from trainer.config import online
+# ---- the group's functions (trainer/config/checks.py, decisions.py, training_arguments.py call them) ----------------
 
-    return online
 
+def problems(inputs: Inputs) -> list[str]:
+    s = inputs.settings
+    refusals = [compat.switch_problem(f"TRAIN_METHOD={s.method}")]
+    return [*(r for r in refusals if r), *option_problems(s), *data_problems(inputs)]
+
+
+def problems_after_hub(inputs: Inputs) -> list[str]:
+    """A Hub dataset's records against the method, once fetched; conversational pairs or prompts without a chat
+    template (it may come with a Hub tokenizer)."""
+    return data_problems(inputs, hub=True) or [p for p in [template_problem(inputs)] if p]
+
+
+def decide(inputs: Inputs, hardware: Hardware, so_far: SoFar) -> dict[str, Decision]:
+    s = inputs.settings
+    so_far.problems.extend(rl_engine.hardware_problems(s, hardware.is_gpu))
+    return {"method": decide_method(s), "reference": decide_reference(s)}
+
+
+def arguments(settings: TrainSettings, decisions: Decisions, hardware: Hardware) -> dict[str, Any]:
+    return method_arguments(settings)

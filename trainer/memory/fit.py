@@ -1,4 +1,4 @@
-"""Will it fit on this GPU (or a described one)? The prediction of trainer/config/memory.py for a resolved run, the
+"""Will it fit on this GPU (or a described one)? The prediction of trainer/memory/predict.py for a resolved run, the
 verdict against the device, the cheapest changes that would fit (each predicted again), and the refusal of a GPU run
 predicted not to fit beyond the prediction's error (exit 2, before the model loads; TRAIN_MEMORY_CHECK=off runs it
 anyway)."""
@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.config.memory import LINEARS, SOURCES, Plan, Prediction, Shape, folder_shape, predict, preset_shape
+from trainer.config.decision import Decision
 from trainer.config.presets import is_preset
 from trainer.config.speed import CHUNK_POSITIONS
 from trainer.errors import ConfigError
+from trainer.memory.predict import LINEARS, SOURCES, Plan, Prediction, Shape, folder_shape, predict, preset_shape
 from trainer.methods import of
 
 if TYPE_CHECKING:
@@ -203,17 +204,24 @@ def refusal(cfg: RunConfig) -> str | None:
 
 
 def check(cfg: RunConfig) -> None:
-    """ConfigError (exit 2) for a GPU run predicted not to fit (`refusal`)."""
+    """ConfigError (exit 2) for a GPU run predicted not to fit (`refusal`): the run asks it before it loads the model,
+    `doctor` to report it."""
     message = refusal(cfg)
     if message:
         raise ConfigError(message)
 
 
-def memory_decision(cfg: RunConfig) -> Any:
+def predicted(cfg: RunConfig, refuse: bool = True) -> RunConfig:
+    """`cfg` with its prediction in decisions.memory (what `config` shows and run_config.json records); with `refuse`,
+    a GPU run predicted not to fit exits 2 here (`check`), before any model is loaded."""
+    if refuse:
+        check(cfg)
+    return replace(cfg, decisions=replace(cfg.decisions, memory=memory_decision(cfg)))
+
+
+def memory_decision(cfg: RunConfig) -> Decision[Any]:
     """The run's record of its prediction (decisions.memory, run_config.json): the peak and the allocator's share of
     it (what peak_mem_bytes measures), the parts, at the decided batch; on a GPU beside its memory."""
-    from trainer.config.decision import Decision
-
     try:
         prediction = predict(plan_of(cfg))
     except (OSError, KeyError, ValueError) as exc:
@@ -223,7 +231,7 @@ def memory_decision(cfg: RunConfig) -> Any:
              "parts": dict(prediction.parts), "device_bytes": device}  # fmt: skip
     where = f" of the {gib(device)} of the {cfg.hardware.gpu_name}" if device else " (planned as on a GPU)"
     off = "; TRAIN_MEMORY_CHECK=off: not refused if over" if cfg.settings.memory_check == "off" else ""
-    return Decision(value, f"predicted {gib(prediction.peak)} per process{where} (trainer.config.memory; error on "
+    return Decision(value, f"predicted {gib(prediction.peak)} per process{where} (trainer.memory.predict; error on "
                            f"GPUs unmeasured); peak_mem_bytes in metrics.jsonl is the measured allocator peak{off}")
 
 

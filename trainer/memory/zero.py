@@ -1,5 +1,5 @@
 """What each process holds under DeepSpeed ZeRO (the layout of deepspeed 0.19's runtime/zero/stage_1_and_2.py and
-stage3.py), for trainer/config/memory.py: from the parameter groups the optimizer gets (tensor sizes in the
+stage3.py), for trainer/memory/predict.py: from the parameter groups the optimizer gets (tensor sizes in the
 model's order), per rank, in elements. Checked equal to the bytes of the real partitions of two DeepSpeed
 processes of the tiny preset (tests/trainer/test_memory_zero.py).
 

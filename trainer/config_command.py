@@ -21,10 +21,10 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from trainer import config
+    from trainer import config, memory
     from trainer.config import run_record
 
-    cfg = config.resolve(config.load_inputs())
+    cfg = memory.predicted(config.resolve(config.load_inputs()))
     config.build_training_arguments(cfg)  # Transformers' own validation: what it refuses is exit 2 here too
     record = run_record.started(cfg).to_dict()  # what the run would record in run_config.json, secrets masked
     if args.json:
