@@ -74,7 +74,7 @@ class RunSpec:
     stop_grace_s: int = STOP_GRACE_S
     memlock: int | None = None  # None: unlimited where the engine allows it, else the engine's own limit
     working_dir: str | None = None  # None: the image's own (/output)
-    ports: dict[str, tuple[str, int]] = field(default_factory=dict)  # serve's: "PORT/tcp" -> (host address, port)
+    ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # serve's: container port -> (host address, port)
 
 
 def log(message: str) -> None:
@@ -244,15 +244,16 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
 class Interrupts:
     """First Ctrl-C (or SIGTERM): graceful `docker stop`; second Ctrl-C: kill."""
 
-    def __init__(self, container, grace_s: int) -> None:
+    def __init__(self, container, grace_s: int, command: str) -> None:
         self.container = container
         self.grace_s = grace_s
         self.count = 0
+        self.doing = "the trainer writes a checkpoint" if command == "train" else f"{command} ends in order"
 
     def __call__(self, signum: int, _frame) -> None:
         self.count += 1
         if self.count == 1:
-            log(f"stopping the container: the trainer writes a checkpoint (up to {self.grace_s} s); Ctrl-C again kills")
+            log(f"stopping the container: {self.doing} (up to {self.grace_s} s); Ctrl-C again kills")
             action = lambda: self.container.stop(timeout=self.grace_s)  # noqa: E731
         else:
             log("killing the container")
@@ -323,7 +324,7 @@ def run(client: docker.DockerClient, spec: RunSpec) -> int:
     if stream is None:
         log(f"started {container.name}: `docker logs -f {container.name}`, stop with `docker stop {container.name}`")
         return 0
-    interrupts = Interrupts(container, spec.stop_grace_s)
+    interrupts = Interrupts(container, spec.stop_grace_s, spec.command[0])
     previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         stream_output(stream)
@@ -333,7 +334,8 @@ def run(client: docker.DockerClient, spec: RunSpec) -> int:
             signal.signal(sig, handler)
     container.remove(force=True)
     if interrupts.count:
-        log(f"container stopped (exit {code}); run the same command again to resume from the checkpoint")
+        log(f"container stopped (exit {code})" + ("; run the same command again to resume from the checkpoint"
+                                                  if spec.command[0] == "train" else ""))  # fmt: skip
     return code
 
 

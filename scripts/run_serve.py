@@ -27,12 +27,13 @@ def _option(command: list[str], name: str) -> tuple[str | None, list[str]]:
     return value, rest
 
 
-def published(command: list[str]) -> tuple[list[str], dict[str, tuple[str, int]]]:
-    """serve's command with --host 0.0.0.0, and the port binding {"PORT/tcp": (HOST, PORT)} for the engine."""
+def published(command: list[str]) -> tuple[list[str], dict[int, tuple[str, int]]]:
+    """serve's command with --host 0.0.0.0, and the port binding {PORT: (HOST, PORT)} for the engine (the SDK takes
+    the container's port as a number: "PORT/tcp" would be exposed as PORT/tcp/tcp and never published)."""
     host, rest = _option(command, "--host")
     port_text, _ = _option(command, "--port")
     try:
         port = int(port_text) if port_text else DEFAULT_PORT
     except ValueError:
         raise UserError(f"serve --port {port_text}: give a number") from None
-    return [*rest, "--host", INSIDE], {f"{port}/tcp": (host or "127.0.0.1", port)}
+    return [*rest, "--host", INSIDE], {port: (host or "127.0.0.1", port)}

@@ -254,10 +254,10 @@ def test_export_quant_runs_llama_cpp_in_the_image(run_project, cpu_image, engine
 
 def serve_and_check_q8_0(args: list[str], run_project: Path, out: Path) -> None:
     """issue 68's in-image form, on that export: `run.py serve /output/gguf --artifact q8_0` serves it with the image's
-    llama.cpp server, its port published on this machine's 127.0.0.1 only; a chat request from here answers, `check`
-    from here (the host's trainer, against the same folder) passes, and Ctrl-C stops the container and removes it."""
+    llama.cpp server, its port published on this machine's 127.0.0.1 only; its curl line answers from here (the run has
+    no chat template: a completion), `check` from here (the host's trainer, against the same folder, through
+    /v1/completions) passes, and Ctrl-C stops the container and removes it."""
     import socket
-    import urllib.request
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -269,13 +269,12 @@ def serve_and_check_q8_0(args: list[str], run_project: Path, out: Path) -> None:
                                 text=True)  # fmt: skip
     try:
         wait_for(lambda: "check it:" in log.read_text(), 300, "serve in the image", interval=0.5, proc=proc, log=log)
-        assert f"gguf:q8_0 (q8_0 (gguf/gguf.q8_0.gguf, llama.cpp)) ready at http://127.0.0.1:{port}/v1" in (
-            log.read_text())  # fmt: skip
-        body = json.dumps({"model": "gguf:q8_0", "messages": [{"role": "user", "content": "Hello"}]}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            assert json.loads(answer.read())["choices"][0]["message"]["content"]
+        printed = log.read_text()
+        assert f"gguf:q8_0 (q8_0 (gguf/gguf.q8_0.gguf, llama.cpp)) ready at http://127.0.0.1:{port}/v1" in printed
+        curl = next(line for line in printed.splitlines() if "ask it:" in line).split("ask it:", 1)[1].strip()
+        assert f"http://127.0.0.1:{port}/v1/completions" in curl  # a model without a chat template: plain text
+        answer = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60, check=True)
+        assert json.loads(answer.stdout)["choices"][0]["text"], answer.stdout
         report = run_project / "check_report.json"
         checked = subprocess.run([sys.executable, "-m", "trainer", "check", f"http://127.0.0.1:{port}/v1", "--against",
                                   str(out), "--report", str(report)], cwd=RUN_PY.parents[1], capture_output=True,
