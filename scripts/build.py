@@ -14,6 +14,7 @@ Each build writes build/records/<tag>.json: inputs, base digest, image id, versi
 
 from __future__ import annotations
 
+import host_tools  # noqa: F401  # isort: skip  (first: missing host tools are one line, not a traceback)
 import argparse
 import datetime as dt
 import os
@@ -41,6 +42,7 @@ from matrix import (
     rl_tags,
     trainer_pins,
 )  # fmt: skip
+from setup_quant import plan_verdict
 from standin_base import has_standin, load_standin, standin_tag
 
 from trainer.vllm_compat import release, row_problem, server_mode_problem
@@ -299,8 +301,8 @@ def print_plan(plan: Plan, matrix: Matrix) -> None:
     print(f"  vllm:    TRAIN_RL_ENGINE=vllm {vllm_server_mode(plan, matrix)}")
     print(f"  gguf:    export --quant through llama-cpp-python {matrix.llama_cpp['version']} (its converter, quantizer "
           "and runtime), unless the base's Python or NumPy is below what its converter needs: decided in the build")
-    print(f"  fp8/w4a16: export --quant through llmcompressor {matrix.llmcompressor['version']}, unless the row's "
-          "torch or pins are outside its requirements: decided in the build")
+    quant = matrix.llmcompressor
+    print(f"  fp8/w4a16: export --quant {plan_verdict(plan.torch, quant['version'], quant['torch'])}")
     for note in plan.notes:
         print(f"  note:    {note}")
 

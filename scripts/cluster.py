@@ -15,6 +15,7 @@ only (the script 700, the manifest 600).
 
 from __future__ import annotations
 
+import host_tools  # noqa: F401  # isort: skip  (first: missing host tools are one line, not a traceback)
 import argparse
 import itertools
 import os

@@ -12,6 +12,7 @@ entrypoint's command list and dispatch lists (entrypoints/entrypoint.sh).
 
 from __future__ import annotations
 
+import host_tools  # noqa: F401  # isort: skip  (first: missing host tools are one line, not a traceback)
 import argparse
 import re
 import sys

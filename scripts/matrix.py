@@ -6,6 +6,7 @@ docs/images.md and README.md) from here; `python scripts/matrix.py` prints the t
 
 from __future__ import annotations
 
+import host_tools  # noqa: F401  # isort: skip  (first: missing host tools are one line, not a traceback)
 import argparse
 import functools
 import re

@@ -23,6 +23,7 @@ a second Ctrl-C kills it. The exit code is the container's; 2 for a mistake on t
 
 from __future__ import annotations
 
+import host_tools  # noqa: F401  # isort: skip  (first: missing host tools are one line, not a traceback)
 import argparse
 import contextlib
 import os

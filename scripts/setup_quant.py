@@ -71,6 +71,23 @@ def _pins(from_env: bool) -> dict[str, object]:
     return {"version": table["version"], "wheels": dict(table["wheels"]), "left_out": list(table["left_out"])}
 
 
+def plan_verdict(torch: str, version: str, wanted_torch: str) -> str:
+    """build.py's plan line for a row: its torch against llmcompressor's torch range (images/versions.toml's
+    [llmcompressor] torch, the wheel's own), by the probe's rule (as pip reads a pre-release); the rest of its
+    requirements the build's probe checks."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    tool, wanted = f"llmcompressor {version}", SpecifierSet(wanted_torch)
+    try:
+        found = Version(torch)
+    except InvalidVersion:  # a base outside the matrix: its torch is read in the build
+        return f"through {tool} where the base's torch is within its torch{wanted}: decided in the build"
+    if not wanted.contains(found, prereleases=True):
+        return f"refused: torch {torch} is outside {tool}'s torch{wanted} (the image carries no llmcompressor)"
+    return f"through {tool} (torch {torch} is within its torch{wanted}; the rest is checked in the build)"
+
+
 def build_arg_wheels(wheels: dict[str, str]) -> str:
     """[llmcompressor.wheels] as the LLMCOMPRESSOR_WHEELS build arg: `name==version:sha256` words."""
     return " ".join(f"{requirement}:{digest}" for requirement, digest in wheels.items())

@@ -12,9 +12,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_host_extra_alone_plans_a_build_and_a_run(tmp_path: Path) -> None:
+    """Without the host tools a script says in one line what to install (scripts/host_tools.py); with the extra
+    alone it plans a build and a run."""
     venv = tmp_path / "host"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
+    bare = subprocess.run([python, "scripts/build.py", "--cpu", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert bare.returncode == 2 and "Traceback" not in bare.stderr, bare.stderr[-3000:]  # before the host tools
+    assert bare.stderr.count("\n") == 1 and "lacks docker" in bare.stderr and "pip install -e '.[host]'" in bare.stderr
     subprocess.run([python, "-m", "pip", "install", "-q", "-e", ".[host]"], cwd=ROOT, check=True, timeout=600)
     plan = subprocess.run([python, "scripts/build.py", "--cpu", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)  # fmt: skip

@@ -29,6 +29,7 @@ TRL_MIN = (1, 16)
 # TRAIN_PRECISION=fp8 runs on torchao's float8 training; the rows' oldest torch it is pinned for is 2.6 (torchao
 # 0.12.0, built against 2.5 to 2.7). images/versions.toml pins the release for each row's torch.
 FP8_TORCH_MIN = (2, 6)
+IMAGES = "TRAIN_DATA=records with images"  # a data kind a row may not train (trainer.data.vision), as a switch
 
 
 def _release(dist: str) -> tuple[int, ...] | None:
@@ -97,6 +98,12 @@ class Stack:
         bypassed there), a resume's optimizer, scheduler and RNG state included: the 12.4 row (NGC 24.05, torch 2.4)."""
         return (self.transformers is not None and self.transformers >= (4, 52)
                 and self.torch is not None and self.torch < (2, 6))  # fmt: skip
+
+    @property
+    def processor_offsets(self) -> bool:
+        """Processors report where they expanded each image placeholder (`return_text_replacement_offsets`), which
+        the loss mask of records with images is moved by: in 5.17 and 5.23's processing_utils.py, not in 4.46's."""
+        return self.transformers is None or self.transformers >= (5, 17)
 
     @property
     def torchrun_stop_wait_configurable(self) -> bool:
@@ -172,6 +179,12 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
         out["TRAIN_PRECISION=fp8"] = (
             f"torchao's float8 training needs torch >= {'.'.join(map(str, FP8_TORCH_MIN))} (no torchao release "
             "supports this row's torch); use TRAIN_PRECISION=bf16, or an image row from CUDA 12.6 on"
+        )
+    if not st.processor_offsets:
+        out[IMAGES] = (
+            "the loss mask of records with images needs transformers >= 5.17 (its processors report where they "
+            "expanded each image placeholder); use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU "
+            "image)"
         )
     return out | _methods_unsupported(st) | _optimizers_unsupported(st)
 
@@ -408,3 +421,23 @@ def resuming_from(checkpoint: str | None, st: Stack | None = None) -> Iterator[N
         yield
     finally:
         hf_trainer.check_torch_load_is_safe = guard
+
+
+@contextlib.contextmanager
+def saving_in_model_names(*models: Any) -> Iterator[None]:
+    """Around a checkpoint's save: its weights under the model's own parameter names. Transformers 5 renames some
+    families' weights back to their original checkpoint layout when it saves (vision-language models'
+    `model.language_model.` becomes `model.`), and its Trainer's resume loads a checkpoint with load_state_dict,
+    which does not rename them again: those weights would be missing, and the run would go on from fresh ones.
+    save_pretrained's save_original_format=False keeps the names; 4.x renames nothing."""
+    import inspect
+
+    patched = [m for m in dict.fromkeys(models) if hasattr(type(m), "save_pretrained")
+               and "save_original_format" in inspect.signature(type(m).save_pretrained).parameters]  # fmt: skip
+    for model in patched:
+        model.save_pretrained = functools.partial(type(model).save_pretrained, model, save_original_format=False)
+    try:
+        yield
+    finally:
+        for model in patched:
+            del model.save_pretrained

@@ -17,6 +17,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from trainer.data.vision import has_images
 from trainer.errors import EXIT_OK
 from trainer.methods import of
 
@@ -60,6 +61,8 @@ def main(args: argparse.Namespace) -> int:
         return show_prompts(inputs, tokenizer, args.show, args.json)
     if data == "pairs":
         return show_pairs(inputs, tokenizer, args.show, args.json)
+    if has_images(inputs.data.layouts):
+        return show_images(inputs, tokenizer, args.show, args.json)
     if inputs.mix.is_mix:  # each source from its own cache, mixed as the run mixes them (trainer.data.mix)
         dataset, _ = prepare_mix(inputs.mix, inputs.mix_sources, tokenizer, inputs.data_spec, inputs.cache_dir,
                                  inputs.settings.seed)  # fmt: skip
@@ -235,3 +238,52 @@ def _record_text(item: dict[str, list[int]], start: int, stop: int, tokenizer: A
                 text.append(decoded, style="dim")
         pos = end
     return text
+
+
+def show_images(inputs: Inputs, tokenizer: Any, count: int | None, as_json: bool) -> int:
+    """Records with images: a summary line, or the first `count` records as the run encodes them, each image a
+    marker with its size and the tokens it becomes, the trained tokens marked."""
+    from trainer.run.vision import encoder_for, processor_for, training_images
+
+    processor = processor_for(inputs, tokenizer)
+    dataset = training_images(inputs, encoder_for(inputs, processor))
+    tokens = dataset.image_tokens()
+    summary = {"records": len(dataset), "images": dataset.read.images(), "image_tokens": sum(tokens),
+               "image_tokens_per_record": [min(tokens), max(tokens)], "dropped_too_long": dataset.dropped,
+               "skipped_records": len(dataset.read.bad)}  # fmt: skip
+    if count is None:
+        print(json.dumps(summary))
+        return EXIT_OK
+    logging.getLogger("trainer").info("data: %s", json.dumps(summary))
+    for index in range(min(max(count, 0), len(dataset))):
+        record, encoded = dataset.records[index], dataset.encoded[index]
+        ids = [int(i) for i in encoded.ids[: encoded.kept]]
+        labels = [i if t else IGNORE_INDEX for i, t in zip(ids, encoded.trained[: encoded.kept], strict=True)]
+        images = [{"sha256": f.sha256, "width": f.width, "height": f.height, "tokens": end - start,
+                   "first_token": start} for f, (start, end) in zip(record.facts, encoded.image_spans, strict=True)]
+        if as_json:
+            print(json.dumps({"record": index, "where": record.where, "input_ids": ids, "labels": labels,
+                              "images": images}))  # fmt: skip
+        else:
+            print(f"--- record {index} ({record.where}): {len(ids)} tokens, {sum(t != IGNORE_INDEX for t in labels)} "
+                  f"trained ---\n{_with_markers(ids, labels, images, tokenizer)}")  # fmt: skip
+    return EXIT_OK
+
+
+def _with_markers(ids: list[int], labels: list[int], images: list[dict[str, Any]], tokenizer: Any) -> str:
+    """The record decoded, trained runs between ⟦ ⟧, each image's tokens one marker: [image WxH: N tokens]."""
+    at = {image["first_token"]: image for image in images}
+    out, pos = [], 0
+    while pos < len(ids):
+        if pos in at:
+            image = at[pos]
+            out.append(f"[image {image['width']}x{image['height']}: {image['tokens']} tokens]")
+            pos += image["tokens"]
+            continue
+        trained, end = labels[pos] != IGNORE_INDEX, pos
+        while end < len(ids) and end not in at and (labels[end] != IGNORE_INDEX) == trained:
+            end += 1
+        text = tokenizer.decode(ids[pos:end], skip_special_tokens=False)
+        out.append(f"{OPEN}{text}{CLOSE}" if trained else text)
+        pos = end
+    return "".join(out)

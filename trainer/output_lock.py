@@ -112,16 +112,16 @@ def acquire_output_lock(output_dir: str | Path) -> OutputLock:
     return lock
 
 
-def lock_beside(target: Path, command: str, named: str | None = None) -> OutputLock:
+def lock_beside(target: Path, command: str, named: str | None = None, option: str = "--output") -> OutputLock:
     """One writer at a time of a command's output (`eval --output DIR`, `generate --output FILE`, `export SRC OUT`,
     `reproduce --output DIR`): a lock file beside it, `.NAME.lock`, held until this process ends, then removed; a
     second writer exits 2 naming the first. `named`: how the message names the output (default `COMMAND --output
-    TARGET`)."""
+    TARGET`); `option`: what the user changes to write elsewhere (`--output`, export's `OUT`)."""
     named = named or f"{command} --output {target}"
 
     def busy(path: Path, holder: dict[str, Any], pid_file: bool = False) -> str:
         return (f"{named}: another {command} is writing it ({_describe(holder)} holds {path}); "
-                "wait for it to finish, or give this one another --output" + (
+                f"wait for it to finish, or give this one another {option}" + (
                     f" (no file locks here: if that process is gone, delete {path})" if pid_file else ""))  # fmt: skip
 
     lock = OutputLock(target.parent, f".{target.name}.lock", busy)

@@ -140,6 +140,14 @@ def fingerprints(paths: Iterable[Path], previous: Mapping[str, Any]) -> dict[str
     return found
 
 
+def remember_sha256(path: Path, sha256: str, size: int) -> None:
+    """A file's sha256 taken by a reader that read it whole anyway (a training image), kept for `fingerprints` when
+    the file still has the size it was read with."""
+    stat = Path(path).stat()
+    if stat.st_size == size:
+        _streamed[str(Path(path).resolve())] = {"sha256": sha256, "size": size, "mtime_ns": stat.st_mtime_ns}
+
+
 class StreamHash:
     """The sha256 of a file from the bytes a reader reads anyway: `open()` gives the file's own bytes (hand them to
     the decompressor), hashed as they pass; `finish()` after the reader met the end takes what is left (a

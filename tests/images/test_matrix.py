@@ -91,6 +91,9 @@ def test_the_online_rl_row_plans_the_trainer_on_nvidias_vllm_image() -> None:
     assert "tags:    trainkit:0.1.0-rl-cu134-vllm26.10, trainkit:latest-rl" in out
     assert "TRAIN_RL_ENGINE=vllm accepted: colocate and server mode (vLLM 0.31.0" in out
     assert "pulled by tag: no digest" in out  # none recorded yet: no pull from this machine
+    # as docs/images.md says: the row's torch is above llmcompressor's range (its label, the build's, will agree)
+    assert (f"fp8/w4a16: export --quant refused: torch {rl['torch']} is outside llmcompressor 0.14.0.1's "
+            "torch<=2.14.0,>=2.10.0") in out  # fmt: skip
 
 
 def test_the_online_rl_row_is_pinned_by_its_digest_once_one_is_recorded(tmp_path: Path) -> None:
@@ -240,7 +243,8 @@ def test_what_a_row_cannot_run_comes_from_its_stack_alone(tmp_path: Path) -> Non
     assert "`TRAIN_PRECISION=fp8`, `TRAIN_ATTN=flash_attention_4`" in matrix.readme_table(matrix.load(new))
     new.write_text(text + "\n" + row.replace("python = \"3.10\"", "python = \"3.12\"").replace("2.5.1a0", "2.6.0a0"))
     assert list(matrix.load(new).entry("99.1").unsupported) == [  # torch 2.6 and TRL, on transformers 4
-        "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op"]  # fmt: skip
+        "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op",
+        "TRAIN_DATA=records with images"]  # fmt: skip
     new.write_text(text + '\n[cuda."12.8".unsupported]\n"TRAIN_ATTN=sdpa" = "typed by hand"\n')
     with pytest.raises(matrix.UserError, match=r"cuda.'12.8' has an `unsupported` table"):
         matrix.load(new)

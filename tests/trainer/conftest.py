@@ -32,6 +32,7 @@ IN_A_VENV = sys.prefix != sys.base_prefix
 PYTHON = sys.executable if IN_A_VENV or not VENV_PYTHON.exists() else str(VENV_PYTHON)
 
 RunTrainer = Callable[..., subprocess.CompletedProcess]
+LLAMA_CPP_SETUP = REPO / "scripts" / "setup_llama_cpp.py"
 # The CPU instruction path (MKL, oneDNN, ATen) the trainer computes on: passed through, so that the suite runs on
 # another one as a whole (`MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 pytest ...`:
 # an AVX2-only machine's results on an AVX-512 one); AVX2 names that path for the tests that train on it on purpose.
@@ -143,6 +144,23 @@ def trainer_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
+def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A tmpfs of the size given as the fixture's parameter, mounted for the test only."""
+    size = request.param
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (the test suite runs as root in CI)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
 def text_file(tmp_path: Path) -> Path:
     """A small .txt data file."""
     return write_corpus(tmp_path / "data" / "corpus.txt", lines=200)
@@ -181,8 +199,7 @@ def hub(tiny_files: dict[str, bytes]) -> Iterator[HubServer]:
 @pytest.fixture(scope="session")
 def llama_cpp() -> Path:
     """llama.cpp's converter folder (the binding and its server, built and installed once: setup_llama_cpp.py)."""
-    script = REPO / "scripts" / "setup_llama_cpp.py"
-    result = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, timeout=3600, check=False)
+    result = subprocess.run([PYTHON, str(LLAMA_CPP_SETUP)], capture_output=True, text=True, timeout=3600, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(result.stdout.strip().splitlines()[-1])
 

@@ -37,6 +37,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "data" / "corpus.txt").write_text("hello world\n" * 50)
     (root / "pairs.jsonl").write_text(json.dumps({"prompt": "say hi", "chosen": "hi", "rejected": "HI"}) + "\n")
     (root / "prompts.jsonl").write_text(json.dumps({"prompt": "say hi", "answer": "hi"}) + "\n")
+    from vision_data import colour_data
+
+    colour_data(root / "images", 2)
     (root / "checkpoint-5").mkdir()
     (root / "nvme").mkdir()
     (root / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}, "train_batch_size": "auto"}))
@@ -143,6 +146,8 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
                  "TRAIN_RL_BETA": "0.04", "TRAIN_RL_LOSS": "dr_grpo", "TRAIN_LORA": "1", "TRAIN_BATCH_SIZE": "4",
                  "TRAIN_ARGS": "--top_p 0.9"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
+        "images": {"TRAIN_DATA": str(root / "images" / "train.jsonl"), "TRAIN_MODEL": "tiny-vl",
+                   "TRAIN_TRAINABLE": "language,vision"},
     }
     return {**_base(root, name), **envs[name]}
 
@@ -366,6 +371,8 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_ROPE_FACTOR", "model", lambda c: c["attention_scaling"] == pytest.approx(0.1 * math.log(4) + 1)),  # yarn's
     ("TRAIN_QUANT", "full", lambda c: c["decisions"]["quant"]["value"] == "4bit"),
     ("TRAIN_NEFTUNE_ALPHA", "full", lambda c: c["training_arguments"]["neftune_noise_alpha"] == 5.0),
+    ("TRAIN_TRAINABLE", "images", lambda c: c["decisions"]["trainable"]["value"] == ["vision", "language"]
+     and "projector frozen (checked)" in c["decisions"]["trainable"]["reason"]),
     ("TRAIN_MAX_STEPS", "full", lambda c: c["training_arguments"]["max_steps"] == 7),
     ("TRAIN_EPOCHS", "full", lambda c: c["training_arguments"]["num_train_epochs"] == 2.0),
     (

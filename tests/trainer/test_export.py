@@ -157,6 +157,7 @@ def test_sigterm_mid_export_publishes_nothing_and_a_second_export_into_out_exits
         os.killpg(first.pid, signal.SIGCONT)
     assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-3000:]
     assert f"export OUT={out}: another export is writing it (pid {first.pid} on host" in second.stderr
+    assert "give this one another OUT" in second.stderr and "--output" not in second.stderr  # export takes no --output
     assert held  # the second touched neither
     assert first.wait(timeout=120) == 143, err.read_text()[-3000:]
     assert f"export interrupted: {out} was not written" in err.read_text() and "Traceback" not in err.read_text()

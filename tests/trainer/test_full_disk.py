@@ -1,4 +1,5 @@
-"""A full disk, on a real small tmpfs as the output folder (trainer.run.disk_space): real `python -m trainer` runs.
+"""A full disk, on a real small tmpfs as the output folder (trainer.run.disk_space; conftest.py's `small_disk`): real
+`python -m trainer` runs.
 
 - a checkpoint save that runs out of space ends with exit 2 naming the folder; the partial staging folder is gone,
   the previous checkpoint is complete and resumable, metrics.jsonl holds only whole lines; the start warned that
@@ -11,9 +12,6 @@ The tiny preset's checkpoint takes about 38 MiB; the tests need root to mount (t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,23 +19,6 @@ from helpers import write_corpus
 from train_runs import finish, global_step, start, train_env
 
 from trainer.checkpoint_record import COMPLETE_MARKER
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
-    """A tmpfs of the size given as the fixture's parameter, mounted for the test only."""
-    size = request.param
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (the test suite runs as root in CI)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("small_disk", ["60m"], indirect=True)

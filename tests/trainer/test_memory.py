@@ -15,6 +15,7 @@ ZeRO-1/2/3 against two real DeepSpeed processes: tests/trainer/test_memory_zero.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -226,6 +227,45 @@ def test_doctor_says_1b_at_64_by_4096_does_not_fit_24gib_and_names_changes_that_
     assert unknown.returncode == 2 and "unknown GPU 'Voodoo5'" in unknown.stderr and "24GiB" in unknown.stderr
 
 
+def test_doctor_refuses_a_size_no_gpu_has_and_a_model_it_cannot_read(tmp_path: Path) -> None:
+    """--gpu 0GiB (it printed `"fits": null`, device_bytes 0, not naming --gpu) and a TRAIN_MODEL the prediction cannot
+    read: a missing folder, a Hub ID not in the cache offline, a torn config.json, an architecture it does not model
+    (all ended in tracebacks): exit 2 naming it and the way forward (fetch, the file to fix, the families covered)."""
+    from transformers import OPTConfig
+
+    from trainer.doctor.memory import refuse_unreadable_model
+    from trainer.machine.gpu_memory import described_gpu
+    from trainer.memory.model_config import ShapeUnknown
+    from trainer.memory.predict import folder_shape
+
+    for size in ("0GiB", "0.5GiB", "2TB"):
+        with pytest.raises(ValueError, match=f"{size} is no GPU's memory: give one between 1 GiB and 1 TiB"):
+            described_gpu(size)
+    assert described_gpu("1GiB") == ("1GiB", GIB) and described_gpu("1TiB") == ("1TiB", 1 << 40)
+    torn, opt = tmp_path / "torn", tmp_path / "opt"
+    torn.mkdir()
+    (torn / "config.json").write_text('{"hidden_size": 6')
+    OPTConfig(hidden_size=32, num_hidden_layers=1, ffn_dim=64, num_attention_heads=2,
+              architectures=["OPTForCausalLM"]).save_pretrained(opt)  # as a saved OPT model's folder has it
+    with pytest.raises(ShapeUnknown, match=rf"{re.escape(str(torn / 'config.json'))} does not read as JSON .*copy"):
+        folder_shape(torn)
+    with pytest.raises(ShapeUnknown, match=re.escape("the architecture OPTForCausalLM is not modelled (its config.json "
+                                                     "has no intermediate_size): the prediction covers decoders")):
+        folder_shape(opt)
+    with pytest.raises(ConfigError, match="doctor --memory: TRAIN_MODEL='/no/such' is neither a preset"):
+        refuse_unreadable_model(config.Inputs(config.parse_settings({"TRAIN_MODEL": "/no/such"})))
+    sized = doctor(tmp_path, "--gpu", "0GiB", "--json")
+    assert sized.returncode == 2 and sized.stdout == "", sized.stdout
+    assert "error: doctor --memory --gpu 0GiB: 0GiB is no GPU's memory" in sized.stderr
+    offline = doctor(tmp_path, "--gpu", "24GiB", TRAIN_MODEL="org/not-cached", HF_HOME=str(tmp_path / "hf"))
+    assert offline.returncode == 2 and "Traceback" not in offline.stderr, offline.stderr[-3000:]
+    assert "doctor --memory: TRAIN_MODEL=org/not-cached: revision 'main' is not in the cache" in offline.stderr
+    assert "run `python -m trainer fetch`" in offline.stderr
+    other = doctor(tmp_path, "--gpu", "24GiB", TRAIN_MODEL=str(opt))
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    assert f"doctor --memory: TRAIN_MODEL={opt}: the architecture OPTForCausalLM is not modelled" in other.stderr
+
+
 GPU_24 = Hardware(device="cuda", gpu_count=1, gpu_name="RTX-4090", capability=(8, 9), total_memory_bytes=24 * GIB,
                   bf16=True, tf32=True, libraries={"triton": True, "tensorboard": True})  # fmt: skip
 
@@ -248,6 +288,28 @@ def test_a_gpu_run_predicted_not_to_fit_is_refused_before_the_model_loads() -> N
     fits = memory.predicted(config.resolve(small, GPU_24, environ={}, import_heavy=False))
     assert fits.decisions.memory.value["predicted_peak_bytes"] < 24 * GIB
     assert fits.decisions.memory.value["device_bytes"] == 24 * GIB
+
+
+def test_vllm_colocated_takes_its_share_of_the_device_as_a_part() -> None:
+    """GRPO with vLLM in the training process (TRAIN_RL_VLLM_MEMORY=0.5 on 24 GiB): 12 GiB are vLLM's, a part of the
+    prediction (it was identical to the transformers engine's); its generation KV cache is in that share, as a
+    server's is on the server; a share that leaves too little is refused like any other part."""
+    grpo = {"TRAIN_METHOD": "grpo", "TRAIN_MODEL": "1b", "TRAIN_REWARD": "length", "TRAIN_BATCH_SIZE": "4",
+            "TRAIN_RL_GENERATIONS": "4", "TRAIN_SEQ_LEN": "512"}  # fmt: skip
+
+    def parts(**extra: str) -> dict[str, int]:
+        cfg = config.resolve(config.parse_settings({**grpo, **extra}), GPU_24, environ={}, import_heavy=False)
+        return predict(plan_of(cfg)).parts
+
+    colocated = parts(TRAIN_RL_ENGINE="vllm", TRAIN_RL_VLLM_MEMORY="0.5")
+    in_process, server = parts(), parts(TRAIN_RL_ENGINE="vllm", TRAIN_RL_VLLM_URL="http://vllm:8000")
+    assert colocated["vllm_colocated"] == 12 * GIB and "vllm_colocated" not in in_process | server
+    assert colocated["method_extras"] == server["method_extras"] == 0 < in_process["method_extras"]
+    assert colocated["weights"] == in_process["weights"] and colocated["activations"] == in_process["activations"]
+    with pytest.raises(ConfigError, match="predicted not to fit in GPU memory"):
+        memory.predicted(config.resolve(config.parse_settings({**grpo, "TRAIN_RL_ENGINE": "vllm",
+                                                               "TRAIN_RL_VLLM_MEMORY": "0.9"}),
+                                        GPU_24, environ={}, import_heavy=False))  # fmt: skip
 
 
 @pytest.mark.parametrize("error", [0.0, 0.03, -0.03, 0.1, -0.1])

@@ -21,7 +21,8 @@ STACKS = {row: entry.stack for row, entry in MATRIX.entries.items()}  # each row
 DEFAULT_ROW = MATRIX.default_cuda
 METHODS = typing.get_args(TrainSettings.model_fields["method"].annotation)
 NO_TRL = {f"TRAIN_METHOD={m}" for m in METHODS if m != "sft"} | {"TRAIN_REWARD=math"}  # every method but SFT is TRL's
-NOT_ON_TRANSFORMERS_4 = {"TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op"}
+NOT_ON_TRANSFORMERS_4 = {"TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op",
+                         compat.IMAGES}  # records with images: transformers >= 5.17's processor offsets
 # What the Python 3.10 rows refused when versions.toml still typed it (issue 54 derived it from their stacks).
 REFUSED = {
     "12.1": {"TRAIN_PRECISION=fp8", "TRAIN_ATTN=flash_attention_2", *NOT_ON_TRANSFORMERS_4, *NO_TRL,

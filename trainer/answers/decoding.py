@@ -40,6 +40,7 @@ class Prompt:
     text: str | None = None
     messages: list[dict[str, Any]] | None = None
     ids: list[int] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)  # trainer.data.images.ImageRef, in the messages' image order
 
 
 class Generator:
@@ -47,6 +48,7 @@ class Generator:
 
     def __init__(self, loaded: Any, sampling: Sampling) -> None:
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
+        self.processor = getattr(loaded, "processor", None)  # a vision-language model's: prompts with images
         self.template = loaded.chat_template
         self.config = generation_config(self.model, self.tokenizer, sampling)
         self.stop = end_of_turn(self.tokenizer, self.template) if self.template else None
@@ -70,7 +72,8 @@ class Generator:
                 raise ConfigError("messages need a chat template and this model has none: give `prompt` text, or "
                                   "--chat-template NAME|FILE")  # fmt: skip
             text = self.tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
-            prompt.ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            prompt.ids = self._ids_with_images(text, prompt) if prompt.images else self.tokenizer(
+                text, add_special_tokens=False)["input_ids"]  # fmt: skip
         else:
             prompt.ids = self.tokenizer(prompt.text or "", add_special_tokens=True)["input_ids"]
         if self.context and len(prompt.ids) + self.config.max_new_tokens > self.context:
@@ -79,19 +82,41 @@ class Generator:
                               "shorten it or lower --max-new-tokens")  # fmt: skip
         return prompt
 
+    def _ids_with_images(self, text: str, prompt: Prompt) -> list[int]:
+        """The prompt's ids with its images expanded by the processor; ConfigError for a text-only model."""
+        if self.processor is None:
+            raise ConfigError(f"the prompt has {len(prompt.images)} image(s) but {self.loaded.plan.described} is a "
+                              "text-only model: give a vision-language model, or prompts without images")  # fmt: skip
+        prompt.text = text
+        return [int(i) for i in self._processed([prompt])["input_ids"][0]]
+
+    def _processed(self, prompts: list[Prompt]) -> Any:
+        """The processor's tensors for rendered prompts with images (left padded), on the model's device."""
+        from trainer.data.images import read_image
+
+        images = [[read_image(ref)[0] for ref in p.images] for p in prompts]
+        out = self.processor(text=[p.text for p in prompts], images=images if any(images) else None, padding=True,
+                             padding_side="left", return_tensors="pt")  # fmt: skip
+        return out.to(self.loaded.device)
+
     def generate(self, prompts: list[Prompt]) -> list[Answer]:
         """Answers to encoded prompts, generated together (left padding: every row's next token is at the end)."""
         import torch
 
         pad = self.config.pad_token_id
         width = max(len(p.ids) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p.ids)) + p.ids for p in prompts], device=self.loaded.device)
-        mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in prompts],
-                            device=self.loaded.device)  # fmt: skip
+        if any(p.images for p in prompts):  # the processor pads and adds the pixels (the ids are its own)
+            inputs = dict(self._processed(prompts))
+        else:
+            ids = torch.tensor([[pad] * (width - len(p.ids)) + p.ids for p in prompts], device=self.loaded.device)
+            mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in prompts],
+                                device=self.loaded.device)  # fmt: skip
+            inputs = {"input_ids": ids, "attention_mask": mask}
+        width = inputs["input_ids"].shape[1]
         extra = {"stop_strings": [self.stop], "tokenizer": self.tokenizer} if self.stop else {}
         start = time.perf_counter()
         with torch.no_grad():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=self.config, **extra)
+            out = self.model.generate(**inputs, generation_config=self.config, **extra)
         self.seconds += time.perf_counter() - start
         answers = [self._answer(row[width:].tolist(), len(p.ids)) for row, p in zip(out, prompts, strict=True)]
         self.generated_tokens += sum(a.completion_tokens for a in answers)

@@ -63,6 +63,9 @@ class Decisions:
     reference: Decision[str] = field(default_factory=lambda: Decision("none", "TRAIN_METHOD=sft"))
     # full or chunked (trainer.model.chunked_loss); a record written before it had the full loss
     cross_entropy: Decision[str] = field(default_factory=lambda: Decision("full", "Transformers' loss"))
+    # a vision-language model's trained parts (TRAIN_TRAINABLE: trainer.model.vision_parts); a record written before
+    # it trained no such model
+    trainable: Decision[list[str]] = field(default_factory=lambda: Decision(["language"], "no vision-language model"))
     # the predicted peak GPU memory per process and its parts in bytes (trainer.memory); None: not predicted
     memory: Decision[Any] = field(default_factory=lambda: Decision(None, "not predicted"))
 

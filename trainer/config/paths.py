@@ -10,11 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import compat
 from trainer.config.decision import Decision, Decisions, SoFar
-from trainer.config.presets import MODEL_PRESETS, is_preset
+from trainer.config.presets import MODEL_PRESETS, VISION_PRESETS, is_preset, is_vision_preset, preset_model_type
 from trainer.config.rope import readable_model_config, rope_problems
 from trainer.data.chat import chat_report, template_problems
 from trainer.data.mix import parse_eval_sets, parse_mix
+from trainer.data.vision import folder_reads_images, has_images
 from trainer.hub.sources import TOKENIZER_FILES, hub_ref
 from trainer.methods import names, of
 
@@ -59,7 +61,8 @@ def _readable(path: Path) -> bool:
 # ---- checks ---------------------------------------------------------------------------------------------------------
 
 
-def _model_problems(s: TrainSettings) -> list[str]:
+def model_problems(s: TrainSettings) -> list[str]:
+    """TRAIN_MODEL: a preset, a Hub ID, or a folder with a readable config.json (doctor --memory asks it alone)."""
     if is_preset(s.model) or hub_ref(s.model) is not None:
         return []
     folder = Path(s.model)
@@ -116,14 +119,51 @@ def _mix_problems(s: TrainSettings) -> list[str]:
 
 def problems(inputs: Inputs) -> list[str]:
     s = inputs.settings
-    return [*_model_problems(s), *rope_problems(s, readable_model_config(s)), *_tokenizer_problems(s),
+    return [*model_problems(s), *rope_problems(s, readable_model_config(s)), *_tokenizer_problems(s),
             *_output_problems(s), *_data_problems(inputs), *_mix_problems(s)]  # fmt: skip
 
 
 def problems_after_hub(inputs: Inputs) -> list[str]:
     """TRAIN_CHAT_TEMPLATE that names nothing, conversations with no template anywhere: the template may come with a
-    Hub tokenizer."""
-    return template_problems(inputs.data, inputs.settings.chat_template, inputs.tokenizer_folder)
+    Hub tokenizer; records with images against the model (a Hub model is its snapshot by now)."""
+    return [*template_problems(inputs.data, inputs.settings.chat_template, inputs.tokenizer_folder),
+            *_image_problems(inputs)]  # fmt: skip
+
+
+def model_family(model: str, folder: str) -> str:
+    """TRAIN_MODEL's family, as messages name it: a preset's model_type, else its folder's config.json's."""
+    import json
+
+    if is_preset(model):
+        return preset_model_type(model)
+    try:
+        return str(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type"))
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+
+
+def _image_problems(inputs: Inputs) -> list[str]:
+    """Records with images (trainer.data.vision) need a model that reads them, one source, and one record per
+    sequence."""
+    s = inputs.settings
+    if not has_images(inputs.data.layouts) or of(s.method).family != "sft":  # the other methods refuse them by name
+        return []
+    family = model_family(s.model, inputs.model_folder)
+    if not (is_vision_preset(s.model) or (not is_preset(s.model) and folder_reads_images(inputs.model_folder))):
+        return [f"TRAIN_DATA={s.data} holds records with images ({inputs.data.layout_names()}) but TRAIN_MODEL="
+                f"{s.model} is a text-only model ({family}); use a vision-language model (a folder of Qwen2-VL, "
+                f"Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3/SmolVLM or LLaVA, or the {', '.join(VISION_PRESETS)} "
+                "preset), or data without images"]  # fmt: skip
+    found = [problem] if (problem := compat.switch_problem(compat.IMAGES)) else []
+    if s.packing != "auto":
+        found.append(f"TRAIN_PACKING={s.packing} with records with images ({family}): refused. Packing would put "
+                     "several records' images, and their multimodal positions, in one sequence, and trainkit has not "
+                     "proven for this family that the packed loss and gradients equal the unpacked ones; each record "
+                     "is its own sequence (padded to the longest in its batch): leave TRAIN_PACKING=auto")  # fmt: skip
+    if inputs.mix.is_mix:
+        found.append("TRAIN_DATA: a mix of sources holding records with images is not supported yet; give one source "
+                     "(a file, folder or glob)")  # fmt: skip
+    return found
 
 
 # ---- decisions ------------------------------------------------------------------------------------------------------
@@ -160,12 +200,31 @@ def decide(inputs: Inputs, hardware: Hardware, so_far: SoFar) -> dict[str, Decis
     so_far.problems.extend(source.problems)
     data = source.decision()
     chat = chat_report(source, s.loss_on, s.chat_template, inputs.tokenizer_folder, s.method)
+    if has_images(source.layouts) and of(s.method).family == "sft":
+        chat = _image_report(inputs)
     return {
         "data": Decision(data.get("value", ""), data.get("reason", "refused")),
         "packing": _packing_decision(inputs),
         "model": _model_decision(inputs),
         **{what: Decision(*found) for what, found in chat.items()},
     }
+
+
+def _image_report(inputs: Inputs) -> dict[str, tuple[str, str]]:
+    """The data format and the chat template of records with images (trainer.data.vision_encode renders them through
+    the model's processor, the loss by TRAIN_LOSS_ON, never on an image)."""
+    from trainer.data.chat import LOSS_ON_MEANING
+
+    s = inputs.settings
+    trained = f"loss on {LOSS_ON_MEANING[s.loss_on]} (TRAIN_LOSS_ON={s.loss_on}), never on an image's tokens"
+    if s.chat_template:
+        template = inputs.template().origin
+    elif is_vision_preset(s.model):
+        template = f"the {s.model} preset's own (built-in qwen2-vl)"
+    else:
+        template = "the model's processor's own"
+    use = "renders the records with their image placeholders; saved with the processor in final/ and checkpoints"
+    return {"data_format": (inputs.data.layout_names(), trained), "chat_template": (template, use)}
 
 
 def arguments(settings: TrainSettings, decisions: Decisions, hardware: Hardware) -> dict[str, Any]:

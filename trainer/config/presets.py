@@ -1,6 +1,7 @@
-"""The built-in model presets: Llama shapes trained from scratch. Anything else in TRAIN_MODEL is a model folder or a
-Hub ID. The schema (TRAIN_MODEL's docs), the checks and the decisions take the names from here, the run
-(trainer.model.build) the shapes; torch-free."""
+"""The built-in model presets: Llama shapes trained from scratch, and vision-language shapes (Qwen2-VL's) for records
+with images. Anything else in TRAIN_MODEL is a model folder or a Hub ID. The schema (TRAIN_MODEL's docs), the checks
+and the decisions take the names from here, the run (trainer.model.build, trainer.model.vision_preset) the shapes;
+torch-free."""
 
 from __future__ import annotations
 
@@ -28,11 +29,51 @@ PRESETS: dict[str, Preset] = {
     # (the byte-level tokenizer uses its first rows): what 1b figures at the real vocabulary are measured with.
     "1b-128k": Preset(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128_256),
 }
-MODEL_PRESETS = tuple(PRESETS)
 PRESET_MAX_POSITIONS = 2048  # every preset's max_position_embeddings; longer sequences need TRAIN_ROPE_SCALING
 PRESET_ROPE_THETA = 10000.0
-PRESET_BLOCK_CLASS = "LlamaDecoderLayer"  # the decoder block every preset is made of
+PRESET_BLOCK_CLASS = "LlamaDecoderLayer"  # the decoder block every Llama preset is made of
+
+
+@dataclass(frozen=True)
+class VisionPreset:
+    """A Qwen2-VL shape: its language model (as Preset) and vision tower; images become 4 to 16 tokens each."""
+
+    language: Preset
+    vision_depth: int
+    vision_dim: int
+    vision_heads: int
+    min_image_tokens: int = 4
+    max_image_tokens: int = 16
+
+
+# Vision-language presets, for records with images: the byte-level tokenizer with Qwen2-VL's chat and vision tokens,
+# Qwen2-VL's Pillow image processor, the built-in qwen2-vl chat template (trainer.model.vision_preset builds them).
+VISION_PRESETS: dict[str, VisionPreset] = {
+    "tiny-vl": VisionPreset(Preset(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128), vision_depth=2,
+                            vision_dim=32, vision_heads=2),
+}  # fmt: skip
+VISION_PRESET_TYPE, VISION_PRESET_BLOCK = "qwen2_vl", "Qwen2VLDecoderLayer"
+MODEL_PRESETS = (*PRESETS, *VISION_PRESETS)
 
 
 def is_preset(name: str) -> bool:
-    return name in PRESETS
+    return name in PRESETS or name in VISION_PRESETS
+
+
+def is_vision_preset(name: str | None) -> bool:
+    return name in VISION_PRESETS
+
+
+def preset_model_type(name: str) -> str:
+    """A preset's config model_type (what the decisions read from a folder's config.json)."""
+    return VISION_PRESET_TYPE if is_vision_preset(name) else "llama"
+
+
+def preset_block_class(name: str) -> str:
+    """The decoder block a preset is made of (FSDP wraps each)."""
+    return VISION_PRESET_BLOCK if is_vision_preset(name) else PRESET_BLOCK_CLASS
+
+
+def language_preset(name: str) -> Preset:
+    """A preset's language model shape (a vision preset's without its tower)."""
+    return VISION_PRESETS[name].language if is_vision_preset(name) else PRESETS[name]

@@ -85,6 +85,9 @@ class RunRecord:
     environment: dict[str, str]  # TRAIN_*, HF_*, CUDA_*... as the run started, and what the run set itself
     training_data: TrainingData | None = None  # learned: known once the data is packed and the batch chosen
     startup: Startup | None = None  # learned: known after the first step
+    # learned once the model is built: parameters per component (trainer.model.components), each {component,
+    # parameters, trainable}
+    components: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -101,6 +104,7 @@ class RunRecord:
             "hub": self.hub,
             "startup": self.startup.to_dict() if self.startup else {},
             "training_data": self.training_data.to_dict() if self.training_data else {},
+            "components": list(self.components),
             "environment": self.environment,
         }
         return mask_secrets(json.loads(json.dumps(data, default=str)))
@@ -225,6 +229,8 @@ def from_dict(data: Any, where: Path | str = FILE) -> RunRecord:
         environment={str(k): str(v) for k, v in _section(data.get("environment") or {}, "environment", dict).items()},
         training_data=_part(TrainingData, data.get("training_data"), "training_data"),
         startup=_part(Startup, data.get("startup"), "startup"),
+        components=tuple(_section(row, "components", dict) for row in _section(data.get("components") or [],
+                                                                                "components", list)),
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from trainer import compat
 from trainer.config import deepspeed
 from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.config.paths import writable_dir_problem
-from trainer.config.presets import PRESET_BLOCK_CLASS, is_preset
+from trainer.config.presets import is_preset, preset_block_class
 from trainer.errors import ConfigError
 from trainer.machine.hardware import missing_package_problem
 
@@ -70,8 +70,8 @@ def deepspeed_config(s: TrainSettings, precision: str, model_folder: str) -> dic
 
 
 def fsdp_wrap_class(s: TrainSettings) -> str | None:
-    """The decoder block FSDP wraps: a preset's Llama layer; None: the model's own `_no_split_modules`."""
-    return PRESET_BLOCK_CLASS if is_preset(s.model) else None
+    """The decoder block FSDP wraps: a preset's decoder layer; None: the model's own `_no_split_modules`."""
+    return preset_block_class(s.model) if is_preset(s.model) else None
 
 
 def fsdp_checkpoints_activations(s: TrainSettings) -> bool:

@@ -336,12 +336,30 @@ def no_template_problem(layout_names: str, origin: str) -> str:
 
 def template_hash(tokenizer: Any) -> str:
     import hashlib
-
     template = getattr(tokenizer, "chat_template", None)
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16] if template else ""
 
 
 # ---- rendering and masks ---------------------------------------------------------------------------------------
+
+
+def assistant_spans(render: Any, conv: Conversation, loss_on: str) -> tuple[str, list[tuple[int, int]]]:
+    """(the rendered conversation, the character spans of its trained turns): a turn's text is what rendering it
+    adds to the turns before it, after the generation prompt (`render(messages, **kwargs)`: the chat template)."""
+    full = render(conv.messages)
+    spans = []
+    for i in trained_turns(conv, loss_on):
+        before = render(conv.messages[:i], add_generation_prompt=True) if i else ""
+        through = render(conv.messages[: i + 1])
+        if not full.startswith(through):
+            raise BadRecord(
+                f"the chat template renders turn {i + 1} differently once later turns follow, so its tokens "
+                "cannot be told apart; use a template with {% generation %} markers (TRAIN_CHAT_TEMPLATE) or "
+                "TRAIN_LOSS_ON=last"
+            )
+        start = len(before) if through.startswith(before) else len(render(conv.messages[:i]))
+        spans.append((start, len(through)))
+    return full, spans
 
 
 class ChatEncoder:
@@ -368,7 +386,7 @@ class ChatEncoder:
                 return np.asarray(ids, self.dtype), np.ones(len(ids), np.uint8)
             if self.has_generation_tags and conv.first_trained == 0 and self.loss_on == "assistant":
                 return self._by_generation_tags(conv)
-            return self._by_prefixes(conv)
+            return self._tokens_with_spans(*assistant_spans(self._render, conv, self.loss_on))
         except BadRecord:
             raise
         except Exception as exc:  # a template's raise_exception(), a Jinja error, a missing variable
@@ -404,23 +422,6 @@ class ChatEncoder:
         out = self.tokenizer.apply_chat_template(conv.messages, chat_template=self.template, tokenize=True,
                                                  return_dict=True, return_assistant_tokens_mask=True)  # fmt: skip
         return np.asarray(out["input_ids"], self.dtype), np.asarray(out["assistant_masks"], np.uint8)
-
-    def _by_prefixes(self, conv: Conversation) -> tuple[np.ndarray, np.ndarray]:
-        """An assistant turn's text: what rendering it adds to the turns before it, after the generation prompt."""
-        full = self._render(conv.messages)
-        spans = []
-        for i in trained_turns(conv, self.loss_on):
-            before = self._render(conv.messages[:i], add_generation_prompt=True) if i else ""
-            through = self._render(conv.messages[: i + 1])
-            if not full.startswith(through):
-                raise BadRecord(
-                    f"the chat template renders turn {i + 1} differently once later turns follow, so its tokens "
-                    "cannot be told apart; use a template with {% generation %} markers (TRAIN_CHAT_TEMPLATE) or "
-                    "TRAIN_LOSS_ON=last"
-                )
-            start = len(before) if through.startswith(before) else len(self._render(conv.messages[:i]))
-            spans.append((start, len(through)))
-        return self._tokens_with_spans(full, spans)
 
     def _tokens_with_spans(self, text: str, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """The text's tokens as `apply_chat_template` makes them (no added special tokens: the template has them);

@@ -66,8 +66,10 @@ class DataSource:
     def layout_names(self) -> str:
         """The detected record formats, as `config` and `doctor` show them."""
         from trainer.data.chat import LAYOUT_NAMES
+        from trainer.data.vision import IMAGE_LAYOUT_NAMES
 
-        return ", ".join(LAYOUT_NAMES.get(layout, layout) for layout in self.layouts) or "unknown"
+        names = {**LAYOUT_NAMES, **IMAGE_LAYOUT_NAMES}
+        return ", ".join(names.get(layout, layout) for layout in self.layouts) or "unknown"
 
     @property
     def ok(self) -> bool:
@@ -157,10 +159,12 @@ def discover(spec: str, text_field: str = "text", max_bad_lines: int = 0, split:
 
 
 def _layouts(files: tuple[Path, ...], text_field: str) -> tuple[str, ...]:
-    """The record layouts of the first MAX_FILES_CHECKED files (chat.file_layout), each once, in order."""
+    """The record layouts of the first MAX_FILES_CHECKED files (vision.file_image_layout, else chat.file_layout),
+    each once, in order."""
     from trainer.data.chat import file_layout
+    from trainer.data.vision import file_image_layout
 
-    found = (file_layout(p, text_field) for p in files[:MAX_FILES_CHECKED])
+    found = (file_image_layout(p) or file_layout(p, text_field) for p in files[:MAX_FILES_CHECKED])
     return tuple(dict.fromkeys(layout or "text" for layout in found))
 
 
@@ -306,7 +310,12 @@ def _jsonl_problem(path: Path, text_field: str, max_bad_lines: int) -> str | Non
             return None  # a .json document spans lines; skipped lines are the reader's to count
         return too_many_bad_lines(bad_line_message(path, first[0], f"not valid JSON ({exc.msg})"), 1, 0)
     from trainer.data.chat import CHAT_LAYOUTS, BadRecord, conversation_of, layout_of_record
+    from trainer.data.vision import first_record_problem
+    from trainer.data.vision import layout_of_record as image_layout
 
+    if isinstance(row, dict) and image_layout(row):  # its images are read by the run, before the model loads
+        problem = first_record_problem(path, row, first[0]) if max_bad_lines == 0 else None
+        return too_many_bad_lines(problem, 1, 0) if problem else None
     layout = layout_of_record(row, text_field) if isinstance(row, dict) else None
     if layout in CHAT_LAYOUTS and max_bad_lines == 0:
         try:

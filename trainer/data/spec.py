@@ -54,6 +54,12 @@ class DataSpec:
 
     def packing_of(self, layouts: tuple[str, ...]) -> tuple[str, str]:
         """(how the data is packed, why) for data of these record layouts: the `packing` decision."""
+        if any(layout.startswith("image_") for layout in layouts):  # trainer.data.vision's layouts
+            longer = ("dropped and counted" if self.long_records == "drop" else "cut after its last image, or refused "
+                      "by file:line where that cut is not possible")  # fmt: skip
+            return "records", ("records with images: one record per sequence, padded to the longest in its batch, "
+                               f"never packed; longer than TRAIN_SEQ_LEN: {longer} (TRAIN_LONG_RECORDS="
+                               f"{self.long_records})")  # fmt: skip
         masked = [layout for layout in layouts if layout in MASKED_LAYOUTS]
         plain = len(masked) < len(layouts) or not layouts
         records = f"records whole per sequence, padded (longer than TRAIN_SEQ_LEN={self.seq_len}: " + (

@@ -8,11 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import EXIT_OK, EXIT_USER, ConfigError
 from trainer.machine.gpu_memory import described_gpu
 from trainer.machine.hardware import Hardware, probe_libraries
-from trainer.memory.fit import ERROR, cheaper, describe, gib, plan_of, verdict
+from trainer.memory.fit import ERROR, cheaper, describe, gib, plan_of, verdict, vllm_colocated
+from trainer.memory.model_config import ShapeUnknown
+
+if TYPE_CHECKING:
+    from trainer.config.inputs import Inputs
 
 
 def described_hardware(text: str) -> Hardware:
@@ -26,16 +31,45 @@ def described_hardware(text: str) -> Hardware:
                     bf16=capability >= (8, 0), tf32=capability >= (8, 0), libraries=probe_libraries())  # fmt: skip
 
 
+def refuse_unreadable_model(inputs: Inputs) -> None:
+    """The run's own checks of TRAIN_MODEL alone (a preset, a folder with config.json, a Hub ID, and for a Hub ID the
+    Hub's answer: offline and not in the cache, it names `fetch`); not the rest of the run's checks, which ask this
+    machine (its libraries, its vLLM), when --gpu plans for another."""
+    from trainer.config.paths import model_problems
+
+    problems = model_problems(inputs.settings) or inputs.hub.problems_of.get("model", [])
+    if problems:
+        raise ConfigError(*(f"doctor --memory: {problem}" for problem in problems))
+
+
+def not_counted(cfg: Any) -> str | None:
+    """What of the model the prediction leaves out: a vision-language model's tower and projector (its language
+    model and the image tokens in TRAIN_SEQ_LEN are counted)."""
+    from trainer.config.presets import is_vision_preset
+    from trainer.data.vision import folder_reads_images
+
+    s = cfg.settings
+    if not (is_vision_preset(s.model) or folder_reads_images(cfg.decisions.model.value)):
+        return None
+    return ("the vision tower and the projector of this vision-language model (their weights, and their gradients "
+            "and optimizer state where TRAIN_TRAINABLE trains them): the prediction is its language model's, image "
+            "tokens counted within TRAIN_SEQ_LEN")  # fmt: skip
+
+
 def main(args: argparse.Namespace) -> int:
     from trainer import config
 
     try:
         hw = described_hardware(args.gpu) if args.gpu else None
     except ValueError as exc:
-        raise ConfigError(f"--gpu: {exc}") from None
+        raise ConfigError(f"doctor --memory --gpu {args.gpu}: {exc}") from None
     inputs = config.Inputs(config.parse_settings())
+    refuse_unreadable_model(inputs)
     cfg = config.resolve(inputs, hw, import_heavy=hw is None)
-    plan = plan_of(cfg)
+    try:
+        plan = plan_of(cfg)
+    except ShapeUnknown as exc:
+        raise ConfigError(f"doctor --memory: TRAIN_MODEL={cfg.settings.model}: {exc}") from None
     from trainer.memory.predict import predict
 
     prediction = predict(plan)
@@ -46,6 +80,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         report = verdict(prediction, device or 0) | {"gpu": where, "batch": plan.batch, "seq_len": plan.seq_len}
         report["fits"] = fits if device else None
+        report["not_counted"] = not_counted(cfg)
         report["changes"] = [{"settings": o.settings, "note": o.note, "predicted_peak_bytes": o.prediction.peak}
                              for o in options]  # fmt: skip
         print(json.dumps(report, indent=2))
@@ -53,6 +88,11 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(describe(prediction, device, where)))
         if cfg.decisions.auto_batch.value:
             print("  TRAIN_AUTO_BATCH is on: the run searches the largest batch that fits, from this prediction")
+        if not_counted(cfg):
+            print(f"  Not counted: {not_counted(cfg)}")
+        if device is None and vllm_colocated(cfg.settings):
+            print(f"  vLLM colocated takes TRAIN_RL_VLLM_MEMORY={cfg.settings.rl_vllm_memory:g} of the GPU's memory "
+                  "on top of this: counted with --gpu")  # fmt: skip
         if device is None:
             print("No GPU here: plan for one with --gpu NAME or --gpu SIZE (e.g. --gpu H100-80GB, --gpu 24GiB).")
         elif fits:

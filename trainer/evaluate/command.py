@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.data.vision import has_images
 from trainer.errors import EXIT_OK, ConfigError
 
 if TYPE_CHECKING:
@@ -114,6 +115,13 @@ def main(args: argparse.Namespace) -> int:
         limits = Limits(spec.seq_len, settings.pref_max_prompt_len if settings else 0, spec.long_records)
         scored, records = score_pairs(loaded, pairs, limits, args.batch_size)
         results.update({"data": args.data, **scored})
+    elif args.data and has_images(source.layouts):
+        from trainer.evaluate.images import score_images
+
+        scored, records = score_images(loaded, generator, source, spec, pattern, args.batch_size,
+                                       not args.no_generate)  # fmt: skip
+        results.update({"data": args.data, **_summary(args, generator, None, records, 0, pattern is not None),
+                        **scored})  # fmt: skip
     elif args.data:
         records, without = ([], 0) if args.no_generate else _generate(generator, source, spec, pattern,
                                                                       args.batch_size)  # fmt: skip
@@ -187,9 +195,10 @@ def _summary(args: argparse.Namespace, generator: Any, loss: Any, records: list[
              regex: bool) -> dict[str, Any]:  # fmt: skip
     from trainer.evaluate.metrics import mean_of, perplexity
 
-    results: dict[str, Any] = {"data": args.data, "loss": loss.loss,
-                               "perplexity": perplexity(loss.loss), "trained_tokens": loss.trained_tokens,
-                               "sequences": loss.sequences}  # fmt: skip
+    results: dict[str, Any] = {"data": args.data}
+    if loss is not None:  # records with images: the caller adds theirs (trainer.evaluate.images)
+        results.update(loss=loss.loss, perplexity=perplexity(loss.loss), trained_tokens=loss.trained_tokens,
+                       sequences=loss.sequences)  # fmt: skip
     if not args.no_generate:
         results.update(exact_match=mean_of(records, "exact_match"), contains=mean_of(records, "contains"),
                        records_generated=len(records), records_without_reference=without)  # fmt: skip

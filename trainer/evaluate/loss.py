@@ -99,17 +99,23 @@ def packed(spec: DataSpec, source: DataSource, tokenizer: Any, cache_dir: Path) 
 
 def loss_on(model: Any, dataset: Any, batch_size: int, device: Any) -> Loss:
     """The mean loss per trained token (labels != -100, shifted as the model's own loss shifts them)."""
-    import torch
-
     from trainer.model.packed_attention import collator_for, isolate_records
 
     attn = getattr(model.config, "_attn_implementation", None) or "sdpa"
     isolate_records(model, attn)  # no cache, and the records of a packed sequence kept apart, as in training
     collate = collator_for(attn)
+    batches = (collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+               for start in range(0, len(dataset), batch_size))  # fmt: skip
+    return loss_of_batches(model, batches, device, len(dataset))
+
+
+def loss_of_batches(model: Any, batches: Any, device: Any, sequences: int) -> Loss:
+    """The mean loss per trained token over collated batches (each with its `labels`)."""
+    import torch
+
     total, tokens = 0.0, 0
     with torch.no_grad():
-        for start in range(0, len(dataset), batch_size):
-            batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        for batch in batches:
             batch = {k: v.to(device) for k, v in batch.items()}
             labels = batch.pop("labels")
             logits = model(**batch).logits.float()
@@ -119,4 +125,4 @@ def loss_on(model: Any, dataset: Any, batch_size: int, device: Any) -> Loss:
             tokens += int((shifted != -100).sum())
     if tokens == 0:
         raise ConfigError("eval --data: no trained tokens in it (every label is masked); nothing to score")
-    return Loss(total / tokens, tokens, len(dataset))
+    return Loss(total / tokens, tokens, sequences)

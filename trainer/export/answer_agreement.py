@@ -104,12 +104,12 @@ def _user_turns(text: EvalText) -> list[str]:
     from trainer.export.quality import records
 
     turns = []
-    for record in records(text.path, text.part):
+    for piece, record in ((p, r) for p in text.pieces() if p.path is not None for r in records(p.path, p.part)):
         layout = layout_of_record(record, "text") if isinstance(record, dict) else None
         if layout not in CHAT_LAYOUTS:
             continue
         try:
-            messages = conversation_of(record, str(layout), str(text.path)).messages
+            messages = conversation_of(record, str(layout), str(piece.path)).messages
         except BadRecord:
             continue
         first = next((m["content"] for m in messages if m["role"] == "user" and m.get("content")), None)

@@ -1,19 +1,22 @@
 """`python -m trainer export SRC OUT [--adapter-only] [--dtype D] [--base B]`: a plain Transformers model folder.
 
 OUT gets safetensors weights, config.json, generation_config.json, the run's tokenizer (with its chat template) and a
-README.md model card. It is written to a staging folder next to OUT, loaded back with AutoModelForCausalLM (no peft)
-and its logits on a probe input compared with the reference (base + adapter through PEFT, or the unsharded model);
-only then is it renamed to OUT. A mismatch exits 1 naming the difference; a wrong SRC or OUT exits 2. SIGTERM or
-Ctrl-C removes the staging folder (exit 128+N); a second export into the same OUT meanwhile exits 2 naming the first.
+README.md model card. Everything it reads is checked before any work (the options, SRC's files, OUT, the base a LoRA
+adapter fits, the tokenizer, the --quant plan): a wrong one exits 2 naming it. It is written to a staging folder
+(trainer/export/out_folder.py), loaded back with AutoModelForCausalLM (no peft) and its logits on a probe input
+compared with the reference (base + adapter through PEFT: the run's own recorded base where it is here, also under
+--base; or the unsharded model); only then is it published as OUT. A mismatch exits 1 naming the difference (exit 2
+when it is --base's). A full disk exits 2 naming the filesystem and the space the export needs. SIGTERM or Ctrl-C
+removes the staging folder (exit 128+N); a second export into the same OUT meanwhile exits 2 naming the first.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +64,11 @@ def main(args: argparse.Namespace) -> int:
     raise_on_stop_signals()  # SIGTERM as Ctrl-C: the staging folder is removed, OUT never half-written
     setup_logging()
     out = Path(args.out)
-    lock_beside(out, "export", f"export OUT={out}")  # two exports into one OUT would share one staging folder
+    request = quant_request(args)  # every option checked before anything else
+    # two exports into one OUT would share one staging folder
+    lock_beside(out, "export", f"export OUT={out}", option="OUT")
     try:
-        out = export(Path(args.src), out, args.adapter_only, args.dtype, args.base, quant=quant_request(args))
+        out = export(Path(args.src), out, args.adapter_only, args.dtype, args.base, quant=request)
     except Interrupted:
         print(f"export interrupted: {out} was not written (nothing published; the staging folder is removed)",
               file=sys.stderr)  # fmt: skip
@@ -80,52 +85,90 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_out(out: Path, replace: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"export OUT={out}: a file is in the way; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not replace:
-        raise ConfigError(f"export OUT={out}: the folder is not empty; give a new folder (nothing was overwritten)")
+@dataclass(frozen=True)
+class Inputs:
+    """What the export reads besides SRC, found before any work."""
+
+    tokenizer: Any  # from SRC, its adapter folder or the base (None: SRC holds none)
+    base: str | None = None  # the folder a LoRA adapter is merged into
+    base_how: str | None = None  # how it was found, for the log and the model card
+    recorded_base: str | None = None  # with --base: the run's own recorded base, the merge is checked against it
 
 
 def export(src: Path, out: Path, adapter_only: bool = False, dtype: str = "auto", base: str | None = None,
-           replace: bool = False, quant: Any = None) -> Path:  # fmt: skip
-    """Build, write, verify and publish OUT (see the module docstring); returns OUT. `quant` (a QuantRequest):
-    the quantized files, made and gated in the staging folder before it is published (trainer/export/quant.py)."""
+           quant: Any = None) -> Path:  # fmt: skip
+    """Check, build, write, verify and publish OUT (see the module docstring); returns OUT. Before any work: SRC (a
+    damaged file named), OUT, the base an adapter merges into, the tokenizer and `quant` (a QuantRequest: the
+    quantized files, made and gated in the staging folder before it is published, trainer/export/quant.py)."""
+    from trainer.export import out_folder
     from trainer.export import quant as quantized
     from trainer.export.source import resolve_source
+    from trainer.export.verify import ExportMismatch
 
     source = resolve_source(src, adapter_only)
-    _check_out(out, replace)
-    plan = quantized.plan_request(quant, source, adapter_only)
+    out_folder.check(out)
+    inputs = _inputs(source, adapter_only, base)
+    plan = quantized.plan_request(quant, source, adapter_only, inputs.tokenizer is not None)
     for folder in (source.folder, source.adapter):  # a damaged file or a diverged run's NaN: exit 2, naming it
         if folder is not None:
             check_weights(folder, f"export {src}")
-    staging = out.parent / f".tmp-export-{out.name}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        _build(source, staging, adapter_only, dtype, base, out.name)
+    need = _space_needed(source, inputs, adapter_only, dtype, plan)
+    name = out.resolve().name
+    staging = out_folder.staging(out)
+    with out_folder.removed_on_failure(staging, out, need, (quantized.QualityLoss, ExportMismatch)):
+        _build(source, inputs, staging, adapter_only, dtype, name)
         if plan is not None:
-            quantized.produce(plan, staging, out.name, source.run, source.run_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    os.rename(staging, out)
+            quantized.produce(plan, staging, name, source.run, source.run_dir)
+    out_folder.publish(staging, out)
     return out
 
 
+def _inputs(source: Any, adapter_only: bool, base: str | None) -> Inputs:
+    from trainer.export import merge
+    from trainer.export.source import ADAPTER
+
+    if source.kind != ADAPTER or adapter_only:
+        return Inputs(_tokenizer(source.folder, source.adapter))
+    folder, how = merge.base_folder(source, base)
+    recorded = merge.recorded_base_here(source) if base else None
+    if recorded is not None and Path(recorded).resolve() == Path(folder).resolve():
+        recorded = None
+    return Inputs(_tokenizer(source.folder, source.adapter, folder), folder, how, recorded)
+
+
+def _space_needed(source: Any, inputs: Inputs, adapter_only: bool, dtype: str, plan: Any) -> dict[str, int]:
+    """What the export writes, in bytes per part (trainer/export/out_folder.py), for a full disk's message."""
+    from trainer.export import merge, out_folder
+
+    weights = out_folder.weights_size(source.adapter if adapter_only else inputs.base or source.folder)
+    dtype_name = DTYPE_NAMES.get(dtype) or (merge.run_dtype_name(source) if inputs.base else None)
+    per_weight = out_folder.DTYPE_BYTES[dtype_name] if dtype_name else weights[1] / max(weights[0], 1)
+    return out_folder.space_needed(weights, per_weight, plan.types if plan is not None else [])
+
+
 def _tokenizer(*folders: Path | str | None) -> Any:
+    """The first folder's tokenizer (of those holding tokenizer_config.json); a vision-language model's processor
+    (its image processor, tokenizer and chat template) where a folder saved one; ConfigError naming a folder whose
+    tokenizer does not load; None when none holds one."""
     from transformers import AutoTokenizer
 
+    from trainer.export.vision import processor_in
+
+    processor = processor_in(*folders)
+    if processor is not None:
+        return processor
     for folder in folders:
         if folder and (Path(folder) / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(str(folder))
+            try:
+                return AutoTokenizer.from_pretrained(str(folder))
+            except Exception as exc:  # a missing or torn tokenizer file: whatever Transformers says of it
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                raise ConfigError(f"export: the tokenizer in {folder} does not load ({first}); copy its tokenizer "
+                                  "files (tokenizer.json, tokenizer_config.json) again") from None  # fmt: skip
     return None
 
 
-def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str | None, name: str) -> None:
+def _build(source: Any, inputs: Inputs, staging: Path, adapter_only: bool, dtype: str, name: str) -> None:
     from trainer.export import consolidate, merge, model_card, verify
     from trainer.export.source import ADAPTER, FSDP, ZERO
     from trainer.model.adapters import merged
@@ -133,38 +176,53 @@ def _build(source: Any, staging: Path, adapter_only: bool, dtype: str, base: str
     if adapter_only and source.kind != ADAPTER:
         raise ConfigError(f"export --adapter-only: {source.folder} holds no LoRA adapter")
     if adapter_only:
-        return _copy_adapter(source, staging, name)
-    base_how = None
+        return _copy_adapter(source, inputs.tokenizer, staging, name)
+    tokenizer = inputs.tokenizer
     if source.kind == ADAPTER:
-        folder, base_how = merge.base_folder(source, base)
-        tokenizer = _tokenizer(source.folder, source.adapter, folder)
         dtype_name = DTYPE_NAMES.get(dtype) or merge.run_dtype_name(source)
-        reference_model = merge.load_base(folder, merge.run_dtype_name(source), source.run, source.adapter,
-                                          tokenizer)  # fmt: skip
-        log.info("export: merging the adapter %s into %s", source.adapter, base_how)
+        text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's own fits the base
+        reference_model = merge.load_base(str(inputs.base), merge.run_dtype_name(source), source.run, source.adapter,
+                                          text_tokenizer)  # fmt: skip
+        log.info("export: merging the adapter %s into %s", source.adapter, inputs.base_how)
         model = merged(reference_model)
+        if inputs.recorded_base:  # the check holds the merge against the run's own base, not --base's
+            reference_model = merge.load_base(inputs.recorded_base, merge.run_dtype_name(source), source.run,
+                                              source.adapter, text_tokenizer)  # fmt: skip
     elif source.kind in (ZERO, FSDP):
         state = consolidate.zero_state_dict(source.folder) if source.kind == ZERO else consolidate.fsdp_state_dict(
             source.folder)  # fmt: skip
         model = consolidate.model_from_state_dict(source.folder, state)
         reference_model = _unsharded_reference(source.folder) or model
-        tokenizer = _tokenizer(source.folder)
         dtype_name = DTYPE_NAMES.get(dtype) or "float32"
     else:
         reference_model = model = _load_full(source.folder)
-        tokenizer = _tokenizer(source.folder)
         dtype_name = DTYPE_NAMES.get(dtype) or str(model.dtype).removeprefix("torch.")
     bad = first_nonfinite(model.state_dict().items())  # what consolidating or merging made
     if bad:
         raise ConfigError(f"export {source.folder}: the model holds non-finite weights, first in {bad!r}: "
                           f"{DIVERGED_HINT}")  # fmt: skip
-    ids = verify.probe_ids(tokenizer, model.config.vocab_size)
-    reference = verify.logits(reference_model, ids)
+    probe = verify.probe_ids(tokenizer, model.config.get_text_config().vocab_size)
+    reference = verify.logits(reference_model, probe)
     _save(model, tokenizer, staging, dtype_name)
-    (staging / "README.md").write_text(model_card.model_card(source, name, base_how, source.kind == ADAPTER))
-    diff = verify.verify(staging, reference, ids, dtype_name)
+    (staging / "README.md").write_text(model_card.model_card(source, name, inputs.base_how, source.kind == ADAPTER))
+    diff = _verified(staging, reference, probe, dtype_name, inputs)
     log.info("export: %s (%s, %s) loads without peft; logits within %.2g of the reference", name, source.kind,
              dtype_name, diff)  # fmt: skip
+
+
+def _verified(staging: Path, reference: Any, ids: Any, dtype_name: str, inputs: Inputs) -> float:
+    """verify.verify; a merge into --base that computes otherwise than on the run's own base: the user's --base,
+    exit 2."""
+    from trainer.export import verify
+
+    try:
+        return verify.verify(staging, reference, ids, dtype_name)
+    except verify.ExportMismatch as exc:
+        if not inputs.recorded_base:
+            raise
+        raise ConfigError(f"export {inputs.base_how}: the adapter merged into it does not compute what it computes on "
+                          f"the run's own base {inputs.recorded_base} ({exc}): that is not the base the run trained "
+                          "on; drop --base to merge into the recorded one") from None  # fmt: skip
 
 
 def _unsharded_reference(folder: Path) -> Any:
@@ -190,7 +248,7 @@ def _save(model: Any, tokenizer: Any, staging: Path, dtype_name: str) -> None:
         tokenizer.save_pretrained(str(staging))
 
 
-def _copy_adapter(source: Any, staging: Path, name: str) -> None:
+def _copy_adapter(source: Any, tokenizer: Any, staging: Path, name: str) -> None:
     from safetensors.torch import load_file
 
     from trainer.export import adapter_layout, model_card
@@ -198,7 +256,6 @@ def _copy_adapter(source: Any, staging: Path, name: str) -> None:
     for file in ADAPTER_FILES:
         if (source.adapter / file).is_file():
             shutil.copy2(source.adapter / file, staging / file)
-    tokenizer = _tokenizer(source.folder, source.adapter)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(staging))
     (staging / "README.md").write_text(model_card.model_card(source, name, None, False))

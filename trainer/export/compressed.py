@@ -44,6 +44,7 @@ log = logging.getLogger("trainer")
 TYPES = ("fp8", "w4a16")
 SCHEMES = {"fp8": "FP8_DYNAMIC", "w4a16": "W4A16"}
 GROUP_SIZE = 128  # w4a16's group (llmcompressor's W4A16 preset)
+BITS_PER_WEIGHT = {"fp8": 8.0, "w4a16": 4 + 16 / GROUP_SIZE}  # each weight, and w4a16's 16-bit scale per group
 CALIBRATION_WINDOWS = 128
 BATCH_TOKENS = 8192  # calibration tokens per forward pass (llmcompressor's cost is mostly per batch)
 # The child's command after the interpreter, given JOB and RESULT (tests/trainer/broken_compressed.py runs its own
@@ -108,15 +109,11 @@ def calibration_text(calibration_data: str | None, run: RunRecord | None, types:
         path = Path(calibration_data)
         text = quality.read_text(path, f"--calibration-data {calibration_data}")
         return quality.EvalText(text, f"--calibration-data {path.name}", path)
-    data = quality.run_data_file(run)
-    if not data:
-        why = "SRC is not a run's folder" if run is None else f"the run's TRAIN_DATA={run.settings.data} has no text"
-        raise ConfigError(f"export --quant w4a16: GPTQ needs calibration text and {why}; give --calibration-data "
-                          "FILE (.txt, .jsonl or .json: text like the model's own, not the text the gate scores "
-                          "on)")  # fmt: skip
-    path = Path(data)
-    text = quality.read_text(path, f"TRAIN_DATA={data}", "head")
-    return quality.EvalText(text, f"the run's training data before the gate's tail TRAIN_DATA={path.name}", path)
+    if run is None:
+        raise ConfigError("export --quant w4a16: GPTQ needs calibration text and SRC is not a run's folder; give "
+                          "--calibration-data FILE (.txt, .jsonl or .json: text like the model's own, not the text "
+                          "the gate scores on)")  # fmt: skip
+    return quality.run_text(run, "head", "--calibration-data")
 
 
 def plan(types: list[str], run: RunRecord | None, calibration_data: str | None) -> Plan | None:
@@ -141,9 +138,8 @@ def produce(plan: Plan, staging: Path, tokenizer: PreTrainedTokenizerBase, chunk
     context = len(chunks[0])
     calibration: list[list[int]] = []
     if plan.calibration is not None:
-        ids = list(tokenizer(plan.calibration.text, add_special_tokens=False)["input_ids"])
-        calibration = quality.windows(ids, context, plan.calibration.origin, CALIBRATION_WINDOWS,
-                                      "calibration text", "--calibration-data")  # fmt: skip
+        calibration, _ = quality.text_windows(tokenizer, plan.calibration, context, CALIBRATION_WINDOWS,
+                                              "calibration text", "--calibration-data")  # fmt: skip
     batch = max(1, min(len(calibration), BATCH_TOKENS // context))
     jobs = [{"type": kind, "scheme": SCHEMES[kind], "out": str(staging / kind),
              "calibration": calibration if kind == "w4a16" else [], "batch": batch,
@@ -167,7 +163,7 @@ def produce(plan: Plan, staging: Path, tokenizer: PreTrainedTokenizerBase, chunk
                                "runtime": plan.tools.runtime, "made_by": f"{plan.tools.maker} ({made['recipe']})",
                                "unquantized_layers": made["unquantized"], "seconds": made["seconds"]}  # fmt: skip
         if kind == "w4a16" and plan.calibration is not None:
-            row["calibration"] = {"origin": plan.calibration.origin, "path": str(plan.calibration.path),
+            row["calibration"] = {"origin": plan.calibration.origin, "path": quality.paths(plan.calibration),
                                   "sha256": plan.calibration.sha256, "windows": len(calibration),
                                   "context": context}  # fmt: skip
         rows.append((row, quality.Scores(made["nll"], made["top"]), made["answers"]))

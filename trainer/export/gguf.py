@@ -34,6 +34,11 @@ GGUF_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_
               "q4_1": "MOSTLY_Q4_1", "q3_k_l": "MOSTLY_Q3_K_L", "q3_k_m": "MOSTLY_Q3_K_M", "q3_k_s": "MOSTLY_Q3_K_S",
               "q2_k": "MOSTLY_Q2_K", "iq4_nl": "MOSTLY_IQ4_NL"}  # fmt: skip
 SOURCE_TYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # the converter's lossless outtype
+# Bits per weight of each type's main block layout (llama.cpp's ggml-common.h: q8_0 is 34 bytes per 32 weights, q4_k
+# 144 per 256, ...): what a full disk's message estimates a file at; the _m/_s mixes keep some tensors wider.
+BITS_PER_WEIGHT = {"f32": 32, "f16": 16, "bf16": 16, "q8_0": 8.5, "q6_k": 6.5625, "q5_k_m": 5.5, "q5_k_s": 5.5,
+                   "q5_0": 5.5, "q5_1": 6.0, "q4_k_m": 4.5, "q4_k_s": 4.5, "q4_0": 4.5, "q4_1": 5.0, "q3_k_l": 3.4375,
+                   "q3_k_m": 3.4375, "q3_k_s": 3.4375, "q2_k": 2.625, "iq4_nl": 4.5}  # fmt: skip
 
 
 @dataclass(frozen=True)

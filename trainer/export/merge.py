@@ -57,12 +57,29 @@ def base_folder(source: Source, override: str | None, command: str = "export",
         raise ConfigError(f"{command} {source.folder}: the run trained LoRA on the preset {model!r}, whose base "
                           "weights were initialized at random and saved nowhere but in the run's final/ (merged); "
                           f"{command} final/ instead")  # fmt: skip
-    candidates = [model, _adapter_base(source)]
+    candidates = list(dict.fromkeys(c for c in (model, _adapter_base(source)) if c))  # each path named once
     for candidate in candidates:
-        if candidate and Path(candidate).is_dir():
+        if Path(candidate).is_dir():
             return candidate, f"{candidate} (recorded by the run)"
-    recorded = " or ".join(c for c in candidates if c)
+    recorded = " or ".join(candidates)
     raise ConfigError(f"{command} {source.folder}: the base model the run recorded ({recorded}) is not here; {fix}")
+
+
+def recorded_base_here(source: Source) -> str | None:
+    """The folder of the base the run recorded, where it is on this machine without a download (a local folder, or
+    the pinned Hub commit in HF_HOME's cache); None otherwise. export checks a merge into `--base` against it."""
+    hub = _recorded_hub_model(source)
+    if hub:
+        from huggingface_hub import snapshot_download
+
+        try:
+            return str(snapshot_download(hub["repo_id"], revision=hub["sha"], local_files_only=True))
+        except Exception:  # not in the cache (or the cache unreadable): nothing to check against
+            return None
+    try:
+        return base_folder(source, None)[0]
+    except ConfigError:
+        return None
 
 
 def _adapter_base(source: Source) -> str | None:

@@ -1,9 +1,18 @@
-"""`export`'s quantization options (--quant and the gate's), torch-free: argparse in, a QuantRequest out."""
+"""`export`'s quantization options (--quant and the gate's), torch-free: argparse in, a QuantRequest out, every value
+checked before any work (a ConfigError, exit 2, naming the option)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
+
+from trainer.errors import ConfigError
+
+MIN_CONTEXT = 2  # a window's last position has no next token: two tokens are the least that score one
+GATE_OPTIONS = {"max_ppl_increase": "--max-ppl-increase", "allow_quality_loss": "--allow-quality-loss",
+                "eval_data": "--eval-data", "calibration_data": "--calibration-data",
+                "eval_context": "--eval-context"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,28 @@ def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per scored window (default: the run's TRAIN_SEQ_LEN)")  # fmt: skip
 
 
+def option_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the quality gate's options: a number out of range, or a gate option without --quant."""
+    if not args.quant:
+        given = [flag for name, flag in GATE_OPTIONS.items() if getattr(args, name) not in (None, False)]
+        return [f"export {flag}: only with --quant TYPE (it is the quality gate's); add --quant or drop it"
+                for flag in given]  # fmt: skip
+    problems = []
+    increase = args.max_ppl_increase
+    if increase is not None and not (math.isfinite(increase) and increase > 0):
+        problems.append(f"export --max-ppl-increase {increase}: give a percentage above 0 (publish over the "
+                        "threshold with --allow-quality-loss instead)")  # fmt: skip
+    if args.eval_context is not None and args.eval_context < MIN_CONTEXT:
+        problems.append(f"export --eval-context {args.eval_context}: give the tokens per scored window, at least "
+                        f"{MIN_CONTEXT} (default: the run's TRAIN_SEQ_LEN)")  # fmt: skip
+    return problems
+
+
 def quant_request(args: argparse.Namespace) -> QuantRequest | None:
+    """The checked request (ConfigError naming each wrong option); None without --quant."""
+    problems = option_problems(args)
+    if problems:
+        raise ConfigError(*problems)
     if not args.quant:
         return None
     return QuantRequest(list(args.quant), args.max_ppl_increase, args.allow_quality_loss, args.eval_data,

@@ -1,11 +1,16 @@
 """What a quantized export costs, measured where it runs: perplexity and greedy agreement on one text.
 
-The text is, in order: `--eval-data FILE`, the run's eval set (TRAIN_EVAL_DATA, a local file), the tail of the run's
-training data (TRAIN_DATA, a local file: named so in the report, since the run trained on it). It is tokenized once
-by the export's tokenizer, cut into windows of the context (the run's TRAIN_SEQ_LEN, at most the model's positions),
-at most MAX_WINDOWS of them, and each window is scored by the reference (the unquantized export, in Transformers,
-float32) and by each quantized file in its own runtime. Per window: the next-token negative log-likelihood at every
-position but the last, and whether both put their top logit on the same token. Perplexity is exp(mean nll).
+The text is, in order: `--eval-data FILE`; the run's eval sets (TRAIN_EVAL_DATA, local files, each whole, in equal
+shares); the tail of the run's training data (TRAIN_DATA: named so in the report, since the run trained on it): of each
+source of a mix, in the mix's proportions (TAIL_BYTES of each, the windows shared out by its weights), else of its one
+source (the embedded corpus where the run trained on it). w4a16's calibration text is read by the same code: the
+training data before that tail ("head"). A source the run named that is not here any more (moved, deleted, a Hub
+dataset) is refused naming it and the option that gives the text instead: never another text in its place. The
+text is tokenized by the export's tokenizer, cut into windows of the context (the run's TRAIN_SEQ_LEN, at most the
+model's positions), at most MAX_WINDOWS of them, and each window is scored by the reference (the unquantized export,
+in Transformers, float32) and by each quantized file in its own runtime. Per window: the next-token negative
+log-likelihood at every position but the last, and whether both put their top logit on the same token. Perplexity is
+exp(mean nll).
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer.data.mix import parse_eval_sets
 from trainer.errors import ConfigError
+from trainer.hub.ids import parse_dataset_id
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -27,18 +34,24 @@ if TYPE_CHECKING:
 MAX_WINDOWS = 16
 TAIL_BYTES = 64 * 1024  # of the training data, when it is the text
 HEAD_BYTES = 4 * 1024 * 1024  # of the training data before that tail: w4a16's calibration text
+TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".json")  # what read_text takes of a data folder
 
 
 @dataclass(frozen=True)
 class EvalText:
     text: str
     origin: str  # what it is, for the report
-    path: Path
+    path: Path | None  # its file (None for several sources: each names its own)
     part: str = "all"  # of the file (read_text's `part`), for the answer prompts read from its records
+    share: float = 1.0  # of the windows, as one of several sources
+    sources: tuple[EvalText, ...] = ()  # several sources (a mix, eval sets): each one's text; `text` is theirs joined
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def pieces(self) -> tuple[EvalText, ...]:
+        return self.sources or (self,)
 
 
 @dataclass(frozen=True)
@@ -112,47 +125,101 @@ def records(path: Path, part: str = "all") -> list[Any]:
 
 
 def eval_text(eval_data: str | None, run: RunRecord | None) -> EvalText:
-    """The text the gate scores on (module docstring): --eval-data, else the run's eval set, else its data's tail."""
+    """The text the gate scores on (module docstring): --eval-data, else the run's eval sets, else its data's tail."""
     if eval_data:
         path = Path(eval_data)
         return EvalText(read_text(path, f"--eval-data {eval_data}"), f"--eval-data {path.name}", path)
-    eval_set = _one_file(getattr(run.settings, "eval_data", None)) if run is not None else None
-    if eval_set and Path(eval_set).is_file():
-        path = Path(eval_set)
-        return EvalText(read_text(path, f"TRAIN_EVAL_DATA={eval_set}"),
-                        f"the run's eval set TRAIN_EVAL_DATA={path.name}", path)  # fmt: skip
-    data = run_data_file(run)  # only where the run has no eval set: a folder's files are scanned to find it
-    if data and Path(data).is_file():
-        path = Path(data)
-        return EvalText(read_text(path, f"TRAIN_DATA={data}", "tail"),
-                        f"the tail of the run's training data (not held out) TRAIN_DATA={path.name}", path,
-                        "tail")  # fmt: skip
-    raise ConfigError("export --quant: no text to measure the quality on: the run names no local TRAIN_EVAL_DATA or "
-                      "TRAIN_DATA file; give --eval-data FILE (.txt, .jsonl or .json)")  # fmt: skip
+    value = str(getattr(run.settings, "eval_data", "") or "") if run is not None else ""
+    named = parse_eval_sets(value) or ([(Path(value).name, value)] if value else [])
+    if named and not any(parse_dataset_id(source) for _, source in named):
+        pieces = [_piece(source, "TRAIN_EVAL_DATA", "all", "--eval-data", 1 / len(named)) for _, source in named]
+        return _joined(pieces, f"the run's eval set{'s' * (len(pieces) > 1)} TRAIN_EVAL_DATA="
+                               f"{', '.join(p.path.name for p in pieces if p.path)}")  # fmt: skip
+    return run_text(run, "tail", "--eval-data")
 
 
-def run_data_file(run: RunRecord | None) -> str | None:
-    """The file of the run's TRAIN_DATA the gate (its tail) and w4a16's calibration (its head) read: the embedded corpus
-    where the setting is missing or empty, as the run itself did."""
+def run_text(run: RunRecord | None, part: str, option: str) -> EvalText:
+    """The run's training data (TRAIN_DATA): each source's `part` ("tail": the gate's text; "head": w4a16's
+    calibration text), several in the mix's proportions; ConfigError naming `option` where there is none."""
     from trainer.data.discovery import EMBEDDED_CORPUS
+    from trainer.data.mix import parse_mix
 
     if run is None:
-        return None
-    data = str(getattr(run.settings, "data", "") or "")
-    if not data or not (Path(data).is_file() or (Path(data).is_dir() and any(Path(data).iterdir()))):
-        return str(EMBEDDED_CORPUS)
-    return _one_file(data)
+        raise ConfigError(f"export --quant: SRC is not a run's folder, so there is no training data to read text from; "
+                          f"give {option} FILE (.txt, .jsonl or .json)")  # fmt: skip
+    value = str(getattr(run.settings, "data", "") or "")
+    if getattr(getattr(run, "decisions", None), "data", None) is not None and run.decisions.data.value == "embedded":
+        value = ""  # the run found no data where TRAIN_DATA pointed and trained on the embedded corpus
+    mix = parse_mix(value) if value else None
+    if mix is not None and mix.problems:
+        raise ConfigError(f"export --quant: the run's TRAIN_DATA={value} does not read now ({mix.problems[0]}); give "
+                          f"{option} FILE (.txt, .jsonl or .json)")  # fmt: skip
+    entries = [(e.source, e.weight) for e in mix.entries] if mix is not None and mix.is_mix else [(value, 1.0)]
+    total = sum(weight for _, weight in entries)
+    pieces = [_piece(source, "TRAIN_DATA", part, option, weight / total, EMBEDDED_CORPUS if not source else None)
+              for source, weight in entries]  # fmt: skip
+    names = [p.path.name if p.path else p.origin for p in pieces]
+    shares = ", ".join(f"{name} {p.share:.0%}" for name, p in zip(names, pieces, strict=True))
+    if part == "tail":
+        return _joined(pieces, f"the tail of the run's training data (not held out) TRAIN_DATA={names[0]}"
+                       if len(pieces) == 1 else f"the tails of the run's training mix (not held out), in its "
+                       f"proportions: {shares}")  # fmt: skip
+    return _joined(pieces, f"the run's training data before the gate's tail TRAIN_DATA={names[0]}"
+                   if len(pieces) == 1 else f"the run's training mix before the gate's tails, in its proportions: "
+                   f"{shares}")  # fmt: skip
 
 
-def _one_file(spec: Any) -> str | None:
-    """A data setting as one file the gate can read: the file itself, or of a folder's or glob's data files (in the
-    order the run reads them) the last one in a text format read_text takes."""
-    if not spec or Path(str(spec)).is_file():
-        return spec
+def _piece(source: str, variable: str, part: str, option: str, share: float, file: Path | None = None) -> EvalText:
+    path = file or _readable_file(source, variable, option)
+    text = read_text(path, f"{variable}={source}", part)
+    return EvalText(text, f"{'the tail of ' if part == 'tail' else ''}{path.name}", path, part, share)
+
+
+def paths(text: EvalText) -> str:
+    """The file(s) of the text, for the report."""
+    return ", ".join(str(p.path) for p in text.pieces())
+
+
+def figures(text: EvalText, counts: list[int], context: int) -> dict[str, Any]:
+    """The report's `eval_text`: what was scored (text_windows' `counts` of windows per source), to the byte."""
+    found: dict[str, Any] = {"origin": text.origin, "path": paths(text), "sha256": text.sha256,
+                             "tokens": sum(counts) * context, "windows": sum(counts), "context": context}  # fmt: skip
+    if text.sources:
+        found["sources"] = [{"origin": p.origin, "path": str(p.path), "share": p.share, "windows": count,
+                             "sha256": p.sha256} for p, count in zip(text.sources, counts, strict=True)]  # fmt: skip
+    return found
+
+
+def _joined(pieces: list[EvalText], origin: str) -> EvalText:
+    if len(pieces) == 1:
+        return replace(pieces[0], origin=origin)
+    return EvalText("\n\n".join(p.text for p in pieces), origin, None, pieces[0].part, 1.0, tuple(pieces))
+
+
+def _readable_file(source: str, variable: str, option: str) -> Path:
+    """The file of one source the gate reads: the file itself, or of a folder's or glob's data files (in the order
+    the run reads them) the last one in a text format read_text takes; ConfigError naming it and `option`."""
     from trainer.data.discovery import discover
 
-    readable = [f for f in discover(str(spec)).files if f.suffix in (".txt", ".md", ".jsonl", ".json") and f.is_file()]
-    return str(readable[-1]) if readable else None
+    fix = f"give {option} FILE (.txt, .jsonl or .json)"
+    if parse_dataset_id(source):
+        raise ConfigError(f"export --quant: the run's {variable} source {source} is a Hub dataset, which the quality "
+                          f"gate does not read; {fix}")  # fmt: skip
+    found = discover(source, split="eval" if variable == "TRAIN_EVAL_DATA" else "train")
+    readable = [f for f in found.files if f.suffix in TEXT_SUFFIXES and f.is_file()]
+    if readable:
+        return readable[-1]
+    if not found.files and not found.saved_dataset and not _exists(source):
+        raise ConfigError(f"export --quant: the run's {variable} {source} is not here any more (moved or deleted since "
+                          f"the run); {fix}, e.g. that data where it is now")  # fmt: skip
+    raise ConfigError(f"export --quant: the run's {variable}={source} holds no .txt, .md, .jsonl or .json file the "
+                      f"quality gate reads; {fix}")  # fmt: skip
+
+
+def _exists(source: str) -> bool:
+    import glob
+
+    return Path(source).exists() or bool(glob.glob(source))
 
 
 def windows(ids: list[int], context: int, origin: str, limit: int = MAX_WINDOWS, what: str = "eval text",
@@ -164,6 +231,38 @@ def windows(ids: list[int], context: int, origin: str, limit: int = MAX_WINDOWS,
                           "--eval-context N")  # fmt: skip
     count = min(len(ids) // context, limit)
     return [ids[i * context:(i + 1) * context] for i in range(count)]
+
+
+def text_windows(tokenizer: Any, text: EvalText, context: int, limit: int = MAX_WINDOWS, what: str = "eval text",
+                 option: str = "--eval-data") -> tuple[list[list[int]], list[int]]:  # fmt: skip
+    """The windows of `text` and how many are each source's: of each by its share of `limit` (each at least one,
+    none more than it holds; fewer in all where a source is short, so the shares hold); exit 2 when a source fills not
+    one."""
+    ids = [list(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in text.pieces()]
+    for piece, found in zip(text.pieces(), ids, strict=True):
+        windows(found, context, piece.origin, 1, what, option)  # a source shorter than one window: exit 2
+    counts = window_counts([p.share for p in text.pieces()], [len(i) // context for i in ids], limit)
+    return [w for found, count in zip(ids, counts, strict=True) for w in windows(found, context, "", count)], counts
+
+
+def window_counts(shares: list[float], available: list[int], limit: int) -> list[int]:
+    """Windows per source: the largest total up to `limit` whose split by `shares` (largest remainders, at least one
+    each) fits what each source holds."""
+    for total in range(min(limit, sum(available)), len(shares) - 1, -1):
+        counts = _split(shares, total)
+        if all(c <= a for c, a in zip(counts, available, strict=True)):
+            return counts
+    return [1] * len(shares)
+
+
+def _split(shares: list[float], total: int) -> list[int]:
+    wanted = [total * share for share in shares]
+    counts = [max(1, math.floor(w)) for w in wanted]
+    while sum(counts) < total:
+        counts[max(range(len(counts)), key=lambda i: wanted[i] - counts[i])] += 1
+    while sum(counts) > total:
+        counts[max((i for i in range(len(counts)) if counts[i] > 1), key=lambda i: counts[i] - wanted[i])] -= 1
+    return counts
 
 
 def judge(row: dict[str, Any], scores: Scores, reference: Scores, threshold: float) -> dict[str, Any]:

@@ -82,23 +82,30 @@ def plan(types: list[str], source: Source, max_increase: float | None, allow_los
         raise ConfigError(f"export --quant {','.join(unknown)}: unknown type; GGUF types: "
                           f"{', '.join(gguf.GGUF_TYPES)}; compressed-tensors: "
                           f"{', '.join(compressed.TYPES)}")  # fmt: skip
-    if max_increase is not None and not max_increase > 0:
-        raise ConfigError(f"export --max-ppl-increase {max_increase}: give a percentage above 0")
     text = quality.eval_text(eval_data, source.run)
     compressing = compressed.plan(wanted, source.run, calibration_data)
     gguf_types = [t for t in wanted if t in gguf.GGUF_TYPES]
     tools = gguf.tools(gguf_types) if gguf_types else None
+    from trainer.export.vision import refuse_quantized  # a vision-language model: refused, naming why
+
+    refuse_quantized(wanted, source, tools.converter if tools else None, tools.version if tools else None)
     if tools is not None and (source.folder / "config.json").is_file():
         gguf.check_convertible(tools, source.folder)
     return Plan(wanted, tools, compressing, text, max_increase, allow_loss, context)
 
 
-def plan_request(request: QuantRequest | None, source: Source, adapter_only: bool) -> Plan | None:
-    """`plan` for export's QuantRequest (trainer/export/options.py); None without one."""
+def plan_request(request: QuantRequest | None, source: Source, adapter_only: bool, tokenizer: bool = True
+                 ) -> Plan | None:  # fmt: skip
+    """`plan` for export's QuantRequest (trainer/export/options.py); None without one. `tokenizer`: whether SRC (or
+    its base) holds one, which the gate tokenizes its text with."""
     if request is None or not request.types:
         return None
     if adapter_only:
         raise ConfigError("export --adapter-only --quant: a quantized file needs the merged model; drop one of them")
+    if not tokenizer:
+        raise ConfigError(f"export --quant: {source.folder} holds no tokenizer (no tokenizer_config.json), and the "
+                          "quality gate scores text tokenized by the export's tokenizer; copy the model's tokenizer "
+                          "files there")  # fmt: skip
     return plan(request.types, source, request.max_ppl_increase, request.allow_quality_loss, request.eval_data,
                 request.eval_context, request.calibration_data)  # fmt: skip
 
@@ -134,7 +141,7 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None, run_dir
     tokenizer = AutoTokenizer.from_pretrained(str(staging))
     ids = list(tokenizer(plan.text.text, add_special_tokens=False)["input_ids"])
     context = _context(plan, staging, run)
-    chunks = quality.windows(ids, context, plan.text.origin)
+    chunks, counts = quality.text_windows(tokenizer, plan.text, context)
     log.info("export: scoring on %s: %d windows of %d tokens (sha256 %s)", plan.text.origin, len(chunks), context,
              plan.text.sha256[:12])  # fmt: skip
     reference = _reference(staging, chunks, tokenizer, plan.text)
@@ -148,10 +155,9 @@ def produce(plan: Plan, staging: Path, name: str, run: RunRecord | None, run_dir
             row["answer_agreement"] = answer_agreement.agreement(reference.answers, said, reference.job)
             rows[row["type"]] = _judged(plan, row, scores, reference.scores)
         shutil.rmtree(work)
-    text = {"origin": plan.text.origin, "path": str(plan.text.path), "sha256": plan.text.sha256,
-            "tokens": len(chunks) * context, "windows": len(chunks), "context": context}  # fmt: skip
-    report: dict[str, Any] = {"eval_text": text, "reference": {"runtime": "transformers (float32, CPU)",
-                                                               "perplexity": reference.scores.perplexity},
+    report: dict[str, Any] = {"eval_text": quality.figures(plan.text, counts, context),
+                              "reference": {"runtime": "transformers (float32, CPU)",
+                                            "perplexity": reference.scores.perplexity},
                               "answers": answer_agreement.summary(reference.job, reference.answers),
                               "types": [rows[kind] for kind in plan.types], "allow_quality_loss": plan.allow_loss}
     (staging / REPORT).write_text(json.dumps(report, indent=1) + "\n")

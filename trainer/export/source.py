@@ -1,9 +1,14 @@
-"""What `export` was given: a run folder (its final/, else its newest complete checkpoint), a checkpoint, or final/;
-and what that folder holds. Reads only JSON and file names (no torch); the run's record through
-trainer.config.run_record."""
+"""What `export` (and generate, eval) was given: a run folder (its final/, else its newest complete checkpoint), a
+checkpoint, or final/; and what that folder holds. Reads only JSON and file names (no torch); the run's record through
+trainer.config.run_record.
+
+A damaged folder is refused here, before any work, naming the file: one whose record (trainkit_complete) lists
+files that are now missing, of another size or other content, and any folder whose JSON files (the config, the
+tokenizer's, the adapter's) do not read as JSON objects."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +16,7 @@ from trainer.checkpoint_record import (
     CheckpointRecord,
     checkpoint_step,
     complete_checkpoints,
+    damage,
     has_record,
     has_trainer_state,
     holds_full_model,
@@ -24,6 +30,8 @@ ADAPTER = "adapter"  # a LoRA adapter (a checkpoint, or final/adapter/), merged 
 ZERO = "zero"  # DeepSpeed ZeRO shards (global_step*/), consolidated with zero_to_fp32
 FSDP = "fsdp"  # FSDP sharded state dict (pytorch_model_fsdp_*/, torch DCP), consolidated with accelerate
 FULL = "full"  # a whole model already (config.json + weights)
+JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
+              "special_tokens_map.json", "adapter_config.json")  # fmt: skip
 
 
 @dataclass
@@ -76,6 +84,25 @@ def resolve_source(src: Path, adapter_only: bool = False, command: str = "export
     folder = _pick_from_run(src, command) if is_run else src
     run_dir = folder.parent if run_record.present(folder.parent) else None
     run = run_record.read(run_dir) if run_dir else None  # first: a damaged record stops every command the same way
+    _refuse_damaged(src, folder, command)
     kind, adapter = _kind(folder, adapter_only, command)
     return Source(folder=folder, kind=kind, run_dir=run_dir, adapter=adapter, run=run,
                   record=read_record(folder) or CheckpointRecord())  # fmt: skip
+
+
+def _refuse_damaged(src: Path, folder: Path, command: str) -> None:
+    """ConfigError naming the file: what the folder's record lists and no longer holds, or a JSON file that does not
+    read (a torn copy)."""
+    problem = damage(folder) if has_record(folder) else None
+    if problem:  # its record lists every file's size: a truncated copy is named before any weights are read
+        raise ConfigError(f"{command} {src}: {problem}; copy it again, or use another checkpoint of the run")
+    for file in [folder / name for name in JSON_FILES] + [folder / "adapter" / name for name in JSON_FILES]:
+        if file.is_file():
+            try:
+                readable = isinstance(json.loads(file.read_text()), dict)
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                raise ConfigError(f"{command} {src}: {file} does not read as JSON ({str(exc)[:120]}); copy it "
+                                  "again, or use another checkpoint of the run") from None  # fmt: skip
+            if not readable:
+                raise ConfigError(f"{command} {src}: {file} holds no JSON object; copy it again, or use another "
+                                  "checkpoint of the run")  # fmt: skip

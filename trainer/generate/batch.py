@@ -25,8 +25,9 @@ class Request:
     prompt: Prompt
 
 
-def prompt_of(row: Any) -> Prompt:
-    """A line's request; ValueError says what is wrong with it."""
+def prompt_of(row: Any, base: Path = Path(".")) -> Prompt:
+    """A line's request (a record with images: its images read and checked, paths relative to `base`, the input
+    file's folder); ValueError says what is wrong with it."""
     from trainer.data.chat import BadRecord, _side
 
     if not isinstance(row, dict):
@@ -35,6 +36,8 @@ def prompt_of(row: Any) -> Prompt:
     if clash:
         raise ValueError(f"it holds {', '.join(clash)} already, which the output adds; rename that field")
     try:
+        if image_layout(row):
+            return _image_prompt(row, base)
         if "messages" in row:
             return Prompt(messages=_side(row["messages"], "user", "messages"))
         if isinstance(row.get("prompt"), list):
@@ -44,6 +47,25 @@ def prompt_of(row: Any) -> Prompt:
     if isinstance(row.get("prompt"), str):
         return Prompt(text=row["prompt"])
     raise ValueError("no `prompt` text or `messages` list")
+
+
+def image_layout(row: dict[str, Any]) -> str | None:
+    from trainer.data.vision import layout_of_record
+
+    return layout_of_record(row)
+
+
+def _image_prompt(row: dict[str, Any], base: Path) -> Prompt:
+    """A request in one of the layouts of records with images (trainer.data.vision), its images checked now."""
+    from trainer.data.images import read_image
+    from trainer.data.vision import record_of
+
+    layout = image_layout(row)
+    assert layout is not None
+    record = record_of(row, layout, "", base)
+    for ref in record.images:
+        read_image(ref)
+    return Prompt(messages=record.conversation.messages, images=record.images)
 
 
 def read_requests(path: Path, max_bad_lines: int) -> tuple[list[Request], list[str]]:
@@ -59,7 +81,7 @@ def read_requests(path: Path, max_bad_lines: int) -> tuple[list[Request], list[s
                 continue
             try:
                 row = json.loads(line)
-                requests.append(Request(number, row, prompt_of(row)))
+                requests.append(Request(number, row, prompt_of(row, path.parent)))
             except ValueError as exc:
                 bad.append(f"{path}:{number}: {exc}")
     check_bad(path, bad, len(requests) + len(bad), max_bad_lines)

@@ -142,8 +142,11 @@ def chat(generator: Any) -> int:
     if terminal:
         import readline  # noqa: F401  (line editing and history for input())
     mode = "chat (history kept; /reset forgets it)" if generator.template else "plain completion, line by line"
-    print(f"{mode}; /exit or Ctrl-D quits", file=sys.stderr)
+    pictures = "; /image PATH shows the model a picture with your next line" if generator.processor else ""
+    print(f"{mode}; /exit or Ctrl-D quits{pictures}", file=sys.stderr)
     history: list[dict[str, Any]] = []
+    images: list[Any] = []  # every image of the conversation, in order
+    pending: list[Any] = []  # /image's, for the next line
     while True:
         try:
             line = input("you> " if terminal else "")
@@ -155,12 +158,17 @@ def chat(generator: Any) -> int:
             return EXIT_OK
         if text == "/reset":
             history.clear()
+            images.clear()
             print("(history cleared)", file=sys.stderr)
+            continue
+        if text.startswith("/image"):
+            pending += _image_of(text[len("/image") :].strip(), generator)
             continue
         if not text:
             continue
-        turn = [*history, {"role": "user", "content": line}]
-        prompt = Prompt(messages=turn) if generator.template else Prompt(text=line)
+        content: Any = [*({"type": "image"} for _ in pending), {"type": "text", "text": line}] if pending else line
+        turn = [*history, {"role": "user", "content": content}]
+        prompt = Prompt(messages=turn, images=[*images, *pending]) if generator.template else Prompt(text=line)
         try:
             answer = generator.generate([generator.encode(prompt)])[0]
         except ConfigError as exc:
@@ -169,3 +177,22 @@ def chat(generator: Any) -> int:
         print(f"model> {answer.text}" if terminal else answer.text, flush=True)
         if generator.template:
             history = [*turn, {"role": "assistant", "content": answer.text}]
+            images, pending = [*images, *pending], []
+
+
+def _image_of(path: str, generator: Any) -> list[Any]:
+    """/image PATH: the picture, checked now ([] and the reason on stderr when it cannot be shown)."""
+    from trainer.data.chat import BadRecord
+    from trainer.data.images import image_ref, read_image
+
+    if generator.processor is None or not generator.template:
+        print("error: /image needs a vision-language model with a chat template", file=sys.stderr)
+        return []
+    try:
+        ref = image_ref(path, Path.cwd(), "/image")
+        read_image(ref)
+    except BadRecord as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return []
+    print(f"(image {path} goes with your next line)", file=sys.stderr)
+    return [ref]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.checkpoint_record import damage, has_record, holds_full_model
+from trainer.checkpoint_record import holds_full_model
 from trainer.config.precision import DTYPE_NAMES
 from trainer.errors import ConfigError
 
@@ -60,6 +60,7 @@ class Loaded:
     tokenizer: Any
     plan: Plan
     device: Any
+    processor: Any = None  # a vision-language model's (its tokenizer is `tokenizer`): prompts with images
 
     @property
     def chat_template(self) -> str | None:
@@ -103,10 +104,7 @@ def _from_folder(folder: Path, command: str) -> Plan:
     from trainer.export import merge
     from trainer.export.source import ADAPTER, FULL, resolve_source
 
-    source = resolve_source(folder, command=command)
-    problem = damage(source.folder) if has_record(source.folder) else None
-    if problem:  # its record lists every file's size: a truncated copy is named before any weights are read
-        raise ConfigError(f"{command} {folder}: {problem}; copy it again, or use another checkpoint of the run")
+    source = resolve_source(folder, command=command)  # a damaged folder is refused there, naming the file
     if source.kind == ADAPTER:
         base, how = merge.base_folder(source, None, command=command, fix=GENERATE_FIX)
         folders = (source.folder, *([source.adapter] if source.adapter else []), Path(base))
@@ -167,17 +165,34 @@ def load(model: str, adapter: str | None, choice: Choice, command: str = "genera
     if choice.quant != "none" and plan.preset:
         raise ConfigError(f"{command} {model} --quant: a preset is built from scratch; quantize a trained model")
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
-    tokenizer = _tokenizer(plan)
+    processor = _processor(plan)
+    tokenizer = processor.tokenizer if processor is not None else _tokenizer(plan)
     built = _build(plan, choice, tokenizer, device)
     built.eval()
     log.info("%s: %s loaded (%s, %s on %s)", command, plan.described, _precision(built, choice), built.dtype, device)
-    return Loaded(built, tokenizer, plan, device)
+    return Loaded(built, tokenizer, plan, device, processor)
 
 
 def _precision(model: Any, choice: Choice) -> str:
     if choice.quant == "4bit":
         return f"4-bit {choice.quant_type}" + (" double-quantized" if choice.double_quant else "")
     return "8-bit" if choice.quant == "8bit" else "not quantized"
+
+
+def _processor(plan: Plan) -> Any:
+    """A vision-language model's processor (saved beside its weights, or a vision preset's); None for others."""
+    from trainer.config.presets import is_vision_preset
+    from trainer.data.vision import folder_reads_images
+    from trainer.model.vision import PROCESSOR_FILES, load_processor
+    from trainer.model.vision_preset import qwen2_vl_processor
+
+    if plan.preset:
+        return qwen2_vl_processor(_tokenizer(plan), plan.model) if is_vision_preset(plan.model) else None
+    if not folder_reads_images(plan.model):
+        return None
+    folders = [*plan.tokenizer_folders, Path(plan.model)]
+    saved = next((f for f in folders if any((Path(f) / name).is_file() for name in PROCESSOR_FILES)), plan.model)
+    return load_processor(saved)
 
 
 def _tokenizer(plan: Plan) -> Any:

@@ -35,6 +35,7 @@ CAPABILITY: dict[str, tuple[int, int]] = {
     "RTX-3090": (8, 6), "V100-16GB": (7, 0), "V100-32GB": (7, 0), "T4": (7, 5),
 }  # fmt: skip
 
+SMALLEST, LARGEST = GIB, 1 << 40  # a size outside these is a typo, not a GPU (the largest above holds 180 GB)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB|MiB|MB|TiB|TB)\s*$", re.IGNORECASE)
 _UNITS = {"gib": GIB, "gb": GB, "mib": 1 << 20, "mb": 10**6, "tib": 1 << 40, "tb": 10**12}
 
@@ -45,10 +46,14 @@ def _key(name: str) -> str:
 
 def described_gpu(text: str) -> tuple[str, int]:
     """(name, bytes) for `text`: a name of GPUS (case, spaces and dashes ignored: `rtx 4090`) or a size (`24GiB`,
-    `80GB`); ValueError naming what it accepts."""
+    `80GB`, from 1 GiB to 1 TiB); ValueError naming what it accepts."""
     size = _SIZE.match(text)
     if size:
-        return text.strip(), int(float(size.group(1)) * _UNITS[size.group(2).lower()])
+        total = int(float(size.group(1)) * _UNITS[size.group(2).lower()])
+        if not SMALLEST <= total <= LARGEST:
+            raise ValueError(f"{text.strip()} is no GPU's memory: give one between 1 GiB and 1 TiB (e.g. 24GiB, "
+                             "80GB), or a GPU's name")  # fmt: skip
+        return text.strip(), total
     wanted = _key(text)
     for name, total in GPUS.items():
         if _key(name) == wanted or _key(name).removeprefix("RTX") == wanted:

@@ -21,6 +21,7 @@ from trainer.methods import of
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
+    from trainer.config.schema import TrainSettings
 
 GIB = 1 << 30
 # The prediction's error on a GPU: not measured yet (no GPU run has compared them); the goal's 10% until one has.
@@ -58,8 +59,21 @@ def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
         fsdp=s.fsdp, processes=d.nproc_per_node.value, grad_ckpt=d.grad_ckpt.value, attn=d.attn.value,
         record_mask="records" in d.packing.value and not d.attn.value.startswith("flash"),
         method=s.method, reference=d.reference.value, rl_new_tokens=s.rl_max_new_tokens if online else 0,
+        rl_engine=s.rl_engine if online else "transformers", vllm_bytes=vllm_share(cfg),
         loss_chunk_tokens=CHUNK_POSITIONS if d.cross_entropy.value == "chunked" else 0,
     )  # fmt: skip
+
+
+def vllm_colocated(s: TrainSettings) -> bool:
+    """Online RL generating with vLLM in the training process (TRAIN_RL_ENGINE=vllm without TRAIN_RL_VLLM_URL)."""
+    return of(s.method).family == "online" and s.rl_engine == "vllm" and not s.rl_vllm_url
+
+
+def vllm_share(cfg: RunConfig) -> int:
+    """What vLLM colocated takes of the device inside the training process: TRAIN_RL_VLLM_MEMORY of its memory; 0
+    otherwise, and where there is no device to take it of."""
+    s, device = cfg.settings, cfg.hardware.total_memory_bytes if cfg.hardware.is_gpu else None
+    return int(s.rl_vllm_memory * device) if vllm_colocated(s) and device else 0
 
 
 @dataclass(frozen=True)

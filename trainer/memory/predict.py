@@ -22,13 +22,13 @@ Where each part comes from (`SOURCES`, shown beside each figure):
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainer.config.precision import compute_dtype_bytes
-from trainer.config.presets import PRESETS
+from trainer.config.presets import language_preset
+from trainer.memory.model_config import shape_config
 from trainer.memory.zero import Held, stage_1_2, stage_3
 from trainer.methods import of
 
@@ -47,7 +47,9 @@ SOURCES = {
     "activations": "tensors autograd saves per token and layer, counted on the real model with saved-tensor hooks",
     "autocast_copies": "autocast's compute-dtype copies of fp32 linear weights, saved for the backward pass",
     "logits_and_loss": "tokens x vocabulary: logits, their fp32 copy, log-softmax and its gradient",
-    "method_extras": "reference model / pairs (preference methods), generation KV cache (online RL)",
+    "method_extras": "reference model / pairs (preference methods), generation KV cache (online RL, transformers)",
+    "vllm_colocated": "TRAIN_RL_VLLM_MEMORY x the device's memory: vLLM's engine in the training process (TRL's "
+                      "colocate mode: its copy of the weights, activations and KV cache)",
     "framework": "CUDA context, workspaces, allocator fragmentation: an allowance, unmeasured",
 }
 
@@ -94,16 +96,17 @@ class Shape:
 
 
 def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
-    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64)."""
-    p = PRESETS[name]
+    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64); a vision
+    preset's language model (its vision tower is not counted)."""
+    p = language_preset(name)
     rows = (max(vocab, p.vocab) + 63) // 64 * 64
     return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024)
 
 
 def folder_shape(folder: str | Path) -> Shape:
-    """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma: the same field names)."""
-    c = json.loads((Path(folder) / "config.json").read_text())
-    c = c.get("text_config", c)
+    """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma: the same field names); ShapeUnknown
+    saying why where it cannot be read (trainer/memory/model_config.py)."""
+    c = shape_config(folder)
     heads = int(c["num_attention_heads"])
     return Shape(int(c["hidden_size"]), int(c["num_hidden_layers"]), heads, int(c.get("num_key_value_heads") or heads),
                  int(c["intermediate_size"]), int(c["vocab_size"]), bool(c.get("tie_word_embeddings", False)),
@@ -137,6 +140,8 @@ class Plan:
     method: str = "sft"
     reference: str = "none"
     rl_new_tokens: int = 0
+    rl_engine: str = "transformers"  # online RL's generation: transformers (its KV cache here) or vllm (elsewhere)
+    vllm_bytes: int = 0  # vLLM colocated: its share of the device (TRAIN_RL_VLLM_MEMORY x the device's memory)
     loss_chunk_tokens: int = 0  # TRAIN_CROSS_ENTROPY=chunked: positions per chunk of logits (0: all at once)
     notes: tuple[str, ...] = field(default=())
 
@@ -416,7 +421,7 @@ def method_bytes(plan: Plan) -> int:
         extra += adapter_params(plan)[0] * 4
     if plan.reference in ("frozen copy", "frozen adapter"):
         extra += rows(plan) * seq_tokens(plan) * s.vocab * c
-    if plan.rl_new_tokens:
+    if plan.rl_new_tokens and plan.rl_engine == "transformers":  # vLLM generates in its own share (or a server)
         extra += plan.batch * seq_tokens(plan) * 2 * s.layers * s.kv_heads * s.dim * c
     return extra
 
@@ -433,4 +438,6 @@ def predict(plan: Plan) -> Prediction:
         "method_extras": method_bytes(plan),
     }
     parts["framework"] = CONTEXT_BYTES + int(FRAGMENTATION * sum(parts.values()))
+    if plan.vllm_bytes:  # vLLM's own pool, sized by it up front: no fragmentation of the run's allowance
+        parts["vllm_colocated"] = plan.vllm_bytes
     return Prediction(plan, parts)

@@ -69,7 +69,7 @@ def load(what: Weights, how: LoadHow) -> Any:
     if what.preset is not None or what.fresh:
         model = _fresh(config, how)
     else:
-        model = _model_class(how).from_pretrained(what.folder, config=config, **pretrained_kwargs(how))
+        model = _model_class(how, config).from_pretrained(what.folder, config=config, **pretrained_kwargs(how))
         if what.tokenizer is not None:
             from trainer.tokenizer import fit_embeddings
 
@@ -98,9 +98,12 @@ def model_config(what: Weights, how: LoadHow) -> Any:
     from trainer.config.rope import existing_scaling, scale_rope
 
     if what.preset is not None:
+        from trainer.config.presets import is_vision_preset
         from trainer.model.build import preset_config
+        from trainer.model.vision_preset import vision_preset_config
 
-        config = preset_config(what.preset, len(what.tokenizer), 0, what.tokenizer)
+        config = (vision_preset_config(what.preset, what.tokenizer) if is_vision_preset(what.preset)
+                  else preset_config(what.preset, len(what.tokenizer), 0, what.tokenizer))  # fmt: skip
     else:
         from transformers import AutoConfig
 
@@ -114,10 +117,15 @@ def model_config(what: Weights, how: LoadHow) -> Any:
     return config
 
 
-def _model_class(how: LoadHow) -> Any:
+def _model_class(how: LoadHow, config: Any = None) -> Any:
+    """A one-score head's class, a vision-language model's (trainer.model.vision), else the causal LM's."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    return AutoModelForSequenceClassification if how.score_head else AutoModelForCausalLM
+    from trainer.model.vision import model_class
+
+    if how.score_head:
+        return AutoModelForSequenceClassification
+    return model_class(config) or AutoModelForCausalLM
 
 
 def _dtype(name: str) -> Any:
@@ -153,15 +161,16 @@ def _fresh(config: Any, how: LoadHow) -> Any:
     from trainer.compat import model_dtype_kwargs
 
     fp32 = model_dtype_kwargs(torch.float32)
+    cls = _model_class(how, config)
     if how.quant != "none":
-        made = _model_class(how).from_config(config, **fp32)
+        made = cls.from_config(config, **fp32)
         with tempfile.TemporaryDirectory(prefix="trainkit-preset-") as tmp:
             made.save_pretrained(tmp)
             del made
-            return _model_class(how).from_pretrained(tmp, **pretrained_kwargs(how))
+            return cls.from_pretrained(tmp, **pretrained_kwargs(how))
     attention = {} if how.attention is None else {"attn_implementation": how.attention}
     with torch.device(how.device if how.device is not None else "cpu"):
-        model = _model_class(how).from_config(config, **attention, **fp32)
+        model = cls.from_config(config, **attention, **fp32)
     if how.dtype not in (None, "auto", "float32"):
         model = model.to(_dtype(how.dtype))
     return model

@@ -161,6 +161,23 @@ def atomic_trainer(base: type) -> type:
                 log.info("checkpoint: %s complete (%.2fs)", final, time.perf_counter() - started)
             self.accelerator.wait_for_everyone()
 
+        def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
+            if self._staging_dir is None:  # final/ and save_model: the original layout, for every other tool
+                return super()._save(output_dir, state_dict)
+            from trainer.compat import saving_in_model_names
+
+            unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+            with saving_in_model_names(self.model, unwrapped):  # a checkpoint: as its resume loads it back
+                return super()._save(output_dir, state_dict)
+
+        def _issue_warnings_after_load(self, load_result: Any) -> None:
+            super()._issue_warnings_after_load(load_result)
+            lost = weights_not_loaded(self.model, load_result.missing_keys)
+            if lost:
+                named = ", ".join(lost[:3]) + (", ..." if len(lost) > 3 else "")
+                raise RuntimeError(f"the checkpoint left {len(lost)} of the model's weights unloaded ({named}): "
+                                   "resuming would train from other weights")  # fmt: skip
+
         def _save_staged(self, model: Module, trial: Any, staging: Path, final: Path, step: int, *more: Any,
                          **named: Any) -> None:  # fmt: skip
             self._staging_dir = str(staging)
@@ -223,6 +240,17 @@ def atomic_trainer(base: type) -> type:
             return not (getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False))
 
     return AtomicCheckpointTrainer
+
+
+def weights_not_loaded(model: Module, missing: list[str]) -> list[str]:
+    """The missing keys of a load that name a weight no loaded key shares (a tied LM head missing is fine: its
+    embedding was loaded)."""
+    names: dict[int, list[str]] = {}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, param in params.items():
+        names.setdefault(id(param), []).append(name)
+    absent = set(missing)
+    return [name for name in missing if name not in params or all(n in absent for n in names[id(params[name])])]
 
 
 def steps_from_settings() -> Any:

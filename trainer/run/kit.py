@@ -83,6 +83,8 @@ class Prepared:
     perplexity: bool = False  # the eval loss is a token loss (SFT): perplexity is logged beside it
     after_trackers: tuple[Any, ...] = ()  # callbacks added once the trackers' own are in place
     provenance: dict[str, Any] | None = None  # the method's part of provenance.json (online RL's rewards, generation)
+    processor: Any = None  # what final/ saves beside the model when not the tokenizer (a vision model's processor)
+    data_files: tuple[Path, ...] = ()  # input files beside TRAIN_DATA's that provenance.json hashes (images)
 
 
 def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupClock,

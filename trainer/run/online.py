@@ -17,6 +17,7 @@ from trainer.config.method import trainer_class
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError
 from trainer.run import kit
+from trainer.run.vision import refuse_image_method
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
@@ -34,6 +35,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
 
     cfg, args = setup.cfg, setup.args
     rows = training_rows(cfg)
+    refuse_image_method(cfg.inputs, rows)
     check_prompt_lengths(cfg, setup.tokenizer, rows)
     rewards = reward_functions(cfg, rows)
     model = setup.model(lambda: build_policy(cfg, setup.tokenizer))

@@ -19,6 +19,7 @@ from trainer.data.preference import encoded, limit_prompts, longest, unpaired_fr
 from trainer.errors import ConfigError
 from trainer.methods import of
 from trainer.run import kit
+from trainer.run.vision import refuse_image_method
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -33,6 +34,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     """TRL's trainer for TRAIN_METHOD, with the same callbacks and checkpoints as SFT."""
     cfg = setup.cfg
     rows = training_rows(cfg, setup.tokenizer)
+    refuse_image_method(cfg.inputs, rows[0])
     model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
     record = kit.learned(setup.start, setup.args, cfg.decisions, len(rows[0]))
     callbacks = setup.callbacks(model, record)

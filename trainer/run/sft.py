@@ -3,6 +3,7 @@ by its shares), the model, TRAIN_AUTO_BATCH's search, the eval set."""
 
 from __future__ import annotations
 
+from trainer.data.vision import has_images
 from trainer.run import kit
 
 
@@ -17,6 +18,10 @@ def prepare(setup: kit.Setup) -> kit.Prepared | None:
     from trainer.run.training_model import build_model
 
     cfg, args, tokenizer, inputs = setup.cfg, setup.args, setup.tokenizer, setup.cfg.inputs
+    if has_images(inputs.data.layouts):
+        from trainer.run import vision
+
+        return vision.prepare(setup)  # records with images: the vision-language path
     try:  # local rank 0 prepares the data; the other ranks wait for its cache (trainer.data.cache)
         with full_disk_ends_run(inputs.cache_dir, "writing the tokenized data cache"):
             dataset, eval_dataset = training_data(inputs, tokenizer, should_stop=lambda: setup.stop.requested)

@@ -85,7 +85,8 @@ def run(cfg: RunConfig) -> int:
     try:
         return _run(cfg, stop, resume, clock)
     except OSError as exc:
-        from trainer.run.disk_space import DISK_ERRNOS, DiskFull
+        from trainer.machine.disk import DISK_ERRNOS
+        from trainer.run.disk_space import DiskFull
 
         if exc.errno not in DISK_ERRNOS:
             raise
@@ -148,7 +149,8 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: StartupClock
         return _interrupted(stop, None)
     trainer, record = prepared.trainer, prepared.record
     if args.should_save:  # what made this run (trainer.provenance): the libraries it imported are all loaded now
-        _record_provenance(cfg, tokenizer, prepared.provenance, prepared.record.decisions.memory.value)
+        _record_provenance(cfg, tokenizer, prepared.provenance, prepared.record.decisions.memory.value,
+                           prepared.data_files)  # fmt: skip
     trainer.checkpoint_record = run_record(s, cfg.hub, batch_record(plan, args))  # read back by config.resume
     if tracker_runs is not None:
         from trainer.trackers.callbacks import install
@@ -173,7 +175,7 @@ def _run(cfg: RunConfig, stop: GracefulStop, resume: Resume, clock: StartupClock
         return _interrupted(stop, trainer.state.global_step)
     if stop.requested:
         log.warning("the stop came after the last step: finishing the run (final/, exit 0) instead")
-    trainer.save_final(out / "final", tokenizer)
+    trainer.save_final(out / "final", prepared.processor or tokenizer)
     if args.should_save:
         (out / DIVERGED_RECORD).unlink(missing_ok=True)  # an earlier attempt's record: these settings finished
     log.info("finished: %d steps; model and tokenizer in %s", trainer.state.global_step, out / "final")
@@ -200,16 +202,16 @@ def _family(cfg: RunConfig) -> Family:
 
 
 def _record_provenance(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, method: dict[str, Any] | None,
-                       memory: dict[str, Any] | None) -> None:  # fmt: skip
-    """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints, template, seed, the
-    memory prediction (`memory`: decisions.memory's value)."""
+                       memory: dict[str, Any] | None, more: tuple[Path, ...] = ()) -> None:  # fmt: skip
+    """provenance.json beside run_config.json: image, libraries, hardware, data fingerprints (`more`: files the
+    records name, such as images), template, seed, the memory prediction (`memory`: decisions.memory's value)."""
     from trainer.data.chat import template_hash
     from trainer.data.mix import mix_file
     from trainer.provenance import record_run
 
     s, inputs = cfg.settings, cfg.inputs
     data_files = [*mix_file(s.data), *inputs.data.identity_files(),
-                  *(inputs.eval_data.identity_files() if s.eval_data else [])]  # fmt: skip
+                  *(inputs.eval_data.identity_files() if s.eval_data else []), *more]  # fmt: skip
     record_run(Path(s.output_dir), data_files, cfg.hub, template_hash(tokenizer), s.seed, method, memory)
 
 

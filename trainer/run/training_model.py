@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -99,6 +99,32 @@ def build_model(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase, packed: bool
     if cfg.decisions.cross_entropy.value == "chunked":  # the loss from the head's weight, a chunk at a time
         install_chunked_loss(model)
     compile_model(cfg, model)
+    log_parameter_counts(model)
+    return model
+
+
+def build_vision_model(cfg: RunConfig, processor: Any, parts: frozenset[str]) -> PreTrainedModel:
+    """A vision-language model to train on records with images: a vision preset from scratch or a folder, with
+    Transformers' own attention (records are never packed), `parts` trained (trainer.model.vision_parts: vision,
+    projector, language) and every other component frozen; with LoRA, the adapter on the linears of the trained
+    parts but the projector, which trains whole. A component left trainable against `parts` exits 2."""
+    from trainer.config.presets import is_vision_preset
+    from trainer.model.vision_parts import check_frozen, linear_modules, outermost_modules, set_trainable
+
+    s = cfg.settings
+    deepspeed_counts_every_process(cfg)
+    weights = (Weights(preset=s.model, tokenizer=processor.tokenizer) if is_vision_preset(s.model)
+               else Weights(folder=cfg.decisions.model.value, tokenizer=processor.tokenizer))  # fmt: skip
+    model = load(weights, load_how(cfg, packed=False))
+    for config in (model.config, getattr(model.config, "text_config", None)):
+        if config is not None:
+            config.use_cache = False  # training needs no KV cache
+    set_trainable(model, parts)
+    if s.lora:
+        adapted = parts - {"projector"}
+        model = apply_lora(model, s, targets=linear_modules(model, adapted),
+                           whole=outermost_modules(model, "projector") if "projector" in parts else None)  # fmt: skip
+    check_frozen(model, parts, f"TRAIN_TRAINABLE={cfg.settings.trainable}")
     log_parameter_counts(model)
     return model
 

@@ -29,3 +29,8 @@ class AdapterSettings(BaseModel):
         on_resume=FIXED,
     )
     neftune_alpha: float = setting(0.0, "adapters", "NEFTune noise alpha; 0 turns it off.", ge=0, on_resume=FREE)
+    trainable: str = setting(
+        "projector,language", "adapters", "A vision-language model's parts that train (vision, projector, "
+        "language; the rest stays frozen, checked); with TRAIN_LORA=1, LoRA on their linears, the projector whole.",
+        on_resume=FIXED,
+    )

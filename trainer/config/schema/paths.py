@@ -16,7 +16,8 @@ from trainer.config.schema.fields import DATA, FIXED, NOT_RECORDED, setting
 class PathSettings(BaseModel):
     model: str = setting(
         "tiny", "paths",
-        "A preset for training from scratch: tiny, 125m, 350m, 1b (Llama architecture); a local Hugging Face "
+        "A preset for training from scratch: tiny, 125m, 350m, 1b (Llama architecture), tiny-vl (Qwen2-VL, for "
+        "records with images); a local Hugging Face "
         "model folder; or a Hub ID org/name[@revision], downloaded into HF_HOME (HF_TOKEN for gated and private "
         "models; with HF_HUB_OFFLINE=1 only the cache is used). The resolved commit is recorded and kept on resume.",
         on_resume=FIXED,
