@@ -378,7 +378,8 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     args["ARTIFACT_SHA256"] = " ".join(f"{name}={digest}" for name, digest in sorted(matrix.sha256.items()))
     llama = matrix.llama_cpp  # read by scripts/setup_llama_cpp.py --pins-from-env inside the build
     args.update(LLAMA_CPP_VERSION=llama["version"], LLAMA_CPP_SHA256=llama["sdist_sha256"],
-                LLAMA_CPP_CMAKE_ARGS=llama["cmake_args"], LLAMA_CPP_REQUIRES=" ".join(llama["requires"]))  # fmt: skip
+                LLAMA_CPP_CMAKE_ARGS=llama["cmake_args"], LLAMA_CPP_REQUIRES=" ".join(llama["requires"]),
+                LLAMA_CPP_SERVER=build_arg_wheels(llama.get("server", {})))  # fmt: skip
     quant = matrix.llmcompressor  # read by scripts/setup_quant.py --pins-from-env inside the build
     args.update(LLMCOMPRESSOR_VERSION=quant["version"], LLMCOMPRESSOR_WHEELS=build_arg_wheels(quant["wheels"]),
                 LLMCOMPRESSOR_LEFT_OUT=" ".join(quant["left_out"]))  # fmt: skip

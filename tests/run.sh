@@ -48,7 +48,8 @@ $PY -m pip install -q $PINS "mlflow-tracing==$MLFLOW_VERSION" "Flask<4" "Flask-C
   "sqlalchemy>=1.4,<3" "graphene<4" "gunicorn<27" "huey>=2.5.4,<4" "cryptography>=43,<51" "aiohttp>=3.7,<4"
 $PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
 # `export --quant` (tests/trainer/test_export_quant.py): llama.cpp's converter and the llama_cpp binding, from the pinned
-# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after). Its compile runs
+# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after), with its server's
+# hashed requirements ([llama_cpp.server]: `serve`, tests/trainer/test_serve_check.py). Its compile runs
 # beside the rest of the set-up (downloads, the oldest row's venv, lint) and is waited for before the tests: the CPU
 # image's build takes its wheel (scripts/build.py --cpu) instead of compiling llama.cpp again.
 llama_log=build/test-logs/llama-cpp.log

@@ -7,4 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x .venv-rl/bin/python ] || { echo "no .venv-rl: run bash tests/rl/setup.sh" >&2; exit 2; }
-exec .venv-rl/bin/python -m pytest -ra -p no:cacheprovider tests/trainer/test_vllm_engine.py tests/trainer/test_vllm_tools.py "$@"
+exec .venv-rl/bin/python -m pytest -ra -p no:cacheprovider tests/trainer/test_vllm_engine.py tests/trainer/test_vllm_tools.py \
+  tests/trainer/test_serve_vllm.py "$@"

@@ -255,7 +255,7 @@ def _save(model: Any, tokenizer: Any, staging: Path, dtype_name: str) -> None:
 def _copy_adapter(source: Any, tokenizer: Any, staging: Path, name: str) -> None:
     from safetensors.torch import load_file
 
-    from trainer.export import model_card
+    from trainer.export import adapter_layout, model_card
 
     for file in ADAPTER_FILES:
         if (source.adapter / file).is_file():
@@ -266,26 +266,7 @@ def _copy_adapter(source: Any, tokenizer: Any, staging: Path, name: str) -> None
     weights = staging / "adapter_model.safetensors"
     if not weights.is_file() or not load_file(str(weights)):
         raise ConfigError(f"export --adapter-only: {source.adapter} holds no adapter_model.safetensors weights")
-    _refuse_parameter_adapters(staging, source.adapter)
+    adapter_layout.check(staging, source.adapter)
     log.info("export: %s holds the LoRA adapter of %s (--adapter-only), %d tensors", name, source.adapter,
              len(load_file(str(weights))))  # fmt: skip
 
-
-def _refuse_parameter_adapters(folder: Path, adapter: Path) -> None:
-    """An adapter on parameters (a mixture's fused routed experts, its routers: PEFT's target_parameters) is refused
-    as an adapter export: vLLM 0.31, the server an exported adapter is for, reads PEFT's fused gate_up_proj adapter
-    as interleaved gate/up rows on the models it does not mark as 3D-MoE (Qwen3-MoE, OLMoE, Mixtral, DeepSeek store
-    them concatenated: served, the adapter would compute something else; vllm/lora/model_manager.py's
-    _stack_moe_lora_weights), its fused-MoE LoRA kernels are Triton (CUDA) ones, which this project cannot run to prove
-    gpt-oss's, and it has no LoRA for a router. The merged export is a plain model folder every server loads."""
-    import json
-
-    config = json.loads((folder / "adapter_config.json").read_text())
-    targets = config.get("target_parameters") or []
-    if targets:
-        raise ConfigError(f"export --adapter-only: the adapter of {adapter} adapts parameters ({', '.join(targets)}: "
-                          "a mixture of experts' fused experts or routers), which vLLM's LoRA loader does not read as "
-                          "trained (it splits fused gate_up_proj adapters as interleaved rows, runs MoE LoRA only in "
-                          "CUDA kernels, and has no router LoRA); export without --adapter-only: the adapter merged "
-                          "into its base (checked against base + adapter) loads in vLLM, llama.cpp and "
-                          "Transformers")  # fmt: skip
