@@ -30,9 +30,9 @@ def cpu_quota(root: Path = CGROUP_ROOT) -> tuple[float, str] | None:
             return None
         return int(quota) / int(period), f"cgroup cpu.max {quota} {period}"
     for folder in (root / "cpu", root / "cpu,cpuacct"):
-        quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
-        if quota and period and int(quota) > 0:
-            return int(quota) / int(period), f"cgroup cpu.cfs_quota_us {quota} / cpu.cfs_period_us {period}"
+        cfs, period_us = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+        if cfs and period_us and int(cfs) > 0:
+            return int(cfs) / int(period_us), f"cgroup cpu.cfs_quota_us {cfs} / cpu.cfs_period_us {period_us}"
     return None
 
 
