@@ -6,6 +6,7 @@ image; compose runs the image by TRAINKIT_CPU_IMAGE, where the trainer accepts t
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from compose_support import GID, RUN_PY, UID, Compose, owned_output, write_env
+from compose_support import GID, RUN_PY, UID, Compose, memlock_for, owned_output, write_env
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,18 +92,22 @@ def test_grpo_generates_with_vllm_in_the_container_run_py_chose(project: Path, c
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(1, GRPO_STEPS + 1)), lines
     assert all(line["time/generation_s"] > 0 and "rewards/exact/mean" in line for line in lines), lines[0]
-    print(f"GRPO with vLLM in {cpu_rl_image}: s/step {[round(line['step_time_s'], 2) for line in lines]}")
+    apart = [round(b["time"] - a["time"], 2) for a, b in itertools.pairwise(lines)]
+    print(f"GRPO with vLLM in {cpu_rl_image}: seconds between logged steps {apart}, generation "
+          f"{[round(line['time/generation_s'], 2) for line in lines]}, step_time_s "
+          f"{[round(line['step_time_s'], 2) for line in lines]}")  # fmt: skip
     assert (out / "final" / "config.json").is_file()
 
 
-def test_compose_runs_the_image_named_by_trainkit_cpu_image(project: Path, cpu_rl_image: str) -> None:
+def test_compose_runs_the_image_named_by_trainkit_cpu_image(project: Path, cpu_rl_image: str, docker_client) -> None:
     """`TRAINKIT_CPU_IMAGE=trainkit:latest-cpu-rl` in the project's .env: `docker compose ... run train config` runs
     that image, whose trainer accepts the .env's TRAIN_RL_ENGINE=vllm (the CPU image refuses it: no vLLM)."""
     compose = Compose(project, f"tk{uuid.uuid4().hex[:10]}")
     env_file = project / ".env"
     grpo_env = env_file.read_text()
     env_file.write_text(grpo_env + f"TRAINKIT_CPU_IMAGE={cpu_rl_image}\nTRAINKIT_UID={UID}\nTRAINKIT_GID={GID}\n"
-                        f"TRAINKIT_CACHE_VOLUME={CACHE_VOLUME}\n")  # fmt: skip
+                        f"TRAINKIT_CACHE_VOLUME={CACHE_VOLUME}\n"
+                        f"TRAINKIT_MEMLOCK={memlock_for(docker_client, cpu_rl_image)}\n")  # fmt: skip
     try:
         code, out, err = compose.run_once("train", "config", "--json")
     finally:
