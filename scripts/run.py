@@ -15,7 +15,8 @@ unlimited, 64 MB stack (as the compose file). TRAIN_* settings come from ./.env 
 name container paths.
 
 Image rule (without --image): the GPU image (`trainkit:latest-cu<XY>`, the matrix default) when the
-engine has the NVIDIA runtime and --gpus is not `none`, else the CPU image `trainkit:latest-cpu`.
+engine has the NVIDIA runtime and --gpus is not `none`, else the CPU image `trainkit:latest-cpu` (its online-RL
+image `trainkit:latest-cpu-rl`, with vLLM's CPU build, where the run sets TRAIN_RL_ENGINE=vllm).
 
 Ctrl-C stops the container gracefully (SIGTERM: the trainer writes a checkpoint, then exits 143);
 a second Ctrl-C kills it. The exit code is the container's; 2 for a mistake on this side.
@@ -354,9 +355,10 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
         loaded = registry.load(client, args.load)
         log(f"loaded {', '.join(loaded) or 'an untagged image'} from {args.load}")
         args.image = args.image or (loaded[0] if loaded else None)
-    image, gpus = choose_image_and_gpus(args, client, log)
+    env = environment(args)
+    image, gpus = choose_image_and_gpus(args, client, log, vllm=env.get("TRAIN_RL_ENGINE") == "vllm")
     ensure_image(client, image, args.build_if_missing, log)
-    env, mounts = {**environment(args), **image_identity(client, image)}, volumes(args)
+    env, mounts = {**env, **image_identity(client, image)}, volumes(args)
     add_token_file(args.hf_token_file, env, mounts)
     command, ports = run_serve.published(args.command) if args.command[0] == "serve" else (args.command, {})
     return RunSpec(

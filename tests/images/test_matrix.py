@@ -17,6 +17,7 @@ VERSIONS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
 CUDAS = list(VERSIONS["cuda"])
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_generations  # noqa: E402
 import matrix  # noqa: E402
 
 
@@ -314,11 +315,11 @@ def test_every_rows_claimed_gpus_match_its_arch_list(doc: str) -> None:
 
 
 def test_12_8_does_not_claim_volta() -> None:
-    assert "Volta" not in matrix.gpu_generations(VERSIONS["cuda"]["12.8"]["arch_list"])
-    assert matrix.describe_generations("7.5 8.0 8.6 9.0 10.0 12.0+PTX") == "Turing to Blackwell"
-    assert matrix.gpu_generations("7.0") == ["Volta", "Turing"]  # sm_70 code runs on 7.5 too
-    assert matrix.gpu_generations("8.6") == ["Ampere", "Ada"]
-    assert matrix.gpu_generations("9.0a;10.0") == ["Hopper", "Blackwell"]
+    assert "Volta" not in gpu_generations.gpu_generations(VERSIONS["cuda"]["12.8"]["arch_list"])
+    assert gpu_generations.describe_generations("7.5 8.0 8.6 9.0 10.0 12.0+PTX") == "Turing to Blackwell"
+    assert gpu_generations.gpu_generations("7.0") == ["Volta", "Turing"]  # sm_70 code runs on 7.5 too
+    assert gpu_generations.gpu_generations("8.6") == ["Ampere", "Ada"]
+    assert gpu_generations.gpu_generations("9.0a;10.0") == ["Hopper", "Blackwell"]
 
 
 def test_no_gpu_claims_outside_the_generated_table() -> None:
