@@ -166,9 +166,8 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
     elif st.flash_attn is not None and st.flash_attn < (2,):
         out["TRAIN_ATTN=flash_attention_2"] = "the installed flash-attn is 1.x; use TRAIN_ATTN=sdpa"
     if not st.transformers_5:
-        out["TRAIN_ATTN=flash_attention_4"] = (
-            "flash_attention_4 is an attention implementation of transformers 5 (flash-attn-4); use TRAIN_ATTN=sdpa"
-        )
+        out["TRAIN_ATTN=flash_attention_4"] = ("flash_attention_4 is an attention implementation of transformers 5 "
+                                               "(flash-attn-4); use TRAIN_ATTN=sdpa")  # fmt: skip
     if not st.fsdp2:
         why = "transformers 5" if not st.transformers_5 else "torch >= 2.6"
         for strategy in FSDP2_RESHARD:
@@ -194,11 +193,9 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
             "multi-turn RL reads the model's tool calls back with a chat template's response template, which "
             "transformers 5.13 brought; use an image row with transformers 5.13 or newer (the CPU image)")
     if not st.processor_offsets:
-        out[IMAGES] = (
-            "the loss mask of records with images needs transformers >= 5.17 (its processors report where they "
-            "expanded each image placeholder); use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU "
-            "image)"
-        )
+        out[IMAGES] = ("the loss mask of records with images needs transformers >= 5.17 (its processors report where "
+                       "they expanded each image placeholder); use an image row with Python 3.11+ (CUDA 12.6 or newer, "
+                       "or the CPU image)")  # fmt: skip
     return out | _methods_unsupported(st) | _optimizers_unsupported(st)
 
 
@@ -405,12 +402,8 @@ def rotate_checkpoints(trainer: Any, run_dir: str) -> None:
     if stack().transformers_5:
         from transformers.trainer_utils import rotate_checkpoints as rotate
 
-        rotate(
-            output_dir=run_dir,
-            save_total_limit=trainer.args.save_total_limit,
-            best_model_checkpoint=trainer.state.best_model_checkpoint,
-            use_mtime=False,
-        )
+        rotate(output_dir=run_dir, save_total_limit=trainer.args.save_total_limit,
+               best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=False)  # fmt: skip
     else:
         trainer._rotate_checkpoints(use_mtime=False, output_dir=run_dir)
 
