@@ -244,8 +244,8 @@ def test_what_a_row_cannot_run_comes_from_its_stack_alone(tmp_path: Path) -> Non
     assert "`TRAIN_PRECISION=fp8`, `TRAIN_ATTN=flash_attention_4`" in matrix.readme_table(matrix.load(new))
     new.write_text(text + "\n" + row.replace("python = \"3.10\"", "python = \"3.12\"").replace("2.5.1a0", "2.6.0a0"))
     assert list(matrix.load(new).entry("99.1").unsupported) == [  # torch 2.6 and TRL, on transformers 4
-        "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op",
-        "TRAIN_DATA=records with images"]  # fmt: skip
+        "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op", "TRAIN_MODEL=tiny-moe",
+        "TRAIN_RL_TOOLS", "TRAIN_RL_ENVIRONMENT", "TRAIN_DATA=records with images"]  # fmt: skip
     new.write_text(text + '\n[cuda."12.8".unsupported]\n"TRAIN_ATTN=sdpa" = "typed by hand"\n')
     with pytest.raises(matrix.UserError, match=r"cuda.'12.8' has an `unsupported` table"):
         matrix.load(new)
