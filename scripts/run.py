@@ -15,7 +15,8 @@ unlimited, 64 MB stack (as the compose file). TRAIN_* settings come from ./.env 
 name container paths.
 
 Image rule (without --image): the GPU image (`trainkit:latest-cu<XY>`, the matrix default) when the
-engine has the NVIDIA runtime and --gpus is not `none`, else the CPU image `trainkit:latest-cpu`.
+engine has the NVIDIA runtime and --gpus is not `none`, else the CPU image `trainkit:latest-cpu` (its online-RL
+image `trainkit:latest-cpu-rl`, with vLLM's CPU build, where the run sets TRAIN_RL_ENGINE=vllm).
 
 Ctrl-C stops the container gracefully (SIGTERM: the trainer writes a checkpoint, then exits 143);
 a second Ctrl-C kills it. The exit code is the container's; 2 for a mistake on this side.
@@ -38,6 +39,7 @@ import docker
 import registry
 import reproduce
 import run_mounts
+import run_serve
 from devices import device_requests, rdma_passthrough
 from docker.errors import APIError
 from docker.types import Ulimit
@@ -74,6 +76,7 @@ class RunSpec:
     stop_grace_s: int = STOP_GRACE_S
     memlock: int | None = None  # None: unlimited where the engine allows it, else the engine's own limit
     working_dir: str | None = None  # None: the image's own (/output)
+    ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # serve's: container port -> (host address, port)
 
 
 def log(message: str) -> None:
@@ -220,6 +223,7 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
             ipc_mode="host",
             ulimits=ulimits,
             device_requests=device_requests(spec.gpus),
+            port_bindings=spec.ports or None,
             **rdma_passthrough(),
         )
         created = api.create_container(
@@ -231,6 +235,7 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
             stop_signal="SIGTERM",
             stop_timeout=spec.stop_grace_s,  # also what a plain `docker stop` waits
             working_dir=spec.working_dir,
+            ports=list(spec.ports) or None,
             host_config=host_config,
         )
     except APIError as exc:
@@ -241,15 +246,16 @@ def create(client: docker.DockerClient, spec: RunSpec, memlock: int | None):
 class Interrupts:
     """First Ctrl-C (or SIGTERM): graceful `docker stop`; second Ctrl-C: kill."""
 
-    def __init__(self, container, grace_s: int) -> None:
+    def __init__(self, container, grace_s: int, command: str) -> None:
         self.container = container
         self.grace_s = grace_s
         self.count = 0
+        self.doing = "the trainer writes a checkpoint" if command == "train" else f"{command} ends in order"
 
     def __call__(self, signum: int, _frame) -> None:
         self.count += 1
         if self.count == 1:
-            log(f"stopping the container: the trainer writes a checkpoint (up to {self.grace_s} s); Ctrl-C again kills")
+            log(f"stopping the container: {self.doing} (up to {self.grace_s} s); Ctrl-C again kills")
             action = lambda: self.container.stop(timeout=self.grace_s)  # noqa: E731
         else:
             log("killing the container")
@@ -320,7 +326,7 @@ def run(client: docker.DockerClient, spec: RunSpec) -> int:
     if stream is None:
         log(f"started {container.name}: `docker logs -f {container.name}`, stop with `docker stop {container.name}`")
         return 0
-    interrupts = Interrupts(container, spec.stop_grace_s)
+    interrupts = Interrupts(container, spec.stop_grace_s, spec.command[0])
     previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         stream_output(stream)
@@ -330,7 +336,8 @@ def run(client: docker.DockerClient, spec: RunSpec) -> int:
             signal.signal(sig, handler)
     container.remove(force=True)
     if interrupts.count:
-        log(f"container stopped (exit {code}); run the same command again to resume from the checkpoint")
+        log(f"container stopped (exit {code})" + ("; run the same command again to resume from the checkpoint"
+                                                  if spec.command[0] == "train" else ""))  # fmt: skip
     return code
 
 
@@ -348,13 +355,16 @@ def spec_from(args: argparse.Namespace, client: docker.DockerClient) -> RunSpec:
         loaded = registry.load(client, args.load)
         log(f"loaded {', '.join(loaded) or 'an untagged image'} from {args.load}")
         args.image = args.image or (loaded[0] if loaded else None)
-    image, gpus = choose_image_and_gpus(args, client, log)
+    env = environment(args)
+    image, gpus = choose_image_and_gpus(args, client, log, vllm=env.get("TRAIN_RL_ENGINE") == "vllm")
     ensure_image(client, image, args.build_if_missing, log)
-    env, mounts = {**environment(args), **image_identity(client, image)}, volumes(args)
+    env, mounts = {**env, **image_identity(client, image)}, volumes(args)
     add_token_file(args.hf_token_file, env, mounts)
+    command, ports = run_serve.published(args.command) if args.command[0] == "serve" else (args.command, {})
     return RunSpec(
         image=image,
-        command=args.command,
+        command=command,
+        ports=ports,
         gpus=gpus,
         user=args.user,
         environment=env,

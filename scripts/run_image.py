@@ -15,21 +15,24 @@ from devices import engine_has_gpus
 from docker.errors import APIError, ImageNotFound
 from driver import auto_entry
 from errors import UserError
-from matrix import ROOT, default_image, load
+from matrix import CPU_RL_ROW, ROOT, default_image, is_cpu_image, load
 from registry import DIGEST_REF
 
 
-def choose_image_and_gpus(args: argparse.Namespace, client: docker.DockerClient, log: Callable[[str], None]
-                          ) -> tuple[str, str]:  # fmt: skip
+def choose_image_and_gpus(args: argparse.Namespace, client: docker.DockerClient, log: Callable[[str], None],
+                          vllm: bool = False) -> tuple[str, str]:  # fmt: skip
+    """(image, --gpus) by the image rule (run.py's docstring); `vllm`: the run sets TRAIN_RL_ENGINE=vllm."""
     gpus = args.gpus
     if gpus == "auto":
-        gpus = "all" if engine_has_gpus(client) and not (args.image or "").endswith("-cpu") else "none"
+        gpus = "all" if engine_has_gpus(client) and not is_cpu_image(args.image or "") else "none"
     cuda = args.cuda
     if cuda == "auto" and gpus != "none" and not args.image:
         entry, why = auto_entry(load())
         log(why)
         cuda = entry.cuda
-    image = args.image or default_image(gpu=gpus != "none", cuda=cuda)
+    image = args.image or default_image(gpu=gpus != "none", cuda=cuda, vllm=vllm)
+    if vllm and not args.image and gpus == "none":
+        log(f"TRAIN_RL_ENGINE=vllm without a GPU: {image}, the CPU flavor's online-RL image (vLLM's CPU build)")
     return image, gpus
 
 
@@ -40,6 +43,8 @@ def build_command(image: str) -> list[str] | None:
         return None
     if tag.endswith("cpu"):
         return ["python", "scripts/build.py", "--cpu"]
+    if tag.endswith(CPU_RL_ROW):
+        return ["python", "scripts/build.py", "--cpu", "--rl"]
     match = re.search(r"cu(\d+)(\d)", tag)
     return ["python", "scripts/build.py", "--cuda", f"{match[1]}.{match[2]}"] if match else None
 

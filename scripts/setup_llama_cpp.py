@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,11 +162,35 @@ def _pins(from_env: bool) -> dict:
     if from_env:  # the image build's LLAMA_CPP_* build args (scripts/matrix.py's dockerfile_defaults)
         env = os.environ
         requires = env.get("LLAMA_CPP_REQUIRES", "").split()
+        server = dict(word.rsplit(":", 1) for word in env.get("LLAMA_CPP_SERVER", "").split())
         return {"version": env["LLAMA_CPP_VERSION"], "sdist_sha256": env["LLAMA_CPP_SHA256"],
-                "cmake_args": env.get("LLAMA_CPP_CMAKE_ARGS", ""), "requires": requires}  # fmt: skip
+                "cmake_args": env.get("LLAMA_CPP_CMAKE_ARGS", ""), "requires": requires, "server": server}  # fmt: skip
     import tomllib
 
-    return dict(tomllib.loads((ROOT / "images" / "versions.toml").read_text())["llama_cpp"])
+    table = dict(tomllib.loads((ROOT / "images" / "versions.toml").read_text())["llama_cpp"])
+    return {**table, "server": dict(table.get("server", {}))}
+
+
+def _install(python: str, wheel: Path, pins: dict) -> None:
+    """The wheel with [llama_cpp]'s requires, and its server's requirements (hashed, [llama_cpp.server]): skipped where
+    PY already imports that version and the server."""
+    version = pins["version"]
+    modules = ", ".join(name.split("==")[0] for name in pins["requires"])
+    probe = [python, "-c", f"import llama_cpp, sys, {modules}, llama_cpp.server.app; "
+             f"sys.exit(llama_cpp.__version__ != {version!r})"]  # fmt: skip
+    if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+        return
+    _pip(python, "install", "-q", "--no-deps", str(wheel), *pins["requires"])
+    if pins["server"]:
+        with tempfile.TemporaryDirectory() as folder:  # the wheel's folder is read-only in the image build
+            requirements = Path(folder) / "server-requirements.txt"
+            requirements.write_text("".join(f"{name} --hash=sha256:{digest}\n" for name, digest in
+                                            pins["server"].items()))  # fmt: skip
+            _pip(python, "install", "-q", "--no-deps", "--require-hashes", "-r", str(requirements))
+    server = subprocess.run([python, "-c", "import llama_cpp.server.app"], capture_output=True, text=True, check=False)
+    if server.returncode != 0:
+        print(f"setup_llama_cpp: llama.cpp's server cannot start in {python} (`serve` of a GGUF file refuses): "
+              f"{server.stderr.strip().splitlines()[-1]}", file=sys.stderr)  # fmt: skip
 
 
 def _write_claim(path: Path | None, claim: dict) -> None:
@@ -217,11 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                               "wheel_sha256": stamp["wheel_sha256"], "cmake_args": pins["cmake_args"],
                               "sdist_sha256": pins["sdist_sha256"]})  # fmt: skip
     if not args.no_install:
-        modules = ", ".join(name.split("==")[0] for name in pins["requires"])
-        probe = [args.python, "-c",
-                 f"import llama_cpp, sys, {modules}; sys.exit(llama_cpp.__version__ != {version!r})"]  # fmt: skip
-        if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
-            _pip(args.python, "install", "-q", "--no-deps", str(wheel), *pins["requires"])
+        _install(args.python, wheel, pins)
     if args.converter_to is not None:
         shutil.copytree(cache / "llama.cpp", args.converter_to, dirs_exist_ok=True)
         print(args.converter_to)

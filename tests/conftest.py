@@ -14,6 +14,7 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_IMAGE = "trainkit:latest-cpu"
+CPU_RL_IMAGE = "trainkit:latest-cpu-rl"  # `build.py --cpu --rl`: opt-in (--cpu-rl), about 4 GB of vLLM's CPU stack
 # CI's stand-in rows: the oldest and the default CUDA row, one arch (nvcc time grows with every arch).
 STANDIN_ROWS = ("12.1", "12.8")
 STANDIN_ARCH = "9.0"
@@ -28,6 +29,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="also build and test the CUDA stand-in images of the oldest and the default row")  # fmt: skip
     parser.addoption("--all-rows", action="store_true",
                      help="build and test the stand-in image of every CUDA row (implies --standin)")  # fmt: skip
+    parser.addoption("--cpu-rl", action="store_true",
+                     help="also build the CPU flavor's online-RL image (build.py --cpu --rl: vLLM's CPU build) and "
+                          "train GRPO with TRAIN_RL_ENGINE=vllm in it (tests/images/test_cpu_rl_image.py)")  # fmt: skip
     parser.addoption("--all-reshards", action="store_true",
                      help="also resume ZeRO-3 and FSDP runs on another process count (tests/trainer/"
                           "test_resume_nproc.py; about 3 minutes each on 2 cores)")  # fmt: skip
@@ -59,11 +63,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.relative_to(ROOT).as_posix() in FAST_FILES and not heavy:
             item.add_marker(pytest.mark.fast)
     if not (config.getoption("--standin") or config.getoption("--all-rows") or config.getoption("--row-image")):
-        standin = [item for item in items if STANDIN_FIXTURES & set(getattr(item, "fixturenames", ()))]
-        if standin:
-            config.hook.pytest_deselected(items=standin)
-            items[:] = [item for item in items if item not in standin]
+        _deselect(config, items, STANDIN_FIXTURES)
+    if not config.getoption("--cpu-rl"):
+        _deselect(config, items, {"cpu_rl_image"})
     _engine_files_last(items)
+
+
+def _deselect(config: pytest.Config, items: list[pytest.Item], fixtures: set[str]) -> None:
+    """Leave out the tests that use any of `fixtures` (an opt-in image)."""
+    chosen = [item for item in items if fixtures & set(getattr(item, "fixturenames", ()))]
+    if chosen:
+        config.hook.pytest_deselected(items=chosen)
+        items[:] = [item for item in items if item not in chosen]
 
 
 def _needs_the_cpu_image(item: pytest.Item) -> bool:
@@ -159,6 +170,18 @@ def cpu_image(docker_client) -> str:
         output = _cpu_build_log.read().decode(errors="replace")[-9000:]
         pytest.fail(f"`scripts/build.py --cpu` failed (exit {returncode}):\n{output}")
     return CPU_IMAGE
+
+
+@pytest.fixture(scope="session")
+def cpu_rl_image(docker_client) -> str:
+    """`trainkit:latest-cpu-rl`, built once per session from this tree by `scripts/build.py --cpu --rl` (opt-in:
+    --cpu-rl; its CPU base is the CPU image's)."""
+    build = subprocess.run([sys.executable, str(ROOT / "scripts" / "build.py"), "--cpu", "--rl"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=5400)  # fmt: skip
+    if build.returncode != 0:
+        pytest.fail(f"`scripts/build.py --cpu --rl` failed (exit {build.returncode}):\n{build.stdout[-3000:]}\n"
+                    f"{build.stderr[-6000:]}")  # fmt: skip
+    return CPU_RL_IMAGE
 
 
 _standin_builds: dict[str, subprocess.CompletedProcess] = {}

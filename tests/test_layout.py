@@ -56,7 +56,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("trainer/launch", "trainer/doctor", "trainer/bench", "trainer/config_command", "trainer/fetch_command",
      "trainer/push_command",
      "trainer/data_command", "trainer/diff_command", "trainer/reproduce_command", "trainer/__main__",
-     "trainer/__init__", "trainer/generate", "trainer/evaluate"),
+     "trainer/__init__", "trainer/generate", "trainer/evaluate", "trainer/serve", "trainer/check"),
     # the commands: a command that reads the configuration lives above config/
     ("scripts", "benchmarks"),  # the host
 )  # fmt: skip

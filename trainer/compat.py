@@ -29,6 +29,7 @@ TRL_MIN = (1, 16)
 # TRAIN_PRECISION=fp8 runs on torchao's float8 training; the rows' oldest torch it is pinned for is 2.6 (torchao
 # 0.12.0, built against 2.5 to 2.7). images/versions.toml pins the release for each row's torch.
 FP8_TORCH_MIN = (2, 6)
+RESPONSE_TEMPLATES = (5, 13)  # transformers with response templates (how TRL parses tool calls): multi-turn RL
 IMAGES = "TRAIN_DATA=records with images"  # a data kind a row may not train (trainer.data.vision), as a switch
 
 
@@ -111,6 +112,11 @@ class Stack:
         return self.torch is None or self.torch >= (2, 12)
 
     @property
+    def grouped_mm_on_cpu(self) -> bool:
+        """torch's grouped GEMM (a mixture's experts, trainer.config.moe) has a CPU kernel from torch 2.9."""
+        return self.torch is None or self.torch >= (2, 9)
+
+    @property
     def bf16_emulation_flag(self) -> bool:
         """torch.cuda.is_bf16_supported(including_emulation=...) exists from torch 2.3."""
         return self.torch is None or self.torch >= (2, 3)
@@ -160,9 +166,8 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
     elif st.flash_attn is not None and st.flash_attn < (2,):
         out["TRAIN_ATTN=flash_attention_2"] = "the installed flash-attn is 1.x; use TRAIN_ATTN=sdpa"
     if not st.transformers_5:
-        out["TRAIN_ATTN=flash_attention_4"] = (
-            "flash_attention_4 is an attention implementation of transformers 5 (flash-attn-4); use TRAIN_ATTN=sdpa"
-        )
+        out["TRAIN_ATTN=flash_attention_4"] = ("flash_attention_4 is an attention implementation of transformers 5 "
+                                               "(flash-attn-4); use TRAIN_ATTN=sdpa")  # fmt: skip
     if not st.fsdp2:
         why = "transformers 5" if not st.transformers_5 else "torch >= 2.6"
         for strategy in FSDP2_RESHARD:
@@ -170,6 +175,8 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
                 f"trainkit runs {strategy} as FSDP2, which needs {why}; use TRAIN_ZERO_STAGE=3 (or 2) for sharding, "
                 "or TRAIN_FSDP=hybrid_shard/no_shard (FSDP1)"
             )
+    if not st.transformers_5:  # fused experts, Qwen3-MoE: transformers 5's
+        out["TRAIN_MODEL=tiny-moe"] = "tiny-moe is a Qwen3-MoE shape (transformers 5); use a row from 12.6 on"
     if st.math_verify is None:
         out["TRAIN_REWARD=math"] = (
             "math-verify (the verifier of the math reward) is installed only where TRL is (Python >= 3.11, as online "
@@ -180,12 +187,15 @@ def unsupported(st: Stack | None = None) -> dict[str, str]:
             f"torchao's float8 training needs torch >= {'.'.join(map(str, FP8_TORCH_MIN))} (no torchao release "
             "supports this row's torch); use TRAIN_PRECISION=bf16, or an image row from CUDA 12.6 on"
         )
+    old_parser = st.transformers is not None and st.transformers < RESPONSE_TEMPLATES
+    if old_parser and st.trl is not None and st.trl >= TRL_MIN:  # (without TRL, TRAIN_METHOD=grpo is refused)
+        out["TRAIN_RL_TOOLS"] = out["TRAIN_RL_ENVIRONMENT"] = (
+            "multi-turn RL reads the model's tool calls back with a chat template's response template, which "
+            "transformers 5.13 brought; use an image row with transformers 5.13 or newer (the CPU image)")
     if not st.processor_offsets:
-        out[IMAGES] = (
-            "the loss mask of records with images needs transformers >= 5.17 (its processors report where they "
-            "expanded each image placeholder); use an image row with Python 3.11+ (CUDA 12.6 or newer, or the CPU "
-            "image)"
-        )
+        out[IMAGES] = ("the loss mask of records with images needs transformers >= 5.17 (its processors report where "
+                       "they expanded each image placeholder); use an image row with Python 3.11+ (CUDA 12.6 or newer, "
+                       "or the CPU image)")  # fmt: skip
     return out | _methods_unsupported(st) | _optimizers_unsupported(st)
 
 
@@ -392,12 +402,8 @@ def rotate_checkpoints(trainer: Any, run_dir: str) -> None:
     if stack().transformers_5:
         from transformers.trainer_utils import rotate_checkpoints as rotate
 
-        rotate(
-            output_dir=run_dir,
-            save_total_limit=trainer.args.save_total_limit,
-            best_model_checkpoint=trainer.state.best_model_checkpoint,
-            use_mtime=False,
-        )
+        rotate(output_dir=run_dir, save_total_limit=trainer.args.save_total_limit,
+               best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=False)  # fmt: skip
     else:
         trainer._rotate_checkpoints(use_mtime=False, output_dir=run_dir)
 

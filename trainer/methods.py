@@ -67,7 +67,7 @@ METHODS: tuple[Method, ...] = (
     Method("reward", "preference", "pairs", Trl("trl", "RewardTrainer", "RewardConfig", "trainer/reward_config.py"),
            classifier=True, refuses=_PAIRS),
     Method("grpo", "online", "prompts", Trl("trl", "GRPOTrainer", "GRPOConfig", "trainer/grpo_config.py"),
-           options=("rl_loss",), refuses=_PROMPTS),
+           options=("rl_loss", "rl_tools", "rl_environment", "rl_max_turns", "rl_tool_timeout"), refuses=_PROMPTS),
     Method("rloo", "online", "prompts", Trl("trl", "RLOOTrainer", "RLOOConfig", "trainer/rloo_config.py"),
            refuses=_PROMPTS),
 )  # fmt: skip

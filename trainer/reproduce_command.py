@@ -159,12 +159,13 @@ def check_destination(out: Path, replace: bool) -> None:
 
 
 def changed_data(provenance: dict[str, Any]) -> list[str]:
-    """One line per recorded data file or user reward file (online RL) that is missing or whose content's sha256 is
-    not the recorded one."""
+    """One line per recorded data file, user reward file or tool/environment file (online RL) that is missing or
+    whose content's sha256 is not the recorded one."""
     data = {path: entry.get("sha256") if isinstance(entry, dict) else None
             for path, entry in (provenance.get("data") or {}).items()}  # fmt: skip
-    rewards = (provenance.get("online_rl") or {}).get("reward_files") or {}
-    return [*changed_files(data, ""), *changed_files(rewards, "the reward file ")]
+    online = provenance.get("online_rl") or {}
+    return [*changed_files(data, ""), *changed_files(online.get("reward_files") or {}, "the reward file "),
+            *changed_files(online.get("tool_files") or {}, "the tool file ")]  # fmt: skip
 
 
 def changed_files(recorded: dict[str, str | None], kind: str) -> list[str]:

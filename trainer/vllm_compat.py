@@ -78,7 +78,8 @@ def row_problem(
     if trl_range is None:
         return f"{row} has no TRL, so no vLLM server mode"
     if not cuda:
-        return f"{row} has no CUDA: TRL's weight sync to the vLLM server runs on NCCL, on a GPU"
+        return (f"{row} has no CUDA: TRL's weight sync to the vLLM server runs on NCCL, on a GPU; colocate mode runs "
+                "in the CPU flavor's online-RL image (build.py --cpu --rl), which has vLLM's CPU build")  # fmt: skip
     low, high = release(trl_range[0]), release(trl_range[1])
     fitting = [v for v, t in torch_pins.items() if low <= release(v) <= high and release(t)[:2] == release(torch)[:2]]
     if fitting:

@@ -290,3 +290,26 @@ def test_the_precomputed_reference_row_applies_to_methods_with_a_reference() -> 
                .skip_reason(spec) for method in ("sft", "orpo", "dpo", "kto")}  # fmt: skip
     assert "not TRAIN_METHOD=sft; set TRAIN_METHOD=dpo or kto" in reasons["sft"] and reasons["orpo"]
     assert reasons["dpo"] == reasons["kto"] == ""
+
+
+def test_the_moe_rows_run_for_a_mixture_of_experts_where_the_device_has_the_kernel() -> None:
+    """Each TRAIN_MOE_IMPL on the reference; not measured (saying why) for a dense model, and grouped_mm not where
+    torch's grouped GEMM cannot run; each measured row's loss against the first moe row's."""
+    from trainer.bench.catalogue import MOE_ROWS
+    from trainer.bench.command import moe_problem
+    from trainer.bench.session import with_loss_note
+
+    specs = {row.name: row for row in catalogue() if row.group == "moe"}
+    assert tuple(specs) == MOE_ROWS and specs["moe_eager"].env == {"TRAIN_MOE_IMPL": "eager"}
+    plan = RunPlan(1, 1, 60, Path("/nonexistent"))
+    dense = Bench([], Context("tiny", False, 64, 8, False, 64, moe=moe_problem("tiny")), plan, ui=None)
+    assert dense.skip_reason(specs["moe_eager"]).startswith("not measured here: TRAIN_MODEL=tiny is no mixture")
+    assert moe_problem("tiny-moe") == ""
+    turing = Bench([], Context("tiny-moe", False, 64, 8, True, 64, grouped_mm="needs 8.0"), plan, ui=None)
+    assert turing.skip_reason(specs["moe_grouped_mm"]) == "not measured here: needs 8.0"
+    assert turing.skip_reason(specs["moe_eager"]) == ""
+    first = _measured("moe_eager", "moe", {}, 100.0, DEFAULTS)
+    first.loss = 5.5
+    second = _measured("moe_grouped_mm", "moe", {}, 120.0, DEFAULTS)
+    second.loss = 5.5000004
+    assert "moe_eager's 5.5, |difference| 4e-07" in with_loss_note(second, [first]).note

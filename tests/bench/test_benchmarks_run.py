@@ -19,6 +19,8 @@ SMALLEST = [
     pytest.param("startup", ["--build", "--presets", "tiny", "--repeat", "1"], id="startup --build"),
     pytest.param("trainer_overhead", ["--repeats", "1", "--steps", "6", "--nprocs", "1", "--data-mb", "0.1"],
                  marks=pytest.mark.slow, id="trainer_overhead"),
+    pytest.param("contention", ["--steps", "5", "--variants", "threads1", "--contended", "yes"], marks=pytest.mark.slow,
+                 id="contention"),
     pytest.param("build_times", ["--warm-only"], marks=[pytest.mark.docker, pytest.mark.slow], id="build_times"),
 ]
 OWN_TESTS = {"__init__", "gpu_run", "gpu_support"}  # gpu_run and the helpers it imports: tests/bench/test_gpu_run.py

@@ -79,6 +79,19 @@ def test_cpu_processes_from_train_nproc_per_node() -> None:
     assert decision["env"]["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
 
 
+def test_the_workers_share_the_cores_and_wait_passively() -> None:
+    """trainer/machine/threads.py for the processes the launcher starts: the node's cores shared among them (torchrun
+    would give each one thread), OpenMP's waiting threads asleep, the decision's line passed on for rank 0 to log."""
+    if {"OMP_NUM_THREADS", "OMP_WAIT_POLICY"} & set(os.environ):
+        pytest.skip("the caller set OMP_NUM_THREADS or OMP_WAIT_POLICY: the launcher keeps theirs")
+    env = decide(TRAIN_NPROC_PER_NODE="2")["env"]
+    cores = len(os.sched_getaffinity(0))
+    assert (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == (str(max(1, cores // 2)), "PASSIVE"), env
+    assert env["TRAINKIT_THREADS"].startswith(f"threads: {max(1, cores // 2)} per process ({cores} usable cores")
+    assert "shared by 2 processes" in env["TRAINKIT_THREADS"]
+    assert "OMP_NUM_THREADS" not in decide()["env"]  # one process: the trainer decides for itself
+
+
 def test_one_process_per_visible_gpu() -> None:
     decision = decide(CUDA_VISIBLE_DEVICES="0,1,2,3")
     assert torchrun_options(decision)["--nproc-per-node"] == "4"

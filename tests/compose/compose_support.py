@@ -32,6 +32,33 @@ TINY_SETTINGS = {
 CORPUS_LINE = "The quick brown fox jumps over the lazy dog while the trainer counts its steps. "
 
 
+FALLBACK_MEMLOCK = 8 * 1024 * 1024  # Linux's default memlock limit since 5.11
+
+
+def memlock_for(docker_client, image: str) -> int:
+    """The memlock limit `image`'s containers may get on this engine: -1 where it may raise the limit, else 8 MiB.
+
+    An engine started with a capped memlock limit and without CAP_SYS_RESOURCE (rootless Docker, some
+    sandboxes) refuses -1 with "error setting rlimit type 8"; TRAINKIT_MEMLOCK / --memlock exist for it.
+    """
+    from docker.errors import APIError
+    from docker.types import Ulimit
+
+    container = docker_client.containers.create(
+        image, ["shell", "-c", "true"], ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)]
+    )
+    try:
+        container.start()
+        container.wait()
+    except APIError as exc:
+        if "rlimit type 8" not in str(exc):
+            raise
+        return FALLBACK_MEMLOCK
+    finally:
+        container.remove(force=True)
+    return -1
+
+
 def write_dataset(folder: Path, lines: int = 400) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     text = "\n".join(f"{i}: {CORPUS_LINE * (1 + i % 3)}" for i in range(lines))

@@ -7,34 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from compose_support import GID, TINY_SETTINGS, UID, Compose, owned_output, write_dataset, write_env
-from docker.errors import APIError
-
-FALLBACK_MEMLOCK = 8 * 1024 * 1024  # Linux's default memlock limit since 5.11
+from compose_support import GID, TINY_SETTINGS, UID, Compose, memlock_for, owned_output, write_dataset, write_env
 
 
 @pytest.fixture(scope="session")
 def engine_memlock(docker_client, cpu_image) -> int:
-    """-1 (unlimited, what compose and run.py ask for) where the engine may raise the limit; else 8 MiB.
-
-    An engine started with a capped memlock limit and without CAP_SYS_RESOURCE (rootless Docker, some
-    sandboxes) refuses -1 with "error setting rlimit type 8"; TRAINKIT_MEMLOCK / --memlock exist for it.
-    """
-    from docker.types import Ulimit
-
-    container = docker_client.containers.create(
-        cpu_image, ["shell", "-c", "true"], ulimits=[Ulimit(name="memlock", soft=-1, hard=-1)]
-    )
-    try:
-        container.start()
-        container.wait()
-    except APIError as exc:
-        if "rlimit type 8" not in str(exc):
-            raise
-        return FALLBACK_MEMLOCK
-    finally:
-        container.remove(force=True)
-    return -1
+    """-1 (unlimited, what compose and run.py ask for) where the engine may raise the limit; else 8 MiB."""
+    return memlock_for(docker_client, cpu_image)
 
 
 @pytest.fixture

@@ -141,3 +141,18 @@ def test_vllm_service_serves_with_the_pinned_image_and_the_one_start_script(tmp_
     assert vllm["command"][0].replace("$$", "$") == cluster_vllm.serve_script(*pinned.trl_range)
     assert vllm["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
     assert vllm["environment"]["HF_TOKEN"] is None and vllm["ipc"] == "host"
+
+
+def test_serve_publishes_on_this_machine_only_and_check_runs_in_its_network(tmp_path):
+    """`docker compose up serve`: the export on the container's interfaces, published on 127.0.0.1 only, no GPU;
+    `docker compose run --rm check` reaches it at 127.0.0.1 from serve's own network namespace."""
+    for files in (("docker-compose.yml",), ("docker-compose.yml", "docker-compose.cpu.yml")):
+        services = resolved(tmp_path, *files)["services"]
+        serve, check = services["serve"], services["check"]
+        assert serve["entrypoint"][-1] == "serve" and serve["command"] == ["/output/export", "--host", "0.0.0.0"]
+        assert [(p["host_ip"], p["published"], p["target"]) for p in serve["ports"]] == [("127.0.0.1", "8000", 8000)]
+        assert check["entrypoint"][-1] == "check" and check["network_mode"] == "service:serve"
+        assert check["command"][:3] == ["http://127.0.0.1:8000/v1", "--against", "/output/export"]
+        for service in (serve, check):
+            assert service["profiles"] == ["serve"]
+            assert "deploy" not in service or not service["deploy"].get("resources"), "no GPU needed"

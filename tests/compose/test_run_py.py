@@ -249,3 +249,43 @@ def test_export_quant_runs_llama_cpp_in_the_image(run_project, cpu_image, engine
     assert report["eval_text"]["origin"].startswith("the tail of the run's training data")
     assert report["eval_text"]["path"].startswith("/opt/trainkit/trainer/")  # the embedded corpus, in the image
     assert_owned_by_user(run_project / "output")
+    serve_and_check_q8_0(args, run_project, out)
+
+
+def serve_and_check_q8_0(args: list[str], run_project: Path, out: Path) -> None:
+    """issue 68's in-image form, on that export: `run.py serve /output/gguf --artifact q8_0` serves it with the image's
+    llama.cpp server, its port published on this machine's 127.0.0.1 only; its curl line answers from here (the run has
+    no chat template: a completion), `check` from here (the host's trainer, against the same folder, through
+    /v1/completions) passes, and Ctrl-C stops the container and removes it."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = run_project / "serve.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, str(RUN_PY), *args, "serve", "/output/gguf", "--artifact", "q8_0",
+                                 "--port", str(port)], cwd=run_project, stdout=sink, stderr=subprocess.STDOUT,
+                                text=True)  # fmt: skip
+    try:
+        wait_for(lambda: "check it:" in log.read_text(), 300, "serve in the image", interval=0.5, proc=proc, log=log)
+        printed = log.read_text()
+        assert f"gguf:q8_0 (q8_0 (gguf/gguf.q8_0.gguf, llama.cpp)) ready at http://127.0.0.1:{port}/v1" in printed
+        curl = next(line for line in printed.splitlines() if "ask it:" in line).split("ask it:", 1)[1].strip()
+        assert f"http://127.0.0.1:{port}/v1/completions" in curl  # a model without a chat template: plain text
+        answer = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60, check=True)
+        assert json.loads(answer.stdout)["choices"][0]["text"], answer.stdout
+        report = run_project / "check_report.json"
+        checked = subprocess.run([sys.executable, "-m", "trainer", "check", f"http://127.0.0.1:{port}/v1", "--against",
+                                  str(out), "--report", str(report)], cwd=RUN_PY.parents[1], capture_output=True,
+                                 text=True, timeout=300, check=False)  # fmt: skip
+        assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+        assert json.loads(report.read_text())["artifact"] == "q8_0"
+        proc.send_signal(signal.SIGINT)  # run.py stops the container: SIGTERM to serve, which ends the server
+        assert proc.wait(timeout=120) == 143, log.read_text()[-3000:]
+        assert "no process of the server is left" in log.read_text()
+        left = docker.from_env().containers.list(all=True, filters={"label": "org.trainkit.command=serve"})
+        assert not [c for c in left if str(run_project) in json.dumps(c.attrs["HostConfig"].get("Binds"))], left
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,11 @@ def test_runs_as_an_arbitrary_uid_with_writable_caches(cpu_image: str, docker_cl
     assert out.split() == ["/cache/huggingface", "/cache/triton", "/cache/inductor"]
     config = docker_client.images.get(cpu_image).attrs["Config"]
     assert config["Entrypoint"] == ["dumb-init", "--", "/opt/trainkit/entrypoints/entrypoint.sh"]
+    # the entrypoint names a UID without a passwd entry in one word (torch's inductor puts it in a path it compiles
+    # with g++; `id -un`'s bare number and a newline broke it)
+    named = docker_client.containers.run(cpu_image, ["shell", "-c", 'printf "[%s][%s]" "$USER" "$LOGNAME"'],
+                                         user="4321:4321", remove=True, stdout=True, stderr=False)  # fmt: skip
+    assert named.decode().splitlines()[-1] == "[uid4321][uid4321]", named
     assert config["Cmd"] == ["train"]
 
 
@@ -124,6 +130,22 @@ def test_image_trains_the_tiny_preset(cpu_image: str, tmp_path: Path, docker_cli
     # issue 26, item 12: the image's default user is not root, and what it wrote belongs to that user
     assert docker_client.images.get(cpu_image).attrs["Config"]["User"] == "1000:1000"
     assert {p.stat().st_uid for p in out.rglob("*")} == {1000}
+
+
+def test_the_threads_follow_the_containers_cpu_quota(cpu_image: str, docker_client) -> None:
+    """`docker run --cpus 1` on a machine with more cores: torch alone starts one thread per core it sees, quota or
+    not; the trainer's thread rule (trainer/machine/threads.py) reads the container's own cgroup and takes one."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: a quota of one core lowers nothing here")
+    script = ("import torch; from trainer.machine.threads import thread_env; added, line = thread_env({}); "
+              "print(torch.get_num_threads()); print(added['OMP_NUM_THREADS']); print(line)")  # fmt: skip
+    out = docker_client.containers.run(cpu_image, ["-c", script], entrypoint="python", nano_cpus=10**9, remove=True,
+                                       stdout=True, stderr=False).decode().splitlines()  # fmt: skip
+    assert out[:2] == [str(cores), "1"], out
+    assert out[2].startswith(f"threads: 1 per process (1 usable cores: {cores} in this process's CPU affinity, but "
+                             "its CPU quota (cgroup "), out[2]  # fmt: skip
+    assert "pays for 1 cores)" in out[2] and "OMP_WAIT_POLICY=PASSIVE" in out[2]
 
 
 def test_no_ca_or_secret_in_history_or_filesystem(cpu_image: str, docker_client) -> None:

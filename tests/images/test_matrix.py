@@ -17,6 +17,7 @@ VERSIONS = tomllib.loads((ROOT / "images" / "versions.toml").read_text())
 CUDAS = list(VERSIONS["cuda"])
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_generations  # noqa: E402
 import matrix  # noqa: E402
 
 
@@ -243,8 +244,8 @@ def test_what_a_row_cannot_run_comes_from_its_stack_alone(tmp_path: Path) -> Non
     assert "`TRAIN_PRECISION=fp8`, `TRAIN_ATTN=flash_attention_4`" in matrix.readme_table(matrix.load(new))
     new.write_text(text + "\n" + row.replace("python = \"3.10\"", "python = \"3.12\"").replace("2.5.1a0", "2.6.0a0"))
     assert list(matrix.load(new).entry("99.1").unsupported) == [  # torch 2.6 and TRL, on transformers 4
-        "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op",
-        "TRAIN_DATA=records with images"]  # fmt: skip
+        "TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op", "TRAIN_MODEL=tiny-moe",
+        "TRAIN_RL_TOOLS", "TRAIN_RL_ENVIRONMENT", "TRAIN_DATA=records with images"]  # fmt: skip
     new.write_text(text + '\n[cuda."12.8".unsupported]\n"TRAIN_ATTN=sdpa" = "typed by hand"\n')
     with pytest.raises(matrix.UserError, match=r"cuda.'12.8' has an `unsupported` table"):
         matrix.load(new)
@@ -314,11 +315,11 @@ def test_every_rows_claimed_gpus_match_its_arch_list(doc: str) -> None:
 
 
 def test_12_8_does_not_claim_volta() -> None:
-    assert "Volta" not in matrix.gpu_generations(VERSIONS["cuda"]["12.8"]["arch_list"])
-    assert matrix.describe_generations("7.5 8.0 8.6 9.0 10.0 12.0+PTX") == "Turing to Blackwell"
-    assert matrix.gpu_generations("7.0") == ["Volta", "Turing"]  # sm_70 code runs on 7.5 too
-    assert matrix.gpu_generations("8.6") == ["Ampere", "Ada"]
-    assert matrix.gpu_generations("9.0a;10.0") == ["Hopper", "Blackwell"]
+    assert "Volta" not in gpu_generations.gpu_generations(VERSIONS["cuda"]["12.8"]["arch_list"])
+    assert gpu_generations.describe_generations("7.5 8.0 8.6 9.0 10.0 12.0+PTX") == "Turing to Blackwell"
+    assert gpu_generations.gpu_generations("7.0") == ["Volta", "Turing"]  # sm_70 code runs on 7.5 too
+    assert gpu_generations.gpu_generations("8.6") == ["Ampere", "Ada"]
+    assert gpu_generations.gpu_generations("9.0a;10.0") == ["Hopper", "Blackwell"]
 
 
 def test_no_gpu_claims_outside_the_generated_table() -> None:

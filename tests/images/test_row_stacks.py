@@ -10,6 +10,8 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -52,15 +54,34 @@ def row(name: str) -> matrix.Entry:
     return loaded.rl if name == matrix.RL_ROW and loaded.rl else loaded.entry(name)
 
 
-@pytest.mark.parametrize("cuda", ROWS)
-def test_the_rows_pins_and_the_trackers_resolve_together_on_its_python(cuda: str, tmp_path: Path) -> None:
-    entry = row(cuda)
-    requirements = row_requirements(entry)
+# pip's dry runs wait on PyPI's index far more than they compute (about 100 s of wall time and 17 s of CPU a row
+# here), so the rows resolve side by side, at most this many at a time, and each test waits for its own.
+AT_ONCE = 5
+
+
+def resolve(entry: matrix.Entry, target: Path) -> subprocess.CompletedProcess[str]:
+    """pip's resolution of the row's install set for its Python and glibc, as a JSON report (nothing installed)."""
     platforms = [arg for tag in GLIBC_TAGS for arg in ("--platform", tag)]
     argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-",
             "--only-binary=:all:", "--python-version", entry.python, "--implementation", "cp", *platforms,
-            "--target", str(tmp_path / "target"), *requirements]  # fmt: skip
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            "--target", str(target), *row_requirements(entry)]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def resolutions(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[dict[str, Future]]:  # fmt: skip
+    """The selected rows' resolutions, started together."""
+    selected = [item.callspec.params["cuda"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")]  # fmt: skip
+    with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
+        yield {cuda: pool.submit(resolve, row(cuda), tmp_path_factory.mktemp("target")) for cuda in selected}
+
+
+@pytest.mark.parametrize("cuda", ROWS)
+def test_the_rows_pins_and_the_trackers_resolve_together_on_its_python(cuda: str, resolutions: dict) -> None:
+    entry = row(cuda)
+    proc = resolutions[cuda].result()
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ERROR")]
     assert proc.returncode == 0, f"CUDA {cuda} (Python {entry.python}): " + "\n".join(errors or [proc.stderr[-3000:]])
     chosen = {item["metadata"]["name"].lower(): item["metadata"]["version"]

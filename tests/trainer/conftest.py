@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from helpers import write_corpus
 from hub_server import HubServer
-from hub_support import GATED_ID, MODEL_ID, TOKEN, save_tiny_model
+from hub_support import GATED_ID, MODEL_ID, TOKEN, run_env, save_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -166,14 +166,6 @@ def text_file(tmp_path: Path) -> Path:
     return write_corpus(tmp_path / "data" / "corpus.txt", lines=200)
 
 
-@pytest.fixture(scope="module")
-def llama_cpp() -> Path:
-    """llama.cpp's converter folder (the package built and installed once: scripts/setup_llama_cpp.py)."""
-    result = subprocess.run([PYTHON, str(LLAMA_CPP_SETUP)], capture_output=True, text=True, timeout=3600, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
 # ---- the stand-in Hugging Face Hub (tests/trainer/hub_server.py, hub_support.py) ----
 
 
@@ -199,3 +191,37 @@ def hub(tiny_files: dict[str, bytes]) -> Iterator[HubServer]:
     gated.refused_tokens = ("hf_expiredTokenThatTheHubRefuses1",)
     yield server
     server.stop()
+
+
+# ---- export --quant's tiny run and its GGUF export (test_export_quant.py, test_serve_check.py) ----
+
+
+@pytest.fixture(scope="session")
+def llama_cpp() -> Path:
+    """llama.cpp's converter folder (the binding and its server, built and installed once: setup_llama_cpp.py)."""
+    result = subprocess.run([PYTHON, str(LLAMA_CPP_SETUP)], capture_output=True, text=True, timeout=3600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset trained on the embedded corpus: enough steps that it predicts bytes far better than chance;
+    its tokenizer saved with the chatml template (plain text is trained as it is)."""
+    root = tmp_path_factory.mktemp("quant-run")
+    env = run_env(root, max_steps=60, save_steps=60, seq_len=64, batch_size=4, lr=0.003, chat_template="chatml")
+    result = run_trainer([], env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_export(tiny_run: Path, llama_cpp: Path, tmp_path_factory: pytest.TempPathFactory
+                     ) -> tuple[Path, subprocess.CompletedProcess]:  # fmt: skip
+    """`export --quant f16 --quant q8_0 --quant q4_k_m` of the tiny run, made once: OUT (named out) and the export's
+    result."""
+    out = tmp_path_factory.mktemp("tiny-gguf") / "out"
+    env = {**run_env(tiny_run), "TRAINKIT_LLAMA_CPP": str(llama_cpp)}
+    result = run_trainer(["export", str(tiny_run / "output"), str(out), "--quant", "f16", "--quant", "q8_0",
+                          "--quant", "q4_k_m"], env=env, timeout=900)  # fmt: skip
+    return out, result

@@ -175,7 +175,8 @@ def test_show_marks_trained_tokens_and_records(tmp_path: Path) -> None:
 
 
 def test_loss_on_last_and_all(tmp_path: Path) -> None:
-    from trainer.data.chat import ChatEncoder, conversation_of
+    from trainer.data.chat import conversation_of
+    from trainer.data.chat_encoder import ChatEncoder
     from trainer.tokenizer import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer()
@@ -314,23 +315,31 @@ def test_the_readmes_records_train_as_it_says(tmp_path: Path) -> None:
 
 
 def test_tool_calls_train_with_the_builtin_chatml(tmp_path: Path) -> None:
-    """An assistant turn with tool_calls and no content, then the tool's answer: the built-in chatml renders the call
-    (as <tool_call> JSON) and trains it with the final answer; the tool's answer and the question stay untrained."""
+    """Tool use as an OpenAI-style record: the record's `tools`, an assistant turn with tool_calls (arguments as a JSON
+    string) and no content, the tool's answer, the final answer. The built-in chatml renders the tools in a system
+    turn, the call as Hermes' <tool_call> JSON object, the answer in <tool_response> (what TRAIN_RL_TOOLS' episodes
+    render, so a model taught here reads the same); the call and the final answer are trained, the tools, the tool's
+    answer and the question are not."""
     from trainer.tokenizer import byte_level_tokenizer
 
-    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                             "parameters": city}}  # fmt: skip
     record = {"messages": [{"role": "user", "content": "Weather in Paris?"},
                            {"role": "assistant", "content": None, "tool_calls": [call]},
-                           {"role": "tool", "content": "18C, sunny"},
-                           {"role": "assistant", "content": "It is 18C and sunny."}]}  # fmt: skip
+                           {"role": "tool", "tool_call_id": "c1", "content": "18C, sunny"},
+                           {"role": "assistant", "content": "It is 18C and sunny."}], "tools": [tool]}  # fmt: skip
     data = tmp_path / "data"
     data.mkdir()
     (data / "tools.jsonl").write_text(json.dumps(record) + "\n")
-    sequences = show_json(env_for(tmp_path, data, chat_template="chatml", seq_len="512"))
+    sequences = show_json(env_for(tmp_path, data, chat_template="chatml", seq_len="1024"))
     trained, untrained = trained_and_not(sequences, byte_level_tokenizer())
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in trained
     assert "It is 18C and sunny.<|im_end|>" in trained
-    assert "18C, sunny<|im_end|>" in untrained and "Weather in Paris?" in untrained
+    assert "<|im_start|>tool\n<tool_response>\n18C, sunny\n</tool_response><|im_end|>" in untrained
+    assert '<|im_start|>system\n<tools>\n{"type": "function", "function": {"name": "get_weather"' in untrained
+    assert "Weather in Paris?" in untrained and "get_weather" not in trained.split("<tool_call>")[0]
 
 
 def test_answers_cut_off_by_truncation_name_the_setting_in_force(tmp_path: Path) -> None:

@@ -37,6 +37,11 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "data" / "corpus.txt").write_text("hello world\n" * 50)
     (root / "pairs.jsonl").write_text(json.dumps({"prompt": "say hi", "chosen": "hi", "rejected": "HI"}) + "\n")
     (root / "prompts.jsonl").write_text(json.dumps({"prompt": "say hi", "answer": "hi"}) + "\n")
+    chat = {"prompt": [{"role": "user", "content": "k1"}], "answer": "x"}
+    (root / "chat_prompts.jsonl").write_text(json.dumps(chat) + "\n")
+    (root / "tools.py").write_text('def lookup(key: str) -> str:\n    """Look up.\n\n    Args:\n'
+                                   '        key: a key\n    """\n    return key\n')  # fmt: skip
+    (root / "env.py").write_text("class Echo:\n    def reset(self, **columns):\n        pass\n")
     from vision_data import colour_data
 
     colour_data(root / "images", 2)
@@ -145,9 +150,16 @@ def _scenario_env(root: Path, name: str) -> dict[str, str]:
                  "TRAIN_RL_REWARD_TIMEOUT": "30",
                  "TRAIN_RL_BETA": "0.04", "TRAIN_RL_LOSS": "dr_grpo", "TRAIN_LORA": "1", "TRAIN_BATCH_SIZE": "4",
                  "TRAIN_ARGS": "--top_p 0.9"},
+        "tools": {"TRAIN_DATA": str(root / "chat_prompts.jsonl"), "TRAIN_METHOD": "grpo", "TRAIN_REWARD": "exact",
+                  "TRAIN_CHAT_TEMPLATE": "chatml", "TRAIN_RL_TOOLS": f"{root / 'tools.py'}:lookup",
+                  "TRAIN_RL_ENVIRONMENT": f"{root / 'env.py'}:Echo", "TRAIN_RL_MAX_TURNS": "3",
+                  "TRAIN_RL_TOOL_TIMEOUT": "5"},
         "push": {"TRAIN_DATA": data, "TRAIN_PUSH_TO_HUB": "org/name@v1", "HF_TOKEN": SECRET, "HF_HUB_OFFLINE": "0"},
         "images": {"TRAIN_DATA": str(root / "images" / "train.jsonl"), "TRAIN_MODEL": "tiny-vl",
                    "TRAIN_TRAINABLE": "language,vision"},
+        # a mixture of experts under DPO: TRL's trainer adds the load-balancing loss with its config's coefficient
+        "moe": {"TRAIN_MODEL": "tiny-moe", "TRAIN_DATA": str(root / "pairs.jsonl"), "TRAIN_METHOD": "dpo",
+                "TRAIN_MOE_IMPL": "eager", "TRAIN_MOE_AUX_LOSS": "0.02"},
     }
     return {**_base(root, name), **envs[name]}
 
@@ -271,6 +283,12 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     # proven where vLLM is installed (test_vllm_engine.py, the CPU RL venv)
     ("TRAIN_RL_VLLM_MEMORY", "grpo", lambda c: c["settings"]["TRAIN_RL_VLLM_MEMORY"]["value"] == 0.3
      and c["training_arguments"]["use_vllm"] is False and "vllm_gpu_memory_utilization" not in c["training_arguments"]),
+    ("TRAIN_RL_TOOLS", "tools", lambda c: c["settings"]["TRAIN_RL_TOOLS"]["value"].endswith("tools.py:lookup")
+     and c["training_arguments"]["max_tool_calling_iterations"] == 2),
+    ("TRAIN_RL_ENVIRONMENT", "tools", lambda c: c["settings"]["TRAIN_RL_ENVIRONMENT"]["value"].endswith("env.py:Echo")),
+    # the most assistant turns: TRL's tool-calling rounds are one fewer
+    ("TRAIN_RL_MAX_TURNS", "tools", lambda c: c["training_arguments"]["max_tool_calling_iterations"] == 2),
+    ("TRAIN_RL_TOOL_TIMEOUT", "tools", lambda c: c["settings"]["TRAIN_RL_TOOL_TIMEOUT"]["value"] == 5),
     ("TRAIN_RL_VLLM_TIMEOUT", "grpo", lambda c: c["settings"]["TRAIN_RL_VLLM_TIMEOUT"]["value"] == 300
      and "vllm_server_timeout" not in c["training_arguments"]),
     ("TRAIN_PREF_BETA", "dpo", lambda c: c["training_arguments"]["beta"] == 0.2),
@@ -370,6 +388,10 @@ MAPPING: list[tuple[str, str, Callable[[dict[str, Any]], bool]]] = [
     ("TRAIN_ROPE_SCALING", "model", lambda c: c["rope_type"] == "yarn"),
     ("TRAIN_ROPE_FACTOR", "model", lambda c: c["attention_scaling"] == pytest.approx(0.1 * math.log(4) + 1)),  # yarn's
     ("TRAIN_QUANT", "full", lambda c: c["decisions"]["quant"]["value"] == "4bit"),
+    ("TRAIN_MOE_IMPL", "moe", lambda c: c["decisions"]["moe_impl"]["value"] == "eager"
+     and c["decisions"]["moe_impl"]["reason"].startswith("set by TRAIN_MOE_IMPL")),
+    ("TRAIN_MOE_AUX_LOSS", "moe", lambda c: c["decisions"]["moe_aux_loss"]["value"] == 0.02
+     and c["training_arguments"]["router_aux_loss_coef"] == 0.02),
     ("TRAIN_NEFTUNE_ALPHA", "full", lambda c: c["training_arguments"]["neftune_noise_alpha"] == 5.0),
     ("TRAIN_TRAINABLE", "images", lambda c: c["decisions"]["trainable"]["value"] == ["vision", "language"]
      and "projector frozen (checked)" in c["decisions"]["trainable"]["reason"]),

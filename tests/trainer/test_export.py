@@ -121,6 +121,22 @@ def test_export_refuses_an_occupied_out_and_keeps_the_adapter_on_request(run_tra
     assert missing.returncode == 2 and "no such folder" in missing.stderr
 
 
+def test_adapter_only_refuses_an_adapter_vllm_refuses_naming_the_merge(run_trainer, lora_run, tmp_path) -> None:
+    """A PEFT adapter with modules_to_save (here the LM head, trained whole beside the LoRA matrices): vLLM's LoRA
+    loader refuses it, so `export --adapter-only` does, before publishing, naming it and the way out (merge)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(lora_run / "base")
+    config = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"], task_type="CAUSAL_LM")
+    get_peft_model(base, config).save_pretrained(tmp_path / "adapter")
+    result = run_trainer(["export", str(tmp_path / "adapter"), str(tmp_path / "out"), "--adapter-only"], timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert ("vLLM cannot serve the adapter of" in result.stderr and "modules_to_save ['lm_head']"
+            in result.stderr and "Export without --adapter-only: the adapter merged into its base" in result.stderr)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".tmp-export-*"))
+
+
 def test_sigterm_mid_export_publishes_nothing_and_a_second_export_into_out_exits_2(run_trainer, lora_run,
                                                                                    tmp_path) -> None:  # fmt: skip
     """An export stopped (SIGSTOP) while its staging folder exists: a second export into the same OUT exits 2 naming

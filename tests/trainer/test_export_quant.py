@@ -4,10 +4,11 @@ into fp8 / w4a16 compressed-tensors folders by llmcompressor, loaded back throug
 loader.
 
 llama.cpp is built once per machine (scripts/setup_llama_cpp.py caches the wheel and the converter; conftest.py's
-`llama_cpp` module fixture runs it, which is seconds when built), llmcompressor's overlay installed once
-(scripts/setup_quant.py, the `overlay` fixture). One trained run serves every test of the file; it carries the
-built-in chatml template (TRAIN_CHAT_TEMPLATE) so that the report's answer agreement
-(trainer/export/answer_agreement.py) is measured on it."""
+`llama_cpp` session fixture runs it, which is seconds when built), llmcompressor's overlay installed once
+(scripts/setup_quant.py, the `overlay` fixture). One trained run (conftest.py's `tiny_run`, its GGUF export
+`tiny_gguf_export` shared with test_serve_check.py) serves every test of the file; it carries the built-in chatml
+template (TRAIN_CHAT_TEMPLATE) so that the report's answer agreement (trainer/export/answer_agreement.py) is measured
+on it."""
 
 from __future__ import annotations
 
@@ -35,17 +36,6 @@ def overlay() -> Path:
     result = subprocess.run([PYTHON, str(OVERLAY_SCRIPT)], capture_output=True, text=True, timeout=1200, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return Path(result.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
-    """The tiny preset trained on the embedded corpus: enough steps that it predicts bytes far better than chance;
-    its tokenizer saved with the chatml template (plain text is trained as it is)."""
-    root = tmp_path_factory.mktemp("quant-run")
-    env = run_env(root, max_steps=60, save_steps=60, seq_len=64, batch_size=4, lr=0.003, chat_template="chatml")
-    result = run_trainer([], env=env, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root
 
 
 def _export(run_trainer, run: Path, out: Path, llama_cpp: Path, *args: str, overlay: Path | None = None):
@@ -110,10 +100,8 @@ def _transformers_greedy_by_hand(folder: Path, prompts: list[list[int]], tokens:
         return [model.generate(torch.tensor([p]), generation_config=how)[0, len(p):].tolist() for p in prompts]
 
 
-def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_trainer, tiny_run, llama_cpp,
-                                                                       tmp_path) -> None:  # fmt: skip
-    out = tmp_path / "out"
-    result = _export(run_trainer, tiny_run, out, llama_cpp, "--quant", "f16", "--quant", "q8_0", "--quant", "q4_k_m")
+def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(tiny_gguf_export) -> None:
+    out, result = tiny_gguf_export  # `export --quant f16 --quant q8_0 --quant q4_k_m`, made once (conftest.py)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads((out / "quant_report.json").read_text())
     rows = {r["type"]: r for r in report["types"]}
@@ -154,7 +142,7 @@ def test_tiny_exports_gguf_that_loads_in_llama_cpp_and_passes_the_gate(run_train
     card = (out / "README.md").read_text()
     assert "## Quantized files" in card and "| q4_k_m | `gguf/out.q4_k_m.gguf` |" in card
     assert "answers agreeing" in card and "reported, not gated" in card
-    assert not (out / ".gguf-work").exists() and not list(tmp_path.glob(".tmp-export-*"))
+    assert not (out / ".gguf-work").exists() and not list(out.parent.glob(".tmp-export-*"))
 
 
 # The report's perplexity and answers again, by hand, from each written folder in llmcompressor's environment: loaded

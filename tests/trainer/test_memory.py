@@ -36,13 +36,14 @@ from trainer.memory.predict import (
     activation_parts,
     autocast_copies,
     autocast_copy_bytes,
+    expert_copy_bytes,
     gradient_bytes,
     logits_bytes,
     optimizer_bytes,
     predict,
-    preset_shape,
     weights_bytes,
 )
+from trainer.memory.shape import preset_shape
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -55,6 +56,9 @@ CASES = [
     ("tiny", {"TRAIN_PRECISION": "bf16", "TRAIN_LORA": "1", "TRAIN_QUANT": "4bit"}),
     ("125m", {"TRAIN_PRECISION": "bf16"}),
     ("125m", {"TRAIN_PRECISION": "bf16", "TRAIN_LORA": "1", "TRAIN_OPTIM": "adamw_bnb_8bit"}),
+    # a mixture of experts: every expert held, trained and in the optimizer, not the 2 of 8 a token passes through
+    ("tiny-moe", {"TRAIN_PRECISION": "fp32"}),
+    ("tiny-moe", {"TRAIN_PRECISION": "bf16", "TRAIN_LORA": "1"}),  # adapters on attention and the fused experts
 ]
 
 
@@ -200,6 +204,30 @@ def test_lora_and_qlora_activations_are_within_15_percent_of_the_saved_tensors(
     assert figures[(2, 256)][0] > figures[(1, 128)][0] and figures[(2, 256)][1] > figures[(1, 128)][1]
 
 
+@pytest.mark.parametrize(("precision", "lora"), [("fp32", "0"), ("bf16", "1")], ids=["fp32", "bf16-lora"])
+def test_a_mixture_of_experts_activations_are_within_15_percent_of_the_saved_tensors(precision: str, lora: str) -> None:
+    """tiny-moe (Qwen3-MoE's layer, grouped_mm): each token's k experts' tensors, and under LoRA on the fused experts
+    the copy of every MoE layer's weights as base + adapter that PEFT makes on each forward (a per-layer constant,
+    not per token: the (1, 128) case is most of it)."""
+    from trainer.run.training_model import build_model
+    from trainer.tokenizer import byte_level_tokenizer
+
+    cfg = resolved("tiny-moe", TRAIN_PRECISION=precision, TRAIN_LORA=lora)
+    model = build_model(cfg, byte_level_tokenizer())
+    plan = replace(plan_of(cfg), dropout_mask_bytes=4)
+    assert plan.shape.experts == 8 and plan.moe_impl == "grouped_mm"
+    figures = {}
+    for batch, seq in [(1, 128), (2, 256)]:
+        measured = measured_saved(model, batch, seq, False, precision)
+        figures[(batch, seq)] = (predicted_saved(replace(plan, batch=batch, seq_len=seq)), measured)
+    print(f"tiny-moe {precision} lora={lora}: (predicted, measured) bytes {figures}")
+    for predicted, measured in figures.values():
+        assert abs(predicted - measured) <= 0.15 * measured, figures
+    if lora == "1":
+        copies = plan.shape.moe_layers * expert_copy_bytes(plan)
+        assert copies > 0.5 * figures[(1, 128)][1]  # the weights' copies, not the tokens, dominate a small batch
+
+
 def doctor(tmp_path: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {**base_env(), "PYTHONPATH": str(REPO), "TRAIN_OUTPUT_DIR": str(tmp_path / "o"), **env}
     return subprocess.run([sys.executable, "-m", "trainer", "doctor", "--memory", *extra], cwd=REPO, env=environ,
@@ -343,7 +371,7 @@ def test_grouped_query_attention_saves_k_and_v_at_their_own_heads(precision: str
     scalars)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.memory.predict import Shape
+    from trainer.memory.shape import Shape
     from trainer.model.packed_attention import implementation
 
     llama = LlamaConfig(vocab_size=320, hidden_size=256, intermediate_size=688, num_hidden_layers=2,

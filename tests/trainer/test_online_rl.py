@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from train_runs import assert_same_weights, finish, logged_steps, start, train_env
+from train_runs import assert_same_weights, finish, logged_steps, reproduce_with_edited, start, train_env
 from waiting import wait_for
 
 from trainer.checkpoint_record import newest_sound_checkpoint
@@ -178,13 +178,7 @@ def test_reproduce_gives_the_same_rewards_and_losses_and_refuses_a_changed_rewar
     }  # fmt: skip
 
     reward = files[1]
-    kept = reward.read_text()
-    reward.write_text(kept + "# edited after the run\n")
-    try:
-        refused = run_trainer(["reproduce", str(grpo_run), "--output", str(tmp_path / "refused")],
-                              env={"PYTHONPATH": str(REPO)})  # fmt: skip
-    finally:
-        reward.write_text(kept)
+    refused = reproduce_with_edited(run_trainer, grpo_run, reward, tmp_path / "refused")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert f"the reward file {reward} changed" in refused.stderr and "--allow-changed-data" in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # nothing staged: refused before training

@@ -51,6 +51,15 @@ def test_checkpoints_are_complete_and_rotated(finished_run) -> None:
             assert (folder / needed).is_file(), f"{name}/{needed}"
 
 
+def test_the_thread_decision_is_logged_with_its_reason(finished_run) -> None:
+    """trainer/machine/threads.py's line, once, before the run's work: this run's OMP_NUM_THREADS=1 kept as the
+    user's, and idle OpenMP threads asleep (unless the caller set a wait policy)."""
+    _, proc = finished_run
+    assert proc.stderr.count(" INFO threads: 1 per process (OMP_NUM_THREADS=1, yours); ") == 1, proc.stderr[:3000]
+    assert "OMP_WAIT_POLICY" in os.environ or "idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE)" in proc.stderr
+    assert proc.stderr.index(" INFO threads: ") < proc.stderr.index(" INFO model: ")
+
+
 def test_final_model_and_tokenizer_load_with_from_pretrained(finished_run) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

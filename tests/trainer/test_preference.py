@@ -6,16 +6,13 @@ subprocess)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 from pathlib import Path
 
 import pytest
 from hub_support import save_tiny_model
 from preference_data import pairs, write_jsonl
-from train_runs import assert_same_weights, finish, logged_steps, start, train_env
-from waiting import wait_for
+from train_runs import assert_same_weights, finish, logged_steps, start, stopped_and_resumed, train_env
 
 from trainer.config.checks import static_problems
 from trainer.config.inputs import Inputs
@@ -109,15 +106,7 @@ def test_the_lora_reference_stays_the_starting_model(dpo_run: Path) -> None:
 def test_a_stopped_dpo_run_resumes_to_the_same_weights(dpo_run: Path, pair_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = method_env(out, pair_file)
-    proc = start(env)
-    wait_for(lambda: 3 in logged_steps(out), 300, "step 3", proc=proc)
-    os.killpg(proc.pid, signal.SIGTERM)
-    code, err = finish(proc)
-    assert code == 143, err[-3000:]
-    stopped = int(re.search(r"checkpoint-(\d+) written", err)[1])
-    restart_code, restart_err = finish(start(env))
-    assert restart_code == 0, restart_err[-3000:]
-    assert f"continuing from {out / f'checkpoint-{stopped}'}" in restart_err
+    stopped = stopped_and_resumed(env, out, after_step=3)
     assert logged_steps(out)[:STEPS] == list(range(1, STEPS + 1))
     assert_same_weights(out / "final", dpo_run / "final")
     changed = parse_settings({**env, "TRAIN_PREF_LOSS": "ipo"})  # the method's options cannot change on resume

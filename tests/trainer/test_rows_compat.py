@@ -22,7 +22,8 @@ DEFAULT_ROW = MATRIX.default_cuda
 METHODS = typing.get_args(TrainSettings.model_fields["method"].annotation)
 NO_TRL = {f"TRAIN_METHOD={m}" for m in METHODS if m != "sft"} | {"TRAIN_REWARD=math"}  # every method but SFT is TRL's
 NOT_ON_TRANSFORMERS_4 = {"TRAIN_ATTN=flash_attention_4", "TRAIN_FSDP=full_shard", "TRAIN_FSDP=shard_grad_op",
-                         compat.IMAGES}  # records with images: transformers >= 5.17's processor offsets
+                         compat.IMAGES,  # records with images: transformers >= 5.17's processor offsets
+                         "TRAIN_MODEL=tiny-moe"}  # Qwen3-MoE's fused experts
 # What the Python 3.10 rows refused when versions.toml still typed it (issue 54 derived it from their stacks).
 REFUSED = {
     "12.1": {"TRAIN_PRECISION=fp8", "TRAIN_ATTN=flash_attention_2", *NOT_ON_TRANSFORMERS_4, *NO_TRL,
@@ -40,9 +41,11 @@ def test_described_rows_refuse_what_they_refused(row: str) -> None:
 
 def test_a_row_with_python_3_11_gets_trl_and_its_methods() -> None:
     """A row is its stack fields alone: the same torch and transformers on Python 3.11 install TRL (pyproject's
-    marker), so the methods and the math reward are no longer refused."""
+    marker), so the methods and the math reward are no longer refused; multi-turn RL then is, for its
+    transformers (no response templates before 5.13)."""
     entry = dataclasses.replace(MATRIX.entries["12.4"], python="3.11")
-    assert entry.stack.trl is not None and set(entry.unsupported) == REFUSED["12.4"] - NO_TRL
+    tools = {"TRAIN_RL_TOOLS", "TRAIN_RL_ENVIRONMENT"}
+    assert entry.stack.trl is not None and set(entry.unsupported) == (REFUSED["12.4"] - NO_TRL) | tools
 
 
 def test_this_venv_is_the_default_row_and_supports_everything() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from trainer import config
 from trainer.config import run_record
-from trainer.config.run_record import RunRecord, Startup, TrainingData
+from trainer.config.run_record import ComponentCount, RunRecord, Startup, TrainingData
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
 from trainer.machine.hardware import Hardware
@@ -32,7 +32,9 @@ def _record(**env: str) -> RunRecord:
 def test_a_written_record_reads_back_as_the_same_typed_record(tmp_path: Path) -> None:
     learned = TrainingData(sequences=10, global_batch=4, left_out_per_epoch=2, left_out_tokens_per_epoch=128)
     record = _record(TRAIN_LR="0.01")
-    record = dataclasses.replace(record, training_data=learned, startup=Startup(3.5, {"data": 1.0}, None))
+    table = (ComponentCount("routed experts", 64, 32, 16), ComponentCount("total", 80, 32, 32))
+    record = dataclasses.replace(record, training_data=learned, startup=Startup(3.5, {"data": 1.0}, None),
+                                 components=table)  # fmt: skip
     run_record.write(tmp_path, record)
     back = run_record.read(tmp_path)
     assert back is not None and back.to_dict() == record.to_dict()
@@ -40,6 +42,7 @@ def test_a_written_record_reads_back_as_the_same_typed_record(tmp_path: Path) ->
     assert back.set_by_env == record.set_by_env == {"seq_len", "loss_on", "lr"}  # not output_dir: parse's default
     assert back.data_spec == DataSpec(seq_len=64, loss_on="all") == record.data_spec
     assert back.training_data == learned and back.startup == Startup(3.5, {"data": 1.0}, None)
+    assert back.components == table
     assert back.setting_values(user_set_only=True) == {"TRAIN_SEQ_LEN": 64, "TRAIN_LR": 0.01, "TRAIN_LOSS_ON": "all"}
     assert back.started_with() == {"TRAIN_SEQ_LEN": "64"}
 

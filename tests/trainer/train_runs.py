@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from conftest import base_env
@@ -65,6 +66,28 @@ def logged_steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
 
 
+def stopped_and_resumed(env: dict[str, str], out: Path, after_step: int) -> int:
+    """A run stopped by SIGTERM to its group once `after_step` is logged (exit 143, a checkpoint written), then
+    started again with the same environment until it ends (exit 0, continuing from that checkpoint): the step it
+    stopped at."""
+    import os
+    import re
+    import signal
+
+    from waiting import wait_for
+
+    proc = start(env)
+    wait_for(lambda: after_step in logged_steps(out), 300, f"step {after_step}", proc=proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    code, err = finish(proc)
+    assert code == 143, err[-3000:]
+    stopped = int(re.search(r"checkpoint-(\d+) written", err)[1])
+    restart_code, restart_err = finish(start(env))
+    assert restart_code == 0, restart_err[-3000:]
+    assert f"continuing from {out / f'checkpoint-{stopped}'}" in restart_err
+    return stopped
+
+
 def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
@@ -83,3 +106,14 @@ def global_step(checkpoint: Path) -> int:
 def write_corpus(path: Path, lines: int = 400) -> Path:
     path.write_text("".join(f"Line {i}: a short sentence about resuming training, number {i}.\n" for i in range(lines)))
     return path
+
+
+def reproduce_with_edited(run_trainer: Any, run: Path, edited: Path, out: Path) -> subprocess.CompletedProcess:
+    """`reproduce` of `run` into `out` while the file `edited` (a reward or tool file the run recorded) has a line
+    more than it had; the file is restored after."""
+    kept = edited.read_text()
+    edited.write_text(kept + "# edited after the run\n")
+    try:
+        return run_trainer(["reproduce", str(run), "--output", str(out)], env={"PYTHONPATH": str(REPO)})
+    finally:
+        edited.write_text(kept)

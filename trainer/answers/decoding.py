@@ -48,7 +48,7 @@ class Generator:
 
     def __init__(self, loaded: Any, sampling: Sampling) -> None:
         self.loaded, self.model, self.tokenizer = loaded, loaded.model, loaded.tokenizer
-        self.processor = getattr(loaded, "processor", None)  # a vision-language model's: prompts with images
+        self.processor: Any = getattr(loaded, "processor", None)  # a vision-language model's: prompts with images
         self.template = loaded.chat_template
         self.config = generation_config(self.model, self.tokenizer, sampling)
         self.stop = end_of_turn(self.tokenizer, self.template) if self.template else None

@@ -115,6 +115,22 @@ def _speed_rows() -> list[RowSpec]:
     return rows
 
 
+_EXPERTS = {
+    "eager": "a loop over the experts that received tokens",
+    "batched_mm": "each token's experts' weights gathered into one batched matmul (k copies of them per token)",
+    "grouped_mm": "tokens sorted by expert, one grouped GEMM per projection (torch's kernel: GPUs of compute "
+                  "capability 8.0+, CPUs with torch 2.9+)",
+}  # fmt: skip
+MOE_ROWS = tuple(f"moe_{name}" for name in _EXPERTS)
+
+
+def _moe_rows() -> list[RowSpec]:
+    """A mixture of experts' experts implementations (TRAIN_MOE_IMPL), each on top of the reference; the same
+    training: each row's loss is compared with the first of them that ran."""
+    return [RowSpec(f"moe_{name}", "moe", f"TRAIN_MOE_IMPL={name}: {doc} (a mixture of experts in TRAIN_MODEL).",
+                    {"TRAIN_MOE_IMPL": name}) for name, doc in _EXPERTS.items()]  # fmt: skip
+
+
 def _fp8_rows() -> list[RowSpec]:
     doc = ("TRAIN_PRECISION=fp8 on top of the reference, compiled: torchao's float8 matmuls in the decoder's linear "
            "layers (GPUs with FP8 tensor cores); its MFU is bf16-equivalent. Opt-in, never recommended (its numerics "
@@ -163,8 +179,8 @@ def _combined_row() -> list[RowSpec]:
 
 def catalogue() -> list[RowSpec]:
     """All rows, in the order they run (precision first: the other rows build on its winner)."""
-    return (_precision_rows() + _defaults_row() + _optimizer_rows() + _memory_rows() + _speed_rows() + _fp8_rows()
-            + _zero_rows() + _adapter_rows() + _preference_rows() + _online_rows() + _combined_row())
+    return (_precision_rows() + _defaults_row() + _optimizer_rows() + _memory_rows() + _speed_rows() + _moe_rows()
+            + _fp8_rows() + _zero_rows() + _adapter_rows() + _preference_rows() + _online_rows() + _combined_row())
 
 
 def row_names() -> list[str]:

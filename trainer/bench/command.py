@@ -22,6 +22,7 @@ from trainer.bench.report import BenchProgress, BenchResult, fastest_row, fill_r
 from trainer.bench.resume import earlier_rows
 from trainer.bench.runner import RunPlan
 from trainer.bench.session import Bench, Context, recommendable, recommended_env
+from trainer.config.moe import grouped_mm_problem, moe_of_model
 from trainer.config.schema import TrainSettings
 from trainer.errors import ConfigError, exit_code_for_signal, signal_of_exit_code
 from trainer.hub.sources import hub_ref
@@ -168,6 +169,18 @@ def report(result: BenchResult, work_dir: Path, as_json: bool) -> None:
         print_summary(result, paths)
 
 
+def moe_problem(model: str) -> str:
+    """Why the moe rows cannot run with TRAIN_MODEL ('' where they can)."""
+    from trainer import compat
+
+    if moe_of_model(model) is None:
+        return (f"TRAIN_MODEL={model} is no mixture of experts (a preset such as tiny-moe, or a local model folder "
+                "with routed experts)")  # fmt: skip
+    if not compat.stack().transformers_5:
+        return f"{compat.stack().describe()} keeps one module per expert (no experts implementations)"
+    return ""
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.list:
         print_row_list()
@@ -182,7 +195,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     pretrained = Path(settings.model).is_dir() or hub_ref(settings.model) is not None  # a folder or a Hub ID
     ctx = Context(settings.model, pretrained, settings.seq_len, settings.batch_size,
                   info["on_gpu"], args.max_batch, auto_compile=info.get("auto_compile", False),
-                  method=settings.method)
+                  method=settings.method, moe=moe_problem(settings.model),
+                  grouped_mm=grouped_mm_problem(info["on_gpu"], info.get("capability")))  # fmt: skip
     plan = RunPlan(args.warmup, args.steps, float(args.row_timeout), work_dir)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     meta = build_meta(settings, info, plan, argv, load_before)

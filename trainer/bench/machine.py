@@ -35,7 +35,8 @@ def describe_machine() -> dict:
     device = hw.describe() if hw.is_gpu else f"CPU: {_cpu_name()}, {hw.cpu_count} cores"
     if hw.is_gpu and hw.cuda_version:
         device += f", CUDA {hw.cuda_version}"
-    return {"on_gpu": hw.is_gpu, "device": device, "torch": hw.torch_version, "auto_compile": long_run_compiles(hw)}
+    return {"on_gpu": hw.is_gpu, "device": device, "torch": hw.torch_version, "auto_compile": long_run_compiles(hw),
+            "capability": list(hw.capability) if hw.capability else None}  # fmt: skip
 
 
 def long_run_compiles(hw: Any) -> bool:

@@ -35,6 +35,7 @@ class RowResult:
     peak_mem_bytes: int | None = None
     measured_steps: int = 0
     generation_s: float | None = None  # online RL: of step_time_s, producing the completions
+    loss: float | None = None  # the mean training loss of the measured steps
     wall_s: float = 0.0
     speed_rel: float | None = None
     mem_rel: float | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,8 @@ class Context:
     max_batch: int
     auto_compile: bool = False  # what TRAIN_COMPILE=auto decides for a long run here (bench rows are short)
     method: str = "sft"  # TRAIN_METHOD: every row trains with it
+    moe: str = ""  # why the moe rows cannot run ('' where TRAIN_MODEL is a mixture of experts this stack runs)
+    grouped_mm: str = ""  # why torch's grouped GEMM cannot run on this device ('' where it can)
 
 
 # ---- running the rows ----------------------------------------------------------------------------
@@ -130,7 +132,8 @@ class Bench:
             return with_split_note(self.measure(spec, env, on_top_of))
         if spec.name == GRAD_ACCUM:  # the batch search would merge the micro-batches again
             env.update(grad_accum_env(self.ctx.batch_size), TRAIN_AUTO_BATCH="0")
-        return self.measure(spec, env, on_top_of)
+        row = self.measure(spec, env, on_top_of)
+        return with_loss_note(row, self.results.values()) if spec.group == "moe" else row
 
     def skip_reason(self, spec: RowSpec) -> str:
         """Why a row cannot apply here, known without starting the trainer ('' when it may run)."""
@@ -148,6 +151,8 @@ class Bench:
                     f"{spoken(names('online'))} (and prompts in TRAIN_DATA, rewards in TRAIN_REWARD) to measure it")
         if spec.name == MAX_BATCH and not self.ctx.on_gpu:
             return "not supported here: the probe doubles the batch until GPU memory runs out (no GPU found)"
+        if spec.group == "moe" and (self.ctx.moe or (spec.name == "moe_grouped_mm" and self.ctx.grouped_mm)):
+            return f"not measured here: {self.ctx.moe or self.ctx.grouped_mm}"
         return ""
 
     def skipped(self, spec: RowSpec, reason: str, on_top_of: str | None) -> RowResult:
@@ -178,7 +183,7 @@ class Bench:
             m = outcome.measured
             row.tokens_per_s, row.samples_per_s, row.step_time_s = m.tokens_per_s, m.samples_per_s, m.step_time_s
             row.mfu, row.peak_mem_bytes, row.measured_steps = m.mfu, m.peak_mem_bytes, m.measured_steps
-            row.generation_s = m.generation_s
+            row.generation_s, row.loss = m.generation_s, m.loss
         return row
 
     def probe_max_batch(self, spec: RowSpec, on_top_of: str) -> RowResult:
@@ -288,9 +293,19 @@ def changes(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if BASELINE_ENV.get(k) != v}
 
 
+def with_loss_note(row: RowResult, earlier: Iterable[RowResult]) -> RowResult:
+    """A moe row's loss against the first moe row that ran: the implementations compute the same training."""
+    first = next((r for r in earlier if r.group == "moe" and r.ok and r.loss is not None), None)
+    if row.ok and row.loss is not None:
+        against = f"; {first.name}'s {first.loss:.6g}, |difference| {abs(row.loss - first.loss):.2g}" if first else ""
+        note = f"mean loss of the measured steps {row.loss:.6g}{against}"
+        row.note = f"{note}; {row.note}" if row.note else note
+    return row
+
+
 def copy_measurement(source: RowResult, target: RowResult) -> None:
     for key in ("tokens_per_s", "samples_per_s", "step_time_s", "mfu", "peak_mem_bytes", "measured_steps",
-                "generation_s"):  # fmt: skip
+                "generation_s", "loss"):  # fmt: skip
         setattr(target, key, getattr(source, key))
 
 

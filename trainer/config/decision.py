@@ -68,6 +68,9 @@ class Decisions:
     trainable: Decision[list[str]] = field(default_factory=lambda: Decision(["language"], "no vision-language model"))
     # the predicted peak GPU memory per process and its parts in bytes (trainer.memory); None: not predicted
     memory: Decision[Any] = field(default_factory=lambda: Decision(None, "not predicted"))
+    # a mixture of experts' experts implementation and load-balancing coefficient (config/moe.py); None: dense
+    moe_impl: Decision[str | None] = field(default_factory=lambda: Decision(None, "not a mixture of experts"))
+    moe_aux_loss: Decision[float | None] = field(default_factory=lambda: Decision(None, "not a mixture of experts"))
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -19,6 +19,7 @@ from trainer.config import (
     evaluation,
     launch,
     method,
+    moe,
     optim,
     outputs,
     paths,
@@ -29,7 +30,7 @@ from trainer.config import (
 )
 
 HOMES: tuple[ModuleType, ...] = (
-    method, paths, precision, optim, sharding, speed, adapters, schedule, evaluation, debug, outputs, launch,
+    method, paths, precision, optim, sharding, speed, adapters, moe, schedule, evaluation, debug, outputs, launch,
 )  # fmt: skip
 # The groups whose checks read what the Hub fetched (a Hub dataset's records, the template of a Hub tokenizer), asked
 # in this order once every other check passed; the first that finds a problem is reported (a later one would read what

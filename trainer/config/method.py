@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer import compat
-from trainer.config import online, rl_engine
+from trainer.config import online, rl_engine, rl_tools
 from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import deepspeed_stage
@@ -151,6 +151,8 @@ def data_problems(inputs: Inputs, hub: bool = False) -> list[str]:
             records = inputs.prompts if key == "data" else inputs.eval_prompts
             problems += records.problems or online.missing_column_problems(s.reward, records.rows, records.wheres,
                                                                            source.variable)
+            if key == "data" and not records.problems:
+                problems += rl_tools.record_problems(s, records.rows, records.wheres, records.chat)
         elif is_preference(s):
             problems += records_of(inputs, key).problems
     return problems

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.compat import switch_problem
+from trainer.config import rl_tools
 from trainer.config.decision import Decision
 from trainer.config.rl_engine import VLLM_OPTIONS, engine_arguments, engine_problems
 from trainer.config.schema import TrainSettings
@@ -24,11 +26,13 @@ from trainer.provenance import file_sha256
 
 BUILTINS = ("exact", "contains", "math", "regex", "length")
 RL_OPTIONS = ("reward", "rl_generations", "rl_max_new_tokens", "rl_temperature", "rl_beta", "rl_loss", "rl_engine",
-              "rl_reward_timeout", *VLLM_OPTIONS)  # fmt: skip
-# TRAIN_RL_* option -> the methods it applies to (the others apply to every online method)
-OPTION_METHODS = {"rl_loss": names("online", option="rl_loss")}
-# What TRL passes every reward function; any other parameter is a column of the data
-TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+              "rl_reward_timeout", *VLLM_OPTIONS, *rl_tools.OPTIONS)  # fmt: skip
+# TRAIN_RL_* option -> the methods it applies to (the others apply to every online method; TRL 1.16's tool loop is
+# GRPOTrainer's only)
+OPTION_METHODS = {name: names("online", option=name) for name in ("rl_loss", *rl_tools.OPTIONS)}
+# What TRL passes every reward function (`environments` with TRAIN_RL_ENVIRONMENT); any other parameter is a column
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                 "environments")  # fmt: skip
 ANSWER_READERS = ("exact", "contains", "math")  # the built-ins that read each record's `answer`
 
 
@@ -167,8 +171,6 @@ def _reward_model_problems(folder: Path) -> list[str]:
 def reward_stack_problems(s: TrainSettings) -> list[str]:
     """A built-in reward whose library this stack lacks (math: math-verify, where TRL is), named with the row; for
     any method, so a row's refusal reads the same whatever else is wrong."""
-    from trainer.compat import switch_problem
-
     found = (switch_problem(f"TRAIN_REWARD={spec.kind}") for spec in rewards(s.reward).specs)
     return [problem for problem in dict.fromkeys(found) if problem]
 
@@ -258,6 +260,9 @@ def option_problems(s: TrainSettings) -> list[str]:
                 for n, m in OPTION_METHODS.items() if n in s.model_fields_set and s.method not in m]  # fmt: skip
     problems += reward_problems(s.reward)
     problems += engine_problems(s)
+    problems += [p for p in (switch_problem(f"TRAIN_{n.upper()}") for n in rl_tools.OPTIONS[:2]
+                             if getattr(s, n)) if p]  # fmt: skip
+    problems += rl_tools.tool_problems(s)
     completions = s.batch_size * s.grad_accum
     if completions % s.rl_generations:
         problems.append(f"TRAIN_BATCH_SIZE={s.batch_size} x TRAIN_GRAD_ACCUM={s.grad_accum} = {completions} "
@@ -323,4 +328,4 @@ def method_arguments(s: TrainSettings) -> dict[str, Any]:
     }
     if "rl_loss" in of(s.method).options:
         args["loss_type"] = "dapo" if s.rl_loss == "auto" else s.rl_loss
-    return args
+    return {**args, **rl_tools.arguments(s)}

@@ -62,8 +62,12 @@ def _readable(path: Path) -> bool:
 
 
 def model_problems(s: TrainSettings) -> list[str]:
-    """TRAIN_MODEL: a preset, a Hub ID, or a folder with a readable config.json (doctor --memory asks it alone)."""
-    if is_preset(s.model) or hub_ref(s.model) is not None:
+    """TRAIN_MODEL: a preset (one this stack can build), a Hub ID, or a folder with a readable config.json (doctor
+    --memory asks it alone)."""
+    if is_preset(s.model):
+        refusal = compat.switch_problem(f"TRAIN_MODEL={s.model}")  # tiny-moe on transformers 4
+        return [refusal] if refusal else []
+    if hub_ref(s.model) is not None:
         return []
     folder = Path(s.model)
     if not folder.exists():

@@ -40,6 +40,7 @@ from typing import Any
 
 from trainer import checkpoint_record as records
 from trainer.checkpoint_record import BatchRecord
+from trainer.config import rl_tools
 from trainer.config.online import reward_identity
 from trainer.config.schema import OnResume, TrainSettings, resume_rule
 from trainer.data.mix import identity
@@ -158,6 +159,8 @@ def recorded_settings(settings: TrainSettings) -> dict[str, Any]:
     values = json.loads(json.dumps(settings.model_dump(), default=str))
     values["data"] = identity(values["data"])  # a mix file's weights are part of the data
     values["reward"] = reward_identity(values["reward"])  # so is a reward file's content (online RL)
+    for name in ("rl_tools", "rl_environment"):  # and a tool's or an environment's (multi-turn online RL)
+        values[name] = rl_tools.identity(values[name])
     return {k: v for k, v in mask_secrets(values).items() if resume_rule(k) is not OnResume.NOT_RECORDED}
 
 

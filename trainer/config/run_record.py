@@ -71,6 +71,20 @@ class Startup:
 
 
 @dataclass(frozen=True)
+class ComponentCount:
+    """One row of the table of what the model is made of (trainer.model.components): parameters, those that train,
+    those a token passes through (a mixture's routed experts: top-k of E)."""
+
+    component: str
+    parameters: int
+    trainable: int
+    active: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """What a run resolved and learned; `to_dict` is run_config.json (and `python -m trainer config --json`)."""
 
@@ -85,9 +99,7 @@ class RunRecord:
     environment: dict[str, str]  # TRAIN_*, HF_*, CUDA_*... as the run started, and what the run set itself
     training_data: TrainingData | None = None  # learned: known once the data is packed and the batch chosen
     startup: Startup | None = None  # learned: known after the first step
-    # learned once the model is built: parameters per component (trainer.model.components), each {component,
-    # parameters, trainable}
-    components: tuple[dict[str, Any], ...] = ()
+    components: tuple[ComponentCount, ...] = ()  # learned: the model's component table, once it is built
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -104,7 +116,7 @@ class RunRecord:
             "hub": self.hub,
             "startup": self.startup.to_dict() if self.startup else {},
             "training_data": self.training_data.to_dict() if self.training_data else {},
-            "components": list(self.components),
+            "components": [row.to_dict() for row in self.components],
             "environment": self.environment,
         }
         return mask_secrets(json.loads(json.dumps(data, default=str)))
@@ -229,8 +241,8 @@ def from_dict(data: Any, where: Path | str = FILE) -> RunRecord:
         environment={str(k): str(v) for k, v in _section(data.get("environment") or {}, "environment", dict).items()},
         training_data=_part(TrainingData, data.get("training_data"), "training_data"),
         startup=_part(Startup, data.get("startup"), "startup"),
-        components=tuple(_section(row, "components", dict) for row in _section(data.get("components") or [],
-                                                                                "components", list)),
+        components=tuple(_part(ComponentCount, row, "components") for row in _section(data.get("components") or [],
+                                                                                      "components", list)),
     )  # fmt: skip
 
 
@@ -277,7 +289,7 @@ def _spec_of(settings: TrainSettings) -> DataSpec:
     return Inputs(settings).data_spec
 
 
-def _part(kind: type[TrainingData] | type[Startup], recorded: Any, name: str) -> Any:
+def _part(kind: type[TrainingData] | type[Startup] | type[ComponentCount], recorded: Any, name: str) -> Any:
     if not recorded:
         return None
     try:

@@ -2,14 +2,15 @@
 
 Layouts of a record (one per file, `layout_of_record` / `layout_of_columns`):
 - `messages`: OpenAI style, a list of {role, content}; roles system, user, assistant, tool (passed to the template
-  as they are, with any other keys such as tool_calls or name);
+  as they are, with any other keys such as tool_calls or name), and the record's `tools` (OpenAI tool definitions,
+  rendered by the template as the model will see them in online RL with TRAIN_RL_TOOLS);
 - `conversations`: ShareGPT, a list of {from, value}; `from` human/gpt/system/tool (FROM_ROLES) maps onto the roles;
 - `chat_pair`: prompt/completion where the prompt and/or the completion is a message list;
 - `pair` (prompt/completion text) and `text` stay with shards.py;
 - `prompt`: a prompt alone (no answer), online RL's (trainer.data.prompts).
 
-`ChatEncoder` renders conversations with the tokenizer's chat template (Transformers' `apply_chat_template`) and
-marks the trained tokens (TRAIN_LOSS_ON): the template's `{% generation %}` blocks through
+`ChatEncoder` (trainer.data.chat_encoder) renders conversations with the tokenizer's chat template (Transformers'
+`apply_chat_template`) and marks the trained tokens (TRAIN_LOSS_ON): the template's `{% generation %}` blocks through
 `return_assistant_tokens_mask` where it has them, else by rendering prefixes (the text an assistant turn adds to
 the rendering of the turns before it, after the generation prompt). No template is parsed by hand.
 The template text comes from TRAIN_CHAT_TEMPLATE (a .jinja file or a built-in name) or the tokenizer's own; this
@@ -18,19 +19,15 @@ module finds it without importing torch or transformers, so a conversation corpu
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainer.data import preference
 from trainer.errors import ConfigError
 from trainer.methods import of
-
-if TYPE_CHECKING:
-    import numpy as np
 
 ROLES = ("system", "user", "assistant", "tool")
 FROM_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
@@ -164,18 +161,29 @@ class Conversation:
     messages: list[dict[str, Any]]
     first_trained: int
     where: str
+    tools: list[dict[str, Any]] | None = None  # the record's tool definitions (messages layout), for the template
 
 
 def conversation_of(row: dict[str, Any], layout: str, where: str) -> Conversation:
     """The record as a Conversation; BadRecord says what is wrong with it."""
     if layout == "messages":
-        return Conversation(_messages(row.get("messages"), "role", "content", None), 0, where)
+        return Conversation(_messages(row.get("messages"), "role", "content", None), 0, where, _tools(row.get("tools")))
     if layout == "conversations":
         return Conversation(_messages(row.get("conversations"), "from", "value", FROM_ROLES, "conversations"), 0,
                             where)  # fmt: skip
     prompt = _side(row.get("prompt"), "user", "prompt")
     completion = _side(row.get("completion"), "assistant", "completion")
     return Conversation(prompt + completion, len(prompt), where)
+
+
+def _tools(value: Any) -> list[dict[str, Any]] | None:
+    """A record's `tools`: OpenAI tool definitions ({"type": "function", "function": {name, description,
+    parameters}}), as apply_chat_template takes them."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise BadRecord(f"tools must be a list of tool definitions (objects), not {type(value).__name__}")
+    return value or None
 
 
 def check_trainable(conv: Conversation, loss_on: str) -> None:
@@ -340,9 +348,6 @@ def template_hash(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16] if template else ""
 
 
-# ---- rendering and masks ---------------------------------------------------------------------------------------
-
-
 def assistant_spans(render: Any, conv: Conversation, loss_on: str) -> tuple[str, list[tuple[int, int]]]:
     """(the rendered conversation, the character spans of its trained turns): a turn's text is what rendering it
     adds to the turns before it, after the generation prompt (`render(messages, **kwargs)`: the chat template)."""
@@ -360,91 +365,3 @@ def assistant_spans(render: Any, conv: Conversation, loss_on: str) -> tuple[str,
         start = len(before) if through.startswith(before) else len(render(conv.messages[:i]))
         spans.append((start, len(through)))
     return full, spans
-
-
-class ChatEncoder:
-    """Token ids and loss masks of conversations through the tokenizer's chat template."""
-
-    def __init__(self, tokenizer: Any, loss_on: str, dtype: str) -> None:
-        self.tokenizer, self.loss_on, self.dtype = tokenizer, loss_on, dtype
-        template = getattr(tokenizer, "chat_template", None)
-        if isinstance(template, dict):
-            template = template.get("default") or next(iter(template.values()))
-        self.template = template
-        self.has_generation_tags = bool(template and GENERATION_TAG.search(template))
-
-    def encode(self, conv: Conversation) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, mask) of one conversation; BadRecord when the template raises or cannot be split by turns."""
-        import numpy as np
-
-        if self.template is None:
-            raise ConfigError(no_template_problem("conversations", "the tokenizer has none"))
-        check_trainable(conv, self.loss_on)
-        try:
-            if self.loss_on == "all":
-                ids = self._render(conv.messages, tokenize=True)
-                return np.asarray(ids, self.dtype), np.ones(len(ids), np.uint8)
-            if self.has_generation_tags and conv.first_trained == 0 and self.loss_on == "assistant":
-                return self._by_generation_tags(conv)
-            return self._tokens_with_spans(*assistant_spans(self._render, conv, self.loss_on))
-        except BadRecord:
-            raise
-        except Exception as exc:  # a template's raise_exception(), a Jinja error, a missing variable
-            raise BadRecord(f"the chat template raised {type(exc).__name__}: {exc}") from None
-
-    def encode_all(self, conversations: list[Conversation], bad: list[str]
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:  # fmt: skip
-        """(ids, mask, record lengths, bad lines in file order) of a unit's conversations, each whole; a record
-        the template refuses is a bad line, named by file and line."""
-        import numpy as np
-
-        ids, mask, lengths, bad = [], [], [], list(bad)
-        for conv in conversations:
-            try:
-                record_ids, record_mask = self.encode(conv)
-            except BadRecord as exc:
-                bad.append(f"{conv.where}: {exc}")
-                continue
-            ids.append(record_ids)
-            mask.append(record_mask)
-            lengths.append(len(record_ids))
-        if not ids:
-            ids, mask = [np.zeros(0, self.dtype)], [np.zeros(0, np.uint8)]
-        return np.concatenate(ids), np.concatenate(mask), np.asarray(lengths, np.int64), in_file_order(bad)
-
-    def _render(self, messages: list[dict[str, Any]], tokenize: bool = False, **kwargs: Any) -> Any:
-        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=tokenize,
-                                                  return_dict=False, **kwargs)  # fmt: skip
-
-    def _by_generation_tags(self, conv: Conversation) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
-
-        out = self.tokenizer.apply_chat_template(conv.messages, chat_template=self.template, tokenize=True,
-                                                 return_dict=True, return_assistant_tokens_mask=True)  # fmt: skip
-        return np.asarray(out["input_ids"], self.dtype), np.asarray(out["assistant_masks"], np.uint8)
-
-    def _tokens_with_spans(self, text: str, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """The text's tokens as `apply_chat_template` makes them (no added special tokens: the template has them);
-        a token is trained when its characters overlap a span."""
-        import numpy as np
-
-        if not self.tokenizer.is_fast:  # no character offsets: tokenize piece by piece at the span edges
-            return self._pieces(text, spans)
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        mask = np.zeros(len(enc["input_ids"]), np.uint8)
-        for t, (s, e) in enumerate(enc["offset_mapping"]):
-            if any(s < end and e > start for start, end in spans):
-                mask[t] = 1
-        return np.asarray(enc["input_ids"], self.dtype), mask
-
-    def _pieces(self, text: str, spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        import numpy as np
-
-        edges = sorted({0, len(text), *(x for span in spans for x in span)})
-        ids: list[int] = []
-        mask: list[int] = []
-        for a, b in itertools.pairwise(edges):
-            part = self.tokenizer(text[a:b], add_special_tokens=False)["input_ids"]
-            ids += part
-            mask += [int(any(a >= s and b <= e for s, e in spans))] * len(part)
-        return np.asarray(ids, self.dtype), np.asarray(mask, np.uint8)

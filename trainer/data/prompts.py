@@ -132,8 +132,9 @@ def _prompt(value: Any) -> Any:
     return messages
 
 
-def rendered(tokenizer: Any, prompt: Any) -> str:
-    """The text the model is given: a conversation through the chat template with its generation prompt."""
+def rendered(tokenizer: Any, prompt: Any, tools: list[Any] | None = None) -> str:
+    """The text the model is given: a conversation through the chat template with its generation prompt (and the
+    `tools` it may call described, as TRL renders them)."""
     if isinstance(prompt, list):
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, tools=tools or None)
     return prompt

@@ -67,7 +67,7 @@ class Encoder:
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, loss_on: str = "assistant") -> Encoder:
-        from trainer.data.chat import ChatEncoder
+        from trainer.data.chat_encoder import ChatEncoder
         from trainer.tokenizer import is_byte_level
 
         dtype = "uint16" if len(tokenizer) <= 1 << 16 else "uint32"

@@ -31,7 +31,7 @@ class ImageDataset:
     def __init__(self, read: ImageRecords, encoded: list[Encoded], encoder: ImageEncoder, seq_len: int,
                  dropped: int = 0) -> None:  # fmt: skip
         self.records, self.encoded, self.encoder, self.dropped = read.records, encoded, encoder, dropped
-        self.read = read
+        self.read, self.seq_len = read, seq_len
         kept = sum(e.kept for e in encoded)
         # tokens_per_s in metrics.jsonl counts each record's own tokens (trainer.run.metrics.useful_token_share)
         self.meta = {"seq_len": seq_len, "packing": {"record_blocks": len(encoded), "stream_blocks": 0,
@@ -47,7 +47,7 @@ class ImageDataset:
 
     def subset(self, start: int, stop: int) -> ImageDataset:
         part = ImageRecords(self.read.records[start:stop], [], self.read.layouts)
-        return ImageDataset(part, self.encoded[start:stop], self.encoder, int(self.meta["seq_len"]))
+        return ImageDataset(part, self.encoded[start:stop], self.encoder, self.seq_len)
 
     def image_tokens(self) -> list[int]:
         return [e.image_tokens for e in self.encoded]

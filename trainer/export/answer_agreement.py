@@ -47,6 +47,8 @@ class Job:
     tokens: int = ANSWER_TOKENS
     stops: tuple[int, ...] = ()
     none: str | None = None
+    chat: bool = True  # the prompts are user turns rendered by the chat template; False: plain text (`check` of a
+    # model without one, through /v1/completions)
 
     @property
     def context(self) -> int:
@@ -60,17 +62,40 @@ def job(tokenizer: PreTrainedTokenizerBase, text: EvalText, positions: int) -> J
     """The prompts for this export (module docstring): none, saying why, without a chat template."""
     if not getattr(tokenizer, "chat_template", None):
         return Job([], [], "", none="the export's tokenizer has no chat template, so it has no answers to compare")
-    limit = min(MAX_PROMPT_TOKENS, positions - ANSWER_TOKENS)
+    users = _user_turns(text)
+    found = job_for(tokenizer, users, f"the first user turns of {text.origin}", positions) if users else None
+    if found is None or found.none == _no_fit(positions):  # no chat data, or none of its turns fits
+        return job_for(tokenizer, list(FIXED_PROMPTS), FIXED_ORIGIN, positions)
+    return found
+
+
+def _no_fit(positions: int) -> str:
+    return f"no prompt fits in {min(MAX_PROMPT_TOKENS, positions - ANSWER_TOKENS)} tokens with the chat template"
+
+
+def job_for(tokenizer: PreTrainedTokenizerBase, users: list[str], origin: str, positions: int,
+            tokens: int = ANSWER_TOKENS, count: int = PROMPTS) -> Job:  # fmt: skip
+    """`users` (the first `count` of those that fit) as the chat template renders each alone, or none saying why; a
+    tokenizer without a chat template: as plain text (`chat` False), for /v1/completions."""
+    limit = min(MAX_PROMPT_TOKENS, positions - tokens)
+    if not getattr(tokenizer, "chat_template", None):
+        found = [(t, ids) for t in users if len(ids := list(tokenizer(t)["input_ids"])) <= limit][:count]
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return Job([ids for _, ids in found], [t for t, _ in found], origin, tokens,
+                   () if eos is None else (int(eos),), None if found else _no_fit(positions), chat=False)  # fmt: skip
     try:
-        found = _render(tokenizer, _user_turns(text), limit)
-        origin = f"the first user turns of {text.origin}"
-        if not found:
-            found, origin = _render(tokenizer, list(FIXED_PROMPTS), limit), FIXED_ORIGIN
+        found = _render(tokenizer, users, limit, count)
     except Exception as exc:  # a template that refuses a lone user turn (Jinja's raise_exception, a missing key)
         return Job([], [], "", none=f"the chat template refused a conversation of one user turn: {exc}")
     if not found:
-        return Job([], [], "", none=f"no prompt fits in {limit} tokens with the chat template")
-    return Job([ids for _, ids in found], [user for user, _ in found], origin, stops=_stops(tokenizer))
+        return Job([], [], "", none=_no_fit(positions))
+    return Job([ids for _, ids in found], [user for user, _ in found], origin, tokens, stops=_stops(tokenizer))
+
+
+def rendered(tokenizer: PreTrainedTokenizerBase, user: str) -> str:
+    """One user turn as the chat template renders it for an answer (what every runtime is fed)."""
+    return str(tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                             add_generation_prompt=True))  # fmt: skip
 
 
 def _user_turns(text: EvalText) -> list[str]:
@@ -93,15 +118,14 @@ def _user_turns(text: EvalText) -> list[str]:
     return turns
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, users: list[str], limit: int) -> list[tuple[str, list[int]]]:
+def _render(tokenizer: PreTrainedTokenizerBase, users: list[str], limit: int, count: int
+            ) -> list[tuple[str, list[int]]]:  # fmt: skip
     found = []
     for user in users:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                               add_generation_prompt=True)  # fmt: skip
-        ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        ids = list(tokenizer(rendered(tokenizer, user), add_special_tokens=False)["input_ids"])
         if len(ids) <= limit:
             found.append((user, ids))
-        if len(found) == PROMPTS:
+        if len(found) == count:
             break
     return found
 

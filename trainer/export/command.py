@@ -172,6 +172,7 @@ def _build(source: Any, inputs: Inputs, staging: Path, adapter_only: bool, dtype
     from trainer.export import consolidate, merge, model_card, verify
     from trainer.export.source import ADAPTER, FSDP, ZERO
     from trainer.model.adapters import merged
+    from trainer.model.expert_adapters import FusedMergeError
 
     if adapter_only and source.kind != ADAPTER:
         raise ConfigError(f"export --adapter-only: {source.folder} holds no LoRA adapter")
@@ -184,7 +185,10 @@ def _build(source: Any, inputs: Inputs, staging: Path, adapter_only: bool, dtype
         reference_model = merge.load_base(str(inputs.base), merge.run_dtype_name(source), source.run, source.adapter,
                                           text_tokenizer)  # fmt: skip
         log.info("export: merging the adapter %s into %s", source.adapter, inputs.base_how)
-        model = merged(reference_model)
+        try:
+            model = merged(reference_model)
+        except FusedMergeError as exc:
+            raise verify.ExportMismatch(str(exc)) from None
         if inputs.recorded_base:  # the check holds the merge against the run's own base, not --base's
             reference_model = merge.load_base(inputs.recorded_base, merge.run_dtype_name(source), source.run,
                                               source.adapter, text_tokenizer)  # fmt: skip
@@ -251,7 +255,7 @@ def _save(model: Any, tokenizer: Any, staging: Path, dtype_name: str) -> None:
 def _copy_adapter(source: Any, tokenizer: Any, staging: Path, name: str) -> None:
     from safetensors.torch import load_file
 
-    from trainer.export import model_card
+    from trainer.export import adapter_layout, model_card
 
     for file in ADAPTER_FILES:
         if (source.adapter / file).is_file():
@@ -262,5 +266,7 @@ def _copy_adapter(source: Any, tokenizer: Any, staging: Path, name: str) -> None
     weights = staging / "adapter_model.safetensors"
     if not weights.is_file() or not load_file(str(weights)):
         raise ConfigError(f"export --adapter-only: {source.adapter} holds no adapter_model.safetensors weights")
+    adapter_layout.check(staging, source.adapter)
     log.info("export: %s holds the LoRA adapter of %s (--adapter-only), %d tensors", name, source.adapter,
              len(load_file(str(weights))))  # fmt: skip
+

@@ -31,4 +31,6 @@ def _row_name() -> str:
         row = str(json.loads(provenance.BUILD_FILE.read_text()).get("org.trainkit.row") or "")
     except (OSError, ValueError):
         row = ""
-    return {"": "this image", "cpu": "the CPU flavor", "rl": "the online-RL row"}.get(row, f"the CUDA {row} row")
+    names = {"": "this image", "cpu": "the CPU flavor", "rl": "the online-RL row",
+             "cpu-rl": "the CPU flavor's online-RL image"}  # fmt: skip
+    return names.get(row, f"the CUDA {row} row")

@@ -195,6 +195,18 @@ def _gguf_rows(plan: Plan, tools: gguf.Tools, staging: Path, name: str, tokenize
     return rows
 
 
+def read_report(out: Path) -> dict[str, Any] | None:
+    """OUT/quant_report.json as `produce` wrote it (its one reader: `check`), None for an export without --quant."""
+    path = out / REPORT
+    if not path.is_file():
+        return None
+    try:
+        found = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{path}: damaged ({exc}); export again") from None
+    return found if isinstance(found, dict) else None
+
+
 def _figures(report: dict[str, Any], staging: Path) -> dict[str, Any]:
     """What provenance keeps of the report: per type its file's sha256 (a folder's weights') and the gate's figures."""
     keep = ("type", "file", "bytes", "runtime", "made_by", "perplexity", "reference_perplexity", "ratio",

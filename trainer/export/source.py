@@ -2,9 +2,9 @@
 checkpoint, or final/; and what that folder holds. Reads only JSON and file names (no torch); the run's record through
 trainer.config.run_record.
 
-A damaged folder is refused here, before any work, naming the file: one whose record (trainkit_complete) lists
-files that are now missing, of another size or other content, and any folder whose JSON files (the config, the
-tokenizer's, the adapter's) do not read as JSON objects."""
+A damaged folder is refused here, before any work, naming the file: one whose completion record
+(trainer.checkpoint_record) lists files that are now missing, of another size or other content, and any folder whose
+JSON files (the config, the tokenizer's, the adapter's) do not read as JSON objects."""
 
 from __future__ import annotations
 

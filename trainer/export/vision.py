@@ -76,7 +76,7 @@ def vision_model_type(source: Any) -> str | None:
     for folder in (source.folder, base):
         if folder and Path(folder).is_dir() and (Path(folder) / "config.json").is_file():
             return folder_model_type(folder) if folder_reads_images(folder) else None
-    return preset_model_type(base) if is_vision_preset(base) else None
+    return preset_model_type(base) if base and is_vision_preset(base) else None
 
 
 def refuse_quantized(types: list[str], source: Any, converter: Path | None, version: str | None) -> None:
@@ -98,6 +98,8 @@ def refuse_quantized(types: list[str], source: Any, converter: Path | None, vers
 
 def _architecture(source: Any) -> str | None:
     for folder in (source.folder, getattr(source.run.settings, "model", None) if source.run else None):
+        if not folder:
+            continue
         try:
             found = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("architectures")
         except (OSError, ValueError, TypeError, AttributeError):

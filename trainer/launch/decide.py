@@ -11,6 +11,7 @@ from trainer.commands import names
 from trainer.launch.placement import LaunchError, Placement, detect_placement, int_var
 from trainer.lifetime import TORCHRUN_MARKER
 from trainer.machine.gpus import NprocError, resolve_nproc
+from trainer.machine.threads import thread_env
 from trainer.secrets import mask_args
 
 DISTRIBUTED_COMMANDS = frozenset(names(distributed=True))  # run under torchrun across GPUs and nodes
@@ -134,8 +135,10 @@ def decide(command: str, args: Sequence[str], env: Mapping[str, str]) -> LaunchP
         clean["HF_HUB_OFFLINE"] = "1"
     run = [python, "-m", "torch.distributed.run", *torchrun_args(placement, nproc, max_restarts, rdzv_timeout)]
     command_line = [*run, *trainer_cmd]
+    workers = worker_env(clean)
+    workers.update(thread_env(workers, nproc)[0])  # torchrun would give each worker one thread
     return LaunchPlan(
-        placement, nproc, nproc_reason, max_restarts, command_line, worker_env(clean), True, cleared, supervised=True
+        placement, nproc, nproc_reason, max_restarts, command_line, workers, True, cleared, supervised=True
     )
 
 

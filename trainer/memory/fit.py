@@ -16,7 +16,8 @@ from trainer.config.decision import Decision
 from trainer.config.presets import is_preset
 from trainer.config.speed import CHUNK_POSITIONS
 from trainer.errors import ConfigError
-from trainer.memory.predict import LINEARS, SOURCES, Plan, Prediction, Shape, folder_shape, preset_shape
+from trainer.memory.predict import SOURCES, Plan, Prediction
+from trainer.memory.shape import EXPERTS, LINEARS, Shape, folder_shape, preset_shape
 from trainer.memory.vision import predict_model, vision_of
 from trainer.methods import of
 
@@ -50,7 +51,7 @@ def shape_of(cfg: RunConfig) -> Shape:
 def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
     """The memory-relevant decisions of `cfg` (at micro-batch `batch`, else the decided one)."""
     s, d = cfg.settings, cfg.decisions
-    targets = LINEARS if s.lora_targets == "all-linear" else tuple(t.strip() for t in s.lora_targets.split(","))
+    targets = lora_targets(s.lora_targets)
     online = of(s.method).family == "online"
     return Plan(
         shape=shape_of(cfg), batch=batch or d.batch_size.value, seq_len=s.seq_len, precision=d.precision.value,
@@ -62,8 +63,17 @@ def plan_of(cfg: RunConfig, batch: int | None = None) -> Plan:
         method=s.method, reference=d.reference.value, rl_new_tokens=s.rl_max_new_tokens if online else 0,
         rl_engine=s.rl_engine if online else "transformers", vllm_bytes=vllm_share(cfg),
         loss_chunk_tokens=CHUNK_POSITIONS if d.cross_entropy.value == "chunked" else 0,
-        vision=vision_of(cfg), trainable=tuple(d.trainable.value),
+        moe_impl=d.moe_impl.value or "grouped_mm", vision=vision_of(cfg), trainable=tuple(d.trainable.value),
     )  # fmt: skip
+
+
+def lora_targets(setting: str) -> tuple[str, ...]:
+    """TRAIN_LORA_TARGETS as the prediction's names (trainer.model.lora_targets' words): all-linear is every linear
+    and the routed experts, attention its four projections."""
+    found: list[str] = []
+    for word in (w.strip() for w in setting.split(",") if w.strip()):
+        found += {"all-linear": [*LINEARS, EXPERTS], "attention": list(LINEARS[:4])}.get(word, [word])
+    return tuple(dict.fromkeys(found))
 
 
 def vllm_colocated(s: TrainSettings) -> bool:

@@ -15,7 +15,8 @@ class ShapeUnknown(ValueError):
 
 SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 MODELLED = ("decoders whose config.json names hidden_size, num_hidden_layers, num_attention_heads, intermediate_size "
-            "and vocab_size as Llama's does, with Llama's gated MLP (Llama, Mistral, Qwen2, Qwen3, Gemma)")
+            "and vocab_size as Llama's does, with Llama's gated MLP (Llama, Mistral, Qwen2, Qwen3, Gemma) or routed "
+            "experts named as Qwen3-MoE's, OLMoE's and Mixtral's")
 
 
 def shape_config(folder: str | Path) -> dict[str, Any]:

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from trainer.config.precision import compute_dtype_bytes
-from trainer.config.presets import language_preset
-from trainer.memory.model_config import shape_config
+from trainer.memory.shape import EXPERTS, LINEARS, Shape
 from trainer.memory.vision_shape import VisionShape
 from trainer.memory.zero import Held, stage_1_2, stage_3
 from trainer.methods import of
@@ -36,8 +34,6 @@ from trainer.methods import of
 MIB = 1 << 20
 CONTEXT_BYTES = 512 * MIB  # CUDA context and cuBLAS/cuDNN workspaces: an allowance, not measured here
 FRAGMENTATION = 0.05  # of the allocated peak, for the caching allocator's rounding and fragmentation: an allowance
-BYTE_VOCAB = 259  # trainer/tokenizer.py's byte-level tokenizer: 256 bytes + bos, eos, pad
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BNB_BLOCK, BNB_MIN_8BIT = 256, 4096  # bitsandbytes' 8-bit optimizers: blockwise absmax, small tensors kept fp32
 NF4_BLOCK, NF4_NESTED = 64, 256  # bitsandbytes 4-bit: absmax per 64 weights, double-quantized in blocks of 256
 
@@ -53,65 +49,6 @@ SOURCES = {
                       "colocate mode: its copy of the weights, activations and KV cache)",
     "framework": "CUDA context, workspaces, allocator fragmentation: an allowance, unmeasured",
 }
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A Llama-like decoder's shape: what the parameter count and the activations follow."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    head_dim: int = 0
-
-    @property
-    def dim(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-    def linears(self) -> dict[str, tuple[int, int]]:
-        """A decoder layer's linear layers: name -> (in_features, out_features)."""
-        h, q, kv, i = self.hidden, self.heads * self.dim, self.kv_heads * self.dim, self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h), "gate_proj": (h, i),
-                "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
-
-    def layer_linear(self) -> int:
-        return sum(a * b for a, b in self.linears().values())
-
-    def embedding(self) -> int:
-        return self.vocab * self.hidden
-
-    def norms(self) -> int:
-        return (2 * self.layers + 1) * self.hidden
-
-    def total(self) -> int:
-        """Every parameter: embeddings, the layers' linears and norms, the final norm, an untied LM head."""
-        return self.embedding() * (1 if self.tied else 2) + self.layers * self.layer_linear() + self.norms()
-
-    def tensors(self) -> int:
-        """How many parameter tensors: per layer 7 linears and 2 norms, the embedding, final norm, LM head."""
-        return self.layers * 9 + 2 + (0 if self.tied else 1)
-
-
-def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
-    """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64); a vision
-    preset's language model (its vision tower is not counted)."""
-    p = language_preset(name)
-    rows = (max(vocab, p.vocab) + 63) // 64 * 64
-    return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024)
-
-
-def folder_shape(folder: str | Path) -> Shape:
-    """A model folder's shape from its config.json (Llama, Mistral, Qwen, Gemma: the same field names); ShapeUnknown
-    saying why where it cannot be read (trainer/memory/model_config.py)."""
-    c = shape_config(folder)
-    heads = int(c["num_attention_heads"])
-    return Shape(int(c["hidden_size"]), int(c["num_hidden_layers"]), heads, int(c.get("num_key_value_heads") or heads),
-                 int(c["intermediate_size"]), int(c["vocab_size"]), bool(c.get("tie_word_embeddings", False)),
-                 int(c.get("head_dim") or 0))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -144,6 +81,7 @@ class Plan:
     rl_engine: str = "transformers"  # online RL's generation: transformers (its KV cache here) or vllm (elsewhere)
     vllm_bytes: int = 0  # vLLM colocated: its share of the device (TRAIN_RL_VLLM_MEMORY x the device's memory)
     loss_chunk_tokens: int = 0  # TRAIN_CROSS_ENTROPY=chunked: positions per chunk of logits (0: all at once)
+    moe_impl: str = "grouped_mm"  # a mixture's experts implementation (trainer.config.moe)
     vision: VisionShape | None = None  # a vision-language model's tower and projector (trainer.memory.vision)
     trainable: tuple[str, ...] = ("language",)  # TRAIN_TRAINABLE's parts (vision, projector, language)
     notes: tuple[str, ...] = field(default=())
@@ -171,11 +109,10 @@ class Prediction:
 
 
 def adapter_params(plan: Plan) -> tuple[int, int]:
-    """(parameters, tensors) of the LoRA adapters: A (r x in) and B (out x r) per targeted linear of every layer."""
-    linears = plan.shape.linears()
-    targets = [name for name in plan.lora_targets if name in linears]
-    per_layer = sum(plan.lora_r * (linears[n][0] + linears[n][1]) for n in targets)
-    return plan.shape.layers * per_layer, plan.shape.layers * 2 * len(targets)
+    """(parameters, tensors) of the LoRA adapters: A (r x in) and B (out x r) per targeted linear of every layer; on
+    the routed experts one pair per fused tensor, E experts' worth (A [E x r, in], B [out, E x r])."""
+    sizes = tensor_sizes(plan)
+    return sum(sizes), len(sizes)
 
 
 def trainable(plan: Plan) -> tuple[int, int]:
@@ -197,21 +134,21 @@ def shards(plan: Plan, what: str) -> int:
 def quantized_linear_bytes(plan: Plan) -> int:
     """bitsandbytes' weights of the decoder's linears: 4-bit NF4 with double-quantized absmax, or int8 with an fp32
     scale per output row. The embeddings, norms and LM head stay in the compute dtype."""
-    s = plan.shape
-    n = s.layers * s.layer_linear()
+    linears = plan.shape.quantizable()
+    n = sum(a * b for a, b in linears)
     if plan.quant == "4bit":  # per tensor: uint8 absmax per block, an fp32 absmax per block of those
-        sizes = [a * b for a, b in s.linears().values()] * s.layers
-        blocks = [math.ceil(size / NF4_BLOCK) for size in sizes]
+        blocks = [math.ceil(a * b / NF4_BLOCK) for a, b in linears]
         return n // 2 + sum(blocks) + sum(math.ceil(b / NF4_NESTED) * 4 for b in blocks)
-    return n + s.layers * sum(out for _, out in s.linears().values()) * 4
+    return n + sum(out for _, out in linears) * 4
 
 
 def optimizer_groups(plan: Plan) -> tuple[list[list[int]], list[int]]:
     """The trainable tensors' sizes in the model's order, as Transformers' optimizer groups (with weight decay; then
     without: the norms), and the frozen tensors' sizes."""
     s = plan.shape
-    decay = [s.embedding()] + [a * b for a, b in s.linears().values()] * s.layers + ([] if s.tied else [s.embedding()])
-    norms = [s.hidden] * (2 * s.layers + 1)
+    layers = [size for layer in range(s.layers) for size in s.layer_tensors(layer)]
+    decay = [s.embedding()] + layers + ([] if s.tied else [s.embedding()])
+    norms = s.layer_norms() * s.layers + [s.hidden]
     return ([tensor_sizes(plan)], decay + norms) if plan.lora else ([decay, norms], [])
 
 
@@ -231,7 +168,7 @@ def weights_bytes(plan: Plan) -> int:
     if ranks and plan.quant == "none":  # DeepSpeed holds the model in the compute dtype, flat or partitioned
         return max(h.weights for h in ranks) * c
     if plan.quant != "none":  # under LoRA, PEFT's prepare_model_for_kbit_training makes the rest fp32
-        other = s.total() - s.layers * s.layer_linear()
+        other = s.total() - sum(a * b for a, b in s.quantizable())
         base = quantized_linear_bytes(plan) + other * (4 if plan.lora else c)
     elif plan.lora:  # a frozen base, read in the compute dtype (fp32 under FSDP: one flat dtype with the adapters)
         base = s.total() * (4 if plan.fsdp != "none" else c)
@@ -264,12 +201,23 @@ def tensor_sizes(plan: Plan) -> list[int]:
     """The numel of every trainable tensor (the 8-bit layout is per tensor)."""
     s = plan.shape
     if plan.lora:
-        linears = s.linears()
-        per = [size for n in plan.lora_targets if n in linears for size in (plan.lora_r * linears[n][0],
-                                                                             plan.lora_r * linears[n][1])]
-        return per * s.layers
-    layer = [a * b for a, b in s.linears().values()] + [s.hidden, s.hidden]
-    return layer * s.layers + [s.embedding(), s.hidden] + ([] if s.tied else [s.embedding()])
+        return adapter_sizes(plan)
+    layers = [size for layer in range(s.layers) for size in (*s.layer_tensors(layer), *s.layer_norms())]
+    return layers + [s.embedding(), s.hidden] + ([] if s.tied else [s.embedding()])
+
+
+def adapter_sizes(plan: Plan) -> list[int]:
+    """The LoRA adapters' tensors: A and B of each targeted linear in every layer (a mixture's dense layers' MLP
+    too), and of each fused expert tensor in every MoE layer."""
+    s, r = plan.shape, plan.lora_r
+
+    def pairs(linears: dict[str, tuple[int, int]]) -> list[int]:
+        return [size for n, (a, b) in linears.items() if n in plan.lora_targets for size in (r * a, r * b)]
+
+    found = pairs(s.linears()) * s.layers + (pairs(s.mlp()) * s.dense_layers if s.experts else [])
+    if EXPERTS in plan.lora_targets:
+        found += [s.experts * r * size for a, b in s.fused_experts().values() for size in (a, b)] * s.moe_layers
+    return found
 
 
 def optimizer_bytes(plan: Plan) -> int:
@@ -317,7 +265,9 @@ def attention_bytes_per_token(plan: Plan) -> int:
     repeated = plan.attn == "eager" or (plan.record_mask and not plan.attn.startswith("flash"))
     attention = (2 * s.heads + 2 * (s.heads if repeated else s.kv_heads)) * s.dim
     scores = s.heads * seq_tokens(plan) * (4 + c) if plan.attn == "eager" else 0  # softmax and its cast
-    return attention * c + (2 + s.heads) * 4 + scores
+    # Qwen3's per-head RMSNorms on q and k: each one's fp32 input and its output (under autocast: the compute dtype)
+    qk_norms = (s.heads + s.kv_heads) * s.dim * (4 + (4 if c == 4 else c)) if s.qk_norm else 0
+    return attention * c + (2 + s.heads) * 4 + scores + qk_norms
 
 
 def layer_bytes_per_token(plan: Plan) -> int:
@@ -329,7 +279,33 @@ def layer_bytes_per_token(plan: Plan) -> int:
         return lora_layer_bytes_per_token(plan)
     s, c = plan.shape, plan.compute_bytes
     hidden = 6 * s.hidden * 4 if c == 4 else 4 * s.hidden * 4 + 5 * s.hidden * c
-    return hidden + 4 * s.intermediate * c + attention_bytes_per_token(plan)
+    return hidden + mlp_bytes_per_token(plan, 4) + attention_bytes_per_token(plan)
+
+
+def mlp_bytes_per_token(plan: Plan, expert_bytes: int) -> int:
+    """A layer's MLP per token, averaged over the layers: a dense one saves 4 intermediate-sized tensors in the
+    compute dtype; a mixture's routed experts (counted on Qwen3-MoE's block with saved-tensor hooks), for each of a
+    token's k experts, its gathered input, gate_up's output, the activation, the product and the down projection's
+    output, in the experts' weights' dtype (`expert_bytes`: grouped_mm computes in it, autocast or not), with the
+    router's fp32 probabilities and the routing's indices; eager adds each expert's copy of its input, batched_mm
+    each token's k copies of its experts' weights."""
+    s = plan.shape
+    dense = 4 * s.intermediate * plan.compute_bytes
+    if not s.experts:
+        return dense
+    k, h, w = s.top_k, s.hidden, s.expert_intermediate
+    routed = (2 * k * h + 4 * k * w) * expert_bytes + s.experts * 4 + 28 * k
+    routed += {"eager": k * h, "batched_mm": k * 3 * h * w}.get(plan.moe_impl, 0) * expert_bytes
+    return (routed * s.moe_layers + dense * s.dense_layers) // s.layers
+
+
+def expert_copy_bytes(plan: Plan) -> int:
+    """LoRA on fused experts (PEFT's ParamWrapper) computes each MoE layer's weights again as base + adapter on
+    every forward, one tensor the size of the layer's experts, which the matmuls keep for the backward pass."""
+    s = plan.shape
+    if not (plan.lora and s.experts and EXPERTS in plan.lora_targets):
+        return 0
+    return s.experts * sum(a * b for a, b in s.fused_experts().values()) * plan.compute_bytes
 
 
 def lora_layer_bytes_per_token(plan: Plan) -> int:
@@ -340,7 +316,8 @@ def lora_layer_bytes_per_token(plan: Plan) -> int:
     output (r values); without dropout the adapters read the inputs the layer has (one copy per input in fp32, one
     cast per adapter under autocast)."""
     s, c = plan.shape, plan.compute_bytes
-    mlp = 3 * s.intermediate * (4 if plan.quant != "none" else c)
+    base = 4 if plan.quant != "none" else c
+    mlp = mlp_bytes_per_token(plan, base) if s.experts else 3 * s.intermediate * base
     linears = s.linears()
     targets = [name for name in plan.lora_targets if name in linears]
     adapters = 0
@@ -378,7 +355,7 @@ def activation_parts(plan: Plan) -> tuple[int, int]:
     rotary = seq_tokens(plan) * 2 * s.dim * 4  # cos and sin, per position
     rotary += rows(plan) * seq_tokens(plan) ** 2 if plan.record_mask else 0  # a boolean mask per sequence
     head = tokens * head_bytes_per_token(plan)
-    layer = tokens * layer_bytes_per_token(plan)
+    layer = tokens * layer_bytes_per_token(plan) + expert_copy_bytes(plan)
     if plan.grad_ckpt:
         return s.layers * tokens * s.hidden * residual_bytes(plan) + head, layer + rotary
     return s.layers * layer + rotary + head, 0
@@ -396,7 +373,8 @@ def autocast_copies(plan: Plan) -> tuple[int, int]:
         layers = adapter_params(plan)[0] * 2
         head = s.embedding() * 2 if plan.quant != "none" else 0
     else:
-        layers = s.layers * s.layer_linear() * 2 // shards(plan, "weights")
+        linears = sum(a * b for a, b in s.quantizable()) + s.experts * s.hidden * s.moe_layers  # and the routers
+        layers = linears * 2 // shards(plan, "weights")
         head = s.embedding() * 2 // shards(plan, "weights")
     return (head, layers // s.layers) if plan.grad_ckpt else (head + layers, 0)
 

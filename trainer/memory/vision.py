@@ -37,7 +37,7 @@ from trainer.memory.predict import (
     rows,
     shards,
 )
-from trainer.memory.vision_shape import Blocks, VisionShape, VisionUnknown, folder_vision, preset_vision
+from trainer.memory.vision_shape import VisionShape, VisionUnknown, folder_vision, preset_vision
 
 if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig

@@ -1,10 +1,12 @@
-"""LoRA: a new adapter to train (apply_lora), a saved one attached to its base (attach_adapter: the one
-PeftModel.from_pretrained, after `fit_problem` found each of the adapter's tensors a module of the base with its
+"""LoRA: a new adapter to train (apply_lora: TRAIN_LORA_TARGETS read against the model by trainer.model.lora_targets,
+a mixture's fused experts through PEFT's target_parameters), a saved one attached to its base (attach_adapter: the
+one PeftModel.from_pretrained, after `fit_problem` found each of the adapter's tensors a module of the base with its
 shape: PEFT itself only warns of adapter keys the base lacks, and then runs the base without them), and an adapter
-folded into the base's weights (merged)."""
+folded into the base's weights (merged; fused experts checked: trainer.model.expert_adapters)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,20 +32,36 @@ def apply_lora(model: Any, s: TrainSettings, targets: list[str] | None = None, w
     elif s.grad_ckpt:
         # Frozen embeddings produce no grad; checkpointed blocks need an input that requires one.
         model.enable_input_require_grads()
-    chosen: Any = s.lora_targets
-    if chosen != "all-linear":
-        chosen = [t.strip() for t in chosen.split(",") if t.strip()]
-    elif targets is not None:
-        chosen = targets
-    lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=chosen,
-                      task_type="CAUSAL_LM", modules_to_save=whole or None)  # fmt: skip
-    said = s.lora_targets if chosen is not targets else f"the {len(targets)} linears of the trained parts"
-    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s%s", s.lora_r, s.lora_alpha, s.lora_dropout, said,
-             f"; trained whole: {', '.join(whole)}" if whole else "")  # fmt: skip
-    model = get_peft_model(model, lora)  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
+    from trainer.config.moe import moe_of
+    from trainer.model import lora_targets
+    from trainer.model.expert_adapters import names_kept
+    from trainer.model.moe import routers
+
+    moe = moe_of(model.config)
+    chosen = lora_targets.resolve(s.lora_targets, model, moe)
+    if s.lora_targets == "all-linear" and targets is not None:  # a vision-language model's trained parts
+        chosen = lora_targets.Targets(words=["all-linear"], modules=list(targets))
+    else:
+        lora_targets.check(chosen, lora_targets.planned(chosen, model), moe, len(routers(model)))
+    # PEFT's parameter adapters (fused experts, routers) refuse dropout: they get none, the module adapters TRAIN's
+    lora = LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=0.0 if chosen.parameters else s.lora_dropout,
+                      task_type="CAUSAL_LM", modules_to_save=whole or None,
+                      **lora_targets.lora_kwargs(chosen))  # fmt: skip
+    with names_kept():  # its adapters are fp32 on a bf16/fp16 base (autocast_adapter_dtype)
+        peft_model = get_peft_model(model, lora)
+    if chosen.parameters:
+        lora_targets.drop_out_module_inputs(peft_model, s.lora_dropout)
+    said = s.lora_targets
+    if targets is not None and s.lora_targets == "all-linear":
+        said = f"the {len(targets)} linears of the trained parts"
+    log.info("LoRA: r=%d alpha=%d dropout=%g targets=%s: adapts %s%s%s", s.lora_r, s.lora_alpha, s.lora_dropout,
+             said, lora_targets.describe(lora_targets.adapted(peft_model), moe),
+             f"; trained whole: {', '.join(whole)}" if whole else "",
+             " (the parameter adapters take no dropout: PEFT cannot drop their input out)" if chosen.parameters and
+             s.lora_dropout else "")  # fmt: skip
     if whole:
-        train_whole_in_fp32(model)
-    return model
+        train_whole_in_fp32(peft_model)
+    return peft_model
 
 
 def train_whole_in_fp32(model: Any) -> None:
@@ -63,10 +81,13 @@ def attach_adapter(base: Any, adapter: Path) -> Any:
     does not fit the base (`fit_problem`)."""
     from peft import PeftModel
 
+    from trainer.model.expert_adapters import names_kept, own_names
+
     problem = fit_problem(base, adapter)
     if problem:
         raise ConfigError(problem)
-    return PeftModel.from_pretrained(base, str(adapter))
+    with names_kept() if own_names(adapter) else contextlib.nullcontext():
+        return PeftModel.from_pretrained(base, str(adapter))
 
 
 PEFT_PREFIX = "base_model.model."  # a saved adapter's keys: this, the base's module path, then PEFT's own part
@@ -92,7 +113,7 @@ def fit_problem(base: Any, adapter: Path) -> str | None:
             elif params[name] != shape:
                 misfit.append(f"{name} is {list(shape)} in the adapter, {list(params[name])} in the base")
             continue
-        path = ".".join(parts[:at])
+        path = ".".join(p for p in parts[:at] if p != "base_layer")  # a parameter's adapters nest (PEFT's ParamWrapper)
         if path not in modules:
             missing.append(path)
             continue
@@ -160,7 +181,10 @@ def _trained_on(adapter: Path) -> str | None:
 
 
 def merged(peft_model: Any) -> Any:
-    """A copy of the PEFT model with the adapter folded into the weights (the original stays unmerged)."""
+    """A copy of the PEFT model with the adapter folded into the weights (the original stays unmerged; fused experts
+    checked against base + adapter: trainer.model.expert_adapters)."""
     import copy
 
-    return copy.deepcopy(peft_model).merge_and_unload()
+    from trainer.model.expert_adapters import merge_into_base
+
+    return merge_into_base(copy.deepcopy(peft_model))

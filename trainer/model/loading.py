@@ -4,8 +4,10 @@ and export.
 `what` (Weights) is a preset (fresh weights), a model folder (local, a Hub snapshot, a full checkpoint, final/, an
 export), a folder's architecture with fresh weights (consolidated shards are loaded into it), or a folder plus a
 saved LoRA adapter (a LoRA checkpoint, final/adapter/, --adapter). `how` (LoadHow) is the dtype, bitsandbytes
-quantization, placement, attention implementation, a one-score head (reward models) and RoPE scaling. Nothing is
-read from the network: a Hub model is a snapshot folder already (trainer.hub).
+quantization, placement, attention implementation, a one-score head (reward models), RoPE scaling and a mixture of
+experts' experts implementation; an MXFP4 checkpoint (gpt-oss) is dequantized where `how` asks for dense experts or
+the kernels are absent, and the log says so. Nothing is read from the network: a Hub model is a snapshot folder
+already (trainer.hub).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class LoadHow:
     score_head: bool = False  # a one-score head instead of the LM head (a reward model)
     rope: TrainSettings | None = None  # TRAIN_ROPE_* checked and written into the config (the run's own settings)
     recorded_rope: TrainSettings | None = None  # the scaling a run recorded, for a base that carries none
+    experts: str | None = None  # a mixture of experts' experts_implementation (trainer.model.moe); None: Transformers'
+    dense_experts: bool = False  # MXFP4 experts (gpt-oss) dequantized even where the kernels run: training needs them
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -70,7 +74,9 @@ def load(what: Weights, how: LoadHow) -> Any:
     if what.preset is not None or what.fresh:
         model = _fresh(config, how)
     else:
-        model = _model_class(how, config).from_pretrained(what.folder, config=config, **pretrained_kwargs(how))
+        kwargs = {**pretrained_kwargs(how), **mxfp4_kwargs(config, how)}
+        model = _model_class(how, config).from_pretrained(what.folder, config=config, **kwargs)
+        say_dequantized(config, model)
         if what.tokenizer is not None:
             from trainer.tokenizer import fit_embeddings
 
@@ -91,7 +97,12 @@ def described(what: Weights, how: LoadHow, model: Any) -> str:
     adapter = f" + LoRA adapter {what.adapter}" if what.adapter is not None else ""
     quant = f", {how.quant} quantized" if how.quant != "none" else ""
     base = model.get_base_model() if what.adapter is not None else model
-    return f"{source}{adapter}: {type(base).__name__} ({head}), {model.dtype} weights{quant} on {model.device}"
+    from trainer.config.moe import moe_of
+    from trainer.model.moe import experts_implementation
+
+    moe = moe_of(base.config)
+    experts = f", {moe.describe()} run by {experts_implementation(base) or 'one module each'}" if moe else ""
+    return f"{source}{adapter}: {type(base).__name__} ({head}), {model.dtype} weights{quant}{experts} on {model.device}"
 
 
 def model_config(what: Weights, how: LoadHow) -> Any:
@@ -151,7 +162,45 @@ def pretrained_kwargs(how: LoadHow) -> dict[str, Any]:
                                                    how.shardable, how.unquantized)  # fmt: skip
     if how.device is not None:
         kwargs["device_map"] = {"": how.device}
+    if how.experts is not None:
+        kwargs["experts_implementation"] = how.experts
     return kwargs
+
+
+def _mxfp4(config: Any) -> bool:
+    quant = getattr(config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    return str(getattr(method, "value", method)) == "mxfp4"
+
+
+def mxfp4_kwargs(config: Any, how: LoadHow) -> dict[str, Any]:
+    """An MXFP4 checkpoint (gpt-oss's experts) dequantized where `how` asks for dense experts; else Transformers
+    decides (it dequantizes where its MXFP4 kernels, triton and the kernels package, are absent)."""
+    if not _mxfp4(config):
+        return {}
+    if how.quant != "none":
+        from trainer.errors import ConfigError
+
+        raise ConfigError(f"TRAIN_QUANT={how.quant}: the model is MXFP4-quantized (its experts: gpt-oss's own "
+                          "format), and bitsandbytes cannot quantize it again; set TRAIN_QUANT=none (its experts "
+                          "are dequantized for training)")  # fmt: skip
+    if not how.dense_experts:
+        return {}
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
+def say_dequantized(config: Any, model: Any) -> None:
+    if not _mxfp4(config):
+        return
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    if experts and not type(experts[0]).__name__.startswith("Mxfp4"):
+        log.info("model: its MXFP4 expert weights were dequantized to %s at load (training needs dense weights, and "
+                 "Transformers dequantizes where its MXFP4 kernels, triton and the kernels package, are absent)",
+                 str(model.dtype).removeprefix("torch."))  # fmt: skip
+    else:
+        log.info("model: its experts stay MXFP4 (Transformers' MXFP4 kernels)")
 
 
 def _fresh(config: Any, how: LoadHow) -> Any:
@@ -170,8 +219,9 @@ def _fresh(config: Any, how: LoadHow) -> Any:
             del made
             return cls.from_pretrained(tmp, **pretrained_kwargs(how))
     attention = {} if how.attention is None else {"attn_implementation": how.attention}
+    experts = {} if how.experts is None else {"experts_implementation": how.experts}
     with torch.device(how.device if how.device is not None else "cpu"):
-        model = cls.from_config(config, **attention, **fp32)
+        model = cls.from_config(config, **attention, **experts, **fp32)
     if how.dtype not in (None, "auto", "float32"):
         model = model.to(_dtype(how.dtype))
     return model

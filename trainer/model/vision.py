@@ -47,19 +47,20 @@ def model_class(config: Any) -> Any:
     return AutoModelForImageTextToText
 
 
-def video_free(cls: type) -> type:
+def video_free(cls: Any) -> Any:
     """`cls` (a processor class) built from its image processor and tokenizer only: ProcessorMixin takes the
     sub-processors from __init__'s signature, so one without video_processor neither loads nor saves one. It keeps
     the class's name: the folder it saves names the original class."""
 
     def __init__(self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
                  **kwargs: Any) -> None:  # fmt: skip
-        cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+        base_init: Any = cls.__init__
+        base_init(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
 
 
-def _needs_video_processor(cls: type) -> bool:
+def _needs_video_processor(cls: Any) -> bool:
     import inspect
 
     return "video_processor" in inspect.signature(cls.__init__).parameters
@@ -82,7 +83,7 @@ def load_processor(folder: str | Path) -> Any:
 
     folder = Path(folder)
     name = _saved_processor_class(folder)
-    cls = getattr(transformers, name, None) if name else None
+    cls: Any = getattr(transformers, name, None) if name else None
     if cls is None:
         raise ConfigError(
             f"{folder} holds a vision-language model but no processor Transformers knows (processor_class "

@@ -68,6 +68,7 @@ def vision_preset_config(name: str, tokenizer: Any) -> Any:
                 "rope_parameters": {"rope_type": "default", "rope_theta": PRESET_ROPE_THETA,
                                     "mrope_section": sections},
                 **special}  # fmt: skip
-    return Qwen2VLConfig(text_config=language, vision_config=vision_tower_config(name), image_token_id=ids["<|image_pad|>"],
-                         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True, **special)  # fmt: skip
+    return Qwen2VLConfig(text_config=language, vision_config=vision_tower_config(name),
+                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                         tie_word_embeddings=True, **special)  # fmt: skip

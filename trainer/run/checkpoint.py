@@ -120,6 +120,15 @@ def atomic_trainer(base: type) -> type:
         _staging_dir: str | None = None
         checkpoint_record: CheckpointRecord | None = None  # set per run (train.py): what each checkpoint records
 
+        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+            """A training line gets the fields of the callbacks that add some (`log_fields`: router health) before
+            any callback sees it (trackers included)."""
+            if "loss" in logs:
+                for callback in self.callback_handler.callbacks:
+                    if hasattr(callback, "log_fields"):
+                        logs.update(callback.log_fields(self.state))
+            super().log(logs, *args, **kwargs)
+
         def get_train_dataloader(self) -> Any:
             from trainer.run.signals import shield_workers
 
@@ -217,9 +226,11 @@ def atomic_trainer(base: type) -> type:
             self.accelerator.wait_for_everyone()
 
         def _save_final_staged(self, staging: Path, output_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
+            from trainer.model.expert_adapters import merge_into_base
+
             if self._can_merge_lora():
                 self.save_model(str(staging / "adapter"))
-                merged = self.model.merge_and_unload()
+                merged = merge_into_base(self.model)
                 if self.args.should_save:
                     merged.save_pretrained(str(staging))
                 log.info("LoRA: final/ holds the merged model, final/adapter/ the adapter")

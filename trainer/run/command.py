@@ -25,6 +25,7 @@ def main(_args: argparse.Namespace) -> int:
     code = EXIT_CRASH  # what a traceback ends with
     undo_lock: Callable[[], None] = lambda: None  # noqa: E731
     try:
+        _decide_threads()  # before torch is imported
         config.apply_process_defaults()  # before torch is imported
         undo_lock = _lock_before_reading()
         inputs = config.load_inputs()
@@ -50,6 +51,17 @@ def main(_args: argparse.Namespace) -> int:
     finally:
         code = record_outcome(code)  # for the launcher: a stop is told from a crash (trainer.launch.supervise)
     return code
+
+
+def _decide_threads() -> None:
+    """The thread count and OpenMP's wait policy (trainer/machine/threads.py: the launcher's decision where it started
+    this process) into this process's environment, with the decision's line that the run logs (trainer.run.train)."""
+    import os
+
+    from trainer.machine.threads import thread_env
+
+    processes = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    os.environ.update(thread_env(os.environ, int(processes) if processes.isdigit() else 1)[0])
 
 
 def _lock_before_reading() -> Callable[[], None]:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from trainer.config.run_config import RunConfig
     from trainer.config.run_record import RunRecord, Startup
     from trainer.run.divergence import DivergenceGuard
+    from trainer.run.router_metrics import RouterMetrics
     from trainer.run.signals import GracefulStop
     from trainer.run.startup import StartupClock
 
@@ -99,12 +100,14 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
 
     s = cfg.settings
     out = Path(s.output_dir)
+    router = router_metrics(cfg, model)
     found: list[Any] = [
         StopOnSignal(stop),
         steps_from_settings(),
         StartupCallback(clock, write_record, compiled=cfg.decisions.compile.value),
+        *([router] if router is not None else []),
         MetricsCallback(out / "metrics.jsonl", s.seq_len, flops_per_token(model, s.seq_len), this_gpu_peak_flops(),
-                        memory["predicted_allocated_bytes"] if cfg.hardware.is_gpu and memory else None),
+                        memory["predicted_allocated_bytes"] if cfg.hardware.is_gpu and memory else None, router),
     ]
     if s.profile:
         from trainer.run.profiling import ProfilerCallback
@@ -115,6 +118,20 @@ def callbacks(cfg: RunConfig, model: Module, stop: GracefulStop, clock: StartupC
 
         found.append(MemorySnapshotCallback(out))
     return [*found, divergence_guard(cfg)]  # last: it may cancel a save another callback asked for
+
+
+def router_metrics(cfg: RunConfig, model: Module) -> RouterMetrics | None:
+    """A mixture of experts' router health per logging step (trainer.run.router_metrics), its load-balancing loss
+    as decided (trainer.config.moe); None for a dense model."""
+    from trainer.config.moe import moe_of
+    from trainer.run.router_metrics import RouterMetrics
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    moe = moe_of(base.config)
+    if moe is None:
+        return None
+    coefficient = cfg.decisions.moe_aux_loss
+    return RouterMetrics(model, moe, coefficient.value, coefficient.reason)
 
 
 def divergence_guard(cfg: RunConfig) -> DivergenceGuard:
@@ -169,14 +186,17 @@ def before_training(cfg: RunConfig, args: Arguments, model: Module, resume: Resu
         truncate_after(out / "metrics.jsonl", resume.step)
 
 
-def learned(start: RunRecord, args: Arguments, decisions: Decisions, sequences: int,
+def learned(start: RunRecord, args: Arguments, decisions: Decisions, sequences: int, model: Module,
             mix: dict[str, Any] | None = None) -> RunRecord:  # fmt: skip
-    """The run's record with what it learned before its first step: the batch (`decisions`, searched or not), and
-    how the DataLoader splits an epoch (batches_per_epoch) with a mix's requested and achieved share per source."""
+    """The run's record with what it learned before its first step: the batch (`decisions`, searched or not), how
+    the DataLoader splits an epoch (batches_per_epoch) with a mix's requested and achieved share per source, and
+    what the model is made of (its component table, logged here: before step 0)."""
     from trainer.config.run_record import TrainingData
+    from trainer.model.components import log_components
 
     counts = TrainingData(**batches_per_epoch(sequences, args, start.settings.seq_len), mix=mix)
-    return dataclasses.replace(start, decisions=decisions, training_data=counts)
+    return dataclasses.replace(start, decisions=decisions, training_data=counts,
+                               components=tuple(log_components(model)))  # fmt: skip
 
 
 def record_writer(record: RunRecord, args: Arguments) -> Callable[[Startup | None], None]:

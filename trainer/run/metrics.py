@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 from transformers import TrainerCallback
 
 from trainer.jsonl import append_line, json_line
+from trainer.model.components import param_numel
 
 if TYPE_CHECKING:
-    import torch
     from torch.nn import Module
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -57,13 +57,6 @@ METRIC_KEYS = (
     "mfu",
     "time",
 )
-
-
-def param_numel(p: torch.nn.Parameter) -> int:
-    """Elements of a parameter: its full size under ZeRO-3 (`ds_numel`; the local shard is empty), and 4-bit
-    weights packed two per byte counted as the weights they hold."""
-    n = int(getattr(p, "ds_numel", 0) or p.numel())
-    return n * 2 if p.__class__.__name__ == "Params4bit" else n
 
 
 def matmul_params(model: Module, trainable_only: bool = False) -> int:
@@ -156,8 +149,9 @@ class MetricsCallback(TrainerCallback):
     """Appends one line to metrics.jsonl per logging step (rank 0 only)."""
 
     def __init__(self, path: Path, seq_len: int, flops_per_token: float, peak_flops: float | None,
-                 predicted_peak: int | None = None) -> None:  # fmt: skip
+                 predicted_peak: int | None = None, router: Any = None) -> None:  # fmt: skip
         self.path = path
+        self.router = router  # a mixture of experts' RouterMetrics: its share matrix joins each line
         self.predicted_peak = predicted_peak
         self.seq_len = seq_len
         self.flops_per_token = flops_per_token
@@ -219,7 +213,14 @@ class MetricsCallback(TrainerCallback):
             "mfu": mfu,
             "time": time.time(),
             **method_metrics(logs),
+            **self._router_shares(),
         }
+
+    def _router_shares(self) -> dict[str, Any]:
+        from trainer.run.router_metrics import SHARES_KEY
+
+        shares = getattr(self.router, "shares", None)
+        return {SHARES_KEY: shares} if shares is not None else {}
 
 
 def useful_token_share(dataset: object) -> float:

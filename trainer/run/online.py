@@ -31,22 +31,24 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     from pathlib import Path
 
     from trainer.config.online import reward_files
+    from trainer.config.rl_tools import file_hashes
     from trainer.run.samples import SAMPLES, CompletionSamplesCallback
 
     cfg, args = setup.cfg, setup.args
     rows = training_rows(cfg)
     refuse_image_method(cfg.inputs, rows)
-    check_prompt_lengths(cfg, setup.tokenizer, rows)
+    toolbox = tools_of(cfg, setup.tokenizer)
+    check_prompt_lengths(cfg, setup.tokenizer, rows, toolbox.offered() if toolbox else None)
     rewards = reward_functions(cfg, rows)
     model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
-    record = kit.learned(setup.start, args, cfg.decisions, len(rows))
+    record = kit.learned(setup.start, args, cfg.decisions, len(rows), model)
     callbacks = setup.callbacks(model, record)
-    trainer = build_trainer(cfg, args, setup.tokenizer, model, rows, rewards, callbacks)
+    trainer = build_trainer(cfg, args, setup.tokenizer, model, rows, rewards, callbacks, toolbox)
     main = args.process_index == 0
     samples = (CompletionSamplesCallback(trainer, Path(cfg.settings.output_dir) / SAMPLES),) if main else ()
     provenance = None
     if args.should_save:  # provenance.json's part of online RL
-        provenance = {"reward_files": reward_files(cfg.settings.reward),
+        provenance = {"reward_files": reward_files(cfg.settings.reward), "tool_files": file_hashes(cfg.settings),
                       "generation": generation_provenance(cfg.settings.rl_engine)}  # fmt: skip
     return kit.Prepared(trainer, record, after_trackers=samples, provenance=provenance)
 
@@ -69,9 +71,11 @@ def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def check_prompt_lengths(cfg: RunConfig, tokenizer: Any, rows: list[dict[str, Any]]) -> None:
-    """Every prompt, as the model is given it, with TRAIN_RL_MAX_NEW_TOKENS after it, must fit the model's context:
-    one that does not is refused (exit 2) naming its file:line, before the model loads (as `generate` refuses it)."""
+def check_prompt_lengths(cfg: RunConfig, tokenizer: Any, rows: list[dict[str, Any]], tools: list[Any] | None = None
+                         ) -> None:  # fmt: skip
+    """Every prompt, as the model is given it (with the `tools` described), with TRAIN_RL_MAX_NEW_TOKENS after it,
+    must fit the model's context: one that does not is refused (exit 2) naming its file:line, before the model loads
+    (as `generate` refuses it)."""
     import json
     from pathlib import Path
 
@@ -89,7 +93,7 @@ def check_prompt_lengths(cfg: RunConfig, tokenizer: Any, rows: list[dict[str, An
     limit = context_length(config) if isinstance(config, dict) and s.rope_scaling == "none" else None
     if not limit:
         return
-    texts = [rendered(tokenizer, row["prompt"]) for row in rows]
+    texts = [rendered(tokenizer, row["prompt"], tools) for row in rows]
     chat = isinstance(rows[0]["prompt"], list)
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=not chat)["input_ids"]]
     over = [(n, where) for n, where in zip(lengths, (row[WHERE] for row in rows), strict=True)
@@ -117,6 +121,21 @@ def reward_functions(cfg: RunConfig, rows: list[dict[str, Any]]) -> list[Any]:
     return rewards
 
 
+def tools_of(cfg: RunConfig, tokenizer: Any) -> Any:
+    """TRAIN_RL_TOOLS and TRAIN_RL_ENVIRONMENT imported and checked with the chat template, before the model loads
+    (trainer.run.tools); None when neither is set."""
+    from trainer.run.tools import check_template, load_toolbox
+
+    s = cfg.settings
+    if not (s.rl_tools or s.rl_environment):
+        return None
+    toolbox = load_toolbox(s.rl_tools, s.rl_environment)
+    check_template(tokenizer, cfg.inputs.template().origin)
+    log.info("tools: %s; at most %d assistant turns per episode (TRAIN_RL_MAX_TURNS), each tool call at most %gs "
+             "(TRAIN_RL_TOOL_TIMEOUT)", toolbox.described(), s.rl_max_turns, s.rl_tool_timeout)  # fmt: skip
+    return toolbox
+
+
 def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
     from trainer.run.training_model import build_model
 
@@ -124,12 +143,14 @@ def build_policy(cfg: RunConfig, tokenizer: Any) -> Any:
 
 
 def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: list[dict[str, Any]],
-                  rewards: list[Any], callbacks: list[Any]) -> Any:  # fmt: skip
-    """TRL's trainer for cfg.settings.method with atomic checkpoints, ready for `train`."""
+                  rewards: list[Any], callbacks: list[Any], toolbox: Any = None) -> Any:  # fmt: skip
+    """TRL's trainer for cfg.settings.method with atomic checkpoints, ready for `train`; with a `toolbox`
+    (trainer.run.tools) multi-turn, its tools and environments handed to TRL (trainer.run.multi_turn)."""
     from datasets import Dataset
 
     from trainer.run import vllm_engine
     from trainer.run.checkpoint import atomic_trainer
+    from trainer.run.multi_turn import multi_turn
     from trainer.run.online_resume import resumable_online
     from trainer.run.rollout_timing import timed_generation
 
@@ -148,17 +169,33 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     vllm_engine.prepare(s)
+    base = resumable_online(trainer_class(s.method))
+    extra: dict[str, Any] = {}
+    if toolbox is not None:
+        base = multi_turn(base)
+        extra = {"tools": list(toolbox.tools), "environment_factory": toolbox.factory}
     with vllm_engine.building(s):
-        trainer = atomic_trainer(timed_generation(resumable_online(trainer_class(s.method))))(
+        trainer = atomic_trainer(timed_generation(base))(
             model=model,
             reward_funcs=rewards,
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
             callbacks=callbacks,
+            **extra,
         )
     vllm_engine.after_build(trainer, s)
+    if toolbox is not None:
+        trainer.setup_turns(turn_end(tokenizer), s.rl_tool_timeout, s.rl_max_turns)
     return trainer
+
+
+def turn_end(tokenizer: Any) -> str | None:
+    """Where the chat template ends an assistant turn (e.g. `<|im_end|>`), unless that is the EOS token already."""
+    from trainer.answers.decoding import end_of_turn
+
+    end = end_of_turn(tokenizer, tokenizer.chat_template)
+    return None if end is None or end == tokenizer.eos_token else end
 
 
 def generation_provenance(engine: str = "transformers") -> dict[str, Any]:

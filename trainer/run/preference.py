@@ -36,7 +36,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     rows = training_rows(cfg, setup.tokenizer)
     refuse_image_method(cfg.inputs, rows[0])
     model = setup.model(lambda: build_policy(cfg, setup.tokenizer))
-    record = kit.learned(setup.start, setup.args, cfg.decisions, len(rows[0]))
+    record = kit.learned(setup.start, setup.args, cfg.decisions, len(rows[0]), model)
     callbacks = setup.callbacks(model, record)
     return kit.Prepared(build_trainer(cfg, setup.args, setup.tokenizer, model, rows, callbacks), record)
 

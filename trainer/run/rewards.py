@@ -11,27 +11,22 @@ never a traceback from inside TRL; the last checkpoint stays as it was.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.util
 import inspect
 import logging
 import re
 import signal
-import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from trainer.config.online import TRL_ARGUMENTS, Rewards, RewardSpec
 from trainer.data.prompts import WHERE
 from trainer.errors import ConfigError, Interrupted
 from trainer.run.metrics import finite_float
+from trainer.run.user_code import STOP_GRACE_S, TimeUp, import_file, time_limit
 
 log = logging.getLogger("trainer")
-STOP_GRACE_S = 30.0  # how long a reward call may go on after SIGTERM/SIGINT before the run stops without it
 # A prompt or a completion as TRL hands it to a reward: text, or for conversational data a list of messages.
 Conversational = str | list[dict[str, object]]
 
@@ -40,60 +35,17 @@ class RewardFailed(ConfigError):
     """A reward function failed in training (exit 2, named)."""
 
 
-class _TimeUp(BaseException):
-    """Raised inside a reward call by the alarm (a BaseException: the user's `except Exception` does not eat it)."""
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[list[int]]:
-    """Interrupt the call in this block after `seconds` (0: never) and STOP_GRACE_S after a SIGTERM/SIGINT, with
-    _TimeUp; yields a list that holds the stop signal's number when a stop cut it short. The stop is passed on to
-    the handler before (trainer.run.signals.GracefulStop, which logs it). Main thread only (signals): elsewhere the
-    call runs unbounded."""
-    from trainer.run.signals import requested_signal
-
-    stopped: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield stopped
-        return
-    if requested_signal() is not None:  # the stop came before this call: it too gets the grace alone
-        stopped.append(requested_signal() or 0)
-        seconds = min(seconds or STOP_GRACE_S, STOP_GRACE_S)
-
-    def alarm(_signum: int, _frame: FrameType | None) -> None:
-        raise _TimeUp
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        previous = before.get(signal.Signals(signum))
-        if callable(previous):
-            previous(signum, frame)
-        stopped.append(signum)
-        left = signal.getitimer(signal.ITIMER_REAL)[0]
-        if not left or left > STOP_GRACE_S:
-            signal.setitimer(signal.ITIMER_REAL, STOP_GRACE_S)
-
-    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    old_alarm = signal.signal(signal.SIGALRM, alarm)
-    if seconds:
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield stopped
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_alarm)
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-
-
 def normalised(text: str) -> str:
     """Whitespace runs as one space, ends stripped, lower case: what `exact` and `contains` compare."""
     return " ".join(text.split()).lower()
 
 
 def text_of(completion: Conversational) -> str:
-    """A completion's text: TRL gives text, or for conversational prompts a list holding the assistant message."""
+    """A completion's text: TRL gives text, or for conversational prompts a list of messages: the last assistant
+    turn's (in a multi-turn episode the answer after the tool calls and results, never a tool's output)."""
     if isinstance(completion, list):
-        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+        turns = [m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+        return str((turns[-1].get("content") if turns else "") or "")
     return str(completion)
 
 
@@ -165,9 +117,9 @@ class Reward:
         if not self.takes_any:
             given = {k: v for k, v in given.items() if k in self.accepted}
         try:
-            with _time_limit(self.timeout) as stopped:
+            with time_limit(self.timeout) as stopped:
                 values = self.function(**given)
-        except _TimeUp:
+        except TimeUp:
             if stopped:
                 log.error("%s did not return within %g s of %s (on the record at %s, first of this batch): "
                           "stopping without finishing the step; the last checkpoint is as it was", self._who(),
@@ -264,23 +216,11 @@ def _function(spec: RewardSpec, max_new_tokens: int) -> Any:
 
 
 def _imported(spec: RewardSpec) -> Any:
-    path = Path(spec.path).resolve()
-    name = f"trainkit_reward_{abs(hash(str(path)))}"
-    module = sys.modules.get(name)
-    if module is None:
-        loader = importlib.util.spec_from_file_location(name, path)
-        if loader is None or loader.loader is None:
-            raise ConfigError(f"TRAIN_REWARD: {spec.text}: {path} cannot be imported as a Python file")
-        module = importlib.util.module_from_spec(loader)
-        try:
-            loader.loader.exec_module(module)
-        except Exception as exc:  # the user's module: its import error, named
-            raise ConfigError(f"TRAIN_REWARD: importing {path} failed: {type(exc).__name__}: {exc}") from None
-        sys.modules[name] = module
+    module = import_file(spec.path, "TRAIN_REWARD")
     function = getattr(module, spec.function, None)
     if not callable(function):
-        raise ConfigError(f"TRAIN_REWARD: {spec.text}: {spec.function} in {path} is not a function "
-                          f"({type(function).__name__})")  # fmt: skip
+        raise ConfigError(f"TRAIN_REWARD: {spec.text}: {spec.function} in {Path(spec.path).resolve()} is not a "
+                          f"function ({type(function).__name__})")  # fmt: skip
     return function
 
 

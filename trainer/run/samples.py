@@ -177,7 +177,7 @@ class CompletionSamplesCallback(TrainerCallback):
         from trainer.trackers.samples import completions_table
 
         self.trainer, self.path = trainer, path
-        self.table = completions_table(list(trainer.reward_func_names))
+        self.table = completions_table(list(trainer.reward_func_names), bool(getattr(trainer, "tools", None)))
         self.failed: set[str] = set()
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -199,12 +199,15 @@ class CompletionSamplesCallback(TrainerCallback):
 
 def completion_rows(trainer: Any, step: int) -> list[dict[str, Any]]:
     """The first COMPLETIONS_PER_LOG of TRL's latest sampled completions: prompt and completion as text, each
-    reward by name (null where a function gave none), `reward` their total at TRAIN_REWARD's weights."""
+    reward by name (null where a function gave none), `reward` their total at TRAIN_REWARD's weights. With tools
+    (trainer.run.multi_turn) the completion is the episode, one line per turn (`transcript`), and `turns` counts
+    the model's turns."""
     from trainer.run.rewards import text_of
     from trainer.trackers.samples import question_of
 
     logs, names = trainer._logs, list(trainer.reward_func_names)
     weights = [float(w) for w in trainer.reward_weights]
+    episodes = bool(getattr(trainer, "tools", None))
     rows = []
     for i, (prompt, completion) in enumerate(zip(logs["prompt"], logs["completion"], strict=False)):
         if i == COMPLETIONS_PER_LOG:
@@ -212,6 +215,26 @@ def completion_rows(trainer: Any, step: int) -> list[dict[str, Any]]:
         rewards = {name: finite_float(logs["rewards"][name][i]) for name in names}
         scored = [w * r for w, r in zip(weights, rewards.values(), strict=True) if r is not None]
         prompt_text = question_of({"messages": prompt} if isinstance(prompt, list) else {"prompt": prompt})
-        rows.append({"step": step, "prompt": prompt_text, "completion": text_of(completion), "rewards": rewards,
+        shown = transcript(completion) if episodes else text_of(completion)
+        turns = {"turns": sum(m.get("role") == "assistant" for m in completion)} if episodes else {}
+        rows.append({"step": step, "prompt": prompt_text, "completion": shown, **turns, "rewards": rewards,
                      "reward": finite_float(sum(scored)) if scored else None})  # fmt: skip
     return rows
+
+
+def transcript(completion: Any) -> str:
+    """An episode as lines: `assistant: TEXT` with its calls as `-> name({arguments})`, `tool NAME: RESULT`."""
+    import json
+
+    if not isinstance(completion, list):
+        return str(completion)
+    lines = []
+    for message in completion:
+        if message.get("role") == "tool":
+            lines.append(f"tool {message.get('name', '')}: {message.get('content', '')}")
+            continue
+        calls = [call.get("function", call) for call in message.get("tool_calls") or []]
+        said = [str(message.get("content") or "")] + [f"-> {c.get('name')}({json.dumps(c.get('arguments'))})"
+                                                      for c in calls]  # fmt: skip
+        lines.append("assistant: " + " ".join(part for part in said if part))
+    return "\n".join(lines)

@@ -33,7 +33,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared | None:
         from trainer.run.batch_search import apply_auto_batch
 
         decisions = apply_auto_batch(cfg, args, model, len(dataset), setup.resume.checkpoint)
-    record = kit.learned(setup.start, args, decisions, len(dataset), getattr(dataset, "report", None))
+    record = kit.learned(setup.start, args, decisions, len(dataset), model, getattr(dataset, "report", None))
     trainer = AtomicCheckpointTrainer(
         model=model,
         args=args,

@@ -29,6 +29,7 @@ import multiprocessing.context
 import os
 import signal
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
@@ -45,12 +46,19 @@ log = logging.getLogger("trainer")
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 _REQUESTED: list[int] = []  # the stop signal this process received, for code that cannot finish its step alone
+_REQUESTED_AT: list[float] = []  # when it came (time.monotonic())
 
 
 def requested_signal() -> int | None:
     """The SIGTERM/SIGINT a GracefulStop of this process received (None: none): trainer.run.rewards bounds a reward
     call that would otherwise keep the step, and so the stop, from ever finishing."""
     return _REQUESTED[0] if _REQUESTED else None
+
+
+def requested_at() -> float | None:
+    """When (time.monotonic()) the stop signal of `requested_signal` came; None: none came. Tool calls after it
+    share one grace from this moment (trainer.run.tool_calls)."""
+    return _REQUESTED_AT[0] if _REQUESTED_AT else None
 
 
 class GracefulStop:
@@ -75,6 +83,7 @@ class GracefulStop:
         if self.signum is None:
             self.signum = signum
             _REQUESTED.append(signum)
+            _REQUESTED_AT.append(time.monotonic())
             log.warning("%s received: finishing the current step, then writing a checkpoint and stopping", name)
         else:
             log.warning(

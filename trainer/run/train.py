@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
 from trainer.logs import setup_logging
+from trainer.machine.threads import DECIDED
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -73,6 +74,8 @@ def run(cfg: RunConfig) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # tokenize in parallel; DataLoader workers never tokenize
     set_single_process_dist_env(cfg)
     setup_logging()
+    if os.environ.get("RANK", "0") == "0" and os.environ.get(DECIDED):
+        log.info(os.environ[DECIDED])  # the thread decision (trainer/machine/threads.py, set before torch loaded)
     from trainer.config.resume import decide
 
     resume = decide(cfg.settings)  # before the heavy work: a TRAIN_RESUME the run cannot continue from exits 2 at once

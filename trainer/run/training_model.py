@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.config.moe import moe_of
 from trainer.config.precision import compute_dtype_name, float8_matmuls
 from trainer.config.presets import is_preset
 from trainer.config.sharding import uses_fsdp
@@ -19,6 +20,7 @@ from trainer.config.speed import compiled_by_accelerate
 from trainer.model.adapters import apply_lora
 from trainer.model.build import base_weights_dtype
 from trainer.model.chunked_loss import install_chunked_loss
+from trainer.model.components import param_numel
 from trainer.model.float8 import convert_to_fp8
 from trainer.model.loading import LoadHow, Weights, load
 from trainer.model.packed_attention import implementation, isolate_records
@@ -49,7 +51,7 @@ def load_how(cfg: RunConfig, score_head: bool = False, packed: bool = True) -> L
         dtype=base_weights_dtype(s.quant, s.lora, precision, sharded),
         quant=s.quant, quant_type="nf4", double_quant=True, compute=compute_dtype_name(precision), shardable=sharded,
         device=_placement(cfg, s.quant, sharded), attention=implementation(attn) if packed else attn,
-        score_head=score_head, rope=s,
+        score_head=score_head, rope=s, experts=cfg.decisions.moe_impl.value, dense_experts=True,
     )  # fmt: skip
 
 
@@ -75,7 +77,8 @@ def _weights(cfg: RunConfig, tokenizer: PreTrainedTokenizerBase) -> Weights:
 def _log_loaded(cfg: RunConfig, model: PreTrainedModel, attn: str) -> None:
     s = cfg.settings
     if is_preset(s.model):
-        log.info("model: preset %r from scratch (Llama, attention=%s), built on %s", s.model, attn, model.device)
+        family = "Llama" if moe_of(model.config) is None else "Qwen3-MoE"
+        log.info("model: preset %r from scratch (%s, attention=%s), built on %s", s.model, family, attn, model.device)
         return
     folder = cfg.decisions.model.value
     name = s.model if s.model == folder else f"{s.model} ({folder})"
@@ -191,8 +194,6 @@ def compile_layers(model: torch.nn.Module, backend: str, mode: str) -> int:
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(total, trainable) parameter counts."""
-    from trainer.run.metrics import param_numel
-
     total = trainable = 0
     for p in model.parameters():
         n = param_numel(p)
@@ -203,6 +204,8 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def log_parameter_counts(model: torch.nn.Module) -> None:
+    """The parameter counts in the log (the component table follows once the run's record is made:
+    trainer.run.kit.learned)."""
     total, trainable = count_parameters(model)
     log.info(
         "parameters: %s total, %s trainable (%.2f%%)", f"{total:,}", f"{trainable:,}", 100 * trainable / max(total, 1)

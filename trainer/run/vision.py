@@ -5,7 +5,6 @@ parts, and the atomic Trainer."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,6 @@ log = logging.getLogger("trainer")
 
 def prepare(setup: kit.Setup) -> kit.Prepared:
     from trainer.data.vision_dataset import ImageCollator
-    from trainer.model.components import log_components
     from trainer.run.checkpoint import AtomicCheckpointTrainer
     from trainer.run.training_model import build_vision_model
 
@@ -33,9 +31,7 @@ def prepare(setup: kit.Setup) -> kit.Prepared:
     encoder = encoder_for(cfg.inputs, processor)
     train, held = image_datasets(cfg, encoder, setup.resume.checkpoint is not None)
     model = setup.model(lambda: build_vision_model(cfg, processor, frozenset(cfg.decisions.trainable.value)))
-    rows = log_components(model)  # before step 0; the run's record keeps it
-    record = dataclasses.replace(kit.learned(setup.start, args, cfg.decisions, len(train)),
-                                 components=tuple(row.to_dict() for row in rows))  # fmt: skip
+    record = kit.learned(setup.start, args, cfg.decisions, len(train), model)  # the component table, before step 0
     log.info("data: %d records with %d images (%s image tokens per record), one record per sequence",
              len(train), train.read.images(), _spread(train.image_tokens()))  # fmt: skip
     trainer = AtomicCheckpointTrainer(

@@ -39,10 +39,12 @@ EVAL_ANSWERS = Table("eval/samples", ("where", "question", "reference", "respons
                      "TRAIN_EVAL_GENERATE")  # fmt: skip
 
 
-def completions_table(reward_names: list[str]) -> Table:
-    """Online RL's sampled completions: prompt, completion, each reward by name and the weighted total."""
-    return Table("train/completions", ("step", "prompt", "completion", *reward_names, "reward"),
-                 lambda row: [row["step"], row["prompt"], row["completion"],
+def completions_table(reward_names: list[str], turns: bool = False) -> Table:
+    """Online RL's sampled completions: prompt, completion, each reward by name and the weighted total; with tools
+    the completion is the episode turn by turn, and `turns` counts the model's turns."""
+    shown = ("completion", "turns") if turns else ("completion",)
+    return Table("train/completions", ("step", "prompt", *shown, *reward_names, "reward"),
+                 lambda row: [row["step"], row["prompt"], *(row[k] for k in shown),
                               *(row["rewards"].get(n) for n in reward_names), row["reward"]],
                  "TRAIN_METHOD's sampled completions")  # fmt: skip
 

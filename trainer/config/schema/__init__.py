@@ -24,6 +24,7 @@ from trainer.config.schema.fields import (
 )
 from trainer.config.schema.launch import LaunchSettings
 from trainer.config.schema.method import MethodSettings
+from trainer.config.schema.moe import MoeSettings
 from trainer.config.schema.optim import OptimSettings
 from trainer.config.schema.outputs import OutputSettings
 from trainer.config.schema.paths import PathSettings
@@ -41,7 +42,8 @@ __all__ = [
 # The groups are listed last first: pydantic orders the fields from the last base to the first, and the docs (README,
 # .env.example, `config`) present them in GROUPS' order.
 class TrainSettings(
-    LaunchSettings, OutputSettings, DebugSettings, EvalSettings, ScheduleSettings, AdapterSettings, SpeedSettings,
+    LaunchSettings, OutputSettings, DebugSettings, EvalSettings, ScheduleSettings, MoeSettings, AdapterSettings,
+    SpeedSettings,
     ShardingSettings, OptimSettings, PrecisionSettings, MethodSettings, PathSettings, BaseSettings,
 ):  # fmt: skip
     """Every TRAIN_* variable. Field name `foo_bar` is environment variable `TRAIN_FOO_BAR`."""

@@ -22,7 +22,11 @@ class AdapterSettings(BaseModel):
     lora_alpha: int = setting(32, "adapters", "LoRA alpha.", ge=1, on_resume=FIXED)
     lora_dropout: float = setting(0.05, "adapters", "LoRA dropout.", ge=0, lt=1, on_resume=FREE)
     lora_targets: str = setting(
-        "all-linear", "adapters", "Comma-separated module names for LoRA, or all-linear.", on_resume=FIXED
+        "all-linear", "adapters", "What LoRA adapts, comma-separated: all-linear (every linear layer but the head, "
+        "and a mixture of experts' routed experts; its router stays frozen), the components attention, experts (the "
+        "routed experts' fused weights), shared_experts and router, or module names (q_proj, ...). A word that "
+        "adapts nothing, or MLP names that miss a mixture's routed experts, is an error naming the counts.",
+        on_resume=FIXED,
     )
     quant: Literal["none", "4bit", "8bit"] = setting(
         "none", "adapters", "Load the base model quantized with bitsandbytes (QLoRA); needs TRAIN_LORA=1.",

@@ -21,6 +21,7 @@ GROUPS = {
     "sharding": "Memory: checkpointing, ZeRO, FSDP",
     "speed": "Speed: compile and attention",
     "adapters": "LoRA / QLoRA",
+    "moe": "Mixture of experts",
     "schedule": "Schedule, checkpoints and resume",
     "evaluation": "Evaluation",
     "debug": "Profiling and reproducibility",

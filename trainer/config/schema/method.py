@@ -88,3 +88,29 @@ class MethodSettings(BaseModel):
         300, "method", "TRAIN_RL_ENGINE=vllm in server mode: seconds the server may take for one call (the checks "
         "at start, a generation, a weight sync; TRL's retries included); past it the run ends with exit 2 naming the "
         "server, its last checkpoint kept.", gt=0, on_resume=FREE)  # fmt: skip
+
+    # multi-turn online RL (trainer/config/rl_tools.py, trainer/run/tools.py, trainer/run/multi_turn.py)
+    rl_tools: str = setting(
+        "", "method",
+        "grpo: tools the model may call, TRL's way: path/tools.py:fn1,fn2 (plain Python functions with type hints and "
+        "a docstring with Args:; a bare name continues the file before it). They run in the training process; the "
+        "model's arguments are checked against the hints, a raise or a timeout becomes an error message the model "
+        "reads. The prompts must be conversations. A changed list or file is refused on resume "
+        "(TRAIN_RESUME_CHANGED_DATA=1 allows it).",
+        on_resume=DATA)  # fmt: skip
+    rl_environment: str = setting(
+        "", "method",
+        "grpo: an environment class, TRL's environment_factory: path/env.py:Class (one instance per rollout; reset(**"
+        "record columns) starts an episode, its public methods are tools, an optional get_reward() scores it), or "
+        "name=path/env.py:Class,... chosen per record by its `environment` column. Checked and refused on resume as "
+        "TRAIN_RL_TOOLS.",
+        on_resume=DATA)  # fmt: skip
+    rl_max_turns: int = setting(
+        8, "method", "grpo with TRAIN_RL_TOOLS/TRAIN_RL_ENVIRONMENT: the most assistant turns in an episode (a turn "
+        "after each round of tool results); episodes still calling tools at the limit are counted "
+        "(tools/turn_limit). TRAIN_RL_MAX_NEW_TOKENS bounds the whole episode's tokens.", ge=1,
+        on_resume=DATA)  # fmt: skip
+    rl_tool_timeout: float = setting(
+        60.0, "method", "grpo with tools: seconds one tool call may take; past it the call is ended and the model "
+        "reads that it timed out (counted as tools/timeouts). 0: no limit (a stop signal still ends a call after a "
+        "30 s grace).", ge=0, on_resume=FREE)  # fmt: skip

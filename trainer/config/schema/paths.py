@@ -16,8 +16,9 @@ from trainer.config.schema.fields import DATA, FIXED, NOT_RECORDED, setting
 class PathSettings(BaseModel):
     model: str = setting(
         "tiny", "paths",
-        "A preset for training from scratch: tiny, 125m, 350m, 1b (Llama architecture), tiny-vl (Qwen2-VL, for "
-        "records with images); a local Hugging Face "
+        "A preset for training from scratch: tiny, 125m, 350m, 1b (Llama architecture), tiny-moe (a Qwen3-MoE "
+        "mixture of experts: 8 routed experts, top-2), tiny-vl (Qwen2-VL, for records with images); a local Hugging "
+        "Face "
         "model folder; or a Hub ID org/name[@revision], downloaded into HF_HOME (HF_TOKEN for gated and private "
         "models; with HF_HUB_OFFLINE=1 only the cache is used). The resolved commit is recorded and kept on resume.",
         on_resume=FIXED,

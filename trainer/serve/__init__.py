@@ -1,0 +1,1 @@
+"""`python -m trainer serve OUT`: an export behind a kept OpenAI-compatible server (command.py)."""
