@@ -76,17 +76,25 @@ def real_bytes(cfg: config.RunConfig) -> dict[str, int]:
     1.1 KiB a tensor, left out; as built: bitsandbytes' CPU backend undoes the double quantization of some scales at
     their first matmul, 3 KiB more here, which its GPU kernels do not), its gradients after a backward pass and
     Transformers' optimizer's state after a step, in bytes."""
-    from transformers import Trainer, TrainingArguments
-
     from trainer.run.training_model import build_model
     from trainer.tokenizer import byte_level_tokenizer
 
-    model = build_model(cfg, byte_level_tokenizer())
+    ids = torch.randint(0, 259, (1, 16))
+    return tensor_bytes(cfg, build_model(cfg, byte_level_tokenizer()), {"input_ids": ids, "labels": ids})
+
+
+def tensor_bytes(cfg: config.RunConfig, model: Any, batch: dict[str, Any], autocast: bool = False) -> dict[str, int]:
+    """real_bytes' figures of a built model, its backward pass (under bf16 autocast, as the run's, where asked) and
+    optimizer step over `batch`."""
+    from transformers import Trainer, TrainingArguments
+
     quantized = [q for p in model.parameters() if (q := getattr(p, "quant_state", None)) is not None]
     scales = [t for q in quantized for t in (q.absmax, q.state2.absmax if q.nested else None) if t is not None]
     weights = storage_bytes(list(model.parameters()) + scales)
-    ids = torch.randint(0, 259, (1, 16))
-    model(input_ids=ids, labels=ids).loss.backward()
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(**batch).loss
+    loss.backward()
     trained = [p for p in model.parameters() if p.requires_grad]
     args = TrainingArguments(output_dir="unused", optim=cfg.decisions.optim.value, report_to=[], use_cpu=True)
     optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat
 from trainer.config.decision import Decision, Decisions, SoFar
-from trainer.config.presets import PRESETS, is_preset
+from trainer.config.presets import is_preset, language_preset
 
 if TYPE_CHECKING:
     from trainer.config.inputs import Inputs
@@ -80,7 +80,7 @@ def moe_of(config: Any) -> Moe | None:
 def moe_of_model(model: str) -> Moe | None:
     """A preset's routing, or a model folder's (its config.json); None for a dense or unreadable one."""
     if is_preset(model):
-        p = PRESETS[model]
+        p = language_preset(model)  # a vision preset's language model is dense
         return Moe(p.model_type, p.experts, p.top_k, p.aux_coef) if p.experts else None
     try:
         return moe_of(json.loads((Path(model) / "config.json").read_text(encoding="utf-8")))

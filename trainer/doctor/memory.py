@@ -43,17 +43,11 @@ def refuse_unreadable_model(inputs: Inputs) -> None:
 
 
 def not_counted(cfg: Any) -> str | None:
-    """What of the model the prediction leaves out: a vision-language model's tower and projector (its language
-    model and the image tokens in TRAIN_SEQ_LEN are counted)."""
-    from trainer.config.presets import is_vision_preset
-    from trainer.data.vision import folder_reads_images
+    """What of the model the prediction leaves out: the tower and projector of a vision-language family that
+    trainer.memory.vision_shape does not model (the modelled families' are counted)."""
+    from trainer.memory.vision import unmodelled
 
-    s = cfg.settings
-    if not (is_vision_preset(s.model) or folder_reads_images(cfg.decisions.model.value)):
-        return None
-    return ("the vision tower and the projector of this vision-language model (their weights, and their gradients "
-            "and optimizer state where TRAIN_TRAINABLE trains them): the prediction is its language model's, image "
-            "tokens counted within TRAIN_SEQ_LEN")  # fmt: skip
+    return unmodelled(cfg)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -88,8 +82,9 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(describe(prediction, device, where)))
         if cfg.decisions.auto_batch.value:
             print("  TRAIN_AUTO_BATCH is on: the run searches the largest batch that fits, from this prediction")
-        if not_counted(cfg):
-            print(f"  Not counted: {not_counted(cfg)}")
+        left_out = not_counted(cfg)
+        if left_out:
+            print(f"  Not counted: {left_out}")
         if device is None and vllm_colocated(cfg.settings):
             print(f"  vLLM colocated takes TRAIN_RL_VLLM_MEMORY={cfg.settings.rl_vllm_memory:g} of the GPU's memory "
                   "on top of this: counted with --gpu")  # fmt: skip

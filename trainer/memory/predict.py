@@ -233,7 +233,7 @@ def optimizer_bytes(plan: Plan) -> int:
     if "8bit" in name:
         sizes = tensor_sizes(plan)
         state = sum(bnb_8bit_state(n) for n in sizes)
-        state += 2 * BNB_BLOCK * 4 if max(sizes) >= BNB_MIN_8BIT else 0  # its two quantization maps, shared
+        state += 2 * BNB_BLOCK * 4 if max(sizes, default=0) >= BNB_MIN_8BIT else 0  # its two quantization maps, shared
     elif name.startswith("sgd"):
         state = 0
     elif name.startswith("adafactor"):

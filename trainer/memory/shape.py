@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config.moe import EXPERTS_FIELDS, TOP_K_FIELDS
-from trainer.config.presets import language_preset
+from trainer.config.presets import is_vision_preset, language_preset
 from trainer.memory.model_config import shape_config
 
 BYTE_VOCAB = 259  # trainer/tokenizer.py's byte-level tokenizer: 256 bytes + bos, eos, pad
@@ -38,6 +38,7 @@ class Shape:
     expert_intermediate: int = 0
     dense_layers: int = 0  # layers of a mixture of experts with a dense MLP instead (Qwen3-MoE's mlp_only_layers)
     qk_norm: bool = False  # RMSNorms on each head's queries and keys (Qwen3)
+    qkv_bias: bool = False  # biases on q, k and v (Qwen2's, Qwen2-VL's and Qwen2.5-VL's language models)
 
     @property
     def dim(self) -> int:
@@ -82,7 +83,10 @@ class Shape:
         return found + list(self.mlp().values()) * self.dense_layers if self.experts else found
 
     def layer_norms(self) -> list[int]:
-        return [self.hidden, self.hidden] + ([self.dim, self.dim] if self.qk_norm else [])
+        """A layer's tensors without weight decay: its norms (and q, k and v's biases where it has them)."""
+        q, kv = self.heads * self.dim, self.kv_heads * self.dim
+        biases = [q, kv, kv] if self.qkv_bias else []
+        return biases + [self.hidden, self.hidden] + ([self.dim, self.dim] if self.qk_norm else [])
 
     def embedding(self) -> int:
         return self.vocab * self.hidden
@@ -102,12 +106,12 @@ class Shape:
 
 def preset_shape(name: str, vocab: int = BYTE_VOCAB) -> Shape:
     """A preset's shape as trainer/model/build.py builds it (the vocabulary rounded up to a multiple of 64); a vision
-    preset's language model (its vision tower is not counted)."""
+    preset's language model (Qwen2-VL's, q, k and v with biases; its tower: trainer.memory.vision_shape)."""
     p = language_preset(name)
     rows = (max(vocab, p.vocab) + 63) // 64 * 64
     return Shape(p.hidden, p.layers, p.heads, p.kv_heads, p.intermediate, rows, tied=p.hidden <= 1024,
                  experts=p.experts, top_k=p.top_k, expert_intermediate=p.expert_intermediate,
-                 qk_norm=bool(p.experts))  # fmt: skip
+                 qk_norm=bool(p.experts), qkv_bias=is_vision_preset(name))  # fmt: skip
 
 
 def folder_shape(folder: str | Path) -> Shape:
@@ -124,4 +128,5 @@ def folder_shape(folder: str | Path) -> Shape:
                  int(c.get("head_dim") or 0), experts=experts if experts > 1 else 0,
                  top_k=int(next((c[f] for f in TOP_K_FIELDS if c.get(f)), 0) or 0), expert_intermediate=width,
                  dense_layers=dense if experts > 1 else 0,
-                 qk_norm=c.get("model_type") in ("qwen3", "qwen3_moe"))  # fmt: skip
+                 qk_norm=c.get("model_type") in ("qwen3", "qwen3_moe"),
+                 qkv_bias=str(c.get("model_type", "")).startswith("qwen2"))  # fmt: skip

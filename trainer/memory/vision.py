@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from trainer.config.presets import is_preset, is_vision_preset
 from trainer.memory.predict import (
+    BNB_BLOCK,
+    BNB_MIN_8BIT,
     CONTEXT_BYTES,
     FRAGMENTATION,
     NF4_BLOCK,
@@ -36,6 +38,7 @@ from trainer.memory.predict import (
     predict,
     rows,
     shards,
+    tensor_sizes,
 )
 from trainer.memory.vision_shape import VisionShape, VisionUnknown, folder_vision, preset_vision
 
@@ -75,14 +78,15 @@ def predict_model(plan: Plan) -> Prediction:
     v = plan.vision
     if v is None:
         return predict(plan)
-    language = predict(replace(plan, lora_targets=()) if plan.lora and "language" not in plan.trainable else plan)
-    parts = dict(language.parts)
+    trained = replace(plan, lora_targets=()) if plan.lora and "language" not in plan.trainable else plan
+    parts = dict(predict(trained).parts)
     if not plan.lora and "language" not in plan.trainable:  # frozen: saves what a frozen LoRA base saves
-        frozen = predict(replace(plan, lora=True, lora_targets=()))
-        parts |= {name: frozen.parts[name] for name in LANGUAGE_PARTS}
+        trained = replace(plan, lora=True, lora_targets=())
+        parts |= {name: predict(trained).parts[name] for name in LANGUAGE_PARTS}
     kept, recomputed = image_activations(plan, v, rows(plan) * plan.seq_len)
     added = {"weights": weight_bytes(plan, v), "gradients": gradient_bytes(plan, v),
-             "optimizer": optimizer_bytes(plan, v), "activations": kept + recomputed,
+             "optimizer": optimizer_bytes(plan, v, max(tensor_sizes(trained), default=0) >= BNB_MIN_8BIT),
+             "activations": kept + recomputed,
              "autocast_copies": autocast_copy_bytes(plan, v)}  # fmt: skip
     for name, value in added.items():
         parts[name] += value
@@ -129,16 +133,18 @@ def gradient_bytes(plan: Plan, v: VisionShape) -> int:
     return sum(trained_sizes(plan, v)) * width // shards(plan, "gradients")
 
 
-def optimizer_bytes(plan: Plan, v: VisionShape) -> int:
+def optimizer_bytes(plan: Plan, v: VisionShape, language_maps: bool) -> int:
     """The optimizer's state of the trained tensors, in trainer.memory.predict's layouts (AdamW's two fp32 states
     and a step count per tensor, bitsandbytes' 8-bit blocks, none for SGD, Adafactor's factored rows and
-    columns; DeepSpeed's fp32 master copy; nothing on the GPU when ZeRO offloads it)."""
+    columns; DeepSpeed's fp32 master copy; nothing on the GPU when ZeRO offloads it). `language_maps`: the language
+    model's prediction holds bitsandbytes' shared quantization maps already."""
     sizes = trained_sizes(plan, v)
     name = plan.optim
     if not sizes or plan.zero_offload != "none":
         return 0
-    if "8bit" in name:
+    if "8bit" in name:  # its two quantization maps, shared, where the language model's tensors had none
         state = sum(bnb_8bit_state(n) for n in sizes)
+        state += 2 * BNB_BLOCK * 4 if max(sizes) >= BNB_MIN_8BIT and not language_maps else 0
     elif name.startswith("sgd"):
         state = 0
     elif name.startswith("adafactor"):
@@ -189,18 +195,19 @@ def image_activations(plan: Plan, v: VisionShape, image_tokens: int) -> tuple[in
 
 
 def autocast_copy_bytes(plan: Plan, v: VisionShape) -> int:
-    """Autocast's compute-dtype copies of the trained fp32 weights (full fine-tuning: the tower's linears and patch
-    embedding, the projector's linears), kept for the backward pass (the tower's blocks' one at a time under
-    checkpointing)."""
+    """Autocast's compute-dtype copies of the trained fp32 tensors, kept for the backward pass: the tower's linears
+    and patch embedding (under LoRA its adapters), the projector's linears (under LoRA PEFT's fp32 copy of it); the
+    tower's one block at a time under checkpointing."""
     return sum(tower_and_projector_copies(plan, v)) // shards(plan, "weights")
 
 
 def tower_and_projector_copies(plan: Plan, v: VisionShape) -> tuple[int, int]:
-    if plan.compute_bytes == 4 or plan.lora:
+    if plan.compute_bytes == 4:
         return 0, 0
-    tower = 0
-    if "vision" in plan.trainable:
-        tower = sum(a * b for a, b in v.tower_linears) * 2 // (max(v.blocks.depth, 1) if plan.grad_ckpt else 1)
-        tower += v.patch_values * v.blocks.width * 2
+    tower, depth = 0, max(v.blocks.depth, 1) if plan.grad_ckpt else 1
+    if "vision" in plan.trainable and plan.lora:
+        tower = sum(plan.lora_r * (a + b) for a, b in v.tower_linears) * 2 // depth
+    elif "vision" in plan.trainable:
+        tower = sum(a * b for a, b in v.tower_linears) * 2 // depth + v.patch_values * v.blocks.width * 2
     projector = sum(a * b for a, b in v.projector_linears) * 2 if "projector" in plan.trainable else 0
     return tower, projector
