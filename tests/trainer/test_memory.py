@@ -272,7 +272,7 @@ def test_doctor_refuses_a_size_no_gpu_has_and_a_model_it_cannot_read(tmp_path: P
     from trainer.doctor.memory import refuse_unreadable_model
     from trainer.machine.gpu_memory import described_gpu
     from trainer.memory.model_config import ShapeUnknown
-    from trainer.memory.predict import folder_shape
+    from trainer.memory.shape import folder_shape
 
     for size in ("0GiB", "0.5GiB", "2TB"):
         with pytest.raises(ValueError, match=f"{size} is no GPU's memory: give one between 1 GiB and 1 TiB"):
