@@ -163,3 +163,21 @@ def test_quantized_exports_refused_naming_family_and_converter(family: tuple[str
     if version:
         assert f"llama-cpp-python {version}" in refused.value.message
         assert "registers its architecture" in refused.value.message, refused.value.message  # all six, in 0.3.36
+
+
+def test_the_memory_prediction_counts_the_tower_and_projector_the_model_has(family: tuple[str, Any, Any]) -> None:
+    """trainer.memory.vision_shape from the family's config.json (Transformers' diff form: the defaults left out):
+    every tensor of the tower and the projector, as built."""
+    import json
+
+    from trainer.memory.vision_shape import config_vision
+
+    name, model, _ = family
+    shape = config_vision(json.loads(model.config.to_json_string(use_diff=True)))
+    assert shape is not None and shape.family == name
+    built = {part: sorted(p.numel() for n, p in model.named_parameters() if part_of(n) == part)
+             for part in ("vision", "projector")}  # fmt: skip
+    assert (sorted(shape.tower), sorted(shape.projector)) == (built["vision"], built["projector"]), name
+    linears = sorted((m.in_features, m.out_features) for n, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear) and part_of(n) == "vision")  # fmt: skip
+    assert sorted(shape.tower_linears) == linears, name
