@@ -117,8 +117,9 @@ def test_runs_as_an_arbitrary_uid_with_writable_caches(cpu_image: str, docker_cl
     config = docker_client.images.get(cpu_image).attrs["Config"]
     assert config["Entrypoint"] == ["dumb-init", "--", "/opt/trainkit/entrypoints/entrypoint.sh"]
     # the entrypoint names a UID without a passwd entry in one word (torch's inductor puts it in a path it compiles
-    # with g++; `id -un`'s bare number and a newline broke it)
-    named = docker_client.containers.run(cpu_image, ["shell", "-c", 'printf "[%s][%s]" "$USER" "$LOGNAME"'],
+    # with g++; `id -un`'s bare number and a newline broke it). The line ends in a newline: the SDK reads the output
+    # through the engine's log API, which here returned nothing of a last line without one.
+    named = docker_client.containers.run(cpu_image, ["shell", "-c", 'printf "[%s][%s]\\n" "$USER" "$LOGNAME"'],
                                          user="4321:4321", remove=True, stdout=True, stderr=False)  # fmt: skip
     assert named.decode().splitlines()[-1] == "[uid4321][uid4321]", named
     assert config["Cmd"] == ["train"]
