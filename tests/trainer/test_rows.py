@@ -30,6 +30,8 @@ from train_runs import (
 )
 from waiting import wait_for
 
+from trainer import compat
+
 REPO = Path(__file__).resolve().parents[2]
 OLDEST_PYTHON = REPO / ".venv-oldest" / "bin" / "python"
 ROW = "12.1"
@@ -88,6 +90,8 @@ def test_the_trainer_finds_the_rows_unsupported_switches_from_its_installed_vers
 def test_each_unsupported_switch_exits_2_with_the_reason_before_torch(switch: str, tmp_path: Path) -> None:
     name, _, value = switch.partition("=")
     env = {name: value, "TRAIN_OUTPUT_DIR": str(tmp_path / "out"), "HOME": str(tmp_path)}
+    if switch == compat.IMAGES:  # a kind of data, not a value: records with images for the vision preset
+        env |= {"TRAIN_DATA": str(image_records(tmp_path)), "TRAIN_MODEL": "tiny-vl"}
     result = run_oldest(["-X", "importtime", "-m", "trainer", "config"], env)
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"{switch} is not supported on {ROW_NAME}" in result.stderr
@@ -96,6 +100,19 @@ def test_each_unsupported_switch_exits_2_with_the_reason_before_torch(switch: st
         line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
     }
     assert "torch" not in imported and "transformers" not in imported
+
+
+def image_records(folder: Path) -> Path:
+    """Two chat records in the messages layout, each asking about a picture beside them."""
+    from PIL import Image
+
+    Image.new("RGB", (28, 28), "red").save(folder / "red.png")
+    record = {"messages": [{"role": "user", "content": [{"type": "image", "image": "red.png"},
+                                                        {"type": "text", "text": "Which colour?"}]},
+                           {"role": "assistant", "content": [{"type": "text", "text": "red"}]}]}  # fmt: skip
+    data = folder / "pictures.jsonl"
+    data.write_text((json.dumps(record) + "\n") * 2)
+    return data
 
 
 def test_doctor_shows_the_unsupported_switch(tmp_path: Path) -> None:
