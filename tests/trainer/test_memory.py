@@ -136,6 +136,12 @@ def measured_saved(model: Any, batch: int, seq: int, checkpointing: bool, precis
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_disable()
+    ids = torch.randint(0, 259, (batch, seq))
+    return saved_bytes(model, {"input_ids": ids, "labels": ids}, precision)
+
+
+def saved_bytes(model: Any, inputs: dict[str, Any], precision: str) -> int:
+    """Bytes autograd saves for the backward pass in a training forward pass over `inputs` (parameters left out)."""
     model.train()
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -145,10 +151,9 @@ def measured_saved(model: Any, batch: int, seq: int, checkpointing: bool, precis
             saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    ids = torch.randint(0, 259, (batch, seq))
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**inputs).loss
     loss.backward()
     model.zero_grad(set_to_none=True)
     return sum(saved.values())

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_memory import tensor_bytes
+from test_memory import saved_bytes, tensor_bytes
 from vision_data import colour_data
 
 from trainer import config
@@ -83,22 +83,8 @@ def test_weights_gradients_and_optimizer_state_are_the_bytes_of_the_real_tensors
 
 def measured_saved(model: Any, batch: dict[str, Any], precision: str) -> int:
     """Bytes autograd saves for the backward pass in a forward pass over `batch` (parameters left out)."""
-    model.train()
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in parameters:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
     torch.manual_seed(0)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        loss = model(**batch).loss
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return sum(saved.values())
+    return saved_bytes(model, batch, precision)
 
 
 TRAINED = [("fp32", "vision,projector,language", "0"), ("bf16", "vision,projector,language", "0"),
