@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import compat
 from trainer.config.decision import Decision, Decisions, SoFar
-from trainer.config.presets import MODEL_PRESETS, VISION_PRESETS, is_preset, is_vision_preset, preset_model_type
+from trainer.config.presets import MODEL_PRESETS, VISION_PRESETS, is_preset, is_vision_preset, model_type_of
 from trainer.config.rope import readable_model_config, rope_problems
 from trainer.data.chat import chat_report, template_problems
 from trainer.data.mix import parse_eval_sets, parse_mix
@@ -136,14 +136,7 @@ def problems_after_hub(inputs: Inputs) -> list[str]:
 
 def model_family(model: str, folder: str) -> str:
     """TRAIN_MODEL's family, as messages name it: a preset's model_type, else its folder's config.json's."""
-    import json
-
-    if is_preset(model):
-        return preset_model_type(model)
-    try:
-        return str(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type"))
-    except (OSError, ValueError, AttributeError):
-        return "unknown"
+    return model_type_of(model, folder) or "unknown"
 
 
 def _image_problems(inputs: Inputs) -> list[str]:

@@ -5,7 +5,9 @@ Hub ID. The schema (TRAIN_MODEL's docs), the checks and the decisions take the n
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,20 @@ def is_vision_preset(name: str | None) -> bool:
 def preset_model_type(name: str) -> str:
     """A preset's config model_type (what the decisions read from a folder's config.json)."""
     return VISION_PRESET_TYPE if is_vision_preset(name) else PRESETS[name].model_type
+
+
+def folder_model_type(folder: str | Path) -> str | None:
+    """A model folder's config.json model_type, read without building the config (None: no readable one)."""
+    try:
+        found = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(found) if found else None
+
+
+def model_type_of(model: str, folder: str | Path) -> str | None:
+    """TRAIN_MODEL's model_type: a preset's own, else its folder's config.json's."""
+    return preset_model_type(model) if is_preset(model) else folder_model_type(folder)
 
 
 def preset_block_class(name: str) -> str:

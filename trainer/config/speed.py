@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trainer import compat, transformers_names
 from trainer.config.decision import Decision, Decisions, SoFar
 from trainer.config.precision import computes_in_half
-from trainer.config.presets import is_preset, language_preset, preset_model_type
+from trainer.config.presets import is_preset, language_preset, model_type_of
 from trainer.config.schema import TrainSettings
 from trainer.config.sharding import deepspeed_stage, uses_deepspeed, uses_fsdp
 from trainer.errors import ConfigError
@@ -244,7 +244,7 @@ def _choose_attn(s: TrainSettings, hw: Hardware, precision: str) -> Decision:
 def liger_model_problem(model_folder: str) -> str | None:
     """Why Liger would leave the model as it is (Transformers only logs a warning for a model type Liger does not
     patch: a silent slow path), or None. Asks the installed Liger which model types it patches."""
-    model_type = preset_model_type(model_folder) if is_preset(model_folder) else _model_type(Path(model_folder))
+    model_type = model_type_of(model_folder, model_folder) or ""
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError:
@@ -253,15 +253,6 @@ def liger_model_problem(model_folder: str) -> str | None:
         return None
     return (f"TRAIN_LIGER=1: Liger has no kernels for this model's type {model_type!r} (it patches "
             f"{', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))}); set TRAIN_LIGER=0")
-
-
-def _model_type(folder: Path) -> str:
-    import json
-
-    try:
-        return str(json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type", ""))
-    except (OSError, ValueError):
-        return ""
 
 
 def decide_liger(s: TrainSettings, hw: Hardware, model_folder: str | None = None) -> Decision:
@@ -348,7 +339,7 @@ def decide_cross_entropy(s: TrainSettings, liger: bool, model_folder: str,
     """full (Transformers' loss on the whole logits) or chunked (trainer.model.chunked_loss)."""
     if s.cross_entropy == "full":
         return Decision("full", "set by TRAIN_CROSS_ENTROPY: Transformers' loss on the whole logits")
-    model_type = preset_model_type(model_folder) if is_preset(model_folder) else _model_type(Path(model_folder))
+    model_type = model_type_of(model_folder, model_folder) or ""
     problem = _chunked_problem(s, liger, model_type)
     how = ("logits made a chunk of trained positions at a time and made again in the backward (one more LM-head "
            "matmul a step): the whole logits are never held")  # fmt: skip

@@ -68,9 +68,8 @@ def processor_problem(folder: Path, inputs: dict[str, Any]) -> str | None:
 def vision_model_type(source: Any) -> str | None:
     """The model_type of an export's source when it reads images (its folder, else a LoRA checkpoint's recorded
     base: a folder or a vision preset); None otherwise."""
-    from trainer.config.presets import is_vision_preset, preset_model_type
+    from trainer.config.presets import folder_model_type, is_vision_preset, preset_model_type
     from trainer.data.vision import folder_reads_images
-    from trainer.model.vision import folder_model_type
 
     base = source.run.settings.model if source.run is not None else None
     for folder in (source.folder, base):

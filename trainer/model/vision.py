@@ -30,14 +30,6 @@ def is_vision_config(config: Any) -> bool:
     return config_reads_images(config.to_dict())
 
 
-def folder_model_type(folder: str | Path) -> str | None:
-    """A model folder's config.json model_type, read without building the config (None: no readable config)."""
-    try:
-        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def model_class(config: Any) -> Any:
     """AutoModelForImageTextToText for a vision-language config; None for any other (the caller's own class)."""
     if not is_vision_config(config):
