@@ -172,3 +172,29 @@ def test_each_family_trains_from_its_folder(family: str, colours: Path, tmp_path
     assert logged_steps(tmp_path / "out") == [1, 2, 3]
     assert "projector" in err and "vision tower" in err and "language model" in err
     assert (tmp_path / "out" / "final" / "processor_config.json").is_file()
+
+
+def _losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {row["step"]: row["loss"] for row in rows if "loss" in row}
+
+
+def test_two_processes_train_the_steps_one_process_accumulates(colours: Path, tmp_path: Path) -> None:
+    """Two processes (torchrun over gloo) with batch 2 train, step by step, what one process with batch 2 and
+    accumulation 2 trains: the same 4 records with their pictures a step, so the same losses within float reduction
+    order; and both evaluate the held-out pictures during training (TRAIN_EVAL_DATA) to the same eval loss."""
+    run = {"model": "tiny-vl", "data": colours / "train.jsonl", "seq_len": 128, "max_steps": 3, "eval_steps": 3,
+           "eval_data": colours / "held_eval.jsonl"}  # fmt: skip
+    code, err = finish(start(train_env(tmp_path / "one", grad_accum=2, **run), ("-m", "trainer.launch")))
+    assert code == 0, err[-3000:]
+    code, err = finish(start(train_env(tmp_path / "two", nproc_per_node=2, **run), ("-m", "trainer.launch")))
+    assert code == 0, err[-3000:]
+    assert "2 processes" in err, err[-3000:]
+    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2, 3], (one, two)
+    for step in one:
+        assert abs(one[step] - two[step]) < 1e-3, (step, one, two)
+    evals = [[json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+              if "eval_loss" in line] for name in ("one", "two")]  # fmt: skip
+    assert evals[0] and evals[1], evals
+    assert abs(evals[0][-1]["eval_loss"] - evals[1][-1]["eval_loss"]) < 1e-3, evals
