@@ -36,8 +36,8 @@ def test_scripts_and_benchmarks_make_no_sys_path_edits() -> None:
 # own floor and those below, never one above; rooms on one floor never import each other in a circle (drawn, one of
 # those imports would run back up).
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/transformers_names",
-     "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
+    ("trainer/errors", "trainer/secrets", "trainer/envfile", "trainer/compat", "trainer/library_patches",
+     "trainer/transformers_names", "trainer/checkpoint_record", "trainer/machine", "trainer/provenance",
      "trainer/lifetime", "trainer/logs", "trainer/commands", "trainer/methods", "trainer/jsonl",
      "trainer/output_lock",
      "trainer/vllm_compat"),  # facts of the machine, the installed versions, a checkpoint's record and a run's

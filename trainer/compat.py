@@ -9,12 +9,10 @@ inside an image they are the image's own (images/versions.toml is not there).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Protocol
@@ -385,18 +383,6 @@ def cuda_bf16_supported() -> bool:
     return bool(torch.cuda.is_bf16_supported())  # torch < 2.3 reports native support only
 
 
-def install_torch_shims() -> None:
-    """Fill in what the pinned libraries call but an older torch lacks. Call before TrainingArguments is built.
-
-    accelerate 1.10 sets the device of each CPU process with torch.cpu.set_device (torch >= 2.2); a CPU is one
-    device, so on torch 2.1 a no-op stands in (multi-process CPU training, e.g. torchrun over gloo).
-    """
-    import torch
-
-    if not hasattr(torch.cpu, "set_device"):
-        torch.cpu.set_device = lambda device: None
-
-
 def rotate_checkpoints(trainer: Any, run_dir: str) -> None:
     """Delete checkpoints beyond save_total_limit: a function in transformers 5, a Trainer method before."""
     if stack().transformers_5:
@@ -406,44 +392,3 @@ def rotate_checkpoints(trainer: Any, run_dir: str) -> None:
                best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=False)  # fmt: skip
     else:
         trainer._rotate_checkpoints(use_mtime=False, output_dir=run_dir)
-
-
-@contextlib.contextmanager
-def resuming_from(checkpoint: str | None, st: Stack | None = None) -> Iterator[None]:
-    """Around `trainer.train(resume_from_checkpoint=...)`: where transformers refuses torch.load on this torch
-    (`refuses_torch_load`), every resume would fail, so its guard is lifted for the checkpoint being resumed (one the
-    run's own output dir holds and marked complete, or the folder TRAIN_RESUME names), and said so in the log."""
-    st = st or stack()
-    if checkpoint is None or not st.refuses_torch_load:
-        yield
-        return
-    import transformers.trainer as hf_trainer
-
-    log.warning("resume: %s refuses torch.load on torch < 2.6 (CVE-2025-32434); loading the optimizer, scheduler and "
-                "RNG state of %s anyway: resume only checkpoints you trust", st.describe(), checkpoint)  # fmt: skip
-    guard = hf_trainer.check_torch_load_is_safe
-    hf_trainer.check_torch_load_is_safe = lambda: None
-    try:
-        yield
-    finally:
-        hf_trainer.check_torch_load_is_safe = guard
-
-
-@contextlib.contextmanager
-def saving_in_model_names(*models: Any) -> Iterator[None]:
-    """Around a checkpoint's save: its weights under the model's own parameter names. Transformers 5 renames some
-    families' weights back to their original checkpoint layout when it saves (vision-language models'
-    `model.language_model.` becomes `model.`), and its Trainer's resume loads a checkpoint with load_state_dict,
-    which does not rename them again: those weights would be missing, and the run would go on from fresh ones.
-    save_pretrained's save_original_format=False keeps the names; 4.x renames nothing."""
-    import inspect
-
-    patched = [m for m in dict.fromkeys(models) if hasattr(type(m), "save_pretrained")
-               and "save_original_format" in inspect.signature(type(m).save_pretrained).parameters]  # fmt: skip
-    for model in patched:
-        model.save_pretrained = functools.partial(type(model).save_pretrained, model, save_original_format=False)
-    try:
-        yield
-    finally:
-        for model in patched:
-            del model.save_pretrained

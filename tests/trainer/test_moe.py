@@ -290,11 +290,11 @@ def test_moe_settings_that_cannot_apply_are_refused_before_torch(train: dict[str
 def test_a_checkpoint_keeps_the_fused_experts_so_that_a_resume_loads_them(tmp_path: Path) -> None:
     """Transformers 5 saves fused experts back in their original per-expert layout, which its Trainer's resume
     (load_state_dict, strict=False) matches to nothing: the experts would resume freshly initialized. Checkpoints are
-    written in the model's own names (trainer.compat.saving_in_model_names); the fsdp-moe chain of
+    written in the model's own names (trainer.library_patches.saving_in_model_names); the fsdp-moe chain of
     test_resume_nproc.py resumes one to the same losses."""
     from safetensors.torch import load_file
 
-    from trainer.compat import saving_in_model_names
+    from trainer.library_patches import saving_in_model_names
 
     model = tiny_model("qwen3_moe")
     model.save_pretrained(tmp_path / "original")

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import compat
+from trainer import compat, library_patches
 from trainer.config.schema import TrainSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -106,10 +106,10 @@ def test_the_torch_load_guard_is_lifted_only_around_a_resume() -> None:
     import transformers.trainer as hf_trainer
 
     guard = hf_trainer.check_torch_load_is_safe
-    with compat.resuming_from("/output/checkpoint-3", STACKS["12.4"]):
+    with library_patches.resuming_from("/output/checkpoint-3", STACKS["12.4"]):
         assert hf_trainer.check_torch_load_is_safe is not guard
         hf_trainer.check_torch_load_is_safe()  # what transformers calls before torch.load: no refusal
     assert hf_trainer.check_torch_load_is_safe is guard
     for checkpoint, st in ((None, STACKS["12.4"]), ("/output/checkpoint-3", STACKS["12.8"])):
-        with compat.resuming_from(checkpoint, st):
+        with library_patches.resuming_from(checkpoint, st):
             assert hf_trainer.check_torch_load_is_safe is guard

@@ -15,7 +15,8 @@ PHASES = ["imports_and_config", "libraries", "data", "model", "trainer_setup", "
 
 
 # Python's audit hook, loaded by the trainer process (sitecustomize): each publication of run_config.json (its
-# writer renames a whole temporary file onto it) is one line of the log.
+# writer renames a whole temporary file onto it) is one line of the log, and each import of a package a run without
+# DeepSpeed and trackers has no use for (trainer.library_patches.skip_deepspeed_import) is one line of another.
 COUNT_RECORD_WRITES = """
 import sys
 
@@ -23,21 +24,25 @@ def _count(event, args):
     if event == "os.rename" and str(args[1]).endswith("/run_config.json"):
         with open({log!r}, "a") as f:
             f.write(str(args[1]) + "\\n")
+    if event == "import" and args[0] in ("deepspeed", "mlflow"):
+        with open({imports!r}, "a") as f:
+            f.write(args[0] + "\\n")
 
 sys.addaudithook(_count)
 """
 
 
 def test_a_cpu_run_logs_and_records_its_start_up_phases(run_trainer, trainer_env, text_file, tmp_path) -> None:
-    hook, writes = tmp_path / "hook", tmp_path / "record-writes.log"
+    hook, writes, imports = tmp_path / "hook", tmp_path / "record-writes.log", tmp_path / "imports.log"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(COUNT_RECORD_WRITES.format(log=str(writes)))
+    (hook / "sitecustomize.py").write_text(COUNT_RECORD_WRITES.format(log=str(writes), imports=str(imports)))
     env = {**trainer_env, "TRAIN_DATA": str(text_file), "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_SIZE": "2",
            "TRAIN_MAX_STEPS": "2", "TRAIN_SAVE_STEPS": "100", "PYTHONPATH": str(hook)}  # fmt: skip
     result = run_trainer([], env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     out = Path(env["TRAIN_OUTPUT_DIR"])
     assert writes.read_text().splitlines() == [str(out / "run_config.json")] * 2  # at its start, and what it learned
+    assert not imports.exists(), imports.read_text()  # accelerate's unwrap_model imported neither (1.3 CPU-s)
     record = run_record.read(out)
     assert record.training_data.sequences > 0 and record.data_spec.seq_len == 32 and record.startup is not None
     startup = json.loads((out / "run_config.json").read_text())["startup"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from trainer import compat, transformers_names
+from trainer import compat, library_patches, transformers_names
 from trainer.config import method
 from trainer.config.decision import Decisions
 from trainer.config.groups import HOMES
@@ -69,7 +69,8 @@ def build_training_arguments(cfg: RunConfig) -> Any:
 
     from transformers import TrainingArguments
 
-    compat.install_torch_shims()
+    library_patches.install_torch_shims()
+    library_patches.skip_deepspeed_import(bool(cfg.training_arguments.get("deepspeed")))
     arguments_class = method.arguments_class(cfg.settings)
     try:  # a copy: TrainingArguments fills nested dicts (fsdp_config, deepspeed) in place
         args = (arguments_class or TrainingArguments)(**copy.deepcopy(cfg.training_arguments))

@@ -173,7 +173,7 @@ def atomic_trainer(base: type) -> type:
         def _save(self, output_dir: str | None = None, state_dict: Any = None) -> None:
             if self._staging_dir is None:  # final/ and save_model: the original layout, for every other tool
                 return super()._save(output_dir, state_dict)
-            from trainer.compat import saving_in_model_names
+            from trainer.library_patches import saving_in_model_names
 
             unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
             with saving_in_model_names(self.model, unwrapped):  # a checkpoint: as its resume loads it back

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from trainer.compat import resuming_from
 from trainer.errors import EXIT_OK
+from trainer.library_patches import resuming_from
 from trainer.logs import setup_logging
 from trainer.machine.threads import DECIDED
 
