@@ -26,8 +26,9 @@ from standin_base import load_standin  # noqa: E402
 # Built inside the image, not resolved from PyPI wheels: deepspeed and flash-attn from their sdists (DeepSpeed's
 # requirements resolve in the image), python-hostlist is an sdist with no requirements of its own; lm-eval is a
 # wheel, but three of its pure-Python requirements (sqlitedict, rouge-score, word2number) are sdists only, which a
-# wheels-only dry run for another Python cannot take: it resolves in the image build.
-NOT_FROM_WHEELS = {"deepspeed", "flash-attn", "python-hostlist", "lm-eval"}
+# wheels-only dry run for another Python cannot take: it resolves in the image build. So does num2words (a wheel)
+# with its one requirement, docopt, an sdist only (pure Python, no Requires-Python: installed by hand on 3.10 and 3.12).
+NOT_FROM_WHEELS = {"deepspeed", "flash-attn", "python-hostlist", "lm-eval", "num2words", "docopt"}
 # What the Dockerfile installs next to the trainer's own requirements (its runtime stage).
 DOCKERFILE_PINS = ("transformers", "accelerate", "datasets", "peft", "bitsandbytes", "dumb-init")
 # Ubuntu 22.04 / 24.04 bases (glibc 2.35+) take any of these; older wheels (torch 2.1's) carry the legacy names.

@@ -1,7 +1,8 @@
 """Each vision-language family trainkit trains (tests/trainer/vision_families.py: tiny random models of Qwen2-VL,
-Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3/SmolVLM and LLaVA), in-process: the loss only on the assistant turns, never
-on an image; on every batch as many image tokens as the vision tower makes features (a record cut after its image
-included); the parameters by component and the default freeze; a freeze that LoRA would break is refused."""
+Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3/SmolVLM, SmolVLM2 and LLaVA), in-process: the loss only on the assistant
+turns, never on an image; on every batch as many image tokens as the vision tower makes features (a record cut after
+its image included); the parameters by component and the default freeze; a freeze that LoRA would break is refused;
+the saved processor reloads (without its video processor where torchvision is absent) and encodes as built."""
 
 from __future__ import annotations
 
@@ -59,6 +60,28 @@ def test_loss_only_on_the_assistant_turns(family: tuple[str, Any, Any], pictures
     assert end > start and not encoded.trained[start:end].any(), name
     image_token = processor.image_token_id if hasattr(processor, "image_token_id") else None
     assert image_token is None or not encoded.trained[encoded.ids == image_token].any(), name
+
+
+def test_the_saved_processor_reloads_and_encodes_as_built(family: tuple[str, Any, Any], pictures: Path,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    """load_processor of the saved folder: the original class named there and loaded (built without its video
+    processor where that needs torchvision), with the processor's own settings (SmolVLM2's image_seq_len), so a
+    record encodes to the same tokens and image spans."""
+    import json
+
+    import transformers
+
+    from trainer.model.vision import load_processor
+
+    name, _, processor = family
+    processor.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "processor_config.json").read_text())["processor_class"]
+    assert saved == type(processor).__name__ and issubclass(type(processor), getattr(transformers, saved)), name
+    loaded = load_processor(tmp_path)
+    assert type(loaded).__name__ == saved, name
+    record = _two_turns(pictures)
+    built, again = (ImageEncoder(p, p.chat_template, "assistant").encode(record) for p in (processor, loaded))
+    assert built.ids.tolist() == again.ids.tolist() and built.image_spans == again.image_spans, name
 
 
 def _features(model: Any, batch: dict[str, Any]) -> int:

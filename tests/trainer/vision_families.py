@@ -18,7 +18,7 @@ import torch
 from trainer.model.vision import video_free
 from trainer.tokenizer import BOS, EOS, PAD, byte_level_tokenizer
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "llava")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "idefics3", "smolvlm", "llava")
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTERMEDIATE = 64, 2, 4, 2, 128
 QWEN_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 LLAVA_TEMPLATE = (
@@ -127,22 +127,40 @@ def gemma3() -> tuple[Any, Any]:
     return config, processor
 
 
+IDEFICS_TOKENS = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+                  *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))  # fmt: skip
+
+
+def _idefics(config_cls: Any, processor_cls: Any, images_cls: Any, template: str, *tokens: str) -> tuple[Any, Any]:
+    """Idefics3's architecture (Idefics3, SmolVLM): a SigLIP tower of 28-pixel tiles, a 56-pixel picture split into
+    up to four tiles plus the whole one, each tile a single token after the pixel shuffle."""
+    tok = tokenizer_with((*tokens, *IDEFICS_TOKENS))
+    images = images_cls(size={"longest_edge": 56}, max_image_size={"longest_edge": 28}, do_image_splitting=True)
+    processor = processor_cls(image_processor=images, tokenizer=tok, image_seq_len=1,
+                              chat_template=trl_template(template))  # fmt: skip
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "image_size": 28, "patch_size": 14}  # fmt: skip
+    config = config_cls(text_config={"model_type": "llama", **_text(tok)}, vision_config=vision, scale_factor=2,
+                        image_token_id=tok.convert_tokens_to_ids("<image>"))  # fmt: skip
+    return config, processor
+
+
 def idefics3() -> tuple[Any, Any]:
     """Idefics3, the architecture of SmolVLM (SmolVLM-256M/500M-Instruct's folders are Idefics3)."""
     from transformers import Idefics3Config, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    tok = tokenizer_with(("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
-                          *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))))  # fmt: skip
-    images = Idefics3ImageProcessorPil(size={"longest_edge": 56}, max_image_size={"longest_edge": 28},
-                                       do_image_splitting=True)  # fmt: skip
-    processor = Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=1,
-                                  chat_template=trl_template("idefics3"))  # fmt: skip
-    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "image_size": 28, "patch_size": 14}  # fmt: skip
-    config = Idefics3Config(text_config={"model_type": "llama", **_text(tok)}, vision_config=vision, scale_factor=2,
-                            image_token_id=tok.convert_tokens_to_ids("<image>"))  # fmt: skip
-    return config, processor
+    return _idefics(Idefics3Config, Idefics3Processor, Idefics3ImageProcessorPil, "idefics3")
+
+
+def smolvlm() -> tuple[Any, Any]:
+    """SmolVLM2 (SmolVLM2-2.2B-Instruct's and SmolVLM2-256M/500M-Video-Instruct's folders): Idefics3's architecture
+    under its own classes; its processor needs num2words and builds a video processor (torchvision), left out as
+    load_processor leaves it out."""
+    from transformers import SmolVLMConfig, SmolVLMProcessor
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    return _idefics(SmolVLMConfig, video_free(SmolVLMProcessor), SmolVLMImageProcessorPil, "smolvlm", "<|im_start|>")
 
 
 def llava() -> tuple[Any, Any]:
@@ -164,7 +182,7 @@ def llava() -> tuple[Any, Any]:
 
 BUILDERS: dict[str, Callable[[], tuple[Any, Any]]] = {
     "qwen2_vl": qwen2_vl, "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "gemma3": gemma3, "idefics3": idefics3,
-    "llava": llava,
+    "smolvlm": smolvlm, "llava": llava,
 }  # fmt: skip
 
 

@@ -149,8 +149,8 @@ def _image_problems(inputs: Inputs) -> list[str]:
     if not (is_vision_preset(s.model) or (not is_preset(s.model) and folder_reads_images(inputs.model_folder))):
         return [f"TRAIN_DATA={s.data} holds records with images ({inputs.data.layout_names()}) but TRAIN_MODEL="
                 f"{s.model} is a text-only model ({family}); use a vision-language model (a folder of Qwen2-VL, "
-                f"Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3/SmolVLM or LLaVA, or the {', '.join(VISION_PRESETS)} "
-                "preset), or data without images"]  # fmt: skip
+                "Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3/SmolVLM, SmolVLM2 or LLaVA, or the "
+                f"{', '.join(VISION_PRESETS)} preset), or data without images"]  # fmt: skip
     found = [problem] if (problem := compat.switch_problem(compat.IMAGES)) else []
     if s.packing != "auto":
         found.append(f"TRAIN_PACKING={s.packing} with records with images ({family}): refused. Packing would put "

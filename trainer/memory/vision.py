@@ -69,7 +69,7 @@ def unmodelled(cfg: RunConfig) -> str | None:
         folder_vision(cfg.decisions.model.value)
     except VisionUnknown as exc:
         return (f"the vision tower and projector of {exc} (not modelled: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, "
-                "Idefics3/SmolVLM and LLaVA are): the prediction is its language model's")  # fmt: skip
+                "Idefics3/SmolVLM, SmolVLM2 and LLaVA are): the prediction is its language model's")  # fmt: skip
     return None
 
 

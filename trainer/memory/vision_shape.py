@@ -3,8 +3,8 @@ every tensor (the weights, gradients and optimizer state follow them), the (in, 
 adapters on the tower, bitsandbytes' 4-bit weights), the tower's blocks (what they save per patch when the tower
 trains), how many of the tower's patches make one image token of the language model and what the projector saves
 per image token. From a vision preset or a model folder's config.json, family by family: Qwen2-VL, Qwen2.5-VL,
-Qwen3-VL, Gemma 3 (a SigLIP tower), Idefics3 / SmolVLM (SigLIP), LLaVA (CLIP or SigLIP); tested equal to the built
-models' parameters (tests/trainer/test_vision_families.py). Another family is VisionUnknown, naming it: the
+Qwen3-VL, Gemma 3 (a SigLIP tower), Idefics3 / SmolVLM and SmolVLM2 (SigLIP), LLaVA (CLIP or SigLIP); tested equal to
+the built models' parameters (tests/trainer/test_vision_families.py). Another family is VisionUnknown, naming it: the
 prediction is then its language model's, and says what it leaves out.
 
 Fields a config.json leaves out take Transformers' defaults for that family (written here, as the config classes
@@ -137,7 +137,7 @@ def vit_tower(v: dict[str, Any]) -> tuple[Tensors, Blocks, int]:
     q, k and v apart, a final norm (CLIP's a first one and a class embedding too; SigLIP's its pooling head where
     vision_use_head says), and the pixel values per patch."""
     kind = v.get("model_type", "clip_vision_model")
-    if kind not in ("clip_vision_model", "siglip_vision_model", "idefics3_vision"):
+    if kind not in ("clip_vision_model", "siglip_vision_model", "idefics3_vision", "smolvlm_vision"):
         raise VisionUnknown(f"its vision tower ({kind})")
     clip = kind == "clip_vision_model"
     width, intermediate = int(v.get("hidden_size", 768)), int(v.get("intermediate_size", 3072))
@@ -174,13 +174,14 @@ def gemma3(v: dict[str, Any], c: dict[str, Any]) -> VisionShape:
     return shape_of("gemma3", tower, projector, b, per_token, values, 2 * b.width)
 
 
-def idefics3(v: dict[str, Any], c: dict[str, Any]) -> VisionShape:
-    """Idefics3 (SmolVLM): SigLIP's patches shuffled scale x scale into one token, one linear without bias."""
-    tower, b, values = vit_tower({"model_type": "idefics3_vision", "patch_size": 32, **v})
+def idefics3(v: dict[str, Any], c: dict[str, Any], family: str = "idefics3") -> VisionShape:
+    """Idefics3 (SmolVLM) and SmolVLM2 (`smolvlm`, the same architecture and defaults under its own classes):
+    SigLIP's patches shuffled scale x scale into one token, one linear without bias."""
+    tower, b, values = vit_tower({"model_type": f"{family}_vision", "patch_size": 32, **v})
     scale = int(c.get("scale_factor", 2))
     projector = Tensors()
     projector.linear(b.width * scale * scale, int(c.get("text_config", {}).get("hidden_size", 4096)), bias=False)
-    return shape_of("idefics3", tower, projector, b, scale * scale, values, b.width * scale * scale)
+    return shape_of(family, tower, projector, b, scale * scale, values, b.width * scale * scale)
 
 
 def llava(v: dict[str, Any], c: dict[str, Any]) -> VisionShape:
@@ -205,6 +206,7 @@ FAMILIES: dict[str, Callable[[dict[str, Any], dict[str, Any]], VisionShape]] = {
     "qwen3_vl": lambda v, c: qwen_vl("qwen3_vl", v, c),
     "gemma3": gemma3,
     "idefics3": idefics3,
+    "smolvlm": lambda v, c: idefics3(v, c, "smolvlm"),
     "llava": llava,
 }  # fmt: skip
 

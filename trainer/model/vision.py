@@ -1,18 +1,20 @@
 """Vision-language models: their model class and their processor.
 
 A model reads images when its config has a vision tower and generates text (the one rule:
-trainer.data.vision.config_reads_images: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3, SmolVLM, LLaVA, ...); it
+trainer.data.vision.config_reads_images: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3, SmolVLM2, LLaVA, ...); it
 loads as AutoModelForImageTextToText. Its processor (the image processor, the tokenizer and the chat template) comes
 from its folder; where the folder's processor class also builds a video processor that this stack cannot build
-(Qwen-VL's and SmolVLM's need torchvision, which the CPU image lacks), the same class is built without it: trainkit
+(Qwen-VL's and SmolVLM2's need torchvision, which the CPU image lacks), the same class is built without it: trainkit
 trains images, not videos, and the folder it saves names the original class, so it loads as usual where torchvision
 is installed.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import types
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +42,24 @@ def model_class(config: Any) -> Any:
 
 
 def video_free(cls: Any) -> Any:
-    """`cls` (a processor class) built from its image processor and tokenizer only: ProcessorMixin takes the
-    sub-processors from __init__'s signature, so one without video_processor neither loads nor saves one. It keeps
-    the class's name: the folder it saves names the original class."""
-
-    def __init__(self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
-                 **kwargs: Any) -> None:  # fmt: skip
-        base_init: Any = cls.__init__
-        base_init(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+    """`cls` (a processor class) built from its image processor and tokenizer only. ProcessorMixin takes the
+    sub-processors from get_attributes (which leaves the video processor out here), and the arguments it saves and
+    loads besides them from __init__'s own parameters: so __init__ stays the class's own (SmolVLM's image_seq_len,
+    say, is saved and read back), with the video processor defaulting to none. It keeps the class's name: the folder
+    it saves names the original class."""
+    init = cls.__init__
+    names = init.__code__.co_varnames[1 : init.__code__.co_argcount]
+    parameters = inspect.signature(init).parameters
+    defaults = tuple(None if name == "video_processor" or parameters[name].default is inspect.Parameter.empty
+                     else parameters[name].default for name in names[names.index("video_processor") :])  # fmt: skip
+    own_init = types.FunctionType(init.__code__, init.__globals__, "__init__", defaults, init.__closure__)
+    own_init.__kwdefaults__ = init.__kwdefaults__
+    attributes = [name for name in cls.get_attributes() if name != "video_processor"]
+    return type(cls.__name__, (cls,), {"__init__": own_init, "__module__": cls.__module__,
+                                       "get_attributes": classmethod(lambda _cls: list(attributes))})  # fmt: skip
 
 
 def _needs_video_processor(cls: Any) -> bool:
-    import inspect
-
     return "video_processor" in inspect.signature(cls.__init__).parameters
 
 
