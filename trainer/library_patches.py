@@ -75,9 +75,8 @@ def skip_deepspeed_import(uses_deepspeed: bool) -> None:
     """A run without DeepSpeed never imports it. accelerate's unwrap_model imports deepspeed (and, through its
     autotuner, MLflow) on every call where the package is installed, to test whether the model is a DeepSpeedEngine:
     about 1.5 CPU-seconds of every run's start on a 2-core machine (a one-step tiny run: 11.1 against 9.5), for a
-    type such a run cannot hold."""
-    if uses_deepspeed:
-        return
+    type such a run cannot hold. A DeepSpeed run (in the same process or not) gets accelerate's own test back."""
     import accelerate.utils.other
+    from accelerate.utils.imports import is_deepspeed_available
 
-    accelerate.utils.other.is_deepspeed_available = lambda: False
+    accelerate.utils.other.is_deepspeed_available = is_deepspeed_available if uses_deepspeed else lambda: False
