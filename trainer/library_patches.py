@@ -2,7 +2,8 @@
 
 trainer.compat says what an installed stack can do; this module changes how the libraries behave for one run:
 a shim an older torch lacks, a guard lifted for the run's own checkpoint, a save keeping the model's own names, and
-an import a run without DeepSpeed does not pay for. Importing it imports neither torch nor transformers.
+the imports a run without DeepSpeed or without an adapter does not pay for. Importing it imports neither torch nor
+transformers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,3 +82,31 @@ def skip_deepspeed_import(uses_deepspeed: bool) -> None:
     from accelerate.utils.imports import is_deepspeed_available
 
     accelerate.utils.other.is_deepspeed_available = is_deepspeed_available if uses_deepspeed else lambda: False
+
+
+def _peft_hidden() -> bool:
+    return False
+
+
+def skip_peft_import(uses_peft: bool) -> None:
+    """A process that holds no adapter never imports PEFT. Where peft is installed, Transformers' trainer_utils and
+    trainer, and TRL's trainers, import it at their own import to tell a PeftModel apart; PEFT imports bitsandbytes,
+    whose kernels' wrappers call torch.compile at import. About 0.9 CPU-seconds of a tiny run's start on a 2-core
+    machine (7.6 against 6.7) and 2.5 of `trainer config`, for a type a run without TRAIN_LORA never builds: such a
+    process sees Transformers' is_peft_available say no. Call before Transformers' trainer modules are imported.
+
+    `uses_peft` gives Transformers' own test back; where its trainer modules were already imported with PEFT hidden
+    (an earlier run in the same process), they would take an adapter for a plain model (and save it whole): that is
+    refused (RuntimeError), never trained on."""
+    import transformers.utils
+    from transformers.utils import import_utils
+
+    if not uses_peft:
+        transformers.utils.is_peft_available = _peft_hidden
+        return
+    transformers.utils.is_peft_available = import_utils.is_peft_available
+    imported_without = [name for name in ("transformers.trainer_utils", "transformers.trainer")
+                        if getattr(sys.modules.get(name), "is_peft_available", None) is _peft_hidden]  # fmt: skip
+    if imported_without:
+        raise RuntimeError(f"{', '.join(imported_without)} imported with PEFT hidden (skip_peft_import) earlier in "
+                           "this process: an adapter run needs a new process")  # fmt: skip

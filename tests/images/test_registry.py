@@ -92,6 +92,7 @@ def test_save_writes_an_archive_that_loads_back(pushed: dict[str, str], docker_c
     docker_client.images.remove(ref, noprune=True)
     load = subprocess.run([sys.executable, "scripts/run.py", "--load", str(archive), "--gpus", "none", "--", "true"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    archive.unlink()  # 3 GB: not kept on the disk for the rest of the session
     assert load.returncode == 0, load.stderr[-3000:]
     assert f"loaded {ref}" in load.stderr
     docker_client.images.get(ref)

@@ -216,6 +216,20 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA run on a saved tiny base (the base it records: root/base), trained on a corpus file (root/corpus.txt,
+    its TRAIN_DATA): its checkpoint-2 holds the adapter only, its final/ the merged model. Export's tests read it
+    (test_export.py, test_export_faults.py); a test that moves a file of it puts it back."""
+    root = tmp_path_factory.mktemp("lora-run")
+    save_tiny_model(root / "base")
+    corpus = write_corpus(root / "corpus.txt")
+    env = run_env(root, model=root / "base", lora=1, lr=0.01, max_steps=2, save_steps=2, data=corpus)
+    result = run_trainer([], env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf_export(tiny_run: Path, llama_cpp: Path, tmp_path_factory: pytest.TempPathFactory
                      ) -> tuple[Path, subprocess.CompletedProcess]:  # fmt: skip
     """`export --quant f16 --quant q8_0 --quant q4_k_m` of the tiny run, made once: OUT (named out) and the export's

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, base_env
-from hub_support import run_env, save_tiny_model
+from hub_support import run_env
 from waiting import wait_for
 
 PLAIN_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -30,26 +30,22 @@ def _logits(model, ids):
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
-    """A LoRA run on a model folder: its checkpoint holds the adapter only."""
-    root = tmp_path_factory.mktemp("lora-run")
-    save_tiny_model(root / "base")
-    env = run_env(root, model=root / "base", lora=1, lr=0.01, max_steps=2, save_steps=2)
-    result = run_trainer([], env=env, timeout=600)
+def merged_export(tmp_path_factory: pytest.TempPathFactory, run_trainer, lora_run) -> tuple[Path, str]:
+    """The LoRA checkpoint exported (merged into its base) once for the tests that read it: the folder, export's log."""
+    out = tmp_path_factory.mktemp("merged") / "merged"
+    result = run_trainer(["export", str(lora_run / "output" / "checkpoint-2"), str(out)], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    return root
+    return out, result.stderr
 
 
-def test_lora_checkpoint_exports_to_a_plain_folder_equal_to_base_plus_adapter(run_trainer, lora_run, tmp_path) -> None:
+def test_lora_checkpoint_exports_to_a_plain_folder_equal_to_base_plus_adapter(lora_run, merged_export) -> None:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     checkpoint = lora_run / "output" / "checkpoint-2"
     assert (checkpoint / "adapter_config.json").is_file() and not (checkpoint / "config.json").exists()
-    out = tmp_path / "merged"
-    result = run_trainer(["export", str(checkpoint), str(out)], timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    out = merged_export[0]
     names = {p.name for p in out.iterdir()}
     assert names >= PLAIN_FILES and not any(n.startswith("adapter") for n in names)  # loads without peft
     ids = torch.arange(40).unsqueeze(0)
@@ -70,7 +66,8 @@ def _loaded(stderr: str) -> str:
     return line.split(" INFO model loaded: ", 1)[1]
 
 
-def test_one_loader_serves_a_lora_run_to_generate_eval_and_export(run_trainer, lora_run, tmp_path) -> None:
+def test_one_loader_serves_a_lora_run_to_generate_eval_and_export(run_trainer, lora_run, merged_export,
+                                                                  tmp_path) -> None:  # fmt: skip
     """trainer.model loads the LoRA checkpoint (base + adapter) the same way for generate, eval and export: the same
     base, dtype, adapter and head; and final/ (merged by the run), the checkpoint and its merged export give the
     same greedy answers and the same eval loss."""
@@ -79,9 +76,7 @@ def test_one_loader_serves_a_lora_run_to_generate_eval_and_export(run_trainer, l
     prompts, data = tmp_path / "prompts.jsonl", tmp_path / "eval.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     data.write_text("".join(json.dumps({"prompt": t, "completion": " jumps over the dog."}) + "\n" for t in texts))
-    merged = tmp_path / "merged"
-    exported = run_trainer(["export", str(out / "checkpoint-2"), str(merged)], timeout=600)
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    merged, export_log = merged_export
     loaded, answers, losses = {}, {}, {}
     for name, model in {"checkpoint": out / "checkpoint-2", "final": out / "final", "export": merged}.items():
         answered = tmp_path / f"{name}.jsonl"
@@ -96,7 +91,7 @@ def test_one_loader_serves_a_lora_run_to_generate_eval_and_export(run_trainer, l
             assert result.returncode == 0, result.stderr[-3000:]
             assert _loaded(result.stderr) == loaded[name]  # eval loads as generate does
             losses[name] = json.loads((tmp_path / f"eval-{name}" / "eval_results.json").read_text())["loss"]
-    assert _loaded(exported.stderr) == loaded["checkpoint"]  # export merges what generate and eval run
+    assert _loaded(export_log) == loaded["checkpoint"]  # export merges what generate and eval run
     assert f"{lora_run / 'base'} + LoRA adapter {out / 'checkpoint-2'}: LlamaForCausalLM (LM head)" in loaded[
         "checkpoint"]  # fmt: skip
     assert loaded["final"].startswith(f"{out / 'final'}: LlamaForCausalLM (LM head)")

@@ -2,8 +2,9 @@
 no traceback, nothing written), an existing empty OUT (a mount point) filled in place, a full disk named with the
 space the export needs, the quality gate's text the run's own.
 
-One LoRA run on a saved tiny base serves the module (its checkpoint-2 holds the adapter, its final/ the merged model,
-its TRAIN_DATA a corpus file). Each refusal is checked in-process on its function, and by one real command per family.
+One LoRA run on a saved tiny base (conftest.py's `lora_run`, shared with test_export.py) serves the module (its
+checkpoint-2 holds the adapter, its final/ the merged model, its TRAIN_DATA a corpus file). Each refusal is checked
+in-process on its function, and by one real command per family.
 """
 
 from __future__ import annotations
@@ -19,23 +20,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import assert_user_error, write_corpus
+from helpers import assert_user_error
 from hub_support import run_env, save_tiny_model
 
 PLAIN_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "README.md"}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory, run_trainer) -> Path:
-    """A LoRA run on a model folder (the base it records), trained on a corpus file."""
-    root = tmp_path_factory.mktemp("faults-run")
-    save_tiny_model(root / "base")
-    corpus = write_corpus(root / "corpus.txt")
-    env = run_env(root, model=root / "base", lora=1, lr=0.01, max_steps=2, save_steps=2, data=corpus)
-    result = run_trainer([], env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root
 
 
 def _export(run_trainer, run: Path, *argv: str, **env: str):

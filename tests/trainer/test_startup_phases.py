@@ -16,7 +16,8 @@ PHASES = ["imports_and_config", "libraries", "data", "model", "trainer_setup", "
 
 # Python's audit hook, loaded by the trainer process (sitecustomize): each publication of run_config.json (its
 # writer renames a whole temporary file onto it) is one line of the log, and each import of a package a run without
-# DeepSpeed and trackers has no use for (trainer.library_patches.skip_deepspeed_import) is one line of another.
+# DeepSpeed, trackers and an adapter has no use for (trainer.library_patches: skip_deepspeed_import, skip_peft_import)
+# is one line of another.
 COUNT_RECORD_WRITES = """
 import sys
 
@@ -24,7 +25,7 @@ def _count(event, args):
     if event == "os.rename" and str(args[1]).endswith("/run_config.json"):
         with open({log!r}, "a") as f:
             f.write(str(args[1]) + "\\n")
-    if event == "import" and args[0] in ("deepspeed", "mlflow"):
+    if event == "import" and args[0] in ("deepspeed", "mlflow", "peft", "bitsandbytes"):
         with open({imports!r}, "a") as f:
             f.write(args[0] + "\\n")
 
@@ -42,7 +43,7 @@ def test_a_cpu_run_logs_and_records_its_start_up_phases(run_trainer, trainer_env
     assert result.returncode == 0, result.stderr[-4000:]
     out = Path(env["TRAIN_OUTPUT_DIR"])
     assert writes.read_text().splitlines() == [str(out / "run_config.json")] * 2  # at its start, and what it learned
-    assert not imports.exists(), imports.read_text()  # accelerate's unwrap_model imported neither (1.5 CPU-s)
+    assert not imports.exists(), imports.read_text()  # accelerate's unwrap_model (1.5 CPU-s), Transformers' PEFT (0.9)
     record = run_record.read(out)
     assert record.training_data.sequences > 0 and record.data_spec.seq_len == 32 and record.startup is not None
     startup = json.loads((out / "run_config.json").read_text())["startup"]
@@ -81,3 +82,26 @@ def test_a_run_that_trains_no_step_reports_once_without_phases() -> None:
     callback.on_train_end(args, None, None)
     callback.on_train_end(args, None, None)
     assert reported == [None]
+
+
+HIDDEN_THEN_ADAPTER = """
+from trainer.library_patches import skip_peft_import
+skip_peft_import(uses_peft=False)
+import transformers.trainer_utils
+import sys
+print("peft" in sys.modules)
+try:
+    skip_peft_import(uses_peft=True)
+except RuntimeError as exc:
+    print(exc)
+"""
+
+
+def test_an_adapter_after_peft_was_hidden_in_the_same_process_is_refused(run_python) -> None:
+    """Transformers' trainer modules imported with PEFT hidden would take an adapter for a plain model (and save it
+    whole): a later adapter run in that process is refused, not trained."""
+    result = run_python(["-c", HIDDEN_THEN_ADAPTER])
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported, refusal = result.stdout.splitlines()
+    assert imported == "False"  # hidden: trainer_utils did not import it
+    assert "transformers.trainer_utils imported with PEFT hidden" in refusal and "new process" in refusal

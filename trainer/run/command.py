@@ -30,6 +30,9 @@ def main(_args: argparse.Namespace) -> int:
         undo_lock = _lock_before_reading()
         inputs = config.load_inputs()
         settings = inputs.settings
+        from trainer.library_patches import skip_peft_import
+
+        skip_peft_import(uses_peft=settings.lora)  # before Transformers' trainer modules load
         from trainer.run.divergence import retried_after_divergence
 
         if retried_after_divergence(Path(settings.output_dir), settings):  # before torch loads: restarts end fast
