@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not config.getoption("--cpu-rl"):
         _deselect(config, items, {"cpu_rl_image"})
     _engine_files_last(items)
+
+
+# Each test's CPU seconds (this process and the children it waited for: a trainer subprocess, pip, a build's client;
+# not the Docker engine's own work), beside its wall seconds in the JUnit XML (tests/run.sh's build/test-logs/*.xml):
+# what a test costs on a machine whose other core is busy with the other stream. Fixtures it set up are counted on it.
+_CPU_KEY = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_CPU_KEY] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    if _CPU_KEY in item.stash:
+        item.user_properties.append(("cpu_s", round(_cpu_seconds() - item.stash[_CPU_KEY], 2)))
 
 
 def _deselect(config: pytest.Config, items: list[pytest.Item], fixtures: set[str]) -> None:
