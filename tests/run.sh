@@ -119,7 +119,7 @@ fi
 # stream instead. Each trains only its own runs (module fixtures), so no trained run is made twice by the split.
 trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py tests/trainer/test_online_rl_rewards.py
   tests/trainer/test_eval.py tests/trainer/test_hub_models.py tests/trainer/test_stop_signals.py
-  tests/trainer/test_model_loading.py)
+  tests/trainer/test_model_loading.py tests/trainer/test_preference.py)
 trainer_log=build/test-logs/trainer.log
 rl_setup_log=build/test-logs/rl-setup.log
 mkdir -p "$(dirname "$trainer_log")"
