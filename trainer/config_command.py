@@ -24,8 +24,8 @@ def main(args: argparse.Namespace) -> int:
     from trainer import config, library_patches, memory
     from trainer.config import run_record
 
+    cfg = memory.predicted(config.resolve(config.load_inputs()))  # its refusals come before torch is imported
     library_patches.skip_peft_import(uses_peft=False)  # no model here: TrainingArguments needs no PEFT to check
-    cfg = memory.predicted(config.resolve(config.load_inputs()))
     config.build_training_arguments(cfg)  # Transformers' own validation: what it refuses is exit 2 here too
     record = run_record.started(cfg).to_dict()  # what the run would record in run_config.json, secrets masked
     if args.json:

@@ -30,9 +30,6 @@ def main(_args: argparse.Namespace) -> int:
         undo_lock = _lock_before_reading()
         inputs = config.load_inputs()
         settings = inputs.settings
-        from trainer.library_patches import skip_peft_import
-
-        skip_peft_import(uses_peft=settings.lora)  # before Transformers' trainer modules load
         from trainer.run.divergence import retried_after_divergence
 
         if retried_after_divergence(Path(settings.output_dir), settings):  # before torch loads: restarts end fast
@@ -41,7 +38,10 @@ def main(_args: argparse.Namespace) -> int:
         from trainer import memory
 
         cfg = memory.predicted(config.resolve(inputs))  # a GPU run predicted not to fit exits 2 before it loads
+        from trainer.library_patches import skip_peft_import
         from trainer.run.train import run
+
+        skip_peft_import(uses_peft=settings.lora)  # after the refusals made before torch; before the Trainer loads
 
         code = run(cfg)
     except ConfigError:
