@@ -20,6 +20,21 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 log() { printf '\n== %s (at %ds)\n' "$*" "$SECONDS"; }
 
+# Disk: a cold run took up to 22.6 GB more than it found here with pip's cache warm, about 26 GB without it
+# (docs/development.md); a disk that fills halfway fails tests with errors that do not name it. Where less is free
+# (less what this checkout's venvs already hold), it is refused before anything is installed.
+need_gb=26
+for venv in .venv:3 .venv-oldest:6 .venv-rl:4; do
+  if [ -d "${venv%:*}" ]; then need_gb=$((need_gb - ${venv#*:})); fi
+done
+free_gb=$(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}')
+if [ "$free_gb" -lt "$need_gb" ]; then
+  echo "tests/run.sh: $free_gb GB free on $(df -P . | awk 'NR == 2 {print $6}'); a run from this checkout needs about" \
+    "$need_gb GB (the venvs, the CPU image, the tests' files): make room (docker system prune -a, ~/.cache/pip) and" \
+    "run it again" >&2
+  exit 1
+fi
+
 # The engine and Python's venv as quickstart.sh gets them (one shared script), plus what only the tests need.
 need_apt=()
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)

@@ -38,3 +38,27 @@ def test_with_an_engine_that_answers_it_changes_nothing(tmp_path: Path, docker_c
     proc = setup_with(tmp_path, ["id", "python3", "docker"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and proc.stderr == ""
+
+
+def test_the_test_command_refuses_a_disk_too_small_for_it_before_installing_anything(tmp_path: Path) -> None:
+    """tests/run.sh on a disk with less free than a run needs exits 1 at once, naming the space free, the space
+    needed and how to make room: a disk that fills halfway fails tests with errors that do not name it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (the test suite runs as root in CI)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        (disk / "tests").mkdir()
+        shutil.copy(ROOT / "tests" / "run.sh", disk / "tests" / "run.sh")
+        proc = subprocess.run(["/bin/bash", str(disk / "tests" / "run.sh")], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        left = sorted(p.name for p in disk.iterdir())
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == "" and left == ["tests"]  # nothing set up, nothing written
+    assert f"tests/run.sh: 0 GB free on {disk}; a run from this checkout needs about 26 GB" in proc.stderr
+    assert "docker system prune -a, ~/.cache/pip" in proc.stderr
