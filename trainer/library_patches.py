@@ -91,9 +91,10 @@ def _peft_hidden() -> bool:
 def skip_peft_import(uses_peft: bool) -> None:
     """A process that holds no adapter never imports PEFT. Where peft is installed, Transformers' trainer_utils and
     trainer, and TRL's trainers, import it at their own import to tell a PeftModel apart; PEFT imports bitsandbytes,
-    whose kernels' wrappers call torch.compile at import. About 0.9 CPU-seconds of a tiny run's start on a 2-core
-    machine (7.6 against 6.7) and 2.5 of `trainer config`, for a type a run without TRAIN_LORA never builds: such a
-    process sees Transformers' is_peft_available say no. Call before Transformers' trainer modules are imported.
+    whose kernels' wrappers call torch.compile at import. About 0.9 CPU-seconds of a tiny run on a 2-core machine
+    (8.5 against 7.6, two pairs) and 0.8 of `trainer config` (6.9 against 6.1), for a type a run without TRAIN_LORA
+    never builds: such a process sees Transformers' is_peft_available say no. Call before Transformers' trainer
+    modules are imported (and after the refusals made before torch: importing transformers.utils imports it).
 
     `uses_peft` gives Transformers' own test back; where its trainer modules were already imported with PEFT hidden
     (an earlier run in the same process), they would take an adapter for a plain model (and save it whole): that is
