@@ -71,8 +71,9 @@ pins = tomllib.load(open("images/versions.toml", "rb"))["packages"]
 print(" ".join(f"{name}=={version}" for name, version in pins.items() if name not in ("flash-attn", "dumb-init")))')
 # shellcheck disable=SC2086
 $PY -m pip install -q $PINS -e '.[train,host,dev]'
-# The whole suite: every image row's pins resolved by pip against PyPI (tests/images/test_row_stacks.py) wait on the
-# index far more than they compute, so they run from here, beside the rest of the set-up, as a pytest of their own.
+# The whole suite: every image row's pins resolved by pip against PyPI (tests/images/test_row_stacks.py: about 170 s
+# and as many CPU-seconds for the ten, pip's HTTP cache cold) run from here, beside the rest of the set-up, as a pytest
+# of their own; the set-up is CPU-bound too (docs/development.md), so this moves them out of a stream, not for free.
 rows_log=build/test-logs/row-stacks.log
 if [ $# -eq 0 ]; then
   log "pytest tests/images/test_row_stacks.py, in the background (its output: $rows_log, printed here when it ends)"

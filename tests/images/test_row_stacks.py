@@ -55,8 +55,9 @@ def row(name: str) -> matrix.Entry:
     return loaded.rl if name == matrix.RL_ROW and loaded.rl else loaded.entry(name)
 
 
-# pip's dry runs wait on PyPI's index far more than they compute (about 100 s of wall time and 17 s of CPU a row
-# here), so the rows resolve side by side, at most this many at a time, and each test waits for its own.
+# pip's dry runs wait on PyPI's index and compute (with pip's HTTP cache cold, about 170 s of wall time and as many
+# CPU-seconds for the ten rows here), so the rows resolve side by side, at most this many at a time, and each test
+# waits for its own.
 AT_ONCE = 5
 
 
