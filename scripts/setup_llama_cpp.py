@@ -78,9 +78,24 @@ def _unpack_converter(sdist: Path, target: Path, version: str) -> None:
     os.rename(staging, target)
 
 
+# llama-cpp-python's CMakeLists turns llama.cpp's common library on (with FORCE: its mtmd library needs it), and with
+# it cpp-httplib: more than half of the build's CPU (measured on 2 cores: 190 of 362 CPU-s) for a library the binding
+# never loads (it loads libllama and libggml, and mtmd only with LLAVA_BUILD, which [llama_cpp]'s cmake_args turn off).
+# CMake includes this file right after llama.cpp's own project() call, before its option(LLAMA_BUILD_COMMON), which
+# then finds the option off. The sdist itself is built as hashed, unchanged.
+BINDING_ONLY = "binding-only-1"
+_BINDING_ONLY_CMAKE = 'set(LLAMA_BUILD_COMMON OFF CACHE BOOL "not loaded by the binding (setup_llama_cpp.py)" FORCE)\n'
+
+
+def build_recipe(cmake_args: str) -> str:
+    """What a wheel is built with beyond cmake_args: BINDING_ONLY where mtmd is off (nothing else needs common)."""
+    return BINDING_ONLY if "-DLLAVA_BUILD=OFF" in cmake_args.split() else ""
+
+
 def wheel_folder(cache: Path, cmake_args: str) -> Path:
-    """CACHE/VERSION/wheel-<digest>: one folder per set of CMake options (another set never reuses a wheel)."""
-    return cache / f"wheel-{hashlib.sha256(cmake_args.encode()).hexdigest()[:12]}"
+    """CACHE/VERSION/wheel-<digest>: one folder per set of CMake options and recipe (another never reuses a wheel)."""
+    key = cmake_args + (f" {build_recipe(cmake_args)}" if build_recipe(cmake_args) else "")
+    return cache / f"wheel-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def sha256(path: Path) -> str:
@@ -97,15 +112,20 @@ def _wheel(python: str, sdist: Path, folder: Path, version: str, pins: dict) -> 
         return found[0]
     start = time.monotonic()
     print(f"building llama-cpp-python {version} (llama.cpp's C++, once; minutes)", file=sys.stderr, flush=True)
-    env = {**os.environ, "CMAKE_ARGS": pins["cmake_args"],
-           "CMAKE_BUILD_PARALLEL_LEVEL": str(len(os.sched_getaffinity(0)))}  # fmt: skip
+    cmake_args, recipe = pins["cmake_args"], build_recipe(pins["cmake_args"])
+    if recipe == BINDING_ONLY:
+        include = folder.parent / f"{BINDING_ONLY}.cmake"
+        include.write_text(_BINDING_ONLY_CMAKE)
+        cmake_args += f" -DCMAKE_PROJECT_llama.cpp_INCLUDE={include}"
+    env = {**os.environ, "CMAKE_ARGS": cmake_args, "CMAKE_BUILD_PARALLEL_LEVEL": str(len(os.sched_getaffinity(0)))}
     _pip(python, "wheel", "-q", "--no-deps", str(sdist), "-w", str(folder), env=env)
     seconds = time.monotonic() - start
     print(f"built in {seconds:.0f} s", file=sys.stderr)
     wheel = sorted(folder.glob(f"llama_cpp_python-{version}-*.whl"))[0]
     facts = _target_facts(python)
     stamp = {"version": version, "sdist_sha256": pins["sdist_sha256"], "cmake_args": pins["cmake_args"],
-             "python": facts["python"], "machine": facts["machine"], "glibc": facts["glibc"], "wheel": wheel.name,
+             "recipe": recipe, "python": facts["python"], "machine": facts["machine"], "glibc": facts["glibc"],
+             "wheel": wheel.name,
              "wheel_sha256": sha256(wheel), "build_s": round(seconds)}  # fmt: skip
     (folder / "build.json").write_text(json.dumps(stamp, indent=1) + "\n")
     return wheel
@@ -148,7 +168,8 @@ def _prebuilt(folder: Path | None, pins: dict, facts: dict[str, str]) -> tuple[P
         return None, "no prebuilt wheel was given"
     stamp = json.loads(stamp_file.read_text())
     wanted = {"version": pins["version"], "sdist_sha256": pins["sdist_sha256"], "cmake_args": pins["cmake_args"],
-              "machine": facts["machine"], "glibc": facts["glibc"]}  # fmt: skip
+              "recipe": build_recipe(pins["cmake_args"]), "machine": facts["machine"],
+              "glibc": facts["glibc"]}  # fmt: skip
     differ = [f"{key} {stamp.get(key)!r}, not {value!r}" for key, value in wanted.items() if stamp.get(key) != value]
     if differ:
         return None, "the prebuilt wheel differs: " + "; ".join(differ)

@@ -52,7 +52,8 @@ def _host_wheel(folder: Path, **stamp: str) -> Path:
     wheel = folder / f"llama_cpp_python-{PINS['version']}-py3-none-linux_x86_64.whl"
     wheel.write_bytes(b"a wheel")
     facts = {"version": PINS["version"], "sdist_sha256": PINS["sdist_sha256"], "cmake_args": PINS["cmake_args"],
-             "python": "3.11", "machine": "x86_64", "glibc": "2.36", "wheel": wheel.name,
+             "recipe": setup_llama_cpp.build_recipe(PINS["cmake_args"]), "python": "3.11", "machine": "x86_64",
+             "glibc": "2.36", "wheel": wheel.name,
              "wheel_sha256": setup_llama_cpp.sha256(wheel)}  # fmt: skip
     (folder / "build.json").write_text(json.dumps({**facts, **stamp}))
     return wheel
