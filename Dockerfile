@@ -233,7 +233,10 @@ COPY pyproject.toml /opt/trainkit/pyproject.toml
 COPY trainer/ /opt/trainkit/trainer/
 COPY entrypoints/ /opt/trainkit/entrypoints/
 COPY images/verify.py images/verify_export.py images/vllm_canary.py /opt/trainkit/images/
+# The trainer's bytecode compiled here: the image runs as UID 1000, which cannot write /opt/trainkit's __pycache__, so a
+# module no build step imported would be compiled again on every run.
 RUN pip install --no-deps --no-build-isolation --no-cache-dir -e /opt/trainkit && \
+    python -m compileall -q /opt/trainkit/trainer && \
     chmod 0755 /opt/trainkit/entrypoints/*.sh && \
     python /opt/trainkit-build/build_ext.py guard-torch
 

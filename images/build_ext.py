@@ -138,6 +138,10 @@ def compile_env(per_job_gb: float) -> dict[str, str]:
     if stubs.is_dir():  # link-time libcuda (DeepSpeed's async_io links -lcuda); the driver provides it at run time
         env["LIBRARY_PATH"] = ":".join(filter(None, [env.get("LIBRARY_PATH"), str(stubs)]))
     env["MAX_JOBS"] = str(max_jobs(per_job_gb))
+    # No debug info in the extensions (Python's own CFLAGS ask for -g; a later -g0 wins): nobody debugs an image's
+    # kernels from it, it makes the layers bigger, and it costs compile time (measured on 2 cores: DeepSpeed's
+    # cpu_adam_impl.cpp 34.3 CPU-s with -g against 25.0 without).
+    env["CFLAGS"] = f"{env.get('CFLAGS', '')} -g0".strip()
     return env
 
 
