@@ -116,6 +116,10 @@ fi
 tail -1 "$llama_log"
 # After the wait: llama.cpp's set-up installs its binding into .venv, which mypy reads.
 .venv/bin/mypy   # the types of the torch-free core, model/ and generate/evaluate/export (pyproject's [tool.mypy] files)
+# The tree's bytecode, once: the tests start `python -m trainer` and the scripts some hundreds of times with
+# PYTHONDONTWRITEBYTECODE=1 (tests/trainer/conftest.py base_env), and each would compile the modules it imports again
+# (about 0.18 CPU-s a training process; 1 s for the whole tree here).
+$PY -m compileall -q trainer scripts benchmarks images tests >/dev/null
 
 export PATH="$ROOT/.venv/bin:$PATH"
 status=0
