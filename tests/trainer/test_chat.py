@@ -130,19 +130,22 @@ def env_for(tmp_path: Path, data: Path, **train: str) -> dict[str, str]:
     return {**base, **{f"TRAIN_{k.upper()}": v for k, v in train.items()}, "HOME": str(home), "HF_HOME": str(home)}
 
 
-@pytest.mark.parametrize("layout, source", [("messages", "model"), ("conversations", "builtin"),
-                                            ("chat_pair", "file")])  # fmt: skip
-def test_loss_only_on_assistant_turns(tmp_path: Path, chat_model: Path, layout: str, source: str) -> None:
-    """messages with the model folder's template (prefix rendering, BPE, BOS); ShareGPT parquet as a Hub dataset
-    (hf://datasets/..., from the HF cache offline) with the built-in chatml (generation markers, byte-level preset);
-    conversational prompt/completion with a TRAIN_CHAT_TEMPLATE file."""
-    from hub_server import populate_cache
-    from transformers import AutoTokenizer
+@pytest.fixture(scope="module")
+def messages_shown(tmp_path_factory: pytest.TempPathFactory, chat_model: Path) -> tuple[dict[str, str], list[dict]]:
+    """`data --show` of messages records with the model folder's template: (its environment, every sequence), read
+    by test_loss_only_on_assistant_turns[messages-model] and compared with the oldest row's by
+    test_oldest_row_renders_and_masks_the_same."""
+    tmp = tmp_path_factory.mktemp("messages-model")
+    env = env_for(tmp, write_corpus(tmp / "data", "messages"), model=str(chat_model))
+    return env, show_json(env)
 
-    from trainer.tokenizer import byte_level_tokenizer
+
+def shown_sequences(tmp_path: Path, chat_model: Path, layout: str, source: str) -> list[dict]:
+    """Every sequence `data --show` prepares of `layout` records with the template from `source` (builtin, file)."""
+    from hub_server import populate_cache
 
     data = write_corpus(tmp_path / "data", layout)
-    settings = {"builtin": {"chat_template": "chatml"}, "model": {"model": str(chat_model)}}.get(source)
+    settings = {"chat_template": "chatml"}
     if source == "file":
         (tmp_path / "t.jinja").write_text(HEADER_TEMPLATE.replace("\n\n", "\n"))
         settings = {"model": str(chat_model), "chat_template": str(tmp_path / "t.jinja")}
@@ -151,7 +154,24 @@ def test_loss_only_on_assistant_turns(tmp_path: Path, chat_model: Path, layout: 
         files = {"data/train-00000-of-00001.parquet": data.read_bytes(), "README.md": b"# chats\n"}
         populate_cache(Path(env["HF_HOME"]), "org/chats", files, "c" * 40, kind="datasets")
         env["TRAIN_DATA"] = "hf://datasets/org/chats"
-    sequences = show_json(env)
+    return show_json(env)
+
+
+@pytest.mark.parametrize("layout, source", [("messages", "model"), ("conversations", "builtin"),
+                                            ("chat_pair", "file")])  # fmt: skip
+def test_loss_only_on_assistant_turns(tmp_path: Path, chat_model: Path, layout: str, source: str,
+                                      request: pytest.FixtureRequest) -> None:  # fmt: skip
+    """messages with the model folder's template (prefix rendering, BPE, BOS); ShareGPT parquet as a Hub dataset
+    (hf://datasets/..., from the HF cache offline) with the built-in chatml (generation markers, byte-level preset);
+    conversational prompt/completion with a TRAIN_CHAT_TEMPLATE file."""
+    from transformers import AutoTokenizer
+
+    from trainer.tokenizer import byte_level_tokenizer
+
+    if source == "model":
+        sequences = request.getfixturevalue("messages_shown")[1]
+    else:
+        sequences = shown_sequences(tmp_path, chat_model, layout, source)
     tokenizer = byte_level_tokenizer() if source == "builtin" else AutoTokenizer.from_pretrained(chat_model)
     assert_assistant_only(sequences, tokenizer, layout)
     if source != "builtin":  # the template adds BOS once per record; the tokenizer adds none of its own
@@ -246,15 +266,17 @@ def test_first_record_and_missing_template_refused_before_torch(tmp_path: Path, 
 
 @pytest.mark.row_12_1
 @pytest.mark.skipif(not OLDEST_PYTHON.exists(), reason="no .venv-oldest: run `bash tests/oldest/setup.sh`")
-def test_oldest_row_renders_and_masks_the_same(tmp_path: Path, chat_model: Path) -> None:
+def test_oldest_row_renders_and_masks_the_same(tmp_path: Path, messages_shown: tuple[dict[str, str], list[dict]]
+                                               ) -> None:  # fmt: skip
     """transformers 4.46.3 (the 12.1 row) gives the very same input_ids, labels and position_ids as this stack, by
     prefix rendering (the model's template) and by generation markers (chatml)."""
-    for layout, settings in (("messages", {"model": str(chat_model)}), ("conversations", {"chat_template": "chatml"})):
-        data = write_corpus(tmp_path / layout / "data", layout)
-        newest = show_json(env_for(tmp_path / layout, data, output_dir=str(tmp_path / layout / "new"), **settings))
-        oldest = show_json(env_for(tmp_path / layout, data, output_dir=str(tmp_path / layout / "old"), **settings),
-                           OLDEST_PYTHON)  # fmt: skip
-        assert oldest == newest, layout
+    env, newest = messages_shown  # its own output folder: the oldest row prepares its own cache, maps none
+    assert show_json({**env, "TRAIN_OUTPUT_DIR": str(tmp_path / "old")}, OLDEST_PYTHON) == newest, "messages"
+    data = write_corpus(tmp_path / "data", "conversations")
+    newest = show_json(env_for(tmp_path, data, output_dir=str(tmp_path / "new"), chat_template="chatml"))
+    oldest = show_json(env_for(tmp_path, data, output_dir=str(tmp_path / "old-chatml"), chat_template="chatml"),
+                       OLDEST_PYTHON)  # fmt: skip
+    assert oldest == newest, "conversations"
 
 
 def test_final_and_checkpoints_keep_the_template_and_resume_maps_the_cache(tmp_path: Path, chat_model: Path) -> None:

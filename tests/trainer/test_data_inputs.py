@@ -128,12 +128,11 @@ def run_env(tmp: Path, data: Path, **extra: str) -> dict[str, str]:
 
 
 def _runs(tmp: Path) -> dict[str, dict[str, str]]:
-    runs = {}
+    folder = tmp / "compressed"  # one run reads both: corpus.jsonl.gz, corpus.jsonl.zst
+    (folder / "data").mkdir(parents=True)
     for suffix in (".gz", ".zst"):
-        folder = tmp / f"jsonl{suffix}"
-        folder.mkdir()
-        (folder / f"corpus.jsonl{suffix}").write_bytes(COMPRESSORS[suffix](jsonl_bytes()))
-        runs[f"jsonl{suffix}"] = run_env(folder, folder / f"corpus.jsonl{suffix}")
+        (folder / "data" / f"corpus.jsonl{suffix}").write_bytes(COMPRESSORS[suffix](jsonl_bytes()))
+    runs = {"compressed": run_env(folder, folder / "data")}
     hub = write_hub_folder(tmp / "hub" / "dataset")
     runs["hub"] = run_env(tmp / "hub", hub)
     (tmp / "bad").mkdir()
@@ -167,9 +166,15 @@ def _trained(out: Path, proc: subprocess.CompletedProcess[str]) -> list[float]:
 
 @pytest.mark.parametrize("name", ["jsonl.gz", "jsonl.zst"])
 def test_compressed_jsonl_trains(runs, name: str) -> None:
-    out, proc = runs[name]
+    """One run on a folder of both: each file's every record is prepared (the cache's count), and fingerprinted in
+    provenance.json."""
+    out, proc = runs["compressed"]
     assert len(_trained(out, proc)) == 3
-    assert f"corpus.{name})" in proc.stderr
+    assert "2 file(s)" in proc.stderr
+    (meta,) = (out / ".cache" / "data").glob("*/meta.json")
+    assert json.loads(meta.read_text())["records"] == 2 * len(TEXTS)
+    data = json.loads((out / "provenance.json").read_text())["data"]
+    assert any(path.endswith(f"corpus.{name}") for path in data), data
 
 
 def test_hub_style_parquet_folder_trains(runs) -> None:
