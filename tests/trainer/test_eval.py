@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hub_support import run_env
@@ -17,18 +18,26 @@ def _eval_lines(out: Path) -> list[dict]:
     return [x for x in lines if "eval_loss" in x]
 
 
-def test_eval_split_writes_eval_loss_and_perplexity(run_trainer, tmp_path: Path) -> None:
-    env = run_env(tmp_path, eval_split=0.1, eval_steps=2, max_steps=4, save_steps=100)
+@pytest.fixture(scope="module")
+def split_run(run_trainer, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """A run holding out TRAIN_EVAL_SPLIT=0.1 with TRAIN_KEEP_BEST, 4 steps saved every 2 (evaluated at each save),
+    as it was before anything resumed it: its folder, environment, result, evaluation lines and TensorBoard events.
+    test_keep_best_survives_a_resume resumes it; test_eval_split_... reads what its first run wrote."""
+    tmp = tmp_path_factory.mktemp("split")
+    env = run_env(tmp, eval_split=0.1, keep_best=1, max_steps=4, save_steps=2, save_total_limit=1, lr=0.01)
     result = run_trainer(["train"], env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    out = tmp_path / "output"
-    evals = _eval_lines(out)
-    assert [e["step"] for e in evals] == [2, 4]
-    for e in evals:
-        assert e["eval_loss"] > 0 and e["eval_perplexity"] == pytest.approx(math.exp(e["eval_loss"]))
-    assert "held out (TRAIN_EVAL_SPLIT=0.1)" in result.stderr
+    out = tmp / "output"
     events = b"".join(p.read_bytes() for p in (out / "runs").rglob("events.out.tfevents*"))
-    assert b"eval/loss" in events and b"eval/perplexity" in events
+    return SimpleNamespace(out=out, env=env, result=result, evals=_eval_lines(out), events=events)
+
+
+def test_eval_split_writes_eval_loss_and_perplexity(split_run: SimpleNamespace) -> None:
+    assert [e["step"] for e in split_run.evals] == [2, 4]
+    for e in split_run.evals:
+        assert e["eval_loss"] > 0 and e["eval_perplexity"] == pytest.approx(math.exp(e["eval_loss"]))
+    assert "held out (TRAIN_EVAL_SPLIT=0.1)" in split_run.result.stderr
+    assert b"eval/loss" in split_run.events and b"eval/perplexity" in split_run.events
 
 
 def test_eval_data_with_keep_best_keeps_the_best_checkpoint(run_trainer, tmp_path: Path, text_file: Path) -> None:
@@ -70,16 +79,13 @@ def test_eval_mistakes_exit_2(run_trainer, tmp_path: Path, train: dict, message:
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_keep_best_survives_a_resume(run_trainer, tmp_path: Path) -> None:
+def test_keep_best_survives_a_resume(run_trainer, split_run: SimpleNamespace) -> None:
     """The best checkpoint is named by its published folder (never the staging one), so a resumed run still finds
     it, keeps it out of rotation and makes it final/."""
-    env = run_env(tmp_path, eval_split=0.1, keep_best=1, max_steps=4, save_steps=2, save_total_limit=1, lr=0.01)
-    first = run_trainer(["train"], env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    out = tmp_path / "output"
+    out = split_run.out
     best_before = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["best_model_checkpoint"]
     assert Path(best_before).parent == out and Path(best_before).is_dir()
-    resumed = run_trainer(["train"], env={**env, "TRAIN_MAX_STEPS": "8"})
+    resumed = run_trainer(["train"], env={**split_run.env, "TRAIN_MAX_STEPS": "8"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "continuing from" in resumed.stderr and "recorded in the resumed state does not" not in resumed.stderr
     evals = _eval_lines(out)
