@@ -12,7 +12,7 @@ import pytest
 from train_runs import train_env
 
 from trainer.data import discovery, shards
-from trainer.data.dataset import ShardedDataset, load_or_prepare
+from trainer.data.dataset import load_or_prepare
 from trainer.data.discovery import discover
 from trainer.data.spec import DataSpec
 from trainer.errors import ConfigError
@@ -157,23 +157,15 @@ def test_missing_default_path_means_embedded_corpus(monkeypatch, tmp_path: Path)
 # ---- real training runs -------------------------------------------------------------------------------------------
 
 
-# Four real runs cover every format: one folder holding a file of each kind, a save_to_disk folder,
-# prompt/completion, and no data at all. Each reader is checked token by token above.
+# Two real runs cover every format: one folder holding a file of each kind and a save_to_disk folder. A run on
+# prompt/completion is test_packing.py's resumed one, a run with no data at all (the embedded corpus)
+# test_resume_safety.py's first. Each reader is checked token by token above.
 FILE_FORMATS = ["txt", "jsonl", "json", "parquet", "csv"]
-RUN_KINDS = ["mixed", "saved", "prompt_completion", "embedded"]
+RUN_KINDS = ["mixed", "saved"]
 
 
 def _prepare_run(tmp: Path, kind: str) -> dict[str, str]:
     out = tmp / kind / "out"
-    if kind == "embedded":
-        return train_env(out, max_steps=1)  # no TRAIN_DATA: the embedded corpus
-    if kind == "prompt_completion":
-        path = tmp / kind / "pc.jsonl"
-        path.parent.mkdir(parents=True)
-        path.write_text(
-            "".join(json.dumps({"prompt": f"Q{i}: what next?", "completion": f" step {i}."}) + "\n" for i in range(60))
-        )
-        return train_env(out, data=path, max_steps=2)
     if kind == "mixed":
         for fmt in FILE_FORMATS:
             write_format(tmp / kind / "data" / fmt, fmt, TEXTS * 20)
@@ -216,24 +208,3 @@ def test_training_on_a_save_to_disk_folder(format_runs) -> None:
     out, proc = format_runs["saved"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tokenized datasets.save_to_disk folder" in proc.stderr and (out / "final" / "model.safetensors").is_file()
-
-
-def test_training_on_prompt_completion(format_runs) -> None:
-    out, proc = format_runs["prompt_completion"]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 2 and all(loss > 0 for loss in losses)
-    (meta,) = (out / ".cache" / "data").glob("*/meta.json")  # what the run trained on
-    ids, labels = ShardedDataset(meta.parent, json.loads(meta.read_text())).block(0)
-    prompt_len = bytes(t for t in ids.tolist() if t < 256).find(b" step")  # the block starts with a whole record
-    assert prompt_len > 0 and (labels[:prompt_len] == -100).all()
-    assert labels[prompt_len : prompt_len + 8].tolist() == ids[prompt_len : prompt_len + 8].tolist()
-
-
-@pytest.mark.skipif(
-    Path("/data").exists() and any(Path("/data").iterdir()), reason="/data exists here, so it would be trained on"
-)
-def test_no_data_trains_on_the_embedded_corpus(format_runs) -> None:
-    _out, proc = format_runs["embedded"]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "EMBEDDED DEFAULT CORPUS" in proc.stderr

@@ -20,7 +20,7 @@ import torch
 from train_runs import finish, start, train_env
 
 from trainer.data import cache
-from trainer.data.dataset import load_or_prepare
+from trainer.data.dataset import ShardedDataset, load_or_prepare
 from trainer.data.discovery import discover
 from trainer.data.spec import DataSpec
 from trainer.tokenizer import byte_level_tokenizer
@@ -282,9 +282,12 @@ def test_auto_packing_is_a_decision_with_its_reason(tmp_path: Path) -> None:
 
 def test_a_resumed_run_maps_the_cache_of_the_first_run(tmp_path: Path) -> None:
     """Two real runs on prompt/completion data: the second resumes and maps the first one's shards (memory-mapped,
-    checked by meta.json), tokenizing nothing; both log the truncated record."""
+    checked by meta.json), tokenizing nothing; both log the truncated record. What they trained on masks the prompt
+    (the only training on prompt/completion records through `python -m trainer` in tests/trainer/test_data_formats.py
+    and here)."""
     write_pairs(tmp_path / "pairs.jsonl", 40, long=1, seq=48)
-    env = train_env(tmp_path / "out", data=tmp_path / "pairs.jsonl", seq_len=48, save_steps=1, max_steps=1)
+    out = tmp_path / "out"
+    env = train_env(out, data=tmp_path / "pairs.jsonl", seq_len=48, save_steps=1, max_steps=1)
     code, first = finish(start(env))
     assert code == 0, first[-3000:]
     assert "tokenized" in first and "40 records packed whole into" in first
@@ -294,5 +297,11 @@ def test_a_resumed_run_maps_the_cache_of_the_first_run(tmp_path: Path) -> None:
     assert "from the cache" in second and "tokenized" not in second
     for log in (first, second):
         assert "1 record(s) longer than TRAIN_SEQ_LEN=48 were truncated to it" in log
-    (entry,) = (tmp_path / "out" / ".cache" / "data").glob("*/meta.json")
+    (entry,) = (out / ".cache" / "data").glob("*/meta.json")
     assert json.loads(entry.read_text())["packing"]["records_truncated"] == 1
+    losses = {row["step"]: row["loss"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(losses) == [1, 2] and all(loss > 0 for loss in losses.values()), losses
+    ids, labels = ShardedDataset(entry.parent, json.loads(entry.read_text())).block(0)
+    prompt_len = bytes(t for t in ids.tolist() if t < 256).find(b" <A0>")  # the block starts with a whole record
+    assert prompt_len > 0 and (labels[:prompt_len] == -100).all()
+    assert labels[prompt_len : prompt_len + 8].tolist() == ids[prompt_len : prompt_len + 8].tolist()

@@ -5,7 +5,8 @@
 - a truncated model.safetensors in the newest checkpoint: auto resume falls back to the previous checkpoint with a
   warning naming the file; a TRAIN_RESUME path without its optimizer.pt exits 2 naming it;
 - TRAIN_RESUME=never in the used folder exits 2; with TRAIN_START_OVER=1 the earlier run moves to previous-runs/;
-- every start's run_config.json is kept.
+- every start's run_config.json is kept;
+- with no TRAIN_DATA (and no /data) the first run trains on the embedded corpus and says so.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from train_runs import finish, global_step, start, train_env
 
 from trainer.checkpoint_record import COMPLETE_MARKER
 
+NONEMPTY_DATA = Path("/data").exists() and any(Path("/data").iterdir())
+
 
 def _run(out: Path, **train: object) -> tuple[int, str]:
     return finish(start(train_env(out, save_steps=2, **train)))
@@ -26,6 +29,7 @@ def test_resume_refuses_changed_runs_and_damaged_checkpoints(tmp_path: Path) -> 
     out = tmp_path / "out"
     code, err = _run(out, max_steps=4)
     assert code == 0, err[-3000:]
+    assert "EMBEDDED DEFAULT CORPUS" in err or NONEMPTY_DATA  # where /data holds files it is trained on instead
     recorded = json.loads((out / "checkpoint-4" / COMPLETE_MARKER).read_text())
     assert recorded["settings"]["seq_len"] == 32 and recorded["files"]["model.safetensors"]["size"] > 0
 

@@ -58,11 +58,11 @@ def test_fsdp_in_one_process_runs_as_a_world_of_one(run_trainer, trainer_env, te
     assert "only works in distributed training" not in result.stderr
     config = json.loads((output / "run_config.json").read_text())
     assert config["training_arguments"]["fsdp"]
+    assert "cpu_ram_efficient_loading" not in config["training_arguments"]["fsdp_config"]  # a preset: nothing to read
     assert "on CPUs accelerate does not shard" in config["decisions"]["fsdp"]["reason"]  # it says what really runs
     assert [r["step"] for r in _metrics(output)] == [1, 2, 3]
     assert (output / "checkpoint-2" / "trainkit_complete").is_file()
     assert (output / "final" / "config.json").is_file()
-
 
 
 def test_qlora_trains_on_the_cpu(run_trainer, trainer_env, text_file):
