@@ -151,7 +151,7 @@ fi
 # tests/trainer is the longer stream (docs/development.md has the cold runs): these of its files go last in the other
 # stream instead. Each trains only its own runs (module fixtures), so no trained run is made twice by the split.
 trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py tests/trainer/test_online_rl_rewards.py
-  tests/trainer/test_eval.py tests/trainer/test_hub_models.py tests/trainer/test_stop_signals.py
+  tests/trainer/test_eval.py tests/trainer/test_stop_signals.py
   tests/trainer/test_model_loading.py tests/trainer/test_preference.py)
 trainer_log=build/test-logs/trainer.log
 rl_setup_log=build/test-logs/rl-setup.log
