@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, base_env
+from helpers import assert_user_error_in_process
 from hub_support import run_env
 from waiting import wait_for
 
@@ -99,7 +100,8 @@ def test_one_loader_serves_a_lora_run_to_generate_eval_and_export(run_trainer, l
     assert losses["final"] == pytest.approx(losses["checkpoint"], rel=1e-4)
 
 
-def test_export_refuses_an_occupied_out_and_keeps_the_adapter_on_request(run_trainer, lora_run, tmp_path) -> None:
+def test_export_refuses_an_occupied_out_and_keeps_the_adapter_on_request(run_trainer, lora_run, tmp_path,
+                                                                         capsys) -> None:  # fmt: skip
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "mine.txt").write_text("keep me")
@@ -112,8 +114,7 @@ def test_export_refuses_an_occupied_out_and_keeps_the_adapter_on_request(run_tra
     assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= {
         p.name for p in (tmp_path / "adapter").iterdir()
     }
-    missing = run_trainer(["export", str(tmp_path / "nothing"), str(tmp_path / "x")], timeout=300)
-    assert missing.returncode == 2 and "no such folder" in missing.stderr
+    assert_user_error_in_process(["export", str(tmp_path / "nothing"), str(tmp_path / "x")], capsys, "no such folder")
 
 
 def test_adapter_only_refuses_an_adapter_vllm_refuses_naming_the_merge(run_trainer, lora_run, tmp_path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import assert_user_error
+from helpers import assert_user_error, assert_user_error_in_process
 from hub_support import run_env, save_tiny_model
 
 PLAIN_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -146,8 +146,8 @@ def test_a_damaged_src_is_refused_before_any_work_naming_the_file(run_trainer, l
     assert not out.exists() and not list(tmp_path.glob(".tmp-export-*"))
 
 
-def test_an_adapter_that_does_not_fit_its_base_is_refused_before_the_merge(run_trainer, lora_run: Path,
-                                                                           tmp_path: Path) -> None:  # fmt: skip
+def test_an_adapter_that_does_not_fit_its_base_is_refused_before_the_merge(run_trainer, lora_run: Path, tmp_path: Path,
+                                                                           capsys) -> None:  # fmt: skip
     """--base of another architecture (OPT: it exported with the adapter never applied, exit 0) or another size (a
     state-dict RuntimeError): exit 2 naming the adapter and the base. A base of the same shapes with other weights: the
     merge is checked against the run's own recorded base, so it exits 2 too; a copy of the recorded base exports."""
@@ -169,15 +169,15 @@ def test_an_adapter_that_does_not_fit_its_base_is_refused_before_the_merge(run_t
         f"the adapter, 128 in the base); give the base it was trained on {trained_on}")  # fmt: skip
     assert fit_problem(AutoModelForCausalLM.from_pretrained(lora_run / "base"), adapter) is None
     out = tmp_path / "out"
-    result = _export(run_trainer, lora_run, str(adapter), str(out), "--base", str(tmp_path / "opt"))
-    assert_user_error(result, f"the LoRA adapter {adapter} does not fit the base {tmp_path / 'opt'} (OPTForCausalLM): "
-                      "56 of its 56 tensors are for modules the base lacks (first: model.layers.0.mlp.down_proj)",
-                      trained_on)  # fmt: skip
+    assert_user_error_in_process(["export", str(adapter), str(tmp_path / "opt-out"), "--base", str(tmp_path / "opt")],
+                                 capsys, f"the LoRA adapter {adapter} does not fit the base {tmp_path / 'opt'} "
+                                 "(OPTForCausalLM): 56 of its 56 tensors are for modules the base lacks (first: "
+                                 "model.layers.0.mlp.down_proj)", trained_on)  # fmt: skip (in this process)
     save_tiny_model(tmp_path / "other", seed=1)  # the same shapes, other weights
     result = _export(run_trainer, lora_run, str(adapter), str(out), "--base", str(tmp_path / "other"))
     assert_user_error(result, f"the run's own base {lora_run / 'base'}",
                       "that is not the base the run trained on; drop --base")  # fmt: skip
-    assert not out.exists() and not list(tmp_path.glob(".tmp-export-*"))
+    assert not out.exists() and not (tmp_path / "opt-out").exists() and not list(tmp_path.glob(".tmp-export-*"))
     from trainer.errors import ConfigError
     from trainer.export.merge import base_folder
 

@@ -13,10 +13,12 @@ import math
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO, base_env, run_python, run_trainer
+from helpers import assert_user_error_in_process as _user_error
 from memorize import MARGIN, MARGINS, MEMORIZE, PAIRS, chat_line, other_path, write_pairs
 from waiting import wait_for
 from wandb_files import wandb_records
@@ -55,13 +57,16 @@ def margins(folder: Path, env: dict[str, str] | None = None) -> list[float]:
     return json.loads(result.stdout)
 
 
-def test_the_answers_are_memorized_with_a_margin_on_this_and_the_other_instruction_path(memorized: Path,
-                                                                                      tmp_path: Path) -> None:
+def test_the_answers_are_memorized_with_a_margin_on_this_and_the_other_instruction_path(
+        memorized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
     """Every answer token beats the runner-up by MARGIN logits, teacher-forced: greedy decoding gives each answer
     back with room to spare, here and trained on the other instruction path (AVX2 on an AVX-512 machine; issue 59:
     the recipe tuned here memorized three pairs of four on an AVX2-only CPU). No tracker, eval or export: the
     cheapest run of the recipe."""
-    here = margins(memorized / "out" / "final")
+    monkeypatch.setattr(sys, "argv", ["-c", str(memorized / "out" / "final"), json.dumps(PAIRS)])
+    exec(MARGINS, {})  # this process's instruction path is the one its children take by default: no interpreter more
+    here = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     other = other_path()
     data = write_pairs(tmp_path / "chat.jsonl")
     env = {**MEMORIZE, **other, "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
@@ -69,19 +74,23 @@ def test_the_answers_are_memorized_with_a_margin_on_this_and_the_other_instructi
     result = run_trainer([], env=env, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     there = margins(tmp_path / "out" / "final", other)
-    print(f"margins here {[round(m, 3) for m in here]}, on {other} {[round(m, 3) for m in there]}")
+    with capsys.disabled():
+        print(f"margins here {[round(m, 3) for m in here]}, on {other} {[round(m, 3) for m in there]}")
     assert min(here) > MARGIN and min(there) > MARGIN, (here, there)
 
 
 def test_generate_gives_back_the_trained_answers_batched_or_one_by_one(memorized: Path, tmp_path: Path) -> None:
+    """From final/ batched (into --output in a folder that does not exist yet: made), from the checkpoint one by
+    one and from export's output: the same answers."""
     prompts = tmp_path / "prompts.jsonl"
     rows = [{"id": i, "messages": [{"role": "user", "content": q}]} for i, (q, _) in enumerate(PAIRS)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    batched, single = tmp_path / "batched.jsonl", tmp_path / "single.jsonl"
+    batched, single = tmp_path / "new" / "deeper" / "batched.jsonl", tmp_path / "single.jsonl"
     out = memorized / "out"
     result = run_trainer(["generate", str(out / "final"), "--input", str(prompts), "--output", str(batched)])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tokens/s" in result.stderr and "memory: weights" in result.stderr
+    assert f"made the folder {batched.parent}" in result.stderr
     answers = _lines(batched)
     assert [a["response"] for a in answers] == [a for _, a in PAIRS]
     assert [a["id"] for a in answers] == [0, 1, 2, 3] and all(a["messages"] for a in answers)  # input kept
@@ -180,16 +189,6 @@ def _recorded_in_the_run(out: Path, own: dict) -> None:
     assert "## Evaluation" in card and "| exact_match | 1.0000 |" in card and f"| loss | {own['loss']:.4f} |" in card
 
 
-def _user_error(argv: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> None:
-    from trainer.__main__ import main
-
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    for word in words:
-        assert word in err, err
-
-
 def test_mistakes_exit_2_before_loading(memorized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty-model"
     empty.mkdir()
@@ -257,35 +256,34 @@ def _refused(argv: list[str], *words: str) -> None:
         assert word in result.stderr, (word, result.stderr[-3000:])
 
 
-def test_a_new_output_folder_is_made_and_damaged_weights_or_pairs_exit_2(memorized: Path, tmp_path: Path) -> None:
-    """generate --output into a folder that does not exist yet; a truncated model.safetensors in final/ (its record
-    knows the size) and in an export (no record: its header does not cover the file) exit 2 naming the file, for
-    generate and eval; eval of KTO's labelled records says which layouts it takes (pairs it scores:
-    test_preference)."""
+def test_damaged_weights_or_pairs_exit_2(memorized: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A truncated model.safetensors in final/ (its record knows the size) and in an export (no record: its header
+    does not cover the file) exit 2 naming the file, for generate and eval; eval of KTO's labelled records says which
+    layouts it takes (pairs it scores: test_preference). One real command; the other refusals, made before any
+    weights are read, in this process."""
     import shutil
 
-    prompts, answers = tmp_path / "prompts.jsonl", tmp_path / "new" / "deeper" / "answers.jsonl"
+    prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q, _ in PAIRS))
-    result = run_trainer(["generate", str(memorized / "out" / "final"), "--input", str(prompts), "--output",
-                          str(answers)])  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert [a["response"] for a in _lines(answers)] == [a for _, a in PAIRS]
-    assert f"made the folder {answers.parent}" in result.stderr
     for source, expected in ((memorized / "out" / "final", "the checkpoint was saved with"),
                              (memorized / "export", "is damaged")):  # fmt: skip
         damaged = tmp_path / f"damaged-{source.name}"
         shutil.copytree(source, damaged)
         weights = damaged / "model.safetensors"
         os.truncate(weights, weights.stat().st_size // 2)
-        _refused(["generate", str(damaged), "--input", str(prompts), "--output", str(tmp_path / "o.jsonl")],
-                 str(weights), expected)  # fmt: skip
-        _refused(["eval", str(damaged), "--data", str(memorized / "chat.jsonl"), "--output", str(tmp_path / "e")],
-                 str(weights), expected)  # fmt: skip
+        generate = ["generate", str(damaged), "--input", str(prompts), "--output", str(tmp_path / "o.jsonl")]
+        if source.name == "final":  # the real command
+            _refused(generate, str(weights), expected)
+        else:
+            _user_error(generate, capsys, str(weights), expected)
+        _user_error(["eval", str(damaged), "--data", str(memorized / "chat.jsonl"), "--output", str(tmp_path / "e")],
+                    capsys, str(weights), expected)  # fmt: skip
     labelled = tmp_path / "kto.jsonl"
     labelled.write_text(json.dumps({"prompt": PAIRS[0][0], "completion": PAIRS[0][1], "label": True}) + "\n")
-    _refused(["eval", str(memorized / "out"), "--data", str(labelled), "--output", str(tmp_path / "p")],
-             "prompt/completion/label (KTO) records", "or preference pairs (prompt/chosen/rejected)",
-             "not KTO's prompt/completion/label records")  # fmt: skip
+    _user_error(["eval", str(memorized / "out"), "--data", str(labelled), "--output", str(tmp_path / "p")], capsys,
+                "prompt/completion/label (KTO) records", "or preference pairs (prompt/chosen/rejected)",
+                "not KTO's prompt/completion/label records")  # fmt: skip
     assert not (tmp_path / "e").exists() and not (tmp_path / "p").exists()
 
 
