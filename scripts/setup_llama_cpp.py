@@ -94,7 +94,7 @@ def build_recipe(cmake_args: str) -> str:
 
 def wheel_folder(cache: Path, cmake_args: str) -> Path:
     """CACHE/VERSION/wheel-<digest>: one folder per set of CMake options and recipe (another never reuses a wheel)."""
-    key = cmake_args + (f" {build_recipe(cmake_args)}" if build_recipe(cmake_args) else "")
+    key = " ".join(filter(None, (cmake_args, build_recipe(cmake_args))))
     return cache / f"wheel-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 

