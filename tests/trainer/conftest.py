@@ -97,6 +97,67 @@ def config_json(env: Mapping[str, str], timeout: float = 300) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
+def run_trainer_in_process(args: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """run_trainer's result (exit code, stdout, stderr) for `python -m trainer args` run in this process
+    (trainer.__main__.main) under the environment run_trainer gives it, base_env() + env and nothing else: for a
+    command decided before any work (`config`), without an interpreter, torch and Transformers started per call.
+    What the command changes process-wide is put back after it: the environment (Transformers' TrainingArguments
+    sets ACCELERATE_* there), the stop-signal handlers, the "trainer" logger's handlers, Accelerate's shared state,
+    Transformers' DeepSpeed config, and the library switches of trainer.library_patches; Transformers' trainer_utils
+    is imported first with PEFT visible (`config` hides PEFT before it imports it: trainer_utils would keep that).
+    Unlike a new process's, the command's environment lacks what a library puts there at its first import in this
+    process (importing transformers.training_args sets TORCHINDUCTOR_CACHE_DIR, which the compile decision reads)."""
+    import contextlib
+    import io
+    import logging
+    import signal
+
+    import accelerate.utils.other
+    import transformers.integrations.deepspeed as hf_deepspeed
+    import transformers.trainer_utils  # with PEFT visible, as a later run in this process expects
+    import transformers.utils
+    from accelerate.state import AcceleratorState, PartialState
+
+    from trainer.__main__ import main
+
+    kept_environ = dict(os.environ)
+    kept_signals = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    logger = logging.getLogger("trainer")
+    kept_logger = (logger.handlers, logger.propagate, logger.level)
+    kept_states = [(state, dict(state._shared_state)) for state in (PartialState, AcceleratorState)]
+    kept_switches = (transformers.utils.is_peft_available, accelerate.utils.other.is_deepspeed_available,
+                     hf_deepspeed._hf_deepspeed_config_weak_ref)  # fmt: skip
+    stdout, stderr = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update({**base_env(), **(env or {})})
+    logger.handlers = []
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's refusal of the command line
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(kept_environ)
+        for signum, handler in kept_signals.items():
+            signal.signal(signum, handler)
+        logger.handlers, logger.propagate, logger.level = kept_logger
+        for state, kept in kept_states:
+            state._shared_state.clear()
+            state._shared_state.update(kept)
+        (transformers.utils.is_peft_available, accelerate.utils.other.is_deepspeed_available,
+         hf_deepspeed._hf_deepspeed_config_weak_ref) = kept_switches  # fmt: skip
+    return subprocess.CompletedProcess(["-m", "trainer", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
+def config_json_in_process(env: Mapping[str, str]) -> dict[str, Any]:
+    """config_json's result from `config --json` run in this process (run_trainer_in_process)."""
+    result = run_trainer_in_process(["config", "--json"], env=env)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
+    return json.loads(result.stdout)
+
+
 def imported_modules(importtime_stderr: str) -> set[str]:
     """Module names from `python -X importtime` output."""
     names = set()
@@ -122,6 +183,18 @@ def run_trainer_fixture() -> RunTrainer:
 def config_json_fixture() -> Callable[..., dict[str, Any]]:
     """`config_json(env) -> dict`: the parsed output of `python -m trainer config --json` (asserts exit 0)."""
     return config_json
+
+
+@pytest.fixture(name="run_trainer_in_process", scope="session")
+def run_trainer_in_process_fixture() -> RunTrainer:
+    """`run_trainer_in_process(args, env=None)`: run_trainer's result, the command run in this process."""
+    return run_trainer_in_process
+
+
+@pytest.fixture(name="config_json_in_process", scope="session")
+def config_json_in_process_fixture() -> Callable[..., dict[str, Any]]:
+    """`config_json_in_process(env) -> dict`: config_json's result, the command run in this process."""
+    return config_json_in_process
 
 
 @pytest.fixture(name="imported_modules", scope="session")

@@ -273,11 +273,11 @@ def test_unreadable_file_and_unwritable_folder(tmp_path: Path, trainer_env: dict
         secret.chmod(0o644)
 
 
-# ---- refusals that depend on this machine (need torch to probe it; CPU here) ------------------------------------
+# ---- refusals that need torch (this machine's probe; CPU here) or Transformers' checks: in pytest's process -------
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="checks CPU-only refusals")
-def test_cpu_refuses_gpu_only_settings(trainer_env: dict[str, str], run_trainer) -> None:
+def test_cpu_refuses_gpu_only_settings(trainer_env: dict[str, str], run_trainer_in_process) -> None:
     env = {
         **trainer_env,
         "TRAIN_PRECISION": "fp16",
@@ -287,7 +287,7 @@ def test_cpu_refuses_gpu_only_settings(trainer_env: dict[str, str], run_trainer)
         "TRAIN_COMPILE": "1",
         "TRAIN_COMPILE_BACKEND": "inductr",
     }
-    result = run_trainer(["config"], env=env)
+    result = run_trainer_in_process(["config"], env=env)
     _assert_user_error(
         result,
         [
@@ -301,11 +301,11 @@ def test_cpu_refuses_gpu_only_settings(trainer_env: dict[str, str], run_trainer)
     )
 
 
-def test_train_args_value_refused_by_transformers_parser(trainer_env: dict[str, str], run_trainer) -> None:
-    result = run_trainer(["config"], env={**trainer_env, "TRAIN_ARGS": "--lr_scheduler_type cosine_wobble"})
+def test_train_args_value_refused_by_transformers_parser(trainer_env: dict[str, str], run_trainer_in_process) -> None:
+    result = run_trainer_in_process(["config"], env={**trainer_env, "TRAIN_ARGS": "--lr_scheduler_type cosine_wobble"})
     _assert_user_error(result, ["TRAIN_ARGS:", "--lr_scheduler_type", "invalid choice", "cosine_wobble"])
 
 
-def test_combination_refused_by_training_arguments(trainer_env: dict[str, str], run_trainer) -> None:
-    result = run_trainer(["config"], env={**trainer_env, "TRAIN_ARGS": "--load_best_model_at_end"})
+def test_combination_refused_by_training_arguments(trainer_env: dict[str, str], run_trainer_in_process) -> None:
+    result = run_trainer_in_process(["config"], env={**trainer_env, "TRAIN_ARGS": "--load_best_model_at_end"})
     _assert_user_error(result, ["TrainingArguments refused the configuration", "load_best_model_at_end"])

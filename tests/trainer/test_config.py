@@ -1,6 +1,7 @@
 """TRAIN_* -> resolved configuration -> TrainingArguments, for every variable.
 
-Each scenario is one real `python -m trainer config --json` subprocess (which also builds the real
+Each scenario is one `python -m trainer config --json` run in pytest's process, under the environment a
+subprocess would get (tests/trainer/conftest.py: run_trainer_in_process; it also builds the real
 `transformers.TrainingArguments` from the result, so every kwarg is proven valid); the per-variable tests then
 read from the cached output. Decision logic for GPUs this machine does not have is tested in-process on a
 described `Hardware`, with no torch import.
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz123456"
 
 
-# ---- scenarios: one subprocess each, shared by the tests below ----------------------------------------------------
+# ---- scenarios: one `config --json` each, shared by the tests below ------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -222,14 +223,15 @@ def _launch_effects(root: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def scenario(workdir: Path, config_json, run_trainer) -> Callable[[str], dict[str, Any]]:
+def scenario(workdir: Path, config_json_in_process, run_trainer) -> Callable[[str], dict[str, Any]]:
     cache: dict[str, dict[str, Any]] = {}
     effects = {"data": lambda: _data_effects(workdir, run_trainer), "model": lambda: _model_effects(workdir),
                "launch": lambda: _launch_effects(workdir)}  # fmt: skip
 
     def get(name: str) -> dict[str, Any]:
         if name not in cache:
-            cache[name] = effects[name]() if name in effects else config_json(_scenario_env(workdir, name))
+            cache[name] = (effects[name]() if name in effects
+                           else config_json_in_process(_scenario_env(workdir, name)))  # fmt: skip
         return cache[name]
 
     return get
@@ -489,24 +491,22 @@ def test_secrets_are_masked_in_config_output(scenario) -> None:
     # a token in TRAIN_ARGS never gets this far: it is refused (tests/trainer/test_secrets_outputs.py)
 
 
-def test_table_output_lists_settings_decisions_and_arguments(run_trainer, workdir: Path) -> None:
+def test_table_output_lists_settings_decisions_and_arguments(run_trainer_in_process, workdir: Path) -> None:
     env = {**_scenario_env(workdir, "fsdp"), "COLUMNS": "200"}
-    result = run_trainer(["config"], env=env)
+    result = run_trainer_in_process(["config"], env=env)
     assert result.returncode == 0, result.stderr
     for text in ("Settings (TRAIN_*)", "TRAIN_FSDP", "shard_grad_op", "Decisions", "FSDP2", "TrainingArguments"):
         assert text in result.stdout
     assert "fsdp_config" in result.stdout and "reshard_after_forward" in result.stdout
 
 
-def test_optimizer_names_and_fields_match_installed_transformers(run_python) -> None:
-    code = (
-        "import dataclasses, json; from transformers.training_args import OptimizerNames, TrainingArguments; "
-        "fields = [f.name for f in dataclasses.fields(TrainingArguments)]; "
-        "print(json.dumps([[o.value for o in OptimizerNames], fields]))"
-    )
-    result = run_python(["-c", code])
-    assert result.returncode == 0, result.stderr
-    names, fields = json.loads(result.stdout.strip().splitlines()[-1])
+def test_optimizer_names_and_fields_match_installed_transformers() -> None:
+    """The names read from Transformers' source without importing it are those of the Transformers imported here."""
+    import dataclasses
+
+    from transformers.training_args import OptimizerNames, TrainingArguments
+
+    names, fields = [o.value for o in OptimizerNames], [f.name for f in dataclasses.fields(TrainingArguments)]
     assert list(transformers_names.OPTIMIZER_NAMES) == names
     assert transformers_names.training_argument_fields() == {f for f in fields if not f.startswith("_")}
 
@@ -652,3 +652,4 @@ def test_nvme_swap_buffers_hold_the_largest_tensor(tmp_path: Path) -> None:
     assert 128256 * 4096 <= buffer < 1.05 * 128256 * 4096
     small = _resolve(A100, zero_stage="3", zero_offload="nvme", nvme_path=str(tmp_path))  # the tiny preset
     assert small.deepspeed["zero_optimization"]["offload_param"]["buffer_size"] == 100_000_000
+
