@@ -16,7 +16,8 @@ from trainer.config.schema.fields import FREE, Toggle, setting
 class SpeedSettings(BaseModel):
     compile: Toggle = setting(
         "auto", "speed", "torch.compile the model. auto: on for a GPU run of TRAIN_MAX_STEPS -1 (epochs) or at "
-        "least 200 steps, on a stack where it is known to work; off on CPU.",
+        "least 200 steps, on a stack where it is known to work; off on CPU. On vLLM's CPU build the colocated "
+        "engine (TRAIN_RL_ENGINE=vllm) compiles only when the model does.",
         on_resume=FREE,
     )
     compile_scope: Literal["layers", "model"] = setting(
