@@ -192,7 +192,7 @@ def test_every_out_of_memory_form_is_a_batch_that_does_not_fit(error: BaseExcept
 
 
 def test_a_searched_batch_is_remembered_beside_the_compile_cache_for_the_same_key_only(tmp_path: Path) -> None:
-    from trainer.run.batch_search import cached_batch, remember_batch, search_cache_file, without_torchs_default
+    from trainer.run.batch_search import cached_batch, remember_batch, search_cache_file
 
     key = {"model": "1b", "seq_len": 2048, "gpu": "NVIDIA H200", "versions": {"torch": "2.11.0"}}
     environ = {"HF_HOME": str(tmp_path / "hf")}
@@ -200,7 +200,7 @@ def test_a_searched_batch_is_remembered_beside_the_compile_cache_for_the_same_ke
     assert path.parent == tmp_path / "torch-compile" / "batch-search"  # beside inductor/ and triton/
     assert search_cache_file(key, {"TORCHINDUCTOR_CACHE_DIR": "/cache/inductor"}).parent == Path("/cache/batch-search")
     torchs_own = {**environ, "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / "torchinductor_root")}
-    assert search_cache_file(key, without_torchs_default(torchs_own)) == path  # not torch's /tmp default
+    assert search_cache_file(key, torchs_own) == path  # not torch's /tmp default
     assert cached_batch(path, key) is None
     remember_batch(path, key, 29, "probed 8 fits, 16 fits, 32 out of memory")
     assert cached_batch(path, key) == (29, "probed 8 fits, 16 fits, 32 out of memory")

@@ -66,7 +66,11 @@ def test_compile_time_and_first_step_are_recorded(compiled_run: dict[str, Any]) 
     reason = config["decisions"]["compile"]["reason"]
     assert "regional" in reason and "TORCHINDUCTOR_CACHE_DIR=" in reason
     env = config["environment"]
-    assert env["TORCHINDUCTOR_CACHE_DIR"] and env["TRITON_CACHE_DIR"]
+    # from source beside HF_HOME (here ~/.cache/huggingface's), not torch's /tmp default that importing Transformers'
+    # TrainingArguments writes into the environment before the run picks its caches
+    caches = Path.home() / ".cache" / "torch-compile"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(caches / "inductor"), env
+    assert env["TRITON_CACHE_DIR"] == str(caches / "triton"), env
 
 
 def test_a_compiled_run_evaluates_every_sequence(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ test_config.py; the split of the effective batch is the real function the run ca
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 
 import pytest
 
@@ -180,6 +181,9 @@ def test_compile_caches_go_to_the_cache_volume_unless_the_user_chose() -> None:
     assert env == {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1",
                    "TORCHINDUCTOR_CACHE_DIR": "/vol/torch-compile/inductor",
                    "TRITON_CACHE_DIR": "/vol/torch-compile/triton"}  # fmt: skip
+    torchs_own = {"HF_HOME": "/vol/huggingface",
+                  "TORCHINDUCTOR_CACHE_DIR": f"{tempfile.gettempdir()}/torchinductor_root"}  # fmt: skip
+    assert speed.compile_environment(torchs_own, "layers") == env  # torch's default is nobody's choice
     image = {"HF_HOME": "/cache/huggingface", "TORCHINDUCTOR_CACHE_DIR": "/cache/inductor",
              "TRITON_CACHE_DIR": "/cache/triton"}  # fmt: skip
     whole = speed.compile_environment(image, "model")  # TRAIN_COMPILE_SCOPE=model: Accelerate compiles it whole

@@ -10,6 +10,7 @@ a generation that is not in a table keeps the safe choice, and the reason says i
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,9 +125,20 @@ def compile_environment(environ: Mapping[str, str], scope: str) -> dict[str, str
     env = {REGIONAL_ENV: "1" if scope == "layers" else "0"}
     xdg_cache = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     caches = Path(environ.get("HF_HOME") or Path(xdg_cache) / "huggingface").parent / "torch-compile"
+    chosen = without_torchs_default(environ)
     for name, folder in CACHE_ENV.items():
-        env[name] = environ.get(name) or str(caches / folder)
+        env[name] = chosen.get(name) or str(caches / folder)
     return env
+
+
+def without_torchs_default(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less a TORCHINDUCTOR_CACHE_DIR that is torch's own default (/tmp/torchinductor_USER): torch writes it
+    into os.environ whenever something touches inductor, importing Transformers' TrainingArguments included, so in a
+    run it is no user's choice and not where the caches are kept."""
+    value = environ.get("TORCHINDUCTOR_CACHE_DIR")
+    torchs = value is not None and Path(value).parent == Path(tempfile.gettempdir()) and (
+        Path(value).name.startswith("torchinductor_"))  # fmt: skip
+    return {name: v for name, v in environ.items() if not (torchs and name == "TORCHINDUCTOR_CACHE_DIR")}
 
 
 def compile_layout(s: TrainSettings, environ: Mapping[str, str]) -> str:

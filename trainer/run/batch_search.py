@@ -313,17 +313,6 @@ def search_cache_file(key: dict[str, Any], environ: Mapping[str, str]) -> Path:
     return inductor.parent / "batch-search" / f"{digest}.json"
 
 
-def without_torchs_default(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` less a TORCHINDUCTOR_CACHE_DIR that is torch's own default (/tmp/torchinductor_USER, which torch
-    writes into os.environ when a run that does not compile touches inductor): not where the caches are kept."""
-    import tempfile
-
-    value = environ.get("TORCHINDUCTOR_CACHE_DIR")
-    torchs = value is not None and Path(value).parent == Path(tempfile.gettempdir()) and (
-        Path(value).name.startswith("torchinductor_"))  # fmt: skip
-    return {name: v for name, v in environ.items() if not (torchs and name == "TORCHINDUCTOR_CACHE_DIR")}
-
-
 def cached_batch(path: Path, key: dict[str, Any]) -> tuple[int, str] | None:
     """(batch, reason) a search with the same key found before; None when there is none (or it is unreadable)."""
     import json
@@ -361,7 +350,7 @@ def searched_or_cached(cfg: RunConfig, args: TrainingArguments, model: Module, s
     import os
 
     key = json.loads(json.dumps({**search_key(cfg, args, model, memory), "ceiling": ceiling}))  # as read back
-    path = search_cache_file(key, without_torchs_default(os.environ))
+    path = search_cache_file(key, os.environ)
     hit = from_rank_0(cached_batch(path, key) if args.process_index == 0 else None, args.world_size)
     if hit is not None:
         batch, earlier = hit
